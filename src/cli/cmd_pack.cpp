@@ -1,0 +1,88 @@
+// `packbert pack`: pack a length histogram with one packer or all of them, print the
+// comparison table, and write the chosen plan as JSON.
+#include <algorithm>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/pack_report.h"
+#include "error.h"
+#include "io/atomic_file.h"
+#include "pack/histogram.h"
+
+namespace packbert::cli {
+
+namespace {
+
+struct PackArgs {
+  std::string input;
+  std::string algo = "optimal";
+  int max_seq_len = 512;
+  int max_per_pack = 0;
+  std::string out;
+};
+
+void run_pack(const PackArgs& a) {
+  if (a.max_seq_len < 1 || a.max_seq_len > 65536)
+    throw InputError("--max-seq-len: " + std::to_string(a.max_seq_len) +
+                     " is outside [1, 65536]");
+  if (a.max_per_pack < 0)
+    throw InputError("--max-per-pack: " + std::to_string(a.max_per_pack) +
+                     " is negative (0 means unlimited)");
+  pack::PackOptions options{.max_len = a.max_seq_len, .max_per_pack = a.max_per_pack};
+  std::vector<pack::Algo> algos;
+  if (a.algo == "all") {
+    for (pack::Algo algo : pack::kAllAlgos)
+      if (pack::algo_supports(algo, options)) algos.push_back(algo);
+  } else {
+    algos.push_back(pack::parse_algo(a.algo));
+  }
+  pack::Histogram h = pack::read_histogram(a.input, a.max_seq_len);
+
+  std::vector<pack::PackPlan> plans;
+  for (pack::Algo algo : algos) plans.push_back(pack::run_packer(algo, h, options));
+  pack::PackBound bound;
+  auto opt = std::find_if(plans.begin(), plans.end(), [](auto& p) { return p.lower_bound >= 0; });
+  if (opt != plans.end())
+    bound = {opt->lp_value, opt->lower_bound};
+  else
+    bound = pack::packing_lower_bound(h, options);
+
+  std::cout << a.input << ": " << with_commas(h.sequences()) << " sequences, "
+            << with_commas(h.tokens()) << " tokens, max length " << a.max_seq_len
+            << ", max per pack "
+            << (a.max_per_pack ? std::to_string(a.max_per_pack) : std::string("unlimited"))
+            << "; LP bound " << fixed(bound.lp_value, 2) << " packs\n";
+  plan_table(plans, bound).print(std::cout);
+
+  if (!a.out.empty()) {
+    const pack::PackPlan& best = *std::min_element(
+        plans.begin(), plans.end(), [](auto& x, auto& y) { return x.packs() < y.packs(); });
+    io::write_file_atomic(a.out, plan_to_json(best, bound).dump(1) + "\n");
+    std::cout << "wrote " << best.algo << " plan (" << best.recipes.size() << " recipes) to "
+              << a.out << '\n';
+  }
+}
+
+}  // namespace
+
+void register_pack(CLI::App& app) {
+  auto args = std::make_shared<PackArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "pack", "Pack sequences into fixed-length rows: compare packers on a length histogram");
+  cmd->add_option("input", args->input,
+                  "Length histogram: 'length count' lines, '#' comments (e.g. data/wikipedia_512.hist)")
+      ->required();
+  cmd->add_option("--algo", args->algo,
+                  "none|spfhp|lpfhp|nnlshp|optimal, or all to compare every packer")
+      ->capture_default_str();
+  cmd->add_option("--max-seq-len", args->max_seq_len, "Tokens per pack")->capture_default_str();
+  cmd->add_option("--max-per-pack", args->max_per_pack,
+                  "Most sequences in one pack (0 = unlimited; nnlshp needs 1-3)")
+      ->capture_default_str();
+  cmd->add_option("--out", args->out,
+                  "Write the plan (with --algo all: the one with fewest packs) as JSON here");
+  cmd->callback([args] { run_pack(*args); });
+}
+
+}  // namespace packbert::cli

@@ -1,0 +1,37 @@
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "error.h"
+
+namespace packbert::cli {
+
+int run(int argc, char** argv) {
+  CLI::App app{"packbert: fast, memory-lean BERT training with sequence packing", "packbert"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "packbert 0.1.0");
+  register_pack(app);
+  register_demo(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "packbert: error: " << e.what() << " (see --help)\n";
+    return 2;
+  } catch (const InputError& e) {
+    std::cerr << "packbert: error: " << e.what() << '\n';
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "packbert: internal error: " << e.what() << '\n';
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace packbert::cli
