@@ -1,0 +1,121 @@
+// The packbert binary as a user meets it: exit codes, one-line errors, no half-written outputs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("packbert_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result run(const std::string& args) {
+    std::string cmd = std::string(PACKBERT_BINARY) + " " + args + " >" + (dir_ / "out").string() +
+                      " 2>" + (dir_ / "err").string();
+    int status = std::system(cmd.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir_ / "out"), slurp(dir_ / "err")};
+  }
+  fs::path write(const std::string& name, const std::string& text) {
+    fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+  fs::path dir_;
+};
+
+const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_512.hist";
+
+TEST_F(Cli, HelpOnEverySubcommand) {
+  for (const char* sub : {"", "pack", "demo"}) {
+    Result r = run(std::string(sub) + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
+  }
+}
+
+TEST_F(Cli, PackPrintsTableAndWritesJsonPlan) {
+  fs::path out = dir_ / "plan.json";
+  Result r = run("pack " + kWiki + " --algo all --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* col : {"algo", "packs", "efficiency %", "lower bound", "gap", "seconds"})
+    EXPECT_NE(r.out.find(col), std::string::npos) << col;
+  EXPECT_NE(r.out.find("8,166,708"), std::string::npos) << r.out;  // SPFHP
+  EXPECT_NE(r.out.find("8,138,483"), std::string::npos) << r.out;  // LPFHP
+  auto plan = nlohmann::json::parse(slurp(out));
+  EXPECT_EQ(plan["algo"], "optimal");
+  EXPECT_EQ(plan["lower_bound"], 8135727);
+  int64_t packs = 0, sequences = 0;
+  for (auto& rec : plan["recipes"]) {
+    packs += rec["count"].get<int64_t>();
+    sequences += rec["count"].get<int64_t>() * static_cast<int64_t>(rec["lengths"].size());
+  }
+  EXPECT_EQ(packs, plan["packs"].get<int64_t>());
+  EXPECT_EQ(sequences, 16279552);
+  for (auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "temp file left behind";
+}
+
+TEST_F(Cli, BadHistogramIsOneLineErrorExit2AndNoOutput) {
+  struct Case {
+    std::string text, expect;
+  } cases[] = {
+      {"5 10\n7 x\n", "bad.hist:2: count 'x' is not an integer"},
+      {"5 -3\n", "bad.hist:1: count -3 is negative"},
+      {"0 4\n", "bad.hist:1: length 0 is outside [1, 512]"},
+      {"600 4\n", "bad.hist:1: length 600 is outside [1, 512]"},
+      {"5 1\n5 2\n", "bad.hist:2: length 5 appears again"},
+      {"", "bad.hist: histogram holds no sequences"},
+  };
+  for (const Case& c : cases) {
+    fs::path in = write("bad.hist", c.text);
+    fs::path out = dir_ / "plan.json";
+    Result r = run("pack " + in.string() + " --out " + out.string());
+    EXPECT_EQ(r.code, 2) << c.expect;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
+TEST_F(Cli, BadFlagsExit2) {
+  EXPECT_EQ(run("pack /nonexistent.hist").code, 2);
+  Result r = run("pack " + kWiki + " --algo fastest");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("unknown packer 'fastest'"), std::string::npos) << r.err;
+  EXPECT_EQ(run("pack " + kWiki + " --algo nnlshp").code, 2);  // needs a depth cap of 1-3
+  EXPECT_EQ(run("pack " + kWiki + " --max-per-pack -1").code, 2);
+  EXPECT_EQ(run("pack " + kWiki + " --max-seq-len 0").code, 2);
+  EXPECT_EQ(run("pack " + kWiki + " --max-seq-len 256").code, 2);  // lengths above 256 inside
+  EXPECT_EQ(run("pack " + kWiki + " --bogus").code, 2);
+  EXPECT_EQ(run("frobnicate").code, 2);
+  r = run("pack " + kWiki + " --algo lpfhp --out /nonexistent-dir/plan.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("/nonexistent-dir/plan.json"), std::string::npos) << r.err;
+}
+
+}  // namespace
