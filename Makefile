@@ -31,7 +31,7 @@ test-asan: setup
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
 bench: build
-	./$(BUILD)/pack_bench --runs 5 --markdown docs/pack_bench.md
+	./$(BUILD)/pack_bench --runs 5
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

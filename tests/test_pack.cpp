@@ -18,7 +18,9 @@ namespace {
 Histogram wikipedia() {
   return parse_histogram(data::kWikipedia512Histogram, "wikipedia_512.hist", 512);
 }
-Histogram squad() { return parse_histogram(data::kSquad384Histogram, "squad_384.hist", 384); }
+Histogram squad() {
+  return parse_histogram(data::kSquad384Histogram, "squad_384.hist", 384);
+}
 
 PackOptions opts(int max_len, int depth) {
   PackOptions o;
@@ -123,7 +125,8 @@ TEST(PackInvariants, RandomHistograms) {
 }
 
 // Exact minimum number of packs by exhaustive search over multiset states (tiny instances).
-int brute_force_packs(std::vector<int> count, int S, int depth, std::map<std::vector<int>, int>& memo) {
+int brute_force_packs(std::vector<int> count, int S, int depth,
+                      std::map<std::vector<int>, int>& memo) {
   int largest = 0;
   for (int l = S; l >= 1; --l)
     if (count[l]) {

@@ -24,8 +24,7 @@ struct PackArgs {
 
 void run_pack(const PackArgs& a) {
   if (a.max_seq_len < 1 || a.max_seq_len > 65536)
-    throw InputError("--max-seq-len: " + std::to_string(a.max_seq_len) +
-                     " is outside [1, 65536]");
+    throw InputError("--max-seq-len: " + std::to_string(a.max_seq_len) + " is outside [1, 65536]");
   if (a.max_per_pack < 0)
     throw InputError("--max-per-pack: " + std::to_string(a.max_per_pack) +
                      " is negative (0 means unlimited)");
@@ -70,8 +69,9 @@ void register_pack(CLI::App& app) {
   auto args = std::make_shared<PackArgs>();
   CLI::App* cmd = app.add_subcommand(
       "pack", "Pack sequences into fixed-length rows: compare packers on a length histogram");
-  cmd->add_option("input", args->input,
-                  "Length histogram: 'length count' lines, '#' comments (e.g. data/wikipedia_512.hist)")
+  cmd->add_option(
+         "input", args->input,
+         "Length histogram: 'length count' lines, '#' comments (e.g. data/wikipedia_512.hist)")
       ->required();
   cmd->add_option("--algo", args->algo,
                   "none|spfhp|lpfhp|nnlshp|optimal, or all to compare every packer")

@@ -49,7 +49,8 @@ void Table::print_markdown(std::ostream& out) const {
   out << '|';
   for (const auto& h : header_) out << ' ' << h << " |";
   out << "\n|";
-  for (size_t c = 0; c < header_.size(); ++c) out << (numeric_column(c) && c > 0 ? "---:|" : "---|");
+  for (size_t c = 0; c < header_.size(); ++c)
+    out << (numeric_column(c) && c > 0 ? "---:|" : "---|");
   out << '\n';
   for (const auto& r : rows_) {
     out << '|';
@@ -73,6 +74,8 @@ std::string fixed(double v, int decimals) {
   return buf;
 }
 
-std::string seconds_text(double s) { return s < 1 ? fixed(s, 4) : fixed(s, 2); }
+std::string seconds_text(double s) {
+  return s < 1 ? fixed(s, 4) : fixed(s, 2);
+}
 
 }  // namespace packbert::cli

@@ -22,8 +22,8 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
-std::string with_commas(int64_t n);             // 8135727 -> "8,135,727"
-std::string fixed(double v, int decimals);      // fixed-point text
-std::string seconds_text(double s);             // "0.0123" / "12.3"
+std::string with_commas(int64_t n);         // 8135727 -> "8,135,727"
+std::string fixed(double v, int decimals);  // fixed-point text
+std::string seconds_text(double s);         // "0.0123" / "12.3"
 
 }  // namespace packbert::cli

@@ -51,7 +51,8 @@ PackAssignment assign_sequences(const PackPlan& plan, const std::vector<int>& le
   std::vector<std::pair<uint32_t, int64_t>> order;
   order.reserve(static_cast<size_t>(plan.packs()));
   for (size_t r = 0; r < plan.recipes.size(); ++r)
-    for (int64_t c = 0; c < plan.recipes[r].count; ++c) order.push_back({static_cast<uint32_t>(r), c});
+    for (int64_t c = 0; c < plan.recipes[r].count; ++c)
+      order.push_back({static_cast<uint32_t>(r), c});
   shuffle(order, rng);
 
   std::vector<size_t> next(S + 1, 0);

@@ -138,9 +138,13 @@ class Master {
       for (auto [i, a] : cols_[j]) alpha += prow[i] * a;
       weight_[j] = std::max(weight_[j], alpha * alpha * wq);
     }
-    for (int i = 0; i < m_; ++i) surplus_weight_[i] = std::max(surplus_weight_[i], prow[i] * prow[i] * wq);
+    for (int i = 0; i < m_; ++i)
+      surplus_weight_[i] = std::max(surplus_weight_[i], prow[i] * prow[i] * wq);
     const double w_leave = std::max(wq / (piv * piv), 1.0);
-    if (leaving >= 0) weight_[leaving] = w_leave; else surplus_weight_[-leaving - 1] = w_leave;
+    if (leaving >= 0)
+      weight_[leaving] = w_leave;
+    else
+      surplus_weight_[-leaving - 1] = w_leave;
     if (++since_refactor_ >= kRefactorEvery) refactor();
     return true;
   }
@@ -159,7 +163,9 @@ class Master {
     for (int c = 0; c < m_; ++c) {
       int p = c;
       for (int i = c + 1; i < m_; ++i)
-        if (std::abs(B[static_cast<size_t>(i) * m_ + c]) > std::abs(B[static_cast<size_t>(p) * m_ + c])) p = i;
+        if (std::abs(B[static_cast<size_t>(i) * m_ + c]) >
+            std::abs(B[static_cast<size_t>(p) * m_ + c]))
+          p = i;
       if (p != c)
         for (int j = 0; j < m_; ++j) {
           std::swap(B[static_cast<size_t>(p) * m_ + j], B[static_cast<size_t>(c) * m_ + j]);
@@ -310,7 +316,8 @@ Knapsack price(const std::vector<double>& y, const std::vector<int>& len,
       double v = dp[static_cast<size_t>(k) * W + c];
       if (v > 1.0 + kPriceTol) states.push_back({v, k * W + c});
     }
-  std::stable_sort(states.begin(), states.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  std::stable_sort(states.begin(), states.end(),
+                   [](auto& a, auto& b) { return a.first > b.first; });
   for (auto [v, state] : states) {
     if (static_cast<int>(out.found.size()) >= max_patterns) break;
     std::vector<int> count = reconstruct(state / W, state % W);
@@ -405,14 +412,18 @@ LpSolution solve_packing_lp(const std::vector<int64_t>& demand, int max_len, int
   }
   lp.refactor();
   if (std::getenv("PACKBERT_DEBUG_LP"))
-    std::fprintf(stderr, "colgen: rows %d, iterations %d (degenerate %d), generated %d, columns %zu, %.4f s\n", m, it,
-                 lp.degenerate, out.generated, lp.columns().size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::fprintf(
+        stderr,
+        "colgen: rows %d, iterations %d (degenerate %d), generated %d, columns %zu, %.4f s\n", m,
+        it, lp.degenerate, out.generated, lp.columns().size(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   out.iterations = it;
   out.dual_bound = farley;
   std::vector<double> x = lp.pattern_values();
   for (size_t j = 0; j < lp.columns().size(); ++j) {
     Pattern p;
-    for (auto [i, a] : lp.columns()[j]) p.items.push_back({len[i], static_cast<int>(std::lround(a))});
+    for (auto [i, a] : lp.columns()[j])
+      p.items.push_back({len[i], static_cast<int>(std::lround(a))});
     out.patterns.push_back(std::move(p));
     out.x.push_back(x[j]);
     out.value += x[j];

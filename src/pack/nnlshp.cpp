@@ -71,8 +71,8 @@ PackPlan pack_nnlshp(const Histogram& h, const PackOptions& options) {
   for (int l = 1; l <= S; ++l) {
     int64_t missing = h.count[l] - covered[l];
     if (missing <= 0) continue;
-    std::vector<int> s = l == S ? std::vector<int>{S} : std::vector<int>{std::min(l, S - l),
-                                                                         std::max(l, S - l)};
+    std::vector<int> s =
+        l == S ? std::vector<int>{S} : std::vector<int>{std::min(l, S - l), std::max(l, S - l)};
     auto it = index.find(s);
     if (it == index.end()) {  // depth 1: only [S] exists; a lone sequence is its own pack
       strategies.push_back({l});

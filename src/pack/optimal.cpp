@@ -77,8 +77,8 @@ int64_t bound_of(const LpSolution& lp) {
 }  // namespace
 
 PackBound packing_lower_bound(const Histogram& h, const PackOptions& options) {
-  LpSolution lp = solve_packing_lp(h.count, options.max_len, options.depth(),
-                                   seeds_for(h, options));
+  LpSolution lp =
+      solve_packing_lp(h.count, options.max_len, options.depth(), seeds_for(h, options));
   return {lp.value, bound_of(lp)};
 }
 
@@ -119,7 +119,8 @@ PackPlan pack_optimal(const Histogram& h, const PackOptions& options) {
       if (lp.x[j] > 1e-9) order.push_back(j);
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lp.x[a] > lp.x[b]; });
     const bool batch = lp.value > kDiveOneAtATime;
-    for (size_t n = 0; n < order.size() && (n == 0 || (batch && lp.x[order[n]] >= kBatchThreshold)); ++n) {
+    for (size_t n = 0; n < order.size() && (n == 0 || (batch && lp.x[order[n]] >= kBatchThreshold));
+         ++n) {
       Pattern p;
       for (auto [l, a] : lp.patterns[order[n]].items) {
         int64_t k = std::min<int64_t>(a, remaining[l]);

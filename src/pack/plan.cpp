@@ -72,18 +72,25 @@ void normalize(PackPlan& plan) {
   }
   plan.recipes.clear();
   for (auto& [lengths, count] : merged) plan.recipes.push_back({lengths, count});
-  auto total = [](const Recipe& r) { return std::accumulate(r.lengths.begin(), r.lengths.end(), 0); };
+  auto total = [](const Recipe& r) {
+    return std::accumulate(r.lengths.begin(), r.lengths.end(), 0);
+  };
   std::stable_sort(plan.recipes.begin(), plan.recipes.end(),
                    [&](const Recipe& a, const Recipe& b) { return total(a) > total(b); });
 }
 
 const char* algo_name(Algo algo) {
   switch (algo) {
-    case Algo::none: return "none";
-    case Algo::spfhp: return "spfhp";
-    case Algo::lpfhp: return "lpfhp";
-    case Algo::nnlshp: return "nnlshp";
-    case Algo::optimal: return "optimal";
+    case Algo::none:
+      return "none";
+    case Algo::spfhp:
+      return "spfhp";
+    case Algo::lpfhp:
+      return "lpfhp";
+    case Algo::nnlshp:
+      return "nnlshp";
+    case Algo::optimal:
+      return "optimal";
   }
   return "?";
 }
@@ -118,11 +125,21 @@ PackPlan run_packer(Algo algo, const Histogram& h, const PackOptions& options) {
   auto start = std::chrono::steady_clock::now();
   PackPlan plan;
   switch (algo) {
-    case Algo::none: plan = pack_none(h, options); break;
-    case Algo::spfhp: plan = pack_spfhp(h, options); break;
-    case Algo::lpfhp: plan = pack_lpfhp(h, options); break;
-    case Algo::nnlshp: plan = pack_nnlshp(h, options); break;
-    case Algo::optimal: plan = pack_optimal(h, options); break;
+    case Algo::none:
+      plan = pack_none(h, options);
+      break;
+    case Algo::spfhp:
+      plan = pack_spfhp(h, options);
+      break;
+    case Algo::lpfhp:
+      plan = pack_lpfhp(h, options);
+      break;
+    case Algo::nnlshp:
+      plan = pack_nnlshp(h, options);
+      break;
+    case Algo::optimal:
+      plan = pack_optimal(h, options);
+      break;
   }
   plan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   normalize(plan);
