@@ -55,6 +55,7 @@ class Master {
     cols_.push_back(c);
     in_basis_.push_back(-1);
     weight_.push_back(1.0);
+    rc_.push_back(fresh_reduced_cost(static_cast<int>(cols_.size()) - 1));
     return static_cast<int>(cols_.size()) - 1;
   }
 
@@ -85,6 +86,9 @@ class Master {
   // Devex reference weights (Forrest & Goldfarb): approximate squared edge norms, so pricing
   // by rc^2 / weight picks steep edges and needs far fewer pivots than Dantzig's rule.
   double weight(int var) const { return var >= 0 ? weight_[var] : surplus_weight_[-var - 1]; }
+  // Reduced cost 1 - y.a_j of pattern column j, kept current by pivot_in (rc_j -= rc_q alpha_j
+  // in the same pass as the Devex update), so pricing is a scan, not a dot product per column.
+  double reduced_cost(int j) const { return rc_[j]; }
 
   // Pivots variable `var` (pattern index, or -(row+1) for a surplus) into the basis.
   // Returns false if the column has no usable pivot (unbounded direction; cannot happen here
@@ -127,7 +131,7 @@ class Master {
     const int leaving = basis_[r];
     if (leaving >= 0) in_basis_[leaving] = -1;
     basis_[r] = var;
-    if (var >= 0) in_basis_[var] = r;
+    if (var >= 0) in_basis_[var] = r, rc_[var] = 0.0;
     // The entering column's reduced cost drops to zero: y' = y + rc_q * (row r of new B^-1).
     for (int i = 0; i < m_; ++i) y_[i] += reduced_cost * prow[i];
     // Devex update from the pivot row alpha_j = (row r of new B^-1) . a_j.
@@ -137,6 +141,7 @@ class Master {
       double alpha = 0;
       for (auto [i, a] : cols_[j]) alpha += prow[i] * a;
       weight_[j] = std::max(weight_[j], alpha * alpha * wq);
+      rc_[j] -= reduced_cost * alpha;
     }
     for (int i = 0; i < m_; ++i)
       surplus_weight_[i] = std::max(surplus_weight_[i], prow[i] * prow[i] * wq);
@@ -194,6 +199,8 @@ class Master {
       xB_[k] = std::max(0.0, s);
     }
     y_ = compute_duals();
+    rc_.resize(cols_.size());
+    for (size_t j = 0; j < cols_.size(); ++j) rc_[j] = fresh_reduced_cost(static_cast<int>(j));
     since_refactor_ = 0;
   }
 
@@ -214,7 +221,14 @@ class Master {
   std::vector<double> Binv_;
   std::vector<double> xB_;
   std::vector<double> y_;
-  std::vector<double> weight_, surplus_weight_;
+  std::vector<double> weight_, surplus_weight_, rc_;
+
+  double fresh_reduced_cost(int j) const {
+    if (in_basis_[j] >= 0) return 0.0;
+    double rc = 1.0;
+    for (auto [i, a] : cols_[j]) rc -= a * y_[i];
+    return rc;
+  }
   int since_refactor_ = 0;
 
  public:
@@ -387,10 +401,7 @@ LpSolution solve_packing_lp(const std::vector<int64_t>& demand, int max_len, int
     };
     for (int i = 0; i < m; ++i) consider(-i - 1, y[i]);
     for (int j = 0; j < static_cast<int>(lp.columns().size()); ++j) {
-      if (lp.is_basic(j)) continue;
-      double rc = 1.0;
-      for (auto [i, a] : lp.columns()[j]) rc -= a * y[i];
-      consider(j, rc);
+      if (!lp.is_basic(j)) consider(j, lp.reduced_cost(j));
     }
     if (best_score == 0) {  // no column prices out: generate one
       Knapsack k = price(y, len, bound, max_len, depth, kPatternsPerPricing, workspace);
