@@ -1,0 +1,14 @@
+// The GEMM seam: every matrix product in the engine goes through here, so the backend (OpenBLAS
+// now, oneDNN bf16 later) is chosen in one place.
+#pragma once
+
+namespace packbert::kernels {
+
+// C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C; row-major; op = transpose if trans_*.
+// lda/ldb/ldc are the row strides of A, B, C as stored.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
+          const double* B, int ldb, double beta, double* C, int ldc);
+
+}  // namespace packbert::kernels
