@@ -30,8 +30,8 @@ double dot(const Vec& a, const Vec& b) {
 }
 
 // Compares `analytic` = d loss / d x with central differences of loss() over every element.
-void expect_grad(Vec& x, const Vec& analytic, const std::function<double()>& loss,
-                 const char* what, double tol = 1e-7) {
+void expect_grad(Vec& x, const Vec& analytic, const std::function<double()>& loss, const char* what,
+                 double tol = 1e-7) {
   ASSERT_EQ(x.size(), analytic.size());
   const double h = 1e-5;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -168,8 +168,7 @@ TEST(KernelAttention, NoCrossContaminationAndPackedEqualsSeparate) {
   for (int s = 0; s < 3; ++s) {  // each sequence alone
     int start = cu[s], L = cu[s + 1] - cu[s];
     std::vector<int32_t> one = {0, L};
-    Vec q(qkv.begin() + start * 3 * C, qkv.begin() + (start + L) * 3 * C), o(L * C),
-        p(NH * L * L);
+    Vec q(qkv.begin() + start * 3 * C, qkv.begin() + (start + L) * 3 * C), o(L * C), p(NH * L * L);
     attention_forward(o.data(), p.data(), q.data(), one.data(), 1, C, NH);
     for (int i = 0; i < L * C; ++i) EXPECT_EQ(o[i], out[start * C + i]);
   }
@@ -208,6 +207,123 @@ TEST(KernelPrecision, FloatAgreesWithDouble) {
   attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), 2, C, NH);
   attention_forward(of.data(), pf.data(), qf.data(), cu.data(), 2, C, NH);
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(of[i], out[i], 1e-5);
+}
+
+}  // namespace
+}  // namespace packbert::kernels
+
+// Golden parity with PyTorch (tools/make_kernel_goldens.py, fp32): same inputs, same outputs
+// and gradients to 1e-5 relative.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace packbert::kernels {
+namespace {
+
+using Json = nlohmann::json;
+using F = std::vector<float>;
+
+const Json& goldens() {
+  static const Json g = [] {
+    std::ifstream in(std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/kernels.json");
+    return Json::parse(in);
+  }();
+  return g;
+}
+
+F f(const Json& j) {
+  return j.get<F>();
+}
+std::vector<int32_t> ints(const Json& j) {
+  return j.get<std::vector<int32_t>>();
+}
+
+void expect_close(const F& got, const Json& want, const char* what, double rtol = 1e-5) {
+  F w = f(want);
+  ASSERT_EQ(got.size(), w.size()) << what;
+  double scale = 0;
+  for (float v : w) scale = std::max(scale, static_cast<double>(std::abs(v)));
+  for (size_t i = 0; i < w.size(); ++i)
+    EXPECT_NEAR(got[i], w[i], rtol * std::max(1.0, scale)) << what << "[" << i << "]";
+}
+
+TEST(KernelGolden, LayerNorm) {
+  const Json& g = goldens()["layernorm"];
+  int N = g["N"], C = g["C"];
+  F x = f(g["inp"]), w = f(g["weight"]), b = f(g["bias"]), dout = f(g["dout"]);
+  F out(N * C), mean(N), rstd(N), dx(N * C), dw(C), db(C);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                    1e-12f);
+  layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  expect_close(out, g["out"], "out");
+  expect_close(dx, g["dinp"], "dinp");
+  expect_close(dw, g["dweight"], "dweight");
+  expect_close(db, g["dbias"], "dbias");
+}
+
+TEST(KernelGolden, Gelu) {
+  const Json& g = goldens()["gelu"];
+  int n = g["n"];
+  F x = f(g["inp"]), dout = f(g["dout"]), out(n), dx(n);
+  gelu_forward(out.data(), x.data(), n);
+  gelu_backward(dx.data(), x.data(), dout.data(), n);
+  expect_close(out, g["out"], "out");
+  expect_close(dx, g["dinp"], "dinp");
+}
+
+TEST(KernelGolden, Linear) {
+  const Json& g = goldens()["linear"];
+  int N = g["N"], C = g["C"], OC = g["OC"];
+  F x = f(g["inp"]), w = f(g["weight"]), b = f(g["bias"]), dout = f(g["dout"]);
+  F out(N * OC), dx(N * C), dw(OC * C), db(OC);
+  linear_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  linear_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
+  expect_close(out, g["out"], "out");
+  expect_close(dx, g["dinp"], "dinp");
+  expect_close(dw, g["dweight"], "dweight");
+  expect_close(db, g["dbias"], "dbias");
+}
+
+TEST(KernelGolden, CrossEntropy) {
+  const Json& g = goldens()["cross_entropy"];
+  int N = g["N"], V = g["V"];
+  F z = f(g["logits"]), dl = f(g["dlosses"]), losses(N), probs(N * V), dz(N * V);
+  std::vector<int32_t> targets = ints(g["targets"]);
+  cross_entropy_forward(losses.data(), probs.data(), z.data(), targets.data(), N, V);
+  cross_entropy_backward(dz.data(), probs.data(), targets.data(), dl.data(), N, V);
+  expect_close(losses, g["losses"], "losses");
+  expect_close(dz, g["dlogits"], "dlogits");
+}
+
+TEST(KernelGolden, AttentionVarlen) {
+  const Json& g = goldens()["attention"];
+  int C = g["C"], NH = g["NH"];
+  std::vector<int32_t> cu = ints(g["cu_seqlens"]);
+  int n_seq = static_cast<int>(cu.size()) - 1, T = cu.back();
+  F qkv = f(g["qkv"]), dout = f(g["dout"]), out(T * C), dqkv(T * 3 * C);
+  F probs(attention_probs_offsets(cu.data(), n_seq, NH).back());
+  attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), n_seq, C, NH);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), cu.data(), n_seq, C, NH);
+  expect_close(out, g["out"], "out");
+  expect_close(dqkv, g["dqkv"], "dqkv");
+}
+
+TEST(KernelGolden, Embedding) {
+  const Json& g = goldens()["embedding"];
+  int V = g["V"], P = g["P"], Y = g["Y"], C = g["C"];
+  std::vector<int32_t> ids = ints(g["ids"]), pos = ints(g["pos"]), types = ints(g["types"]);
+  int T = static_cast<int>(ids.size());
+  F word = f(g["word"]), position = f(g["position"]), type = f(g["token_type"]),
+    dout = f(g["dout"]), out(T * C), dword(V * C), dpos(P * C), dtype(Y * C);
+  embedding_forward(out.data(), ids.data(), pos.data(), types.data(), word.data(), position.data(),
+                    type.data(), T, C);
+  embedding_backward(dword.data(), dpos.data(), dtype.data(), dout.data(), ids.data(), pos.data(),
+                     types.data(), T, C);
+  expect_close(out, g["out"], "out");
+  expect_close(dword, g["dword"], "dword");
+  expect_close(dpos, g["dposition"], "dposition");
+  expect_close(dtype, g["dtoken_type"], "dtoken_type");
 }
 
 }  // namespace

@@ -40,7 +40,6 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, double p, uint64_t seed
 template void dropout_forward<float>(float*, const float*, int64_t, double, uint64_t, uint64_t);
 template void dropout_forward<double>(double*, const double*, int64_t, double, uint64_t, uint64_t);
 template void dropout_backward<float>(float*, const float*, int64_t, double, uint64_t, uint64_t);
-template void dropout_backward<double>(double*, const double*, int64_t, double, uint64_t,
-                                       uint64_t);
+template void dropout_backward<double>(double*, const double*, int64_t, double, uint64_t, uint64_t);
 
 }  // namespace packbert::kernels

@@ -28,8 +28,8 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 }
 
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, int N, int C) {
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const T* x = inp + static_cast<int64_t>(n) * C;
@@ -168,20 +168,20 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-#define PACKBERT_INSTANTIATE(T)                                                                 \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T);     \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
-                                      const T*, int, int);                                       \
-  template void gelu_forward<T>(T*, const T*, int64_t);                                          \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);              \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);     \
-  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const int32_t*,         \
-                                     const T*, const T*, const T*, int, int);                    \
-  template void embedding_backward<T>(T*, T*, T*, const T*, const int32_t*, const int32_t*,      \
-                                      const int32_t*, int, int);                                 \
-  template void cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);            \
-  template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int, int);     \
+#define PACKBERT_INSTANTIATE(T)                                                                    \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T);       \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,          \
+                                      const T*, int, int);                                         \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                            \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                 \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);                \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);       \
+  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const int32_t*, const T*, \
+                                     const T*, const T*, int, int);                                \
+  template void embedding_backward<T>(T*, T*, T*, const T*, const int32_t*, const int32_t*,        \
+                                      const int32_t*, int, int);                                   \
+  template void cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);              \
+  template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int, int);       \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);
 PACKBERT_INSTANTIATE(float)
 PACKBERT_INSTANTIATE(double)

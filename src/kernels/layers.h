@@ -13,8 +13,8 @@ template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int N, int C, T eps);
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, int N, int C);
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, int N, int C);
 
 // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), as BERT and torch's F.gelu use. [n] elements.
 template <typename T>

@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+"""Kernel goldens from the PyTorch peer: inputs, outputs and gradients of each kernel in fp32.
+
+Run with Debian's torch:  /usr/bin/python3 tools/make_kernel_goldens.py > tests/golden/kernels.json
+The test (tests/test_kernels.cpp, KernelGolden.*) runs packbert's float kernels on the same
+inputs and compares. Every backward is driven by a fixed upstream gradient `dout`.
+"""
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(1234)
+
+
+def t(x):
+    return x.detach().reshape(-1).tolist()
+
+
+def leaf(*shape, scale=1.0):
+    return (torch.randn(*shape) * scale).requires_grad_()
+
+
+def layernorm():
+    N, C = 5, 12
+    x, w, b = leaf(N, C), leaf(C), leaf(C)
+    out = F.layer_norm(x, (C,), w, b, eps=1e-12)
+    dout = torch.randn(N, C)
+    out.backward(dout)
+    return dict(N=N, C=C, inp=t(x), weight=t(w), bias=t(b), dout=t(dout), out=t(out),
+                dinp=t(x.grad), dweight=t(w.grad), dbias=t(b.grad))
+
+
+def gelu():
+    x = leaf(64, scale=3.0)
+    out = F.gelu(x)  # exact erf form
+    dout = torch.randn(64)
+    out.backward(dout)
+    return dict(n=64, inp=t(x), dout=t(dout), out=t(out), dinp=t(x.grad))
+
+
+def linear():
+    N, C, OC = 6, 10, 7
+    x, w, b = leaf(N, C), leaf(OC, C), leaf(OC)
+    out = F.linear(x, w, b)
+    dout = torch.randn(N, OC)
+    out.backward(dout)
+    return dict(N=N, C=C, OC=OC, inp=t(x), weight=t(w), bias=t(b), dout=t(dout), out=t(out),
+                dinp=t(x.grad), dweight=t(w.grad), dbias=t(b.grad))
+
+
+def cross_entropy():
+    N, V = 6, 11
+    z = leaf(N, V, scale=2.0)
+    targets = torch.tensor([3, -100, 0, 10, 5, -100])
+    losses = F.cross_entropy(z, targets, ignore_index=-100, reduction="none")
+    dlosses = torch.randn(N)
+    losses.backward(dlosses)
+    return dict(N=N, V=V, logits=t(z), targets=targets.tolist(), dlosses=t(dlosses),
+                losses=t(losses), dlogits=t(z.grad))
+
+
+def attention():
+    # Three sequences of uneven length packed back to back; each attends only to itself.
+    C, NH = 12, 3
+    hs = C // NH
+    lengths = [5, 2, 6]
+    cu = [0]
+    for L in lengths:
+        cu.append(cu[-1] + L)
+    T = cu[-1]
+    qkv = leaf(T, 3 * C)
+    outs = []
+    for s, L in enumerate(lengths):
+        block = qkv[cu[s]:cu[s + 1]]
+        q, k, v = block.split(C, dim=1)
+        q = q.view(L, NH, hs).transpose(0, 1)
+        k = k.view(L, NH, hs).transpose(0, 1)
+        v = v.view(L, NH, hs).transpose(0, 1)
+        att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hs), dim=-1)
+        outs.append((att @ v).transpose(0, 1).reshape(L, C))
+    out = torch.cat(outs)
+    dout = torch.randn(T, C)
+    out.backward(dout)
+    return dict(C=C, NH=NH, cu_seqlens=cu, qkv=t(qkv), dout=t(dout), out=t(out),
+                dqkv=t(qkv.grad))
+
+
+def embedding():
+    V, P, Y, C = 9, 8, 2, 6
+    word, pos, typ = leaf(V, C), leaf(P, C), leaf(Y, C)
+    ids = torch.tensor([1, 8, 3, 3, 0, 5, 1])
+    positions = torch.tensor([0, 1, 2, 0, 1, 2, 3])  # reset at each sequence start
+    types = torch.tensor([0, 0, 1, 0, 0, 1, 1])
+    out = F.embedding(ids, word) + F.embedding(positions, pos) + F.embedding(types, typ)
+    dout = torch.randn(len(ids), C)
+    out.backward(dout)
+    return dict(V=V, P=P, Y=Y, C=C, ids=ids.tolist(), pos=positions.tolist(),
+                types=types.tolist(), word=t(word), position=t(pos), token_type=t(typ),
+                dout=t(dout), out=t(out), dword=t(word.grad), dposition=t(pos.grad),
+                dtoken_type=t(typ.grad))
+
+
+goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu(),
+               linear=linear(), cross_entropy=cross_entropy(), attention=attention(),
+               embedding=embedding())
+print(json.dumps(goldens))
