@@ -8,6 +8,8 @@ namespace packbert::cli {
 
 void register_pack(CLI::App& app);
 void register_demo(CLI::App& app);
+// Commands whose success is not just "no exception" set exit_code (1 = checked and failed).
+void register_check_golden(CLI::App& app, int& exit_code);
 
 // Runs the CLI on argv; returns the process exit code (0 ok, 2 bad input, 1 internal error).
 int run(int argc, char** argv);

@@ -13,6 +13,8 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", "packbert 0.1.0");
   register_pack(app);
   register_demo(app);
+  int exit_code = 0;
+  register_check_golden(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -31,7 +33,7 @@ int run(int argc, char** argv) {
     std::cerr << "packbert: internal error: " << e.what() << '\n';
     return 1;
   }
-  return 0;
+  return exit_code;
 }
 
 }  // namespace packbert::cli

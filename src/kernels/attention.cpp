@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/dropout.h"
+
 namespace packbert::kernels {
 
 std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH) {
@@ -16,7 +18,8 @@ std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_se
 
 template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
-                       int NH) {
+                       int NH, AttentionDropout dropout) {
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const int hs = C / NH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int64_t C3 = 3 * static_cast<int64_t>(C);
@@ -42,9 +45,15 @@ void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens
         for (int j = 0; j < L; ++j) p[j] /= sum;
         T* o = out + static_cast<int64_t>(start + i) * C + h * hs;
         std::fill(o, o + hs, T(0));
+        const int64_t row_index = (p - probs);
         for (int j = 0; j < L; ++j) {
+          T pj = p[j];
+          if (dropout.p > 0)
+            pj = dropout_uniform(dropout.seed, dropout.key, row_index + j) >= dropout.p
+                     ? pj * keep_scale
+                     : T(0);
           const T* v = qkv + (start + j) * C3 + 2 * C + h * hs;
-          for (int d = 0; d < hs; ++d) o[d] += p[j] * v[d];
+          for (int d = 0; d < hs; ++d) o[d] += pj * v[d];
         }
       }
     }
@@ -52,7 +61,9 @@ void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens
 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
-                        const int32_t* cu_seqlens, int n_seq, int C, int NH) {
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        AttentionDropout dropout) {
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const int hs = C / NH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int64_t C3 = 3 * static_cast<int64_t>(C);
@@ -66,17 +77,22 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
       for (int i = 0; i < L; ++i) {
         const T* p = P + static_cast<int64_t>(i) * L;
         const T* g = dout + static_cast<int64_t>(start + i) * C + h * hs;
+        const int64_t row_index = (p - probs);
         T row = 0;
         for (int j = 0; j < L; ++j) {
+          T m = 1;  // dropout mask scale of this probability
+          if (dropout.p > 0)
+            m = dropout_uniform(dropout.seed, dropout.key, row_index + j) >= dropout.p ? keep_scale
+                                                                                        : T(0);
           const T* v = qkv + (start + j) * C3 + 2 * C + h * hs;
           T* dv = dqkv + (start + j) * C3 + 2 * C + h * hs;
-          T dot = 0;
+          T dot = 0, pj = p[j] * m;
           for (int d = 0; d < hs; ++d) {
             dot += g[d] * v[d];
-            dv[d] += p[j] * g[d];
+            dv[d] += pj * g[d];
           }
-          dp[j] = dot;
-          row += p[j] * dot;
+          dp[j] = dot * m;
+          row += p[j] * dp[j];
         }
         const T* q = qkv + (start + i) * C3 + h * hs;
         T* dq = dqkv + (start + i) * C3 + h * hs;
@@ -93,12 +109,13 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
     }
 }
 
-template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int);
+template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int,
+                                       AttentionDropout);
 template void attention_forward<double>(double*, double*, const double*, const int32_t*, int, int,
-                                        int);
+                                        int, AttentionDropout);
 template void attention_backward<float>(float*, const float*, const float*, const float*,
-                                        const int32_t*, int, int, int);
+                                        const int32_t*, int, int, int, AttentionDropout);
 template void attention_backward<double>(double*, const double*, const double*, const double*,
-                                         const int32_t*, int, int, int);
+                                         const int32_t*, int, int, int, AttentionDropout);
 
 }  // namespace packbert::kernels

@@ -1,0 +1,60 @@
+// `packbert check-golden FILE`: run packbert's forward and backward on a golden file made by a
+// PyTorch model (docs/FORMATS.md) and report the largest relative error per quantity.
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/table.h"
+#include "model/golden.h"
+
+namespace packbert::cli {
+
+namespace {
+
+struct GoldenArgs {
+  std::string file;
+  double rtol_loss = 1e-5, rtol_grad = 1e-4;
+  bool all = false;
+};
+
+int run_check_golden(const GoldenArgs& a) {
+  model::GoldenReport report = model::check_golden(a.file, a.rtol_loss, a.rtol_grad);
+  Table t({"quantity", "rel. error", "tolerance", "ok"});
+  auto add = [&](const model::GoldenRow& r) {
+    char err[32], tol[32];
+    std::snprintf(err, sizeof err, "%.2e", r.error);
+    std::snprintf(tol, sizeof tol, "%.0e", r.tolerance);
+    t.add_row({r.quantity, err, tol, r.ok() ? "yes" : "NO"});
+  };
+  size_t grads = 0, failing = 0;
+  for (const model::GoldenRow& r : report.rows) {
+    bool is_grad = r.quantity.rfind("grad.", 0) == 0;
+    grads += is_grad;
+    failing += !r.ok();
+    if (!is_grad || a.all || !r.ok()) add(r);
+  }
+  if (!a.all) add(report.worst_grad());
+  t.print(std::cout);
+  std::cout << a.file << ": " << grads << " gradient tensors, " << failing << " outside tolerance"
+            << (a.all ? "" : " (worst gradient shown; --all lists every tensor)") << '\n';
+  return report.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+void register_check_golden(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<GoldenArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "check-golden", "Compare packbert's losses and gradients with a PyTorch golden file");
+  cmd->add_option("file", args->file, "Golden safetensors file (tools/make_model_golden.py)")
+      ->required();
+  cmd->add_option("--rtol-loss", args->rtol_loss, "Relative tolerance on losses")
+      ->capture_default_str();
+  cmd->add_option("--rtol-grad", args->rtol_grad,
+                  "Tolerance on gradients: max |ours - theirs| / max |theirs| per tensor")
+      ->capture_default_str();
+  cmd->add_flag("--all", args->all, "List every gradient tensor, not only the worst");
+  cmd->callback([args, &exit_code] { exit_code = run_check_golden(*args); });
+}
+
+}  // namespace packbert::cli

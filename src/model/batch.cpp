@@ -1,0 +1,74 @@
+#include "model/batch.h"
+
+#include "error.h"
+
+namespace packbert::model {
+
+TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
+  const size_t slots = static_cast<size_t>(b.B) * b.S;
+  auto check_size = [&](const std::vector<int32_t>& v, size_t n, const char* name) {
+    if (v.size() != n)
+      throw InputError(std::string("batch: ") + name + " has " + std::to_string(v.size()) +
+                       " entries, expected " + std::to_string(n));
+  };
+  check_size(b.input_ids, slots, "input_ids");
+  check_size(b.token_type_ids, slots, "token_type_ids");
+  check_size(b.position_ids, slots, "position_ids");
+  check_size(b.sequence_ids, slots, "sequence_ids");
+  check_size(b.mlm_labels, slots, "mlm_labels");
+  check_size(b.nsp_labels, static_cast<size_t>(b.B) * b.K, "nsp_labels");
+
+  TokenLayout t;
+  t.cu_seqlens.push_back(0);
+  for (int p = 0; p < b.B; ++p) {
+    int current = 0;
+    bool padding = false;
+    for (int s = 0; s < b.S; ++s) {
+      const size_t i = static_cast<size_t>(p) * b.S + s;
+      auto fail = [&](const std::string& what) {
+        throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) +
+                         ": " + what);
+      };
+      int seq = b.sequence_ids[i];
+      if (seq == 0) {
+        padding = true;
+        if (b.mlm_labels[i] != -100) fail("padding slot carries an MLM label");
+        continue;
+      }
+      if (padding) fail("sequence after padding (padding must come last in a pack)");
+      if (seq != current && seq != current + 1)
+        fail("sequence id " + std::to_string(seq) + " after " + std::to_string(current) +
+             " (ids must run 1, 2, ... in contiguous blocks)");
+      if (seq > b.K) fail("sequence id " + std::to_string(seq) + " exceeds K = " + std::to_string(b.K));
+      if (seq == current + 1) {
+        if (current > 0) t.cu_seqlens.push_back(t.tokens());
+        current = seq;
+        t.nsp_label.push_back(b.nsp_labels[static_cast<size_t>(p) * b.K + seq - 1]);
+      }
+      if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size)
+        fail("input id " + std::to_string(b.input_ids[i]) + " outside the vocabulary of " +
+             std::to_string(c.vocab_size));
+      if (b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size)
+        fail("token type " + std::to_string(b.token_type_ids[i]) + " out of range");
+      if (b.position_ids[i] < 0 || b.position_ids[i] >= c.max_position_embeddings)
+        fail("position " + std::to_string(b.position_ids[i]) + " outside [0, " +
+             std::to_string(c.max_position_embeddings) + ")");
+      if (b.mlm_labels[i] != -100) {
+        if (b.mlm_labels[i] < 0 || b.mlm_labels[i] >= c.vocab_size)
+          fail("MLM label " + std::to_string(b.mlm_labels[i]) + " outside the vocabulary");
+        t.mlm_token.push_back(t.tokens());
+        t.mlm_label.push_back(b.mlm_labels[i]);
+      }
+      t.slot.push_back(static_cast<int32_t>(i));
+    }
+    if (current > 0) t.cu_seqlens.push_back(t.tokens());
+    for (int k = current; k < b.K; ++k)
+      if (b.nsp_labels[static_cast<size_t>(p) * b.K + k] != -100)
+        throw InputError("batch: pack " + std::to_string(p) + " has an NSP label for sequence " +
+                         std::to_string(k + 1) + ", which it does not hold");
+  }
+  // cu_seqlens got one push per sequence end; the first entry is the leading 0.
+  return t;
+}
+
+}  // namespace packbert::model

@@ -1,0 +1,40 @@
+// A packed batch (docs/FORMATS.md, "packed batch"): B packs of S token slots. Per slot: input
+// id, token type, position (reset to 0 at each sequence start), sequence id (0 = padding slot,
+// 1..k = which sequence of the pack; Graphcore's convention) and MLM label (-100 = not masked).
+// Per pack and sequence: NSP label [B, K] (-100 = no such sequence). The padded baseline is the
+// same structure with one sequence per pack.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace packbert::model {
+
+struct PackedBatch {
+  int B = 0, S = 0, K = 0;
+  std::vector<int32_t> input_ids, token_type_ids, position_ids, sequence_ids, mlm_labels;  // [B*S]
+  std::vector<int32_t> nsp_labels;                                                        // [B*K]
+  std::vector<int32_t> class_labels;  // [n_seq] for the classifier head (optional)
+  std::vector<int32_t> span_starts, span_ends;  // [n_seq] token index in sequence (optional)
+};
+
+// Where the real tokens are: the engine computes on these T tokens only, never on padding.
+struct TokenLayout {
+  std::vector<int32_t> slot;        // [T] index into the B*S slots
+  std::vector<int32_t> cu_seqlens;  // [n_seq + 1] offsets of sequence starts in the T tokens
+  std::vector<int32_t> nsp_label;   // [n_seq] NSP label of each sequence (-100 = none)
+  std::vector<int32_t> mlm_token;   // [M] token index (into T) of each masked position
+  std::vector<int32_t> mlm_label;   // [M]
+  int tokens() const { return static_cast<int>(slot.size()); }
+  int sequences() const { return static_cast<int>(cu_seqlens.size()) - 1; }
+};
+
+// Validates the batch against the config and derives its token layout. Throws InputError
+// naming the pack and slot of the first problem: sequence ids must run 1, 2, ... in contiguous
+// blocks with padding (0) only at the end of a pack; ids, types and positions must be in range.
+TokenLayout token_layout(const PackedBatch& batch, const BertConfig& config);
+
+}  // namespace packbert::model

@@ -1,0 +1,37 @@
+// BertConfig: the model's shape, read from and written to Hugging Face's config.json.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace packbert::model {
+
+struct BertConfig {
+  int vocab_size = 30522;
+  int hidden_size = 768;
+  int num_hidden_layers = 12;
+  int num_attention_heads = 12;
+  int intermediate_size = 3072;
+  int max_position_embeddings = 512;
+  int type_vocab_size = 2;
+  double layer_norm_eps = 1e-12;
+  double hidden_dropout_prob = 0.1;
+  double attention_probs_dropout_prob = 0.1;
+  double initializer_range = 0.02;
+  int num_labels = 2;  // classification head outputs
+
+  int head_size() const { return hidden_size / num_attention_heads; }
+  // Throws InputError naming `source` and the offending field if the shape is unusable.
+  void validate(const std::string& source) const;
+};
+
+// Presets by name: tiny 2/128/2, mini 4/256/4, small 4/512/8, medium 8/512/8, base 12/768/12,
+// large 24/1024/16 (layers/hidden/heads; intermediate = 4 x hidden). Throws InputError.
+BertConfig bert_preset(const std::string& name);
+
+// Hugging Face config.json <-> BertConfig. Unknown keys are ignored; keys that packbert cannot
+// honour (hidden_act other than gelu, position_embedding_type other than absolute) are errors.
+BertConfig config_from_json(const nlohmann::json& j, const std::string& source);
+nlohmann::json config_to_json(const BertConfig& c);
+
+}  // namespace packbert::model

@@ -1,0 +1,94 @@
+#include "model/golden.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+#include "io/safetensors.h"
+#include "model/bert.h"
+#include "model/weights.h"
+
+namespace packbert::model {
+
+bool GoldenReport::ok() const {
+  return std::all_of(rows.begin(), rows.end(), [](const GoldenRow& r) { return r.ok(); });
+}
+
+const GoldenRow& GoldenReport::worst_grad() const {
+  const GoldenRow* worst = nullptr;
+  for (const GoldenRow& r : rows)
+    if (r.quantity.rfind("grad.", 0) == 0 && (!worst || r.error > worst->error)) worst = &r;
+  return worst ? *worst : rows.front();
+}
+
+GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad) {
+  io::SafetensorsFile f = io::SafetensorsFile::read(path);
+  auto meta = f.metadata().find("config");
+  if (meta == f.metadata().end()) throw InputError(path + ": no 'config' in the metadata");
+  nlohmann::json cj;
+  try {
+    cj = nlohmann::json::parse(meta->second);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": metadata 'config' is not valid JSON");
+  }
+  BertConfig config = config_from_json(cj, path + " (config)");
+  config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0;
+
+  BertModel<float> model(config, Heads{});
+  load_weights(model.layout(), model.params().data(), f);
+
+  PackedBatch b;
+  const io::TensorEntry& ids = f.entry("input_ids");
+  const io::TensorEntry& nsp = f.entry("nsp_labels");
+  if (ids.shape.size() != 2 || nsp.shape.size() != 2 || nsp.shape[0] != ids.shape[0])
+    throw InputError(path + ": input_ids must be [B, S] and nsp_labels [B, K]");
+  b.B = static_cast<int>(ids.shape[0]);
+  b.S = static_cast<int>(ids.shape[1]);
+  b.K = static_cast<int>(nsp.shape[1]);
+  for (const char* name : {"input_ids", "token_type_ids", "position_ids", "sequence_ids", "mlm_labels"})
+    if (f.entry(name).shape != ids.shape)
+      throw InputError(path + ": tensor '" + name + "' must have the shape of input_ids");
+  b.input_ids = f.ints("input_ids");
+  b.token_type_ids = f.ints("token_type_ids");
+  b.position_ids = f.ints("position_ids");
+  b.sequence_ids = f.ints("sequence_ids");
+  b.mlm_labels = f.ints("mlm_labels");
+  b.nsp_labels = f.ints("nsp_labels");
+
+  Outputs out = model.forward(b, StepOptions{});
+  model.zero_grads();
+  model.backward();
+
+  GoldenReport report;
+  auto loss_row = [&](const char* name, double ours) {
+    std::vector<float> want = f.floats(std::string("expected.") + name);
+    if (want.size() != 1) throw InputError(path + ": expected." + name + " must be a scalar");
+    double err = std::abs(ours - want[0]) / std::max(std::abs(static_cast<double>(want[0])), 1e-30);
+    report.rows.push_back({name, err, rtol_loss});
+  };
+  loss_row("mlm_loss", out.mlm_loss);
+  loss_row("nsp_loss", out.nsp_loss);
+  std::vector<std::vector<float>> want;
+  double global_ref = 0;
+  for (const TensorSpec& t : model.layout().tensors()) {
+    want.push_back(f.floats("grad." + t.name, &t.shape));
+    for (float v : want.back()) global_ref = std::max(global_ref, std::abs(static_cast<double>(v)));
+  }
+  for (size_t k = 0; k < want.size(); ++k) {
+    const TensorSpec& t = model.layout().tensors()[k];
+    const float* ours = model.grads().data() + t.offset;
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < t.numel; ++i) {
+      max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - want[k][i]));
+      max_ref = std::max(max_ref, std::abs(static_cast<double>(want[k][i])));
+    }
+    // A tensor whose true gradient is zero (e.g. the key bias: softmax ignores a shift shared by
+    // all keys) is judged against 1e-3 of the model's largest gradient instead of its own.
+    double scale = std::max(max_ref, 1e-3 * global_ref);
+    report.rows.push_back({"grad." + t.name, scale > 0 ? max_diff / scale : max_diff, rtol_grad});
+  }
+  return report;
+}
+
+}  // namespace packbert::model

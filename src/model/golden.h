@@ -1,0 +1,30 @@
+// Golden checks: hold packbert against a PyTorch model through the golden file format of
+// docs/FORMATS.md (tools/make_model_golden.py writes them; anyone can write their own).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace packbert::model {
+
+struct GoldenRow {
+  std::string quantity;  // "mlm_loss", "nsp_loss", or "grad.<name>"
+  double error = 0;      // relative error (see check_golden)
+  double tolerance = 0;
+  bool ok() const { return error <= tolerance; }
+};
+
+struct GoldenReport {
+  std::vector<GoldenRow> rows;
+  bool ok() const;
+  const GoldenRow& worst_grad() const;
+};
+
+// Loads the golden file, runs packbert's forward and backward on its batch (dropout off) and
+// compares. Loss error: |ours - expected| / |expected|. Gradient error per tensor, normwise:
+// max_i |ours_i - expected_i| / max(max_i |expected_i|, 1e-3 * largest expected gradient of
+// the model) (element-wise relative error is meaningless for entries near zero, and so is a
+// tensor-relative one for a tensor whose true gradient is zero). Throws InputError for a malformed or inconsistent golden file.
+GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad);
+
+}  // namespace packbert::model

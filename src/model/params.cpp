@@ -1,0 +1,145 @@
+#include "model/params.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "pack/assign.h"
+
+namespace packbert::model {
+
+ParamLayout::ParamLayout(const BertConfig& c, Heads heads) : config_(c), heads_(heads) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  add("bert.embeddings.word_embeddings.weight", {c.vocab_size, C});
+  add("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, C});
+  add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, C});
+  add("bert.embeddings.LayerNorm.weight", {C});
+  add("bert.embeddings.LayerNorm.bias", {C});
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
+    // query/key/value weights adjacent, then their biases adjacent: the fused QKV views.
+    // (no alignment padding between the three, or the fused [3C, C] / [3C] views would break).
+    add(p + "attention.self.query.weight", {C, C});
+    add(p + "attention.self.key.weight", {C, C}, false);
+    add(p + "attention.self.value.weight", {C, C}, false);
+    add(p + "attention.self.query.bias", {C});
+    add(p + "attention.self.key.bias", {C}, false);
+    add(p + "attention.self.value.bias", {C}, false);
+    add(p + "attention.output.dense.weight", {C, C});
+    add(p + "attention.output.dense.bias", {C});
+    add(p + "attention.output.LayerNorm.weight", {C});
+    add(p + "attention.output.LayerNorm.bias", {C});
+    add(p + "intermediate.dense.weight", {I, C});
+    add(p + "intermediate.dense.bias", {I});
+    add(p + "output.dense.weight", {C, I});
+    add(p + "output.dense.bias", {C});
+    add(p + "output.LayerNorm.weight", {C});
+    add(p + "output.LayerNorm.bias", {C});
+  }
+  add("bert.pooler.dense.weight", {C, C});
+  add("bert.pooler.dense.bias", {C});
+  if (heads.pretraining) {
+    add("cls.predictions.transform.dense.weight", {C, C});
+    add("cls.predictions.transform.dense.bias", {C});
+    add("cls.predictions.transform.LayerNorm.weight", {C});
+    add("cls.predictions.transform.LayerNorm.bias", {C});
+    add("cls.predictions.bias", {c.vocab_size});
+    add("cls.seq_relationship.weight", {2, C});
+    add("cls.seq_relationship.bias", {2});
+  }
+  if (heads.classifier) {
+    add("classifier.weight", {c.num_labels, C});
+    add("classifier.bias", {c.num_labels});
+  }
+  if (heads.span) {
+    add("qa_outputs.weight", {2, C});
+    add("qa_outputs.bias", {2});
+  }
+}
+
+void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool align) {
+  TensorSpec t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.numel = 1;
+  for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
+  // Tensors start 64-byte aligned (16 floats) unless they continue a fused group.
+  t.offset = align ? (total_ + 15) / 16 * 16 : total_;
+  total_ = t.offset + t.numel;
+  bool is_ln = name.find("LayerNorm") != std::string::npos;
+  bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+  t.no_decay = is_ln || is_bias;
+  t.is_layernorm_weight = is_ln && !is_bias;
+  t.is_matrix_init = !t.no_decay;
+  tensors_.push_back(std::move(t));
+}
+
+const TensorSpec* ParamLayout::find(const std::string& name) const {
+  for (const TensorSpec& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+template <typename T>
+ParamView<T>::ParamView(const ParamLayout& layout, T* base) {
+  auto at = [&](const std::string& name) -> T* {
+    const TensorSpec* t = layout.find(name);
+    return t ? base + t->offset : nullptr;
+  };
+  word = at("bert.embeddings.word_embeddings.weight");
+  position = at("bert.embeddings.position_embeddings.weight");
+  token_type = at("bert.embeddings.token_type_embeddings.weight");
+  emb_ln_w = at("bert.embeddings.LayerNorm.weight");
+  emb_ln_b = at("bert.embeddings.LayerNorm.bias");
+  for (int l = 0; l < layout.config().num_hidden_layers; ++l) {
+    std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
+    layers.push_back({at(p + "attention.self.query.weight"), at(p + "attention.self.query.bias"),
+                      at(p + "attention.output.dense.weight"), at(p + "attention.output.dense.bias"),
+                      at(p + "attention.output.LayerNorm.weight"),
+                      at(p + "attention.output.LayerNorm.bias"), at(p + "intermediate.dense.weight"),
+                      at(p + "intermediate.dense.bias"), at(p + "output.dense.weight"),
+                      at(p + "output.dense.bias"), at(p + "output.LayerNorm.weight"),
+                      at(p + "output.LayerNorm.bias")});
+  }
+  pool_w = at("bert.pooler.dense.weight");
+  pool_b = at("bert.pooler.dense.bias");
+  mlm_w = at("cls.predictions.transform.dense.weight");
+  mlm_b = at("cls.predictions.transform.dense.bias");
+  mlm_ln_w = at("cls.predictions.transform.LayerNorm.weight");
+  mlm_ln_b = at("cls.predictions.transform.LayerNorm.bias");
+  mlm_bias = at("cls.predictions.bias");
+  nsp_w = at("cls.seq_relationship.weight");
+  nsp_b = at("cls.seq_relationship.bias");
+  cls_w = at("classifier.weight");
+  cls_b = at("classifier.bias");
+  span_w = at("qa_outputs.weight");
+  span_b = at("qa_outputs.bias");
+}
+
+template <typename T>
+void init_params(const ParamLayout& layout, T* params, uint64_t seed) {
+  pack::SplitMix64 rng(seed);
+  const double std = layout.config().initializer_range;
+  for (const TensorSpec& t : layout.tensors()) {
+    T* p = params + t.offset;
+    for (size_t i = 0; i < t.numel; ++i) {
+      if (t.is_matrix_init) {
+        // Box-Muller from two 53-bit uniforms.
+        double u1 = (static_cast<double>(rng.next() >> 11) + 0.5) * 0x1.0p-53;
+        double u2 = static_cast<double>(rng.next() >> 11) * 0x1.0p-53;
+        p[i] = static_cast<T>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2));
+      } else {
+        p[i] = t.is_layernorm_weight ? T(1) : T(0);
+      }
+    }
+  }
+  // Row 0 ([PAD], HF's padding_idx) of the word embeddings starts at zero, as in HF.
+  const TensorSpec* word = layout.find("bert.embeddings.word_embeddings.weight");
+  std::fill(params + word->offset, params + word->offset + word->shape[1], T(0));
+}
+
+template struct ParamView<float>;
+template struct ParamView<double>;
+template void init_params<float>(const ParamLayout&, float*, uint64_t);
+template void init_params<double>(const ParamLayout&, double*, uint64_t);
+
+}  // namespace packbert::model

@@ -1,0 +1,75 @@
+// Parameters: one contiguous arena per kind (weights, gradients, optimizer moments), laid out
+// by ParamLayout under Hugging Face BERT tensor names, reached through structs of named views.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace packbert::model {
+
+// Which heads the model carries besides the encoder and pooler.
+struct Heads {
+  bool pretraining = true;  // MLM (transform + LayerNorm + decoder tied to word embeddings) + NSP
+  bool classifier = false;  // sequence classification on the pooled [CLS]
+  bool span = false;        // SQuAD start/end logits per token
+};
+
+struct TensorSpec {
+  std::string name;            // Hugging Face name, e.g. bert.encoder.layer.0.attention.self.query.weight
+  std::vector<int64_t> shape;  // PyTorch shape (Linear weights are [out, in])
+  size_t offset = 0;           // in elements, into the arena
+  size_t numel = 0;
+  bool no_decay = false;       // biases and LayerNorm: no weight decay, no LAMB trust ratio
+  bool is_matrix_init = false; // initialised N(0, initializer_range); else zeros / LayerNorm ones
+  bool is_layernorm_weight = false;
+};
+
+class ParamLayout {
+ public:
+  ParamLayout(const BertConfig& config, Heads heads);
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  size_t total() const { return total_; }
+  const TensorSpec* find(const std::string& name) const;  // null if absent
+  const BertConfig& config() const { return config_; }
+  const Heads& heads() const { return heads_; }
+
+ private:
+  void add(const std::string& name, std::vector<int64_t> shape, bool align = true);
+  BertConfig config_;
+  Heads heads_;
+  std::vector<TensorSpec> tensors_;
+  size_t total_ = 0;
+};
+
+// Named views into an arena laid out by ParamLayout (weights, or gradients of the same shape).
+// qkv_w is the [3C, C] concatenation of query, key and value weights (adjacent in the arena),
+// qkv_b the matching [3C] biases, so one GEMM produces q | k | v per token.
+template <typename T>
+struct LayerView {
+  T *qkv_w, *qkv_b, *attn_out_w, *attn_out_b, *ln1_w, *ln1_b;
+  T *inter_w, *inter_b, *out_w, *out_b, *ln2_w, *ln2_b;
+};
+
+template <typename T>
+struct ParamView {
+  T *word, *position, *token_type, *emb_ln_w, *emb_ln_b;
+  std::vector<LayerView<T>> layers;
+  T *pool_w = nullptr, *pool_b = nullptr;
+  T *mlm_w = nullptr, *mlm_b = nullptr, *mlm_ln_w = nullptr, *mlm_ln_b = nullptr,
+    *mlm_bias = nullptr;
+  T *nsp_w = nullptr, *nsp_b = nullptr;
+  T *cls_w = nullptr, *cls_b = nullptr;
+  T *span_w = nullptr, *span_b = nullptr;
+
+  ParamView(const ParamLayout& layout, T* base);
+};
+
+// Hugging Face initialisation: Linear and Embedding weights ~ N(0, initializer_range), biases 0,
+// LayerNorm weight 1 and bias 0. Deterministic for a seed.
+template <typename T>
+void init_params(const ParamLayout& layout, T* params, uint64_t seed);
+
+}  // namespace packbert::model
