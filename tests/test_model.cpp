@@ -1,1 +1,345 @@
+// The model: parity with PyTorch goldens, whole-model finite differences in double, packed ==
+// one-sequence-per-row, dropout determinism, heads, and safetensors robustness.
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "error.h"
+#include "io/safetensors.h"
+#include "model/bert.h"
+#include "model/golden.h"
+#include "model/weights.h"
+
+namespace packbert::model {
+namespace {
+
+const std::string kGoldenDir = std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/";
+
+TEST(ModelGolden, MatchesPyTorchHidden64) {
+  GoldenReport r = check_golden(kGoldenDir + "bert_h64.safetensors", 1e-5, 1e-4);
+  for (const GoldenRow& row : r.rows) EXPECT_TRUE(row.ok()) << row.quantity << " " << row.error;
+  EXPECT_EQ(r.rows.size(), 2u + 46u);
+}
+
+TEST(ModelGolden, MatchesPyTorchHidden40ThreeSequencePack) {
+  GoldenReport r = check_golden(kGoldenDir + "bert_h40.safetensors", 1e-5, 1e-4);
+  for (const GoldenRow& row : r.rows) EXPECT_TRUE(row.ok()) << row.quantity << " " << row.error;
+}
+
+BertConfig tiny_config() {
+  BertConfig c;
+  c.vocab_size = 23;
+  c.hidden_size = 8;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 12;
+  c.max_position_embeddings = 16;
+  c.num_labels = 3;
+  c.initializer_range = 0.3;
+  return c;
+}
+
+// Packs from lists of sequence lengths, with deterministic random content.
+PackedBatch make_batch(const std::vector<std::vector<int>>& packs, int S, int vocab,
+                       uint32_t seed) {
+  std::mt19937 rng(seed);
+  PackedBatch b;
+  b.B = static_cast<int>(packs.size());
+  b.S = S;
+  b.K = 0;
+  for (auto& p : packs) b.K = std::max(b.K, static_cast<int>(p.size()));
+  size_t n = static_cast<size_t>(b.B) * S;
+  b.input_ids.assign(n, 0);
+  b.token_type_ids.assign(n, 0);
+  b.position_ids.assign(n, 0);
+  b.sequence_ids.assign(n, 0);
+  b.mlm_labels.assign(n, -100);
+  b.nsp_labels.assign(static_cast<size_t>(b.B) * b.K, -100);
+  for (int p = 0; p < b.B; ++p) {
+    int o = 0;
+    for (size_t k = 0; k < packs[p].size(); ++k) {
+      int L = packs[p][k];
+      for (int i = 0; i < L; ++i) {
+        size_t s = static_cast<size_t>(p) * S + o + i;
+        b.input_ids[s] = 1 + static_cast<int>(rng() % (vocab - 1));
+        b.token_type_ids[s] = i >= L / 2;
+        b.position_ids[s] = i;
+        b.sequence_ids[s] = static_cast<int>(k) + 1;
+        if (i > 0 && rng() % 4 == 0) b.mlm_labels[s] = static_cast<int>(rng() % vocab);
+      }
+      b.nsp_labels[static_cast<size_t>(p) * b.K + k] = static_cast<int>(rng() % 2);
+      b.class_labels.push_back(static_cast<int>(rng() % 3));
+      b.span_starts.push_back(static_cast<int>(rng() % L));
+      b.span_ends.push_back(static_cast<int>(rng() % L));
+      o += L;
+    }
+  }
+  return b;
+}
+
+// Whole model in double: every 7th parameter (and all of the small ones) against central
+// differences of the total loss, with all four heads active and dropout ON (the counter-based
+// masks make the loss a deterministic function of the parameters).
+TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
+  BertConfig c = tiny_config();
+  c.hidden_dropout_prob = 0.1;
+  c.attention_probs_dropout_prob = 0.1;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel<double> m(c, heads);
+  init_params(m.layout(), m.params().data(), 3);
+  std::mt19937 rng(4);
+  std::normal_distribution<double> noise(0, 0.1);
+  for (double& v : m.params()) v += noise(rng);  // break symmetries of the fresh init
+  PackedBatch b = make_batch({{5, 3, 4}, {9}, {2, 6}}, 13, c.vocab_size, 5);
+  StepOptions opt{true, 77, 9};
+  Outputs out = m.forward(b, opt);
+  ASSERT_GT(out.mlm_count, 0);
+  ASSERT_GT(out.nsp_count, 0);
+  m.zero_grads();
+  m.backward();
+  std::vector<double> analytic = m.grads();
+  const double h = 1e-5;
+  int checked = 0;
+  for (const TensorSpec& t : m.layout().tensors()) {
+    size_t stride = t.numel > 64 ? 7 : 1;
+    for (size_t i = 0; i < t.numel; i += stride) {
+      double& w = m.params()[t.offset + i];
+      double keep = w;
+      w = keep + h;
+      double up = m.forward(b, opt).loss();
+      w = keep - h;
+      double down = m.forward(b, opt).loss();
+      w = keep;
+      double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(analytic[t.offset + i], numeric, 1e-6 * (1 + std::abs(numeric)))
+          << t.name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 500);
+}
+
+// The same sequences packed three to a row, or one per row, give the same losses and
+// gradients to fp32 round-off.
+TEST(ModelPacking, PackedEqualsOnePerRow) {
+  BertConfig c = tiny_config();
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  BertModel<float> m(c, Heads{});
+  init_params(m.layout(), m.params().data(), 11);
+  std::vector<int> lengths = {5, 3, 7, 2, 6, 4};
+  PackedBatch packed = make_batch({{5, 3, 7}, {2, 6, 4}}, 16, c.vocab_size, 21);
+  // One per row: copy each sequence into its own row of length 7.
+  PackedBatch rows;
+  rows.B = 6;
+  rows.S = 7;
+  rows.K = 1;
+  size_t n = 6 * 7;
+  rows.input_ids.assign(n, 0);
+  rows.token_type_ids.assign(n, 0);
+  rows.position_ids.assign(n, 0);
+  rows.sequence_ids.assign(n, 0);
+  rows.mlm_labels.assign(n, -100);
+  int r = 0;
+  for (int p = 0; p < 2; ++p) {
+    int o = 0;
+    for (int k = 0; k < 3; ++k, ++r) {
+      int L = lengths[r];
+      for (int i = 0; i < L; ++i) {
+        size_t src = static_cast<size_t>(p) * 16 + o + i, dst = static_cast<size_t>(r) * 7 + i;
+        rows.input_ids[dst] = packed.input_ids[src];
+        rows.token_type_ids[dst] = packed.token_type_ids[src];
+        rows.position_ids[dst] = packed.position_ids[src];
+        rows.sequence_ids[dst] = 1;
+        rows.mlm_labels[dst] = packed.mlm_labels[src];
+      }
+      rows.nsp_labels.push_back(packed.nsp_labels[static_cast<size_t>(p) * 3 + k]);
+      o += L;
+    }
+  }
+  Outputs a = m.forward(packed, StepOptions{});
+  m.zero_grads();
+  m.backward();
+  std::vector<float> ga = m.grads();
+  Outputs b = m.forward(rows, StepOptions{});
+  m.zero_grads();
+  m.backward();
+  EXPECT_EQ(a.mlm_count, b.mlm_count);
+  EXPECT_NEAR(a.mlm_loss, b.mlm_loss, 1e-6 * a.mlm_loss);
+  EXPECT_NEAR(a.nsp_loss, b.nsp_loss, 1e-6 * a.nsp_loss);
+  float scale = 0;
+  for (float g : ga) scale = std::max(scale, std::abs(g));
+  for (size_t i = 0; i < ga.size(); ++i) ASSERT_NEAR(m.grads()[i], ga[i], 1e-5f * scale) << i;
+}
+
+TEST(ModelDropout, SameSeedAndStepSameLossOtherStepDifferent) {
+  BertConfig c = tiny_config();
+  BertModel<float> m(c, Heads{});
+  init_params(m.layout(), m.params().data(), 1);
+  PackedBatch b = make_batch({{6, 5}, {8}}, 12, c.vocab_size, 2);
+  double l1 = m.forward(b, {true, 5, 1}).loss();
+  double l2 = m.forward(b, {true, 5, 1}).loss();
+  double l3 = m.forward(b, {true, 5, 2}).loss();
+  double eval = m.forward(b, {false, 5, 1}).loss();
+  EXPECT_EQ(l1, l2);
+  EXPECT_NE(l1, l3);
+  EXPECT_NE(l1, eval);
+}
+
+TEST(ModelMemory, ActivationBytesScaleWithRealTokensNotSlots) {
+  BertConfig c = tiny_config();
+  BertModel<float> m(c, Heads{});
+  init_params(m.layout(), m.params().data(), 1);
+  m.forward(make_batch({{4}, {4}}, 16, c.vocab_size, 3), StepOptions{});
+  size_t small = m.activation_bytes();
+  m.forward(make_batch({{4}, {4}}, 64, c.vocab_size, 3), StepOptions{});  // more padding
+  EXPECT_EQ(m.activation_bytes(), small);
+  m.forward(make_batch({{8}, {8}}, 16, c.vocab_size, 3), StepOptions{});
+  EXPECT_GT(m.activation_bytes(), small);
+}
+
+TEST(ModelBatch, BadBatchesAreInputErrors) {
+  BertConfig c = tiny_config();
+  BertModel<float> m(c, Heads{});
+  PackedBatch good = make_batch({{4, 3}}, 9, c.vocab_size, 1);
+  auto expect_error = [&](PackedBatch b, const std::string& fragment) {
+    try {
+      m.forward(b, StepOptions{});
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  PackedBatch b = good;
+  b.input_ids[2] = c.vocab_size;
+  expect_error(b, "pack 0 slot 2: input id 23 outside the vocabulary");
+  b = good;
+  b.sequence_ids[0] = 0;
+  expect_error(b, "pack 0 slot 1: sequence after padding");
+  b = good;
+  b.sequence_ids[2] = 2;
+  expect_error(b, "pack 0 slot 3: sequence id 1 after 2");
+  b = good;
+  b.sequence_ids[5] = 3;
+  b.sequence_ids[6] = 3;
+  expect_error(b, "pack 0 slot 5: sequence id 3 exceeds K = 2");
+  b = good;
+  b.position_ids[0] = 99;
+  expect_error(b, "position 99 outside [0, 16)");
+  b = good;
+  b.mlm_labels.pop_back();
+  expect_error(b, "mlm_labels has 8 entries, expected 9");
+}
+
+TEST(ModelConfig, JsonRoundTripAndErrors) {
+  BertConfig c = bert_preset("base");
+  EXPECT_EQ(c.hidden_size, 768);
+  EXPECT_EQ(c.intermediate_size, 3072);
+  BertConfig back = config_from_json(config_to_json(c), "x");
+  EXPECT_EQ(back.num_hidden_layers, 12);
+  EXPECT_EQ(back.layer_norm_eps, 1e-12);
+  nlohmann::json j = config_to_json(c);
+  j["num_attention_heads"] = 7;
+  EXPECT_THROW(config_from_json(j, "cfg.json"), InputError);
+  j = config_to_json(c);
+  j["hidden_act"] = "relu";
+  EXPECT_THROW(config_from_json(j, "cfg.json"), InputError);
+  EXPECT_THROW(bert_preset("huge"), InputError);
+}
+
+TEST(Safetensors, RoundTripThroughModelWeights) {
+  BertConfig c = tiny_config();
+  BertModel<float> a(c, Heads{}), b(c, Heads{});
+  init_params(a.layout(), a.params().data(), 9);
+  std::string bytes = io::serialize_safetensors(weight_tensors(a.layout(), a.params().data()),
+                                                {{"config", config_to_json(c).dump()}});
+  io::SafetensorsFile f = io::SafetensorsFile::parse(bytes, "mem");
+  load_weights(b.layout(), b.params().data(), f);
+  EXPECT_EQ(a.params(), b.params());
+  EXPECT_EQ(f.metadata().at("config"), config_to_json(c).dump());
+}
+
+std::string valid_file() {
+  BertConfig c = tiny_config();
+  BertModel<float> a(c, Heads{});
+  init_params(a.layout(), a.params().data(), 9);
+  return io::serialize_safetensors(weight_tensors(a.layout(), a.params().data()), {});
+}
+
+TEST(Safetensors, BadCheckpointsNameTheProblem) {
+  BertConfig c = tiny_config();
+  BertModel<float> m(c, Heads{});
+  std::string good = valid_file();
+  auto load = [&](const std::string& bytes) {
+    load_weights(m.layout(), m.params().data(), io::SafetensorsFile::parse(bytes, "ckpt"));
+  };
+  auto expect_error = [&](const std::string& bytes, const std::string& fragment) {
+    try {
+      load(bytes);
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_error(good.substr(0, good.size() - 10), "outside the");  // truncated data
+  expect_error(good.substr(0, 5), "truncated");
+  // A config with another hidden size: the shapes no longer match.
+  BertConfig other = c;
+  other.hidden_size = 12;
+  other.intermediate_size = 12;
+  BertModel<float> o(other, Heads{});
+  std::string wrong = io::serialize_safetensors(weight_tensors(o.layout(), o.params().data()), {});
+  expect_error(wrong,
+               "tensor 'bert.embeddings.word_embeddings.weight' has shape [23, 12], the config "
+               "needs [23, 8]");
+  // Missing tensor.
+  auto tensors = weight_tensors(m.layout(), m.params().data());
+  tensors.erase(tensors.begin() + 3);
+  expect_error(io::serialize_safetensors(tensors, {}),
+               "missing tensor 'bert.embeddings.LayerNorm.weight'");
+  // Header that lies about a size.
+  std::string lie = good;
+  size_t pos = lie.find("[23,8]");
+  ASSERT_NE(pos, std::string::npos);
+  lie.replace(pos, 6, "[23,9]");
+  expect_error(lie, "needs");
+}
+
+// Randomised corruption for a few seconds' worth of cases: never a crash, only InputError.
+TEST(Safetensors, FuzzedFilesNeverCrash) {
+  std::string good = valid_file();
+  std::mt19937 rng(123);
+  int errors = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string bad = good;
+    switch (trial % 4) {
+      case 0:
+        bad.resize(rng() % bad.size());
+        break;
+      case 1:
+        for (int k = 0; k < 4; ++k)
+          bad[rng() % std::min<size_t>(bad.size(), 600)] = static_cast<char>(rng());
+        break;
+      case 2:
+        bad[rng() % 8] = static_cast<char>(rng());
+        break;
+      default:
+        bad.insert(rng() % 600, 1, static_cast<char>(rng()));
+    }
+    try {
+      io::SafetensorsFile f = io::SafetensorsFile::parse(bad, "fuzz");
+      for (auto& [name, e] : f.tensors())
+        if (e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16" || e.dtype == "F64")
+          (void)f.floats(name);
+    } catch (const InputError&) {
+      ++errors;
+    }
+  }
+  EXPECT_GT(errors, 1000);
+}
+
+}  // namespace
+}  // namespace packbert::model

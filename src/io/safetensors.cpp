@@ -70,7 +70,8 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& sou
          std::to_string(f.bytes_.size() - 8) + " after the length");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(f.bytes_.begin() + 8, f.bytes_.begin() + 8 + static_cast<long>(n));
+    header =
+        nlohmann::json::parse(f.bytes_.begin() + 8, f.bytes_.begin() + 8 + static_cast<long>(n));
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("header is not valid JSON (") + e.what() + ")");
   }
@@ -204,7 +205,8 @@ std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (const TensorToWrite& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
     offset += t.bytes;
   }
   std::string h = header.dump();

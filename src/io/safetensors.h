@@ -12,9 +12,9 @@
 namespace packbert::io {
 
 struct TensorEntry {
-  std::string dtype;           // F32, F64, I32, I64, F16, BF16, U8, I8, BOOL, ...
+  std::string dtype;  // F32, F64, I32, I64, F16, BF16, U8, I8, BOOL, ...
   std::vector<int64_t> shape;
-  size_t begin = 0, end = 0;   // byte offsets into the data section
+  size_t begin = 0, end = 0;  // byte offsets into the data section
 };
 
 class SafetensorsFile {

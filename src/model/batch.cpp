@@ -26,8 +26,8 @@ TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
     for (int s = 0; s < b.S; ++s) {
       const size_t i = static_cast<size_t>(p) * b.S + s;
       auto fail = [&](const std::string& what) {
-        throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) +
-                         ": " + what);
+        throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) + ": " +
+                         what);
       };
       int seq = b.sequence_ids[i];
       if (seq == 0) {
@@ -39,7 +39,8 @@ TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
       if (seq != current && seq != current + 1)
         fail("sequence id " + std::to_string(seq) + " after " + std::to_string(current) +
              " (ids must run 1, 2, ... in contiguous blocks)");
-      if (seq > b.K) fail("sequence id " + std::to_string(seq) + " exceeds K = " + std::to_string(b.K));
+      if (seq > b.K)
+        fail("sequence id " + std::to_string(seq) + " exceeds K = " + std::to_string(b.K));
       if (seq == current + 1) {
         if (current > 0) t.cu_seqlens.push_back(t.tokens());
         current = seq;

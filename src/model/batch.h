@@ -16,8 +16,8 @@ namespace packbert::model {
 struct PackedBatch {
   int B = 0, S = 0, K = 0;
   std::vector<int32_t> input_ids, token_type_ids, position_ids, sequence_ids, mlm_labels;  // [B*S]
-  std::vector<int32_t> nsp_labels;                                                        // [B*K]
-  std::vector<int32_t> class_labels;  // [n_seq] for the classifier head (optional)
+  std::vector<int32_t> nsp_labels;                                                         // [B*K]
+  std::vector<int32_t> class_labels;            // [n_seq] for the classifier head (optional)
   std::vector<int32_t> span_starts, span_ends;  // [n_seq] token index in sequence (optional)
 };
 

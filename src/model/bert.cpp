@@ -61,7 +61,8 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
   opt_ = options;
   tl_ = token_layout(batch, c);
   out_ = Outputs{};
-  const int Tn = tl_.tokens(), C = c.hidden_size, I = c.intermediate_size, NH = c.num_attention_heads;
+  const int Tn = tl_.tokens(), C = c.hidden_size, I = c.intermediate_size,
+            NH = c.num_attention_heads;
   const int n_seq = tl_.sequences();
   const size_t TC = static_cast<size_t>(Tn) * C;
   const double p_hidden = options.training ? c.hidden_dropout_prob : 0.0;
@@ -98,8 +99,7 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
 
   // Encoder layers (post-LN, as BERT).
   acts_.resize(c.num_hidden_layers);
-  const int64_t n_probs =
-      attention_probs_offsets(tl_.cu_seqlens.data(), n_seq, NH).back();
+  const int64_t n_probs = attention_probs_offsets(tl_.cu_seqlens.data(), n_seq, NH).back();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerView<T>& w = p_.layers[l];
     LayerActs& a = acts_[l];
@@ -205,8 +205,8 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
     cls_probs_.resize(cls_logits_.size());
     std::vector<T> losses(n_seq);
     linear_forward(cls_logits_.data(), cls_drop_.data(), p_.cls_w, p_.cls_b, n_seq, C, NL);
-    cross_entropy_forward(losses.data(), cls_probs_.data(), cls_logits_.data(),
-                          cls_targets_.data(), n_seq, NL);
+    cross_entropy_forward(losses.data(), cls_probs_.data(), cls_logits_.data(), cls_targets_.data(),
+                          n_seq, NL);
     double sum = 0;
     for (int s = 0; s < n_seq; ++s) {
       if (cls_targets_[s] < 0) continue;
@@ -235,7 +235,8 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
         T mx = -INFINITY;
         for (int i = 0; i < L; ++i) mx = std::max(mx, span_logits_[2 * (a + i) + e]);
         T z = 0;
-        for (int i = 0; i < L; ++i) z += (span_probs_[2 * (a + i) + e] = std::exp(span_logits_[2 * (a + i) + e] - mx));
+        for (int i = 0; i < L; ++i)
+          z += (span_probs_[2 * (a + i) + e] = std::exp(span_logits_[2 * (a + i) + e] - mx));
         for (int i = 0; i < L; ++i) span_probs_[2 * (a + i) + e] /= z;
         if (target[0] < 0) continue;
         if (target[e] >= L)
@@ -256,7 +257,8 @@ void BertModel<T>::backward() {
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
   const PackedBatch& batch = *batch_;
-  const int Tn = tl_.tokens(), C = c.hidden_size, I = c.intermediate_size, NH = c.num_attention_heads;
+  const int Tn = tl_.tokens(), C = c.hidden_size, I = c.intermediate_size,
+            NH = c.num_attention_heads;
   const int n_seq = tl_.sequences();
   const size_t TC = static_cast<size_t>(Tn) * C;
   const double p_hidden = opt_.training ? c.hidden_dropout_prob : 0.0;
@@ -326,7 +328,8 @@ void BertModel<T>::backward() {
   }
   {  // pooler: pooled = tanh(cls_in . Wp^T + bp)
     std::vector<T> dpre(dpooled.size()), dcls(dpooled.size(), T(0));
-    for (size_t i = 0; i < dpre.size(); ++i) dpre[i] = dpooled[i] * (T(1) - pooled_[i] * pooled_[i]);
+    for (size_t i = 0; i < dpre.size(); ++i)
+      dpre[i] = dpooled[i] * (T(1) - pooled_[i] * pooled_[i]);
     linear_backward(dcls.data(), g_.pool_w, g_.pool_b, dpre.data(), cls_in_.data(), p_.pool_w,
                     n_seq, C, C);
     std::vector<int32_t> cls_rows(tl_.cu_seqlens.begin(), tl_.cu_seqlens.end() - 1);
@@ -334,8 +337,9 @@ void BertModel<T>::backward() {
   }
 
   // Encoder layers in reverse. dh holds d loss / d (layer output).
-  std::vector<T> dh = std::move(dtop), dr2(TC), dh1(TC), dtmp(TC), dgelu(static_cast<size_t>(Tn) * I),
-                 dinter(dgelu.size()), dr1(TC), datt(TC), dqkv(TC * 3), dx(TC);
+  std::vector<T> dh = std::move(dtop), dr2(TC), dh1(TC), dtmp(TC),
+                 dgelu(static_cast<size_t>(Tn) * I), dinter(dgelu.size()), dr1(TC), datt(TC),
+                 dqkv(TC * 3), dx(TC);
   for (int l = c.num_hidden_layers - 1; l >= 0; --l) {
     const LayerView<T>& w = p_.layers[l];
     const LayerView<T>& gw = g_.layers[l];
@@ -348,7 +352,8 @@ void BertModel<T>::backward() {
     std::fill(dtmp.begin(), dtmp.end(), T(0));
     dropout_back(dtmp.data(), dr2.data(), TC, l, kFfnOut);
     std::fill(dgelu.begin(), dgelu.end(), T(0));
-    linear_backward(dgelu.data(), gw.out_w, gw.out_b, dtmp.data(), a.gelu.data(), w.out_w, Tn, I, C);
+    linear_backward(dgelu.data(), gw.out_w, gw.out_b, dtmp.data(), a.gelu.data(), w.out_w, Tn, I,
+                    C);
     std::fill(dinter.begin(), dinter.end(), T(0));
     gelu_backward(dinter.data(), a.inter.data(), dgelu.data(), static_cast<int64_t>(Tn) * I);
     linear_backward(dh1.data(), gw.inter_w, gw.inter_b, dinter.data(), a.h1.data(), w.inter_w, Tn,

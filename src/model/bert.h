@@ -53,8 +53,7 @@ class BertModel {
 
  private:
   struct LayerActs {
-    std::vector<T> qkv, probs, att, r1, ln1_mean, ln1_rstd, h1, inter, gelu, r2, ln2_mean,
-        ln2_rstd;
+    std::vector<T> qkv, probs, att, r1, ln1_mean, ln1_rstd, h1, inter, gelu, r2, ln2_mean, ln2_rstd;
   };
   ParamLayout layout_;
   std::vector<T> params_, grads_;

@@ -28,7 +28,7 @@ BertConfig bert_preset(const std::string& name) {
   struct Preset {
     const char* name;
     int layers, hidden, heads;
-  } presets[] = {{"tiny", 2, 128, 2},   {"mini", 4, 256, 4},  {"small", 4, 512, 8},
+  } presets[] = {{"tiny", 2, 128, 2},   {"mini", 4, 256, 4},   {"small", 4, 512, 8},
                  {"medium", 8, 512, 8}, {"base", 12, 768, 12}, {"large", 24, 1024, 16}};
   for (const Preset& p : presets)
     if (name == p.name) {
@@ -48,8 +48,7 @@ BertConfig config_from_json(const nlohmann::json& j, const std::string& source) 
   BertConfig c;
   auto get_int = [&](const char* key, int& field) {
     if (!j.contains(key)) return;
-    if (!j[key].is_number_integer())
-      throw InputError(source + ": " + key + " must be an integer");
+    if (!j[key].is_number_integer()) throw InputError(source + ": " + key + " must be an integer");
     field = j[key].get<int>();
   };
   auto get_num = [&](const char* key, double& field) {

@@ -46,7 +46,8 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
   b.B = static_cast<int>(ids.shape[0]);
   b.S = static_cast<int>(ids.shape[1]);
   b.K = static_cast<int>(nsp.shape[1]);
-  for (const char* name : {"input_ids", "token_type_ids", "position_ids", "sequence_ids", "mlm_labels"})
+  for (const char* name :
+       {"input_ids", "token_type_ids", "position_ids", "sequence_ids", "mlm_labels"})
     if (f.entry(name).shape != ids.shape)
       throw InputError(path + ": tensor '" + name + "' must have the shape of input_ids");
   b.input_ids = f.ints("input_ids");

@@ -24,7 +24,8 @@ struct GoldenReport {
 // compares. Loss error: |ours - expected| / |expected|. Gradient error per tensor, normwise:
 // max_i |ours_i - expected_i| / max(max_i |expected_i|, 1e-3 * largest expected gradient of
 // the model) (element-wise relative error is meaningless for entries near zero, and so is a
-// tensor-relative one for a tensor whose true gradient is zero). Throws InputError for a malformed or inconsistent golden file.
+// tensor-relative one for a tensor whose true gradient is zero). Throws InputError for a malformed
+// or inconsistent golden file.
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad);
 
 }  // namespace packbert::model

@@ -92,13 +92,13 @@ ParamView<T>::ParamView(const ParamLayout& layout, T* base) {
   emb_ln_b = at("bert.embeddings.LayerNorm.bias");
   for (int l = 0; l < layout.config().num_hidden_layers; ++l) {
     std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
-    layers.push_back({at(p + "attention.self.query.weight"), at(p + "attention.self.query.bias"),
-                      at(p + "attention.output.dense.weight"), at(p + "attention.output.dense.bias"),
-                      at(p + "attention.output.LayerNorm.weight"),
-                      at(p + "attention.output.LayerNorm.bias"), at(p + "intermediate.dense.weight"),
-                      at(p + "intermediate.dense.bias"), at(p + "output.dense.weight"),
-                      at(p + "output.dense.bias"), at(p + "output.LayerNorm.weight"),
-                      at(p + "output.LayerNorm.bias")});
+    layers.push_back(
+        {at(p + "attention.self.query.weight"), at(p + "attention.self.query.bias"),
+         at(p + "attention.output.dense.weight"), at(p + "attention.output.dense.bias"),
+         at(p + "attention.output.LayerNorm.weight"), at(p + "attention.output.LayerNorm.bias"),
+         at(p + "intermediate.dense.weight"), at(p + "intermediate.dense.bias"),
+         at(p + "output.dense.weight"), at(p + "output.dense.bias"),
+         at(p + "output.LayerNorm.weight"), at(p + "output.LayerNorm.bias")});
   }
   pool_w = at("bert.pooler.dense.weight");
   pool_b = at("bert.pooler.dense.bias");

@@ -18,12 +18,12 @@ struct Heads {
 };
 
 struct TensorSpec {
-  std::string name;            // Hugging Face name, e.g. bert.encoder.layer.0.attention.self.query.weight
+  std::string name;  // Hugging Face name, e.g. bert.encoder.layer.0.attention.self.query.weight
   std::vector<int64_t> shape;  // PyTorch shape (Linear weights are [out, in])
   size_t offset = 0;           // in elements, into the arena
   size_t numel = 0;
-  bool no_decay = false;       // biases and LayerNorm: no weight decay, no LAMB trust ratio
-  bool is_matrix_init = false; // initialised N(0, initializer_range); else zeros / LayerNorm ones
+  bool no_decay = false;        // biases and LayerNorm: no weight decay, no LAMB trust ratio
+  bool is_matrix_init = false;  // initialised N(0, initializer_range); else zeros / LayerNorm ones
   bool is_layernorm_weight = false;
 };
 
