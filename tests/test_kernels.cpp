@@ -157,6 +157,24 @@ TEST(KernelGrad, AttentionVarlen) {
   expect_grad(qkv, dqkv, loss, "dqkv");
 }
 
+TEST(KernelGrad, AttentionVarlenWithDropout) {
+  std::mt19937 rng(16);
+  const int C = 6, NH = 3;
+  std::vector<int32_t> cu = {0, 4, 9};
+  const int T = cu.back();
+  AttentionDropout drop{0.3, 99, 5};
+  Vec qkv = random_vec(T * 3 * C, rng), R = random_vec(T * C, rng), out(T * C);
+  Vec probs(attention_probs_offsets(cu.data(), 2, NH).back());
+  auto loss = [&] {
+    attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), 2, C, NH, drop);
+    return dot(out, R);
+  };
+  loss();
+  Vec dqkv(T * 3 * C, 0.0);
+  attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), cu.data(), 2, C, NH, drop);
+  expect_grad(qkv, dqkv, loss, "dqkv");
+}
+
 TEST(KernelAttention, NoCrossContaminationAndPackedEqualsSeparate) {
   std::mt19937 rng(7);
   const int C = 8, NH = 2;

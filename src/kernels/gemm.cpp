@@ -1,11 +1,47 @@
 #include "kernels/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
 
 namespace packbert::kernels {
 
+namespace {
+
+// Profiling only (see gemm.h); off unless a benchmark turns it on.
+std::atomic<bool> counting{false};
+std::atomic<uint64_t> flop_count{0}, nanos{0};
+
+struct Timer {
+  bool on;
+  double flops;
+  std::chrono::steady_clock::time_point start;
+  Timer(int M, int N, int K)
+      : on(counting.load(std::memory_order_relaxed) && !omp_in_parallel()),
+        flops(2.0 * M * N * K) {
+    if (on) start = std::chrono::steady_clock::now();
+  }
+  ~Timer() {
+    if (!on) return;
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - start)
+                  .count();
+    flop_count += static_cast<uint64_t>(flops);
+    nanos += static_cast<uint64_t>(ns);
+  }
+};
+
+}  // namespace
+
+GemmCounters gemm_counters() { return {static_cast<double>(flop_count), nanos * 1e-9}; }
+void reset_gemm_counters() { flop_count = 0, nanos = 0; }
+void enable_gemm_counters(bool on) { counting = on; }
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
+  Timer timer(M, N, K);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -11,4 +11,15 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
           const double* B, int ldb, double beta, double* C, int ldc);
 
+// Profiling counters of the seam (benchmarks only): floating-point operations (2*M*N*K) and
+// wall-clock nanoseconds spent inside gemm() since the last reset. Updated atomically; calls
+// made inside parallel regions add their own durations, so time can exceed wall time there.
+struct GemmCounters {
+  double flops = 0;
+  double seconds = 0;
+};
+GemmCounters gemm_counters();
+void reset_gemm_counters();
+void enable_gemm_counters(bool on);
+
 }  // namespace packbert::kernels

@@ -1,0 +1,159 @@
+// One packbert training step (forward + backward, no optimizer) on given sequence lengths,
+// packed into rows of --max-seq-len (or one per row with --padded). Prints one JSON line:
+// real tokens/s, step seconds (median), GEMM share, model FLOP/s and the sgemm rate measured in
+// the same process at the same threads. bench/train_step_bench.py runs it side by side with the
+// PyTorch peer.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "kernels/gemm.h"
+#include "model/bert.h"
+#include "pack/assign.h"
+#include "pack/plan.h"
+
+using namespace packbert;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// sgemm rate at BERT-like shapes, this process, these threads.
+double sgemm_gflops() {
+  const int M = 2048, N = 3072, K = 768;
+  std::vector<float> A(static_cast<size_t>(M) * K, 0.01f), B(static_cast<size_t>(K) * N, 0.02f),
+      C(static_cast<size_t>(M) * N);
+  kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    double t0 = now();
+    kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    t.push_back(now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return 2.0 * M * N * K / t[2] * 1e-9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"train_step_bench: packbert forward+backward step on given sequence lengths"};
+  std::string lengths_text, preset = "base";
+  int max_len = 512, steps = 3, warmup = 1, layers = 0;
+  bool padded = false;
+  double dropout = 0.1;
+  app.add_option("--lengths", lengths_text, "Comma-separated sequence lengths of one step")->required();
+  app.add_option("--preset", preset, "Model preset")->capture_default_str();
+  app.add_option("--layers", layers, "Override the number of layers (0 = preset's)");
+  app.add_option("--max-seq-len", max_len)->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps")->capture_default_str();
+  app.add_option("--warmup", warmup)->capture_default_str();
+  app.add_option("--dropout", dropout)->capture_default_str();
+  app.add_flag("--padded", padded, "One sequence per row (the baseline layout)");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<int> lengths;
+  std::stringstream ss(lengths_text);
+  for (std::string tok; std::getline(ss, tok, ',');) lengths.push_back(std::stoi(tok));
+
+  model::BertConfig c = model::bert_preset(preset);
+  if (layers > 0) c.num_hidden_layers = layers;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
+  c.max_position_embeddings = std::max(c.max_position_embeddings, max_len);
+
+  // Rows: packs from the optimal packer, or one sequence per row.
+  pack::PackOptions po;
+  po.max_len = max_len;
+  pack::PackPlan plan =
+      pack::run_packer(padded ? pack::Algo::none : pack::Algo::optimal,
+                       pack::histogram_of(lengths, max_len), po);
+  pack::PackAssignment rows = pack::assign_sequences(plan, lengths, 1);
+
+  model::PackedBatch b;
+  b.B = static_cast<int>(rows.packs());
+  b.S = max_len;
+  b.K = 0;
+  for (int64_t p = 0; p < rows.packs(); ++p)
+    b.K = std::max<int>(b.K, static_cast<int>(rows.offsets[p + 1] - rows.offsets[p]));
+  size_t n = static_cast<size_t>(b.B) * b.S;
+  b.input_ids.assign(n, 0);
+  b.token_type_ids.assign(n, 0);
+  b.position_ids.assign(n, 0);
+  b.sequence_ids.assign(n, 0);
+  b.mlm_labels.assign(n, -100);
+  b.nsp_labels.assign(static_cast<size_t>(b.B) * b.K, -100);
+  std::mt19937 rng(7);
+  int64_t real_tokens = 0, masked = 0;
+  for (int64_t p = 0; p < rows.packs(); ++p) {
+    int o = 0;
+    for (int64_t k = rows.offsets[p]; k < rows.offsets[p + 1]; ++k) {
+      int L = lengths[rows.ids[k]];
+      int n_mask = std::max(1, static_cast<int>(0.15 * L + 0.5));
+      for (int i = 0; i < L; ++i) {
+        size_t s = static_cast<size_t>(p) * b.S + o + i;
+        b.input_ids[s] = 1000 + static_cast<int>(rng() % 29000);
+        b.position_ids[s] = i;
+        b.token_type_ids[s] = i >= L / 2;
+        b.sequence_ids[s] = static_cast<int>(k - rows.offsets[p]) + 1;
+        if (i > 0 && i <= n_mask && i < L) b.mlm_labels[s] = 1000 + static_cast<int>(rng() % 29000);
+      }
+      masked += std::min(n_mask, L - 1);
+      b.nsp_labels[static_cast<size_t>(p) * b.K + (k - rows.offsets[p])] = static_cast<int>(rng() % 2);
+      real_tokens += L;
+      o += L;
+    }
+  }
+
+  model::BertModel<float> m(c, model::Heads{});
+  model::init_params(m.layout(), m.params().data(), 1);
+  double rate = sgemm_gflops();
+  std::vector<double> times, gemm_share;
+  double flops = 0;
+  for (int s = 0; s < warmup + steps; ++s) {
+    kernels::reset_gemm_counters();
+    kernels::enable_gemm_counters(true);
+    double t0 = now();
+    m.forward(b, {true, 1, static_cast<uint64_t>(s)});
+    m.zero_grads();
+    m.backward();
+    double dt = now() - t0;
+    kernels::enable_gemm_counters(false);
+    if (s >= warmup) {
+      times.push_back(dt);
+      gemm_share.push_back(kernels::gemm_counters().seconds / dt);
+    }
+  }
+  // Model FLOPs of one step (forward x 3): every matmul of the model, attention included.
+  const double C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, T = real_tokens;
+  double att = 0;
+  for (int l : lengths) att += 2.0 * 2.0 * static_cast<double>(l) * l * C;
+  double fwd = c.num_hidden_layers * (2 * T * C * (3 * C + C + 2 * I) + att) +
+               2.0 * masked * C * (C + V) + 2.0 * static_cast<double>(lengths.size()) * C * (C + 2);
+  flops = 3 * fwd;
+  std::sort(times.begin(), times.end());
+  std::sort(gemm_share.begin(), gemm_share.end());
+  double t = times[times.size() / 2];
+  nlohmann::json out = {{"impl", "packbert"},
+                        {"layout", padded ? "padded" : "packed"},
+                        {"threads", omp_get_max_threads()},
+                        {"sequences", lengths.size()},
+                        {"rows", b.B},
+                        {"real_tokens", real_tokens},
+                        {"slots", static_cast<int64_t>(b.B) * b.S},
+                        {"step_seconds", t},
+                        {"real_tokens_per_s", real_tokens / t},
+                        {"gemm_share", gemm_share[gemm_share.size() / 2]},
+                        {"model_gflops", flops / t * 1e-9},
+                        {"sgemm_gflops", rate},
+                        {"activation_mib", m.activation_bytes() / 1048576.0}};
+  std::cout << out.dump() << std::endl;
+  return 0;
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""packbert vs PyTorch, one BERT training step (forward + backward), side by side.
+
+    /usr/bin/python3 bench/train_step_bench.py [--sequences 8] [--rounds 3] [--layers 0]
+
+Cases: `wiki` draws the step's sequence lengths from data/wikipedia_512.hist (seeded; the same
+sequences for both sides): packbert packs them into rows of 512, PyTorch pads each to 512.
+`full` uses sequences of exactly 512 tokens (no padding anywhere). Runs are interleaved
+(packbert, PyTorch, packbert, ...), each a fresh process with a warm-up step; the table reports
+medians. PyTorch's thread count is probed (1 and 2 threads, OMP_NUM_THREADS = OPENBLAS_NUM_THREADS =
+torch.set_num_threads) and the faster one is used.
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wiki_lengths(n, seed):
+    hist = []
+    with open(os.path.join(ROOT, "data", "wikipedia_512.hist")) as f:
+        for line in f:
+            line = line.split("#")[0].split()
+            if len(line) == 2:
+                hist.append((int(line[0]), int(line[1])))
+    rng = random.Random(seed)
+    return rng.choices([l for l, _ in hist], weights=[c for _, c in hist], k=n)
+
+
+def run(cmd, env_threads):
+    # Debian's torch takes GEMMs from OpenBLAS (pthread build): pin both pools to the same count.
+    env = dict(os.environ, OMP_NUM_THREADS=str(env_threads), OPENBLAS_NUM_THREADS=str(env_threads))
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sequences", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=0, help="override BERT-base's 12 layers")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--cases", default="wiki,full")
+    ap.add_argument("--markdown", default="")
+    a = ap.parse_args()
+    common = ["--steps", str(a.steps), "--warmup", "1"] + (["--layers", str(a.layers)] if a.layers else [])
+    rows = []
+    for case in a.cases.split(","):
+        lengths = wiki_lengths(a.sequences, 11) if case == "wiki" else [512] * a.sequences
+        arg = ["--lengths", ",".join(map(str, lengths))]
+        ours_cmd = [os.path.join(a.build, "train_step_bench")] + arg + common
+        torch_cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_bert_step.py")] + arg + common
+        # Probe PyTorch's thread settings once; keep the faster.
+        probe = {t: run(torch_cmd + ["--threads", str(t)], t)["real_tokens_per_s"]
+                 for t in sorted({1, a.threads})}
+        torch_threads = max(probe, key=probe.get)
+        ours, theirs = [], []
+        for r in range(a.rounds):
+            ours.append(run(ours_cmd, a.threads))
+            theirs.append(run(torch_cmd + ["--threads", str(torch_threads)], torch_threads))
+            print(f"{case} round {r}: packbert {ours[-1]['real_tokens_per_s']:.0f} tok/s, "
+                  f"pytorch {theirs[-1]['real_tokens_per_s']:.0f} tok/s", file=sys.stderr)
+        med = lambda xs, k: statistics.median(x[k] for x in xs)
+        p_rate, t_rate = med(ours, "real_tokens_per_s"), med(theirs, "real_tokens_per_s")
+        rows.append(dict(case=case, sequences=a.sequences, real_tokens=ours[0]["real_tokens"],
+                         packbert_rows=ours[0]["rows"], torch_rows=theirs[0]["rows"],
+                         packbert=p_rate, pytorch=t_rate, ratio=p_rate / t_rate,
+                         torch_threads=torch_threads, probe=probe,
+                         gemm_share=med(ours, "gemm_share"), model_gflops=med(ours, "model_gflops"),
+                         sgemm_gflops=med(ours, "sgemm_gflops"),
+                         activation_mib=ours[0]["activation_mib"]))
+    layers = a.layers or 12
+    head = (f"BERT-base shapes ({layers} layers, 768 hidden, 12 heads, fp32, dropout 0.1), "
+            f"forward + backward, {a.sequences} sequences per step, median of {a.rounds} "
+            f"interleaved rounds x {a.steps} steps, {a.threads} packbert threads.\n\n")
+    table = ["| case | real tokens | rows packbert / PyTorch | packbert tok/s | PyTorch tok/s (threads) | ratio | packbert GEMM share | model GFLOP/s | sgemm GFLOP/s | FLOP/s vs sgemm |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        table.append(f"| {r['case']} | {r['real_tokens']} | {r['packbert_rows']} / {r['torch_rows']} | "
+                     f"{r['packbert']:.0f} | {r['pytorch']:.0f} ({r['torch_threads']}) | {r['ratio']:.2f}x | "
+                     f"{100 * r['gemm_share']:.0f}% | {r['model_gflops']:.1f} | {r['sgemm_gflops']:.1f} | "
+                     f"{100 * r['model_gflops'] / r['sgemm_gflops']:.0f}% |")
+    text = head + "\n".join(table) + "\n"
+    print(text)
+    print(json.dumps(rows))
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
