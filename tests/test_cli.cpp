@@ -51,7 +51,7 @@ class Cli : public ::testing::Test {
 const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_512.hist";
 
 TEST_F(Cli, HelpOnEverySubcommand) {
-  for (const char* sub : {"", "pack", "demo"}) {
+  for (const char* sub : {"", "pack", "demo", "check-golden"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -116,6 +116,22 @@ TEST_F(Cli, BadFlagsExit2) {
   r = run("pack " + kWiki + " --algo lpfhp --out /nonexistent-dir/plan.json");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("/nonexistent-dir/plan.json"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, CheckGoldenPassesFailsAndRejectsBadFiles) {
+  const std::string golden = std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h40.safetensors";
+  Result ok = run("check-golden " + golden);
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("mlm_loss"), std::string::npos);
+  EXPECT_NE(ok.out.find("0 outside tolerance"), std::string::npos) << ok.out;
+  Result strict = run("check-golden " + golden + " --rtol-grad 1e-12 --rtol-loss 1e-12");
+  EXPECT_EQ(strict.code, 1) << strict.out;
+  std::string bytes = slurp(golden);
+  fs::path cut = write("cut.safetensors", bytes.substr(0, bytes.size() / 2));
+  Result bad = run("check-golden " + cut.string());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("cut.safetensors: tensor '"), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
 }
 
 }  // namespace

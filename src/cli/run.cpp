@@ -13,6 +13,7 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", "packbert 0.1.0");
   register_pack(app);
   register_demo(app);
+  register_tokenize(app);
   int exit_code = 0;
   register_check_golden(app, exit_code);
   try {

@@ -1,0 +1,61 @@
+// `packbert tokenize`: one line of WordPiece ids (or pieces) per input line.
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "data/tokenizer.h"
+#include "error.h"
+
+namespace packbert::cli {
+
+namespace {
+
+struct TokenizeArgs {
+  std::string vocab = PACKBERT_DEFAULT_VOCAB;
+  std::string input;
+  bool cased = false, tokens = false;
+};
+
+void run_tokenize(const TokenizeArgs& a) {
+  data::Vocab vocab = data::Vocab::load(a.vocab);
+  data::Tokenizer tok(vocab, !a.cased);
+  std::ifstream file;
+  if (!a.input.empty()) {
+    file.open(a.input, std::ios::binary);
+    if (!file) throw InputError(a.input + ": cannot open for reading");
+  }
+  std::istream& in = a.input.empty() ? std::cin : file;
+  std::string line, out;
+  while (std::getline(in, line)) {
+    out.clear();
+    if (a.tokens) {
+      for (const std::string& p : tok.pieces(line)) {
+        if (!out.empty()) out += ' ';
+        out += p;
+      }
+    } else {
+      for (int32_t id : tok.encode(line)) {
+        if (!out.empty()) out += ' ';
+        out += std::to_string(id);
+      }
+    }
+    std::cout << out << '\n';
+  }
+}
+
+}  // namespace
+
+void register_tokenize(CLI::App& app) {
+  auto args = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize", "WordPiece-tokenize text, one output line per input line (ids or pieces)");
+  cmd->add_option("input", args->input, "Text file (default: standard input)");
+  cmd->add_option("--vocab", args->vocab, "vocab.txt (default: bert-base-uncased from set-up)")
+      ->capture_default_str();
+  cmd->add_flag("--cased", args->cased, "Keep case and accents (cased models)");
+  cmd->add_flag("--tokens", args->tokens, "Print the pieces instead of ids");
+  cmd->callback([args] { run_tokenize(*args); });
+}
+
+}  // namespace packbert::cli

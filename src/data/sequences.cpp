@@ -1,0 +1,255 @@
+#include "data/sequences.h"
+
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "error.h"
+#include "io/atomic_file.h"
+
+namespace packbert::data {
+
+static_assert(std::endian::native == std::endian::little, "files are little-endian");
+
+namespace {
+
+constexpr char kSeqMagic[8] = {'P', 'K', 'B', 'T', 'S', 'E', 'Q', '1'};
+constexpr char kPackMagic[8] = {'P', 'K', 'B', 'T', 'P', 'C', 'K', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kSeqHeader = 64, kPackHeader = 80;
+
+uint64_t fnv1a(const char* p, size_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ULL;
+  return h;
+}
+
+struct Writer {
+  std::string buf;
+  template <typename T>
+  void put(const T& v) {
+    buf.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  template <typename T>
+  void put_array(const std::vector<T>& v) {
+    buf.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+  void pad8() { buf.append((8 - buf.size() % 8) % 8, '\0'); }
+};
+
+struct Reader {
+  const std::string& buf;
+  size_t pos;
+  const std::string& path;
+  template <typename T>
+  T get() {
+    T v;
+    std::memcpy(&v, buf.data() + pos, sizeof v);
+    pos += sizeof v;
+    return v;
+  }
+  template <typename T>
+  std::vector<T> get_array(uint64_t n, const char* what) {
+    if (n > (buf.size() - pos) / sizeof(T))
+      throw InputError(path + ": truncated: " + what + " needs " + std::to_string(n * sizeof(T)) +
+                       " bytes, " + std::to_string(buf.size() - pos) + " left");
+    std::vector<T> v(n);
+    std::memcpy(v.data(), buf.data() + pos, n * sizeof(T));
+    pos += n * sizeof(T);
+    return v;
+  }
+  void skip_pad8() { pos += (8 - pos % 8) % 8; }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open for reading");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void check_magic(const std::string& buf, const std::string& path, const char* magic,
+                 size_t header, const char* kind) {
+  if (buf.size() < 16 || std::memcmp(buf.data(), magic, 8) != 0)
+    throw InputError(path + ": not a packbert " + kind + " file (bad magic)");
+  uint32_t version;
+  std::memcpy(&version, buf.data() + 8, 4);
+  if (version != kVersion)
+    throw InputError(path + ": " + kind + " file version " + std::to_string(version) +
+                     ", this packbert reads version " + std::to_string(kVersion));
+  if (buf.size() < header) throw InputError(path + ": truncated header");
+}
+
+template <typename T>
+void check_offsets(const std::vector<T>& off, uint64_t total, const std::string& path,
+                   const char* what) {
+  if (off.empty() || off.front() != 0 || off.back() != total)
+    throw InputError(path + ": " + what + " offsets do not span the data (corrupt file)");
+  for (size_t i = 1; i < off.size(); ++i)
+    if (off[i] < off[i - 1])
+      throw InputError(path + ": " + what + " offsets decrease at entry " + std::to_string(i));
+}
+
+}  // namespace
+
+void SequencesFile::append(const Example& e) {
+  tokens.insert(tokens.end(), e.tokens.begin(), e.tokens.end());
+  token_offsets.push_back(tokens.size());
+  b_start.push_back(e.b_start);
+  nsp_label.push_back(static_cast<int8_t>(e.nsp_label));
+  mlm_positions.insert(mlm_positions.end(), e.mlm_positions.begin(), e.mlm_positions.end());
+  mlm_inputs.insert(mlm_inputs.end(), e.mlm_inputs.begin(), e.mlm_inputs.end());
+  mlm_offsets.push_back(mlm_positions.size());
+}
+
+std::vector<int> SequencesFile::lengths() const {
+  std::vector<int> out(size());
+  for (size_t i = 0; i < size(); ++i) out[i] = length(i);
+  return out;
+}
+
+void write_sequences(const std::string& path, const SequencesFile& f) {
+  Writer p;
+  p.put_array(f.token_offsets);
+  p.put_array(f.tokens);
+  p.pad8();
+  p.put_array(f.b_start);
+  p.put_array(f.nsp_label);
+  p.pad8();
+  p.put_array(f.mlm_offsets);
+  p.put_array(f.mlm_positions);
+  p.put_array(f.mlm_inputs);
+  Writer h;
+  h.buf.append(kSeqMagic, 8);
+  h.put(kVersion);
+  h.put(static_cast<uint32_t>(kSeqHeader));
+  h.put(static_cast<uint64_t>(f.size()));
+  h.put(static_cast<uint64_t>(f.tokens.size()));
+  h.put(static_cast<uint64_t>(f.mlm_positions.size()));
+  h.put(f.max_seq_len);
+  h.put(f.vocab_size);
+  h.put(f.vocab_fingerprint);
+  h.put(fnv1a(p.buf.data(), p.buf.size()));
+  io::write_file_atomic(path, h.buf + p.buf);
+}
+
+SequencesFile read_sequences(const std::string& path) {
+  std::string buf = slurp(path);
+  check_magic(buf, path, kSeqMagic, kSeqHeader, "sequences");
+  Reader r{buf, 16, path};
+  SequencesFile f;
+  uint64_t n = r.get<uint64_t>(), n_tokens = r.get<uint64_t>(), n_mlm = r.get<uint64_t>();
+  f.max_seq_len = r.get<int32_t>();
+  f.vocab_size = r.get<int32_t>();
+  f.vocab_fingerprint = r.get<uint64_t>();
+  uint64_t checksum = r.get<uint64_t>();
+  if (fnv1a(buf.data() + kSeqHeader, buf.size() - kSeqHeader) != checksum) {
+    // Distinguish a short file from flipped bits for a more useful message.
+    uint64_t need = (n + 1) * 8 + n_tokens * 4 + n * 5 + (n + 1) * 8 + n_mlm * 8;
+    if (buf.size() - kSeqHeader < need)
+      throw InputError(path + ": truncated: " + std::to_string(buf.size()) + " bytes, expected at least " +
+                       std::to_string(kSeqHeader + need));
+    throw InputError(path + ": checksum mismatch (corrupted file)");
+  }
+  f.token_offsets = r.get_array<uint64_t>(n + 1, "token offsets");
+  f.tokens = r.get_array<int32_t>(n_tokens, "tokens");
+  r.skip_pad8();
+  f.b_start = r.get_array<int32_t>(n, "segment starts");
+  f.nsp_label = r.get_array<int8_t>(n, "NSP labels");
+  r.skip_pad8();
+  f.mlm_offsets = r.get_array<uint64_t>(n + 1, "MLM offsets");
+  f.mlm_positions = r.get_array<int32_t>(n_mlm, "MLM positions");
+  f.mlm_inputs = r.get_array<int32_t>(n_mlm, "MLM inputs");
+  if (r.pos != buf.size())
+    throw InputError(path + ": " + std::to_string(buf.size() - r.pos) + " unexpected trailing bytes");
+  check_offsets(f.token_offsets, n_tokens, path, "token");
+  check_offsets(f.mlm_offsets, n_mlm, path, "MLM");
+  for (size_t i = 0; i < n; ++i) {
+    int32_t L = f.length(i);
+    if (L > f.max_seq_len || f.b_start[i] < 0 || f.b_start[i] > L || f.nsp_label[i] < 0 ||
+        f.nsp_label[i] > 1)
+      throw InputError(path + ": sequence " + std::to_string(i) + " is inconsistent (corrupt file)");
+    for (uint64_t k = f.mlm_offsets[i]; k < f.mlm_offsets[i + 1]; ++k)
+      if (f.mlm_positions[k] < 0 || f.mlm_positions[k] >= L)
+        throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
+                         std::to_string(f.mlm_positions[k]) + " outside its " + std::to_string(L) +
+                         " tokens");
+  }
+  for (int32_t t : f.tokens)
+    if (t < 0 || t >= f.vocab_size) throw InputError(path + ": token id outside the vocabulary");
+  return f;
+}
+
+uint64_t sequences_checksum(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char h[kSeqHeader];
+  if (!in.read(h, kSeqHeader) || std::memcmp(h, kSeqMagic, 8) != 0)
+    throw InputError(path + ": not a packbert sequences file");
+  uint64_t c;
+  std::memcpy(&c, h + 56, 8);
+  return c;
+}
+
+void write_packs(const std::string& path, const PacksFile& f) {
+  Writer p;
+  p.put_array(f.offsets);
+  p.put_array(f.ids);
+  Writer h;
+  h.buf.append(kPackMagic, 8);
+  h.put(kVersion);
+  h.put(static_cast<uint32_t>(kPackHeader));
+  h.put(static_cast<uint64_t>(f.packs()));
+  h.put(static_cast<uint64_t>(f.ids.size()));
+  h.put(f.max_seq_len);
+  h.put(f.max_per_pack);
+  h.put(f.sequences_checksum);
+  h.put(f.lower_bound);
+  char algo[16] = {};
+  std::strncpy(algo, f.algo.c_str(), sizeof algo - 1);
+  h.buf.append(algo, 16);
+  h.put(fnv1a(p.buf.data(), p.buf.size()));
+  io::write_file_atomic(path, h.buf + p.buf);
+}
+
+PacksFile read_packs(const std::string& path) {
+  std::string buf = slurp(path);
+  check_magic(buf, path, kPackMagic, kPackHeader, "packs");
+  Reader r{buf, 16, path};
+  PacksFile f;
+  uint64_t n = r.get<uint64_t>(), n_ids = r.get<uint64_t>();
+  f.max_seq_len = r.get<int32_t>();
+  f.max_per_pack = r.get<int32_t>();
+  f.sequences_checksum = r.get<uint64_t>();
+  f.lower_bound = r.get<int64_t>();
+  char algo[16];
+  std::memcpy(algo, buf.data() + r.pos, 16);
+  r.pos += 16;
+  algo[15] = '\0';
+  f.algo = algo;
+  uint64_t checksum = r.get<uint64_t>();
+  if (buf.size() - kPackHeader < (n + 1) * 8 + n_ids * 8)
+    throw InputError(path + ": truncated: " + std::to_string(buf.size()) + " bytes, expected " +
+                     std::to_string(kPackHeader + (n + 1) * 8 + n_ids * 8));
+  if (fnv1a(buf.data() + kPackHeader, buf.size() - kPackHeader) != checksum)
+    throw InputError(path + ": checksum mismatch (corrupted file)");
+  f.offsets = r.get_array<uint64_t>(n + 1, "pack offsets");
+  f.ids = r.get_array<uint64_t>(n_ids, "sequence ids");
+  if (r.pos != buf.size())
+    throw InputError(path + ": " + std::to_string(buf.size() - r.pos) + " unexpected trailing bytes");
+  check_offsets(f.offsets, n_ids, path, "pack");
+  f.n_sequences = n_ids;
+  return f;
+}
+
+std::string file_kind(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char m[8];
+  if (!in.read(m, 8)) return "";
+  if (std::memcmp(m, kSeqMagic, 8) == 0) return "sequences";
+  if (std::memcmp(m, kPackMagic, 8) == 0) return "packs";
+  return "";
+}
+
+}  // namespace packbert::data

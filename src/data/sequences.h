@@ -1,0 +1,68 @@
+// Pre-training examples and the sequences file (docs/FORMATS.md, "sequences file").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace packbert::data {
+
+// One pre-training example: [CLS] A [SEP] B [SEP] with its masking. `tokens` holds the ORIGINAL
+// ids; the masked input replaces tokens[mlm_positions[k]] by mlm_inputs[k] ([MASK], a random
+// id, or the original), and the MLM label at that position is the original token.
+struct Example {
+  std::vector<int32_t> tokens;
+  int32_t b_start = 0;       // index of B's first token (segment 1 from here on)
+  int32_t nsp_label = 0;     // 1 = B is a random sentence (is_random_next), 0 = the real next
+  std::vector<int32_t> mlm_positions;
+  std::vector<int32_t> mlm_inputs;
+};
+
+// The sequences file in memory: flat arrays (CSR), so it can be read back with one pass and
+// sliced without copies.
+struct SequencesFile {
+  int32_t max_seq_len = 0;
+  int32_t vocab_size = 0;
+  uint64_t vocab_fingerprint = 0;
+  std::vector<uint64_t> token_offsets{0};  // [n + 1]
+  std::vector<int32_t> tokens;             // original ids
+  std::vector<int32_t> b_start;            // [n]
+  std::vector<int8_t> nsp_label;           // [n]
+  std::vector<uint64_t> mlm_offsets{0};    // [n + 1]
+  std::vector<int32_t> mlm_positions, mlm_inputs;
+
+  size_t size() const { return b_start.size(); }
+  int32_t length(size_t i) const {
+    return static_cast<int32_t>(token_offsets[i + 1] - token_offsets[i]);
+  }
+  void append(const Example& e);
+  std::vector<int> lengths() const;
+};
+
+// Little-endian, versioned, checksummed (docs/FORMATS.md). write_* is atomic (temp + rename);
+// read_* throws InputError naming the file and what is wrong (bad magic, version, truncation,
+// checksum mismatch, inconsistent offsets).
+void write_sequences(const std::string& path, const SequencesFile& f);
+SequencesFile read_sequences(const std::string& path);
+
+// Packs over a sequences file: pack p holds sequence ids ids[offsets[p] .. offsets[p+1]).
+struct PacksFile {
+  int32_t max_seq_len = 0;
+  int32_t max_per_pack = 0;
+  std::string algo;
+  uint64_t sequences_checksum = 0;  // of the sequences file the ids refer to
+  uint64_t n_sequences = 0;
+  int64_t lower_bound = 0;
+  std::vector<uint64_t> offsets{0};
+  std::vector<uint64_t> ids;
+  size_t packs() const { return offsets.size() - 1; }
+};
+void write_packs(const std::string& path, const PacksFile& f);
+PacksFile read_packs(const std::string& path);
+// The checksum read_sequences verified (stored in the file's header).
+uint64_t sequences_checksum(const std::string& path);
+
+// What kind of packbert file this is, from its magic ("sequences", "packs", or "" if neither).
+std::string file_kind(const std::string& path);
+
+}  // namespace packbert::data

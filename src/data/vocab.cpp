@@ -1,0 +1,56 @@
+#include "data/vocab.h"
+
+#include <fstream>
+
+#include "error.h"
+
+namespace packbert::data {
+
+Vocab Vocab::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open vocabulary for reading");
+  std::vector<std::string> tokens;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    tokens.push_back(line);
+  }
+  return from_tokens(std::move(tokens), path);
+}
+
+Vocab Vocab::from_tokens(std::vector<std::string> tokens, const std::string& source) {
+  Vocab v;
+  if (tokens.empty()) throw InputError(source + ": vocabulary is empty");
+  v.tokens_ = std::move(tokens);
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < v.tokens_.size(); ++i) {
+    const std::string& t = v.tokens_[i];
+    for (unsigned char c : t) h = (h ^ c) * 1099511628211ULL;
+    h = (h ^ 0xff) * 1099511628211ULL;  // token separator
+    if (t.empty()) continue;  // blank lines keep their id but match nothing
+    auto [it, fresh] = v.ids_.emplace(t, static_cast<int32_t>(i));
+    if (!fresh)
+      throw InputError(source + ":" + std::to_string(i + 1) + ": token '" + t +
+                       "' repeats line " + std::to_string(it->second + 1));
+  }
+  v.fingerprint_ = h;
+  struct Special {
+    const char* name;
+    int32_t* id;
+  } specials[] = {{"[PAD]", &v.pad_}, {"[UNK]", &v.unk_}, {"[CLS]", &v.cls_},
+                  {"[SEP]", &v.sep_}, {"[MASK]", &v.mask_}};
+  for (const Special& s : specials) {
+    *s.id = v.id(s.name);
+    if (*s.id < 0)
+      throw InputError(source + ": vocabulary has no " + s.name +
+                       " token (is this a BERT vocab.txt?)");
+  }
+  return v;
+}
+
+int32_t Vocab::id(std::string_view token) const {
+  auto it = ids_.find(token);
+  return it == ids_.end() ? -1 : it->second;
+}
+
+}  // namespace packbert::data

@@ -1,0 +1,43 @@
+// WordPiece vocabulary: one token per line, id = line number (vocab.txt of any BERT model).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace packbert::data {
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+class Vocab {
+ public:
+  // Loads vocab.txt. Throws InputError (path:line) for an unreadable or empty file, a duplicate
+  // token, or a missing special token ([PAD] [UNK] [CLS] [SEP] [MASK]).
+  static Vocab load(const std::string& path);
+  static Vocab from_tokens(std::vector<std::string> tokens, const std::string& source);
+
+  int32_t id(std::string_view token) const;  // -1 if absent
+  const std::string& token(int32_t id) const { return tokens_[id]; }
+  int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t pad() const { return pad_; }
+  int32_t unk() const { return unk_; }
+  int32_t cls() const { return cls_; }
+  int32_t sep() const { return sep_; }
+  int32_t mask() const { return mask_; }
+  // 64-bit FNV-1a of the token list: files made with one vocabulary record it, and loading them
+  // with another is an error.
+  uint64_t fingerprint() const { return fingerprint_; }
+
+ private:
+  std::vector<std::string> tokens_;
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ids_;
+  int32_t pad_ = -1, unk_ = -1, cls_ = -1, sep_ = -1, mask_ = -1;
+  uint64_t fingerprint_ = 0;
+};
+
+}  // namespace packbert::data
