@@ -51,8 +51,8 @@ void BM_linear_ffn(benchmark::State& s) {
     linear_forward(out.data(), x.data(), w.data(), b.data(), T, C, I);
     linear_backward(dx.data(), dw.data(), db.data(), out.data(), x.data(), w.data(), T, C, I);
   }
-  s.counters["GFLOP/s"] = benchmark::Counter(6.0 * T * C * I * s.iterations() * 1e-9,
-                                             benchmark::Counter::kIsRate);
+  s.counters["GFLOP/s"] =
+      benchmark::Counter(6.0 * T * C * I * s.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
 void BM_attention(benchmark::State& s) {
@@ -66,7 +66,8 @@ void BM_attention(benchmark::State& s) {
   AttentionDropout d{0.1, 1, 2};
   for (auto _ : s) {
     attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), n_seq, C, NH, d);
-    attention_backward(dqkv.data(), out.data(), qkv.data(), probs.data(), cu.data(), n_seq, C, NH, d);
+    attention_backward(dqkv.data(), out.data(), qkv.data(), probs.data(), cu.data(), n_seq, C, NH,
+                       d);
   }
   s.SetItemsProcessed(s.iterations() * T);
 }

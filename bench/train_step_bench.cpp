@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   int max_len = 512, steps = 3, warmup = 1, layers = 0;
   bool padded = false;
   double dropout = 0.1;
-  app.add_option("--lengths", lengths_text, "Comma-separated sequence lengths of one step")->required();
+  app.add_option("--lengths", lengths_text, "Comma-separated sequence lengths of one step")
+      ->required();
   app.add_option("--preset", preset, "Model preset")->capture_default_str();
   app.add_option("--layers", layers, "Override the number of layers (0 = preset's)");
   app.add_option("--max-seq-len", max_len)->capture_default_str();
@@ -72,9 +73,8 @@ int main(int argc, char** argv) {
   // Rows: packs from the optimal packer, or one sequence per row.
   pack::PackOptions po;
   po.max_len = max_len;
-  pack::PackPlan plan =
-      pack::run_packer(padded ? pack::Algo::none : pack::Algo::optimal,
-                       pack::histogram_of(lengths, max_len), po);
+  pack::PackPlan plan = pack::run_packer(padded ? pack::Algo::none : pack::Algo::optimal,
+                                         pack::histogram_of(lengths, max_len), po);
   pack::PackAssignment rows = pack::assign_sequences(plan, lengths, 1);
 
   model::PackedBatch b;
@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
         if (i > 0 && i <= n_mask && i < L) b.mlm_labels[s] = 1000 + static_cast<int>(rng() % 29000);
       }
       masked += std::min(n_mask, L - 1);
-      b.nsp_labels[static_cast<size_t>(p) * b.K + (k - rows.offsets[p])] = static_cast<int>(rng() % 2);
+      b.nsp_labels[static_cast<size_t>(p) * b.K + (k - rows.offsets[p])] =
+          static_cast<int>(rng() % 2);
       real_tokens += L;
       o += L;
     }

@@ -8,6 +8,7 @@ packages=(
   libopenblas-dev libopenblas0-openmp   # fp32 GEMM; the OpenMP build shares our thread pool
   nlohmann-json3-dev libcli11-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  zlib1g-dev dict-gcide                  # the demo corpus (dictzip data read through zlib)
 )
 
 if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi

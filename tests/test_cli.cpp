@@ -109,7 +109,7 @@ TEST_F(Cli, BadFlagsExit2) {
   EXPECT_NE(r.err.find("unknown packer 'fastest'"), std::string::npos) << r.err;
   EXPECT_EQ(run("pack " + kWiki + " --algo nnlshp").code, 2);  // needs a depth cap of 1-3
   EXPECT_EQ(run("pack " + kWiki + " --max-per-pack -1").code, 2);
-  EXPECT_EQ(run("pack " + kWiki + " --max-seq-len 0").code, 2);
+  EXPECT_EQ(run("pack " + kWiki + " --max-seq-len -5").code, 2);
   EXPECT_EQ(run("pack " + kWiki + " --max-seq-len 256").code, 2);  // lengths above 256 inside
   EXPECT_EQ(run("pack " + kWiki + " --bogus").code, 2);
   EXPECT_EQ(run("frobnicate").code, 2);
@@ -119,7 +119,8 @@ TEST_F(Cli, BadFlagsExit2) {
 }
 
 TEST_F(Cli, CheckGoldenPassesFailsAndRejectsBadFiles) {
-  const std::string golden = std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h40.safetensors";
+  const std::string golden =
+      std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h40.safetensors";
   Result ok = run("check-golden " + golden);
   EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
   EXPECT_NE(ok.out.find("mlm_loss"), std::string::npos);

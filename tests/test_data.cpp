@@ -1,12 +1,21 @@
 // Data: tokenizer parity with Hugging Face BertTokenizer, robustness, vocabulary errors.
 #include <gtest/gtest.h>
+#include <omp.h>
+#include <zlib.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
+#include "data/corpus.h"
+#include "data/gcide.h"
+#include "data/pretraining.h"
+#include "data/sequences.h"
 #include "data/tokenizer.h"
 #include "error.h"
+#include "train/loader.h"
 
 namespace packbert::data {
 namespace {
@@ -67,11 +76,12 @@ TEST(Tokenizer, InvalidUtf8IsDroppedNeverACrash) {
 }
 
 TEST(Tokenizer, CasedKeepsCaseAndAccents) {
-  Vocab v = Vocab::from_tokens({"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "Héllo", "hello",
-                                "World", "##s", "!"},
-                               "mini");
+  Vocab v = Vocab::from_tokens(
+      {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "Héllo", "hello", "World", "##s", "!"},
+      "mini");
   Tokenizer cased(v, false), uncased(v, true);
-  EXPECT_EQ(cased.pieces("Héllo Worlds!"), (std::vector<std::string>{"Héllo", "World", "##s", "!"}));
+  EXPECT_EQ(cased.pieces("Héllo Worlds!"),
+            (std::vector<std::string>{"Héllo", "World", "##s", "!"}));
   EXPECT_EQ(uncased.pieces("Héllo Worlds!"), (std::vector<std::string>{"hello", "[UNK]", "!"}));
 }
 
@@ -88,6 +98,252 @@ TEST(Vocab, BadVocabulariesAreOneLineErrors) {
   expect_error({"[PAD]", "[UNK]", "[CLS]", "[SEP]"}, "v.txt: vocabulary has no [MASK] token");
   expect_error({"[PAD]", "a", "[UNK]", "a"}, "v.txt:4: token 'a' repeats line 2");
   EXPECT_THROW(Vocab::load("/nonexistent/vocab.txt"), InputError);
+}
+
+// A synthetic corpus over the real vocabulary: documents of random length, sentences of random
+// words (ids of whole words and some ## continuations).
+std::vector<Document> synthetic_corpus(size_t docs, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Document> out(docs);
+  for (Document& d : out) {
+    int sentences = 1 + static_cast<int>(rng() % 12);
+    for (int s = 0; s < sentences; ++s) {
+      Sentence sent;
+      int words = 3 + static_cast<int>(rng() % 25);
+      for (int w = 0; w < words; ++w) sent.push_back(1996 + static_cast<int32_t>(rng() % 27000));
+      d.push_back(std::move(sent));
+    }
+  }
+  return out;
+}
+
+TEST(Pretraining, MaskingAndNspStatistics) {
+  const Vocab& v = base_vocab();
+  PretrainingOptions o;
+  o.max_seq_len = 128;
+  o.dupe_factor = 2;
+  SequencesFile f = create_pretraining_data(synthetic_corpus(6000, 1), v, o);
+  ASSERT_GT(f.size(), 10000u);
+  int64_t eligible = 0, masked = 0, as_mask = 0, kept = 0, random = 0, nsp = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    ASSERT_LE(f.length(i), 128);
+    const int32_t* t = f.tokens.data() + f.token_offsets[i];
+    EXPECT_EQ(t[0], v.cls());
+    EXPECT_EQ(t[f.length(i) - 1], v.sep());
+    EXPECT_EQ(t[f.b_start[i] - 1], v.sep());
+    eligible += f.length(i) - 3;
+    nsp += f.nsp_label[i];
+    for (uint64_t k = f.mlm_offsets[i]; k < f.mlm_offsets[i + 1]; ++k) {
+      int32_t original = t[f.mlm_positions[k]], input = f.mlm_inputs[k];
+      ASSERT_NE(original, v.cls());
+      ASSERT_NE(original, v.sep());
+      ++masked;
+      if (input == v.mask())
+        ++as_mask;
+      else if (input == original)
+        ++kept;
+      else
+        ++random;
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(masked) / eligible, 0.15, 0.005);
+  EXPECT_NEAR(static_cast<double>(as_mask) / masked, 0.8, 0.01);
+  EXPECT_NEAR(static_cast<double>(kept) / masked, 0.1, 0.01);
+  EXPECT_NEAR(static_cast<double>(random) / masked, 0.1, 0.01);
+  EXPECT_NEAR(static_cast<double>(nsp) / f.size(), 0.5, 0.01);
+}
+
+TEST(Pretraining, DeterministicWhateverTheThreadCount) {
+  PretrainingOptions o;
+  o.whole_word_mask = true;
+  std::vector<Document> docs = synthetic_corpus(500, 2);
+  omp_set_num_threads(1);
+  SequencesFile a = create_pretraining_data(docs, base_vocab(), o);
+  omp_set_num_threads(2);
+  SequencesFile b = create_pretraining_data(docs, base_vocab(), o);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.mlm_positions, b.mlm_positions);
+  EXPECT_EQ(a.mlm_inputs, b.mlm_inputs);
+  EXPECT_EQ(a.nsp_label, b.nsp_label);
+  o.seed = 99;
+  SequencesFile c = create_pretraining_data(docs, base_vocab(), o);
+  EXPECT_NE(a.tokens, c.tokens);
+}
+
+TEST(Pretraining, EdgeCorpora) {
+  EXPECT_THROW(create_pretraining_data({}, base_vocab(), PretrainingOptions{}), InputError);
+  Document one = {{2023, 2003, 1037, 6251, 1012}};  // a document of one sentence
+  SequencesFile f = create_pretraining_data({one}, base_vocab(), PretrainingOptions{});
+  EXPECT_EQ(f.size(), 1u);
+  EXPECT_LE(f.length(0), 128);
+}
+
+TEST(Corpus, SentenceSplitter) {
+  EXPECT_EQ(split_sentences("Dr. Smith went home. He slept! Did he? Yes."),
+            (std::vector<std::string>{"Dr. Smith went home.", "He slept!", "Did he?", "Yes."}));
+  EXPECT_EQ(
+      split_sentences("It costs 3.14 dollars, e.g. cheap. J. R. Tolkien wrote it."),
+      (std::vector<std::string>{"It costs 3.14 dollars, e.g. cheap.", "J. R. Tolkien wrote it."}));
+  EXPECT_EQ(split_sentences("He said \"stop.\" Then he left. the end"),
+            (std::vector<std::string>{"He said \"stop.\"", "Then he left. the end"}));
+}
+
+std::filesystem::path temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() /
+           ("packbert_data_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+TEST(Corpus, ReadsGoogleConventionAndRawText) {
+  auto d = temp_dir("corpus");
+  std::ofstream(d / "a.txt") << "First sentence here.\nSecond one.\n\n\nOther document.\n";
+  Tokenizer t(base_vocab(), true);
+  auto docs = read_corpus({(d / "a.txt").string()}, t, false);
+  ASSERT_EQ(docs.size(), 2u);
+  EXPECT_EQ(docs[0].size(), 2u);
+  std::ofstream(d / "b.txt") << "Raw text. It has two sentences.\n\nAnd a second doc.\n";
+  auto raw = read_corpus({(d / "b.txt").string()}, t, true);
+  ASSERT_EQ(raw.size(), 2u);
+  EXPECT_EQ(raw[0].size(), 2u);
+  EXPECT_THROW(read_corpus({(d / "missing.txt").string()}, t, false), InputError);
+  std::filesystem::remove_all(d);
+}
+
+TEST(Files, SequencesAndPacksRoundTripAndRejectDamage) {
+  auto d = temp_dir("files");
+  SequencesFile f =
+      create_pretraining_data(synthetic_corpus(200, 3), base_vocab(), PretrainingOptions{});
+  std::string seqs = (d / "x.seqs").string(), packs = (d / "x.packs").string();
+  write_sequences(seqs, f);
+  SequencesFile g = read_sequences(seqs);
+  EXPECT_EQ(g.tokens, f.tokens);
+  EXPECT_EQ(g.mlm_inputs, f.mlm_inputs);
+  EXPECT_EQ(g.vocab_fingerprint, base_vocab().fingerprint());
+  pack::PackOptions po;
+  po.max_len = 128;
+  PacksFile p = make_packs(f, sequences_checksum(seqs), pack::Algo::lpfhp, po, 5, nullptr);
+  write_packs(packs, p);
+  PacksFile q = read_packs(packs);
+  EXPECT_EQ(q.ids, p.ids);
+  EXPECT_EQ(q.algo, "lpfhp");
+  EXPECT_EQ(file_kind(seqs), "sequences");
+  EXPECT_EQ(file_kind(packs), "packs");
+
+  std::string bytes;
+  {
+    std::ifstream in(seqs, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto expect_error = [&](const std::string& content, const std::string& fragment, bool is_packs) {
+    std::string path = (d / "bad").string();
+    std::ofstream(path, std::ios::binary) << content;
+    try {
+      if (is_packs)
+        read_packs(path);
+      else
+        read_sequences(path);
+      ADD_FAILURE() << fragment;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_error(bytes.substr(0, bytes.size() - 100), "truncated", false);
+  std::string flipped = bytes;
+  flipped[bytes.size() / 2] ^= 0x10;
+  expect_error(flipped, "checksum mismatch", false);
+  expect_error("hello", "not a packbert sequences file", false);
+  std::string future = bytes;
+  future[8] = 9;
+  expect_error(future, "version 9", false);
+  std::string pbytes;
+  {
+    std::ifstream in(packs, std::ios::binary);
+    pbytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  expect_error(pbytes.substr(0, pbytes.size() - 8), "truncated", true);
+  std::filesystem::remove_all(d);
+}
+
+TEST(Loader, EpochCoversEverySequenceOnceAndResumesExactly) {
+  SequencesFile f =
+      create_pretraining_data(synthetic_corpus(300, 4), base_vocab(), PretrainingOptions{});
+  pack::PackOptions po;
+  po.max_len = 128;
+  PacksFile p = make_packs(f, 42, pack::Algo::optimal, po, 1, nullptr);
+  train::LoaderOptions lo;
+  lo.rows_per_batch = 7;
+  model::BertConfig cfg;
+  cfg.max_position_embeddings = 128;
+  std::vector<model::PackedBatch> first;
+  train::Cursor mid;
+  {
+    train::BatchLoader loader(f, 42, &p, &base_vocab(), lo, {});
+    std::multiset<int> seen_lengths;
+    size_t sequences = 0;
+    while (loader.cursor().epoch == 0) {
+      model::PackedBatch b = loader.next();
+      model::TokenLayout t = model::token_layout(b, cfg);  // valid for the engine
+      sequences += static_cast<size_t>(t.sequences());
+      first.push_back(b);
+      if (first.size() == 3) mid = loader.cursor();
+    }
+    EXPECT_EQ(sequences, f.size());
+  }
+  train::BatchLoader resumed(f, 42, &p, &base_vocab(), lo, mid);
+  for (size_t i = 3; i < 6; ++i) {
+    model::PackedBatch b = resumed.next();
+    EXPECT_EQ(b.input_ids, first[i].input_ids);
+    EXPECT_EQ(b.mlm_labels, first[i].mlm_labels);
+  }
+  EXPECT_THROW(train::BatchLoader(f, 43, &p, &base_vocab(), lo, {}), InputError);  // other file
+}
+
+TEST(Loader, PaddedBaselineAndDynamicMasking) {
+  SequencesFile f =
+      create_pretraining_data(synthetic_corpus(100, 5), base_vocab(), PretrainingOptions{});
+  train::LoaderOptions lo;
+  lo.rows_per_batch = 4;
+  lo.dynamic_masking = true;
+  train::BatchLoader loader(f, 0, nullptr, &base_vocab(), lo, {});
+  model::PackedBatch b = loader.next();
+  EXPECT_EQ(b.B, 4);
+  EXPECT_EQ(b.K, 1);
+  train::Cursor after;
+  model::PackedBatch e0 = loader.build({0, 0}, &after), e1 = loader.build({1, 0}, &after);
+  EXPECT_EQ(loader.build({0, 0}, &after).mlm_labels, e0.mlm_labels);  // deterministic
+  EXPECT_NE(e0.mlm_labels, e1.mlm_labels);  // new masks (and order) next epoch
+}
+
+TEST(Gcide, ConvertsDictdIndexAndDictzip) {
+  auto d = temp_dir("gcide");
+  std::string text =
+      "Apple \\Ap\"ple\\, n. The fleshy [a^]pple of a tree {Pyrus malus}.\n   [1913 Webster]\n";
+  std::string other = "Pear, n. A fruit. It is sweet.\n";
+  std::string data = text + other;
+  gzFile g = gzopen((d / "x.dict.dz").string().c_str(), "wb");
+  gzwrite(g, data.data(), static_cast<unsigned>(data.size()));
+  gzclose(g);
+  // dictd base64: offset 0 = "A"; lengths written in the same alphabet.
+  auto b64 = [](size_t v) {
+    const std::string digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string s;
+    do s.insert(s.begin(), digits[v % 64]), v /= 64;
+    while (v);
+    return s;
+  };
+  std::ofstream(d / "x.index") << "00-database-info\tA\tB\napple\tA\t" << b64(text.size())
+                               << "\nApple\tA\t" << b64(text.size()) << "\npear\t"
+                               << b64(text.size()) << "\t" << b64(other.size()) << "\n";
+  size_t entries = 0;
+  std::string out = gcide_to_text((d / "x.index").string(), (d / "x.dict.dz").string(), &entries);
+  EXPECT_EQ(entries, 2u);
+  EXPECT_EQ(
+      out,
+      "Apple , n. The fleshy apple of a tree Pyrus malus.\n\nPear, n. A fruit.\nIt is sweet.\n\n");
+  std::ofstream(d / "bad.index") << "apple\t!!\tB\n";
+  EXPECT_THROW(gcide_to_text((d / "bad.index").string(), (d / "x.dict.dz").string()), InputError);
+  std::filesystem::remove_all(d);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/pack_report.h"
+#include "data/sequences.h"
 #include "error.h"
 #include "io/atomic_file.h"
 #include "pack/histogram.h"
@@ -17,12 +18,40 @@ namespace {
 struct PackArgs {
   std::string input;
   std::string algo = "optimal";
-  int max_seq_len = 512;
+  int max_seq_len = 0;  // 0: 512 for a histogram, the file's own for a sequences file
   int max_per_pack = 0;
   std::string out;
+  uint64_t seed = 1;
 };
 
-void run_pack(const PackArgs& a) {
+// A sequences file in, a packs file out (concrete sequence ids per pack).
+void pack_sequences_file(const PackArgs& a) {
+  if (a.algo == "all")
+    throw InputError("--algo all compares packers on a histogram; pick one to write packs");
+  if (a.out.empty()) throw InputError("--out is required when packing a sequences file");
+  data::SequencesFile f = data::read_sequences(a.input);
+  pack::PackOptions po;
+  po.max_len = a.max_seq_len ? a.max_seq_len : f.max_seq_len;
+  po.max_per_pack = a.max_per_pack;
+  pack::PackPlan plan;
+  data::PacksFile p = data::make_packs(f, data::sequences_checksum(a.input),
+                                       pack::parse_algo(a.algo), po, a.seed, &plan);
+  pack::PackBound bound =
+      plan.lower_bound >= 0
+          ? pack::PackBound{plan.lp_value, plan.lower_bound}
+          : pack::packing_lower_bound(pack::histogram_of(f.lengths(), po.max_len), po);
+  std::cout << a.input << ": " << with_commas(static_cast<int64_t>(f.size())) << " sequences, "
+            << with_commas(static_cast<int64_t>(f.tokens.size())) << " tokens, max length "
+            << po.max_len << '\n';
+  plan_table({plan}, bound).print(std::cout);
+  data::write_packs(a.out, p);
+  std::cout << "wrote " << with_commas(static_cast<int64_t>(p.packs())) << " packs to " << a.out
+            << '\n';
+}
+
+void run_pack(PackArgs a) {
+  if (data::file_kind(a.input) == "sequences") return pack_sequences_file(a);
+  if (a.max_seq_len == 0) a.max_seq_len = 512;
   if (a.max_seq_len < 1 || a.max_seq_len > 65536)
     throw InputError("--max-seq-len: " + std::to_string(a.max_seq_len) + " is outside [1, 65536]");
   if (a.max_per_pack < 0)
@@ -76,12 +105,16 @@ void register_pack(CLI::App& app) {
   cmd->add_option("--algo", args->algo,
                   "none|spfhp|lpfhp|nnlshp|optimal, or all to compare every packer")
       ->capture_default_str();
-  cmd->add_option("--max-seq-len", args->max_seq_len, "Tokens per pack")->capture_default_str();
+  cmd->add_option("--max-seq-len", args->max_seq_len,
+                  "Tokens per pack (default 512, or the sequences file's max length)");
   cmd->add_option("--max-per-pack", args->max_per_pack,
                   "Most sequences in one pack (0 = unlimited; nnlshp needs 1-3)")
       ->capture_default_str();
   cmd->add_option("--out", args->out,
-                  "Write the plan (with --algo all: the one with fewest packs) as JSON here");
+                  "Histogram input: write the plan (with --algo all, the one with fewest packs) "
+                  "as JSON. Sequences input: the packs file to write");
+  cmd->add_option("--seed", args->seed, "Seed for assigning sequences to packs and pack order")
+      ->capture_default_str();
   cmd->callback([args] { run_pack(*args); });
 }
 

@@ -14,6 +14,9 @@ int run(int argc, char** argv) {
   register_pack(app);
   register_demo(app);
   register_tokenize(app);
+  register_prepare(app);
+  register_inspect(app);
+  register_gcide(app);
   int exit_code = 0;
   register_check_golden(app, exit_code);
   try {

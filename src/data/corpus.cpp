@@ -11,7 +11,9 @@ namespace packbert::data {
 
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 std::string trim(std::string_view s) {
   size_t a = 0, b = s.size();
@@ -22,12 +24,12 @@ std::string trim(std::string_view s) {
 
 const std::set<std::string, std::less<>>& abbreviations() {
   static const std::set<std::string, std::less<>> a = {
-      "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "cf", "al",
-      "inc", "ltd", "co", "corp", "no", "nos", "vol", "fig", "figs", "p", "pp", "ed", "eds",
-      "approx", "dept", "est", "gen", "gov", "lt", "col", "capt", "sgt", "rev", "mt", "jan",
-      "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "a.m",
-      "p.m", "u.s", "u.k", "ca", "viz", "esp", "lit", "pl", "sing", "adj", "adv", "n", "v",
-      "prep", "conj", "obs", "syn", "see"};
+      "mr",  "mrs", "ms",  "dr",     "prof", "sr",   "jr",  "st",  "vs",  "etc", "e.g",  "i.e",
+      "cf",  "al",  "inc", "ltd",    "co",   "corp", "no",  "nos", "vol", "fig", "figs", "p",
+      "pp",  "ed",  "eds", "approx", "dept", "est",  "gen", "gov", "lt",  "col", "capt", "sgt",
+      "rev", "mt",  "jan", "feb",    "mar",  "apr",  "jun", "jul", "aug", "sep", "sept", "oct",
+      "nov", "dec", "a.m", "p.m",    "u.s",  "u.k",  "ca",  "viz", "esp", "lit", "pl",   "sing",
+      "adj", "adv", "n",   "v",      "prep", "conj", "obs", "syn", "see"};
   return a;
 }
 
@@ -40,9 +42,9 @@ std::vector<std::string> split_sentences(std::string_view text) {
     char c = text[i];
     if (c != '.' && c != '!' && c != '?') continue;
     size_t end = i + 1;
-    while (end < text.size() && (text[end] == '"' || text[end] == '\'' || text[end] == ')' ||
-                                 text[end] == ']' || text[end] == '.' || text[end] == '!' ||
-                                 text[end] == '?'))
+    while (end < text.size() &&
+           (text[end] == '"' || text[end] == '\'' || text[end] == ')' || text[end] == ']' ||
+            text[end] == '.' || text[end] == '!' || text[end] == '?'))
       ++end;
     if (end >= text.size() || !is_space(text[end])) continue;
     size_t next = end;
@@ -98,7 +100,7 @@ std::vector<Document> read_corpus(const std::vector<std::string>& paths, const T
       }
       if (!open) doc_start.push_back(sentences.size()), open = true;
       if (split)
-        paragraph += (paragraph.empty() ? "" : " ") + t;
+        (paragraph.empty() ? paragraph : paragraph += ' ') += t;
       else
         sentences.push_back(std::move(t));
     }

@@ -35,7 +35,8 @@ void mask_example(Example& e, const Vocab& vocab, const PretrainingOptions& o, R
     int32_t t = e.tokens[i];
     if (t == vocab.cls() || t == vocab.sep()) continue;
     bool continuation = vocab.token(t).rfind("##", 0) == 0;
-    if (o.whole_word_mask && continuation && !cand.empty() && cand.back().back() + 1 == static_cast<int32_t>(i))
+    if (o.whole_word_mask && continuation && !cand.empty() &&
+        cand.back().back() + 1 == static_cast<int32_t>(i))
       cand.back().push_back(static_cast<int32_t>(i));
     else
       cand.push_back({static_cast<int32_t>(i)});
@@ -84,27 +85,39 @@ std::vector<Example> document_examples(const std::vector<Document>& docs, size_t
     chunk_len += static_cast<int64_t>(d[i].size());
     if (i + 1 != static_cast<int64_t>(d.size()) && chunk_len < target) continue;
     if (!chunk.empty()) {
-      int64_t a_end = chunk.size() >= 2 ? rng.randint(1, static_cast<int64_t>(chunk.size()) - 1) : 1;
       std::vector<int32_t> a, b;
-      for (int64_t j = 0; j < a_end; ++j) a.insert(a.end(), chunk[j]->begin(), chunk[j]->end());
       int nsp = 0;
-      if (chunk.size() == 1 || rng.uniform() < 0.5) {
-        nsp = 1;
-        int64_t target_b = target - static_cast<int64_t>(a.size());
-        size_t other = doc;
-        for (int tries = 0; tries < 10 && docs.size() > 1; ++tries) {
-          other = static_cast<size_t>(rng.randint(0, static_cast<int64_t>(docs.size()) - 1));
-          if (other != doc) break;
-        }
-        const Document& r = docs[other];
-        int64_t start = rng.randint(0, static_cast<int64_t>(r.size()) - 1);
-        for (int64_t j = start; j < static_cast<int64_t>(r.size()); ++j) {
-          b.insert(b.end(), r[j].begin(), r[j].end());
-          if (static_cast<int64_t>(b.size()) >= target_b) break;
-        }
-        i -= static_cast<int64_t>(chunk.size()) - a_end;  // unused segments go back in
+      const bool random_next = rng.uniform() < 0.5;
+      if (chunk.size() == 1 && !random_next && chunk[0]->size() >= 2) {
+        // Google forces a random B whenever the chunk is one sentence, which skews the labels on
+        // corpora of short documents (two random B in three on GCIDE); we split the sentence
+        // instead, so B is still the true continuation and the labels stay 50/50.
+        int64_t cut = rng.randint(1, static_cast<int64_t>(chunk[0]->size()) - 1);
+        a.assign(chunk[0]->begin(), chunk[0]->begin() + cut);
+        b.assign(chunk[0]->begin() + cut, chunk[0]->end());
       } else {
-        for (size_t j = a_end; j < chunk.size(); ++j) b.insert(b.end(), chunk[j]->begin(), chunk[j]->end());
+        int64_t a_end =
+            chunk.size() >= 2 ? rng.randint(1, static_cast<int64_t>(chunk.size()) - 1) : 1;
+        for (int64_t j = 0; j < a_end; ++j) a.insert(a.end(), chunk[j]->begin(), chunk[j]->end());
+        if (chunk.size() == 1 || random_next) {
+          nsp = 1;
+          int64_t target_b = target - static_cast<int64_t>(a.size());
+          size_t other = doc;
+          for (int tries = 0; tries < 10 && docs.size() > 1; ++tries) {
+            other = static_cast<size_t>(rng.randint(0, static_cast<int64_t>(docs.size()) - 1));
+            if (other != doc) break;
+          }
+          const Document& r = docs[other];
+          int64_t start = rng.randint(0, static_cast<int64_t>(r.size()) - 1);
+          for (int64_t j = start; j < static_cast<int64_t>(r.size()); ++j) {
+            b.insert(b.end(), r[j].begin(), r[j].end());
+            if (static_cast<int64_t>(b.size()) >= target_b) break;
+          }
+          i -= static_cast<int64_t>(chunk.size()) - a_end;  // unused segments go back in
+        } else {
+          for (size_t j = a_end; j < chunk.size(); ++j)
+            b.insert(b.end(), chunk[j]->begin(), chunk[j]->end());
+        }
       }
       truncate_pair(a, b, static_cast<size_t>(max_tokens), rng);
       if (!a.empty() && !b.empty()) {
@@ -134,8 +147,9 @@ SequencesFile create_pretraining_data(const std::vector<Document>& docs, const V
   std::vector<std::vector<Example>> per_job(jobs);
 #pragma omp parallel for schedule(dynamic, 64)
   for (int64_t j = 0; j < jobs; ++j)
-    per_job[j] = document_examples(docs, static_cast<size_t>(j % static_cast<int64_t>(docs.size())),
-                                   static_cast<int>(j / static_cast<int64_t>(docs.size())), vocab, o);
+    per_job[j] =
+        document_examples(docs, static_cast<size_t>(j % static_cast<int64_t>(docs.size())),
+                          static_cast<int>(j / static_cast<int64_t>(docs.size())), vocab, o);
   std::vector<std::pair<int64_t, int32_t>> order;  // (job, example) in a seeded shuffle
   for (int64_t j = 0; j < jobs; ++j)
     for (size_t k = 0; k < per_job[j].size(); ++k) order.push_back({j, static_cast<int32_t>(k)});

@@ -1,7 +1,10 @@
 // Pre-training examples with Google BERT's create_pretraining_data semantics: sentence pairs
 // (A, B) up to max_seq_len, B the true continuation or (50%) a random span of another document,
 // short_seq_prob for shorter targets, masking of 15% with 80/10/10 (optionally whole words),
-// max_predictions_per_seq, dupe_factor. Deterministic for a seed whatever the thread count:
+// max_predictions_per_seq, dupe_factor. One deviation: a chunk of a single sentence whose coin
+// says "real next" is split inside the sentence instead of forcing a random B (Google's rule
+// skews NSP labels to ~66% random on short-document corpora). Deterministic for a seed whatever
+// the thread count:
 // every (dupe, document) pair draws from its own counter-seeded generator.
 #pragma once
 

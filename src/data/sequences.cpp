@@ -70,8 +70,8 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-void check_magic(const std::string& buf, const std::string& path, const char* magic,
-                 size_t header, const char* kind) {
+void check_magic(const std::string& buf, const std::string& path, const char* magic, size_t header,
+                 const char* kind) {
   if (buf.size() < 16 || std::memcmp(buf.data(), magic, 8) != 0)
     throw InputError(path + ": not a packbert " + kind + " file (bad magic)");
   uint32_t version;
@@ -149,8 +149,8 @@ SequencesFile read_sequences(const std::string& path) {
     // Distinguish a short file from flipped bits for a more useful message.
     uint64_t need = (n + 1) * 8 + n_tokens * 4 + n * 5 + (n + 1) * 8 + n_mlm * 8;
     if (buf.size() - kSeqHeader < need)
-      throw InputError(path + ": truncated: " + std::to_string(buf.size()) + " bytes, expected at least " +
-                       std::to_string(kSeqHeader + need));
+      throw InputError(path + ": truncated: " + std::to_string(buf.size()) +
+                       " bytes, expected at least " + std::to_string(kSeqHeader + need));
     throw InputError(path + ": checksum mismatch (corrupted file)");
   }
   f.token_offsets = r.get_array<uint64_t>(n + 1, "token offsets");
@@ -163,14 +163,16 @@ SequencesFile read_sequences(const std::string& path) {
   f.mlm_positions = r.get_array<int32_t>(n_mlm, "MLM positions");
   f.mlm_inputs = r.get_array<int32_t>(n_mlm, "MLM inputs");
   if (r.pos != buf.size())
-    throw InputError(path + ": " + std::to_string(buf.size() - r.pos) + " unexpected trailing bytes");
+    throw InputError(path + ": " + std::to_string(buf.size() - r.pos) +
+                     " unexpected trailing bytes");
   check_offsets(f.token_offsets, n_tokens, path, "token");
   check_offsets(f.mlm_offsets, n_mlm, path, "MLM");
   for (size_t i = 0; i < n; ++i) {
     int32_t L = f.length(i);
     if (L > f.max_seq_len || f.b_start[i] < 0 || f.b_start[i] > L || f.nsp_label[i] < 0 ||
         f.nsp_label[i] > 1)
-      throw InputError(path + ": sequence " + std::to_string(i) + " is inconsistent (corrupt file)");
+      throw InputError(path + ": sequence " + std::to_string(i) +
+                       " is inconsistent (corrupt file)");
     for (uint64_t k = f.mlm_offsets[i]; k < f.mlm_offsets[i + 1]; ++k)
       if (f.mlm_positions[k] < 0 || f.mlm_positions[k] >= L)
         throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
@@ -237,7 +239,8 @@ PacksFile read_packs(const std::string& path) {
   f.offsets = r.get_array<uint64_t>(n + 1, "pack offsets");
   f.ids = r.get_array<uint64_t>(n_ids, "sequence ids");
   if (r.pos != buf.size())
-    throw InputError(path + ": " + std::to_string(buf.size() - r.pos) + " unexpected trailing bytes");
+    throw InputError(path + ": " + std::to_string(buf.size() - r.pos) +
+                     " unexpected trailing bytes");
   check_offsets(f.offsets, n_ids, path, "pack");
   f.n_sequences = n_ids;
   return f;
@@ -250,6 +253,34 @@ std::string file_kind(const std::string& path) {
   if (std::memcmp(m, kSeqMagic, 8) == 0) return "sequences";
   if (std::memcmp(m, kPackMagic, 8) == 0) return "packs";
   return "";
+}
+
+}  // namespace packbert::data
+
+#include "pack/assign.h"
+
+namespace packbert::data {
+
+PacksFile make_packs(const SequencesFile& f, uint64_t checksum, pack::Algo algo,
+                     const pack::PackOptions& options, uint64_t seed, pack::PackPlan* plan_out) {
+  if (options.max_len < f.max_seq_len)
+    throw InputError("--max-seq-len " + std::to_string(options.max_len) +
+                     " is below the sequences' max length " + std::to_string(f.max_seq_len));
+  std::vector<int> lengths = f.lengths();
+  pack::PackPlan plan =
+      pack::run_packer(algo, pack::histogram_of(lengths, options.max_len), options);
+  pack::PackAssignment a = pack::assign_sequences(plan, lengths, seed);
+  PacksFile p;
+  p.max_seq_len = options.max_len;
+  p.max_per_pack = options.max_per_pack;
+  p.algo = plan.algo;
+  p.sequences_checksum = checksum;
+  p.n_sequences = f.size();
+  p.lower_bound = plan.lower_bound;
+  p.offsets.assign(a.offsets.begin(), a.offsets.end());
+  p.ids.assign(a.ids.begin(), a.ids.end());
+  if (plan_out) *plan_out = std::move(plan);
+  return p;
 }
 
 }  // namespace packbert::data

@@ -12,8 +12,8 @@ namespace packbert::data {
 // id, or the original), and the MLM label at that position is the original token.
 struct Example {
   std::vector<int32_t> tokens;
-  int32_t b_start = 0;       // index of B's first token (segment 1 from here on)
-  int32_t nsp_label = 0;     // 1 = B is a random sentence (is_random_next), 0 = the real next
+  int32_t b_start = 0;    // index of B's first token (segment 1 from here on)
+  int32_t nsp_label = 0;  // 1 = B is a random sentence (is_random_next), 0 = the real next
   std::vector<int32_t> mlm_positions;
   std::vector<int32_t> mlm_inputs;
 };
@@ -64,5 +64,17 @@ uint64_t sequences_checksum(const std::string& path);
 
 // What kind of packbert file this is, from its magic ("sequences", "packs", or "" if neither).
 std::string file_kind(const std::string& path);
+
+}  // namespace packbert::data
+
+#include "pack/plan.h"
+
+namespace packbert::data {
+
+// Packs the sequences of `f` with a packer and assigns concrete ids (shuffled by seed).
+// `checksum` identifies the sequences file (sequences_checksum()). The plan is returned too, for
+// reporting.
+PacksFile make_packs(const SequencesFile& f, uint64_t checksum, pack::Algo algo,
+                     const pack::PackOptions& options, uint64_t seed, pack::PackPlan* plan);
 
 }  // namespace packbert::data

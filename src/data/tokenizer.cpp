@@ -120,7 +120,8 @@ std::u32string lower_and_strip(const std::u32string& w) {
   if (ascii) return low;
   std::u32string nfd = normalize(low, true), out;
   for (Cp c : nfd)
-    if (utf8proc_category(static_cast<utf8proc_int32_t>(c)) != UTF8PROC_CATEGORY_MN) out.push_back(c);
+    if (utf8proc_category(static_cast<utf8proc_int32_t>(c)) != UTF8PROC_CATEGORY_MN)
+      out.push_back(c);
   return out;
 }
 
@@ -221,7 +222,8 @@ void Tokenizer::run(std::string_view text, Emit&& emit) const {
       size_t at = text.find(s, pos);
       if (at < best) best = at, best_tok = s;
     }
-    std::string_view chunk = text.substr(pos, best == std::string_view::npos ? text.size() - pos : best - pos);
+    std::string_view chunk =
+        text.substr(pos, best == std::string_view::npos ? text.size() - pos : best - pos);
     words.clear();
     basic(chunk, words);
     for (const std::string& w : words) wordpiece(w, emit);

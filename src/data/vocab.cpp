@@ -27,18 +27,21 @@ Vocab Vocab::from_tokens(std::vector<std::string> tokens, const std::string& sou
     const std::string& t = v.tokens_[i];
     for (unsigned char c : t) h = (h ^ c) * 1099511628211ULL;
     h = (h ^ 0xff) * 1099511628211ULL;  // token separator
-    if (t.empty()) continue;  // blank lines keep their id but match nothing
+    if (t.empty()) continue;            // blank lines keep their id but match nothing
     auto [it, fresh] = v.ids_.emplace(t, static_cast<int32_t>(i));
     if (!fresh)
-      throw InputError(source + ":" + std::to_string(i + 1) + ": token '" + t +
-                       "' repeats line " + std::to_string(it->second + 1));
+      throw InputError(source + ":" + std::to_string(i + 1) + ": token '" + t + "' repeats line " +
+                       std::to_string(it->second + 1));
   }
   v.fingerprint_ = h;
   struct Special {
     const char* name;
     int32_t* id;
-  } specials[] = {{"[PAD]", &v.pad_}, {"[UNK]", &v.unk_}, {"[CLS]", &v.cls_},
-                  {"[SEP]", &v.sep_}, {"[MASK]", &v.mask_}};
+  } specials[] = {{"[PAD]", &v.pad_},
+                  {"[UNK]", &v.unk_},
+                  {"[CLS]", &v.cls_},
+                  {"[SEP]", &v.sep_},
+                  {"[MASK]", &v.mask_}};
   for (const Special& s : specials) {
     *s.id = v.id(s.name);
     if (*s.id < 0)

@@ -91,7 +91,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
         const T* Pd = dropped(P, first, static_cast<int64_t>(L) * L, dropout, buf);
         dP.resize(static_cast<size_t>(L) * L);
         gemm(false, true, L, L, hs, T(1), dO, C, Q + 2 * C, C3, T(0), dP.data(), L);  // dO V^T
-        gemm(true, false, L, hs, L, T(1), Pd, L, dO, C, T(1), dQ + 2 * C, C3);       // dV += Pd^T dO
+        gemm(true, false, L, hs, L, T(1), Pd, L, dO, C, T(1), dQ + 2 * C, C3);  // dV += Pd^T dO
         // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
         for (int i = 0; i < L; ++i) {
           const T* p = P + static_cast<int64_t>(i) * L;
@@ -105,8 +105,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
           for (int j = 0; j < L; ++j) row += p[j] * d[j];
           for (int j = 0; j < L; ++j) d[j] = p[j] * (d[j] - row) * scale;
         }
-        gemm(false, false, L, hs, L, T(1), dP.data(), L, Q + C, C3, T(1), dQ, C3);    // dQ += dS K
-        gemm(true, false, L, hs, L, T(1), dP.data(), L, Q, C3, T(1), dQ + C, C3);     // dK += dS^T Q
+        gemm(false, false, L, hs, L, T(1), dP.data(), L, Q + C, C3, T(1), dQ, C3);  // dQ += dS K
+        gemm(true, false, L, hs, L, T(1), dP.data(), L, Q, C3, T(1), dQ + C, C3);   // dK += dS^T Q
       }
   }
 }

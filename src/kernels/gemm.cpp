@@ -19,8 +19,7 @@ struct Timer {
   double flops;
   std::chrono::steady_clock::time_point start;
   Timer(int M, int N, int K)
-      : on(counting.load(std::memory_order_relaxed) && !omp_in_parallel()),
-        flops(2.0 * M * N * K) {
+      : on(counting.load(std::memory_order_relaxed) && !omp_in_parallel()), flops(2.0 * M * N * K) {
     if (on) start = std::chrono::steady_clock::now();
   }
   ~Timer() {
@@ -35,9 +34,15 @@ struct Timer {
 
 }  // namespace
 
-GemmCounters gemm_counters() { return {static_cast<double>(flop_count), nanos * 1e-9}; }
-void reset_gemm_counters() { flop_count = 0, nanos = 0; }
-void enable_gemm_counters(bool on) { counting = on; }
+GemmCounters gemm_counters() {
+  return {static_cast<double>(flop_count), nanos * 1e-9};
+}
+void reset_gemm_counters() {
+  flop_count = 0, nanos = 0;
+}
+void enable_gemm_counters(bool on) {
+  counting = on;
+}
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {

@@ -1,0 +1,18 @@
+// The demo corpus: the Collaborative International Dictionary of English (Debian dict-gcide),
+// one entry a document, converted to the input convention (one sentence per line, blank line
+// between documents).
+#pragma once
+
+#include <string>
+
+namespace packbert::data {
+
+// Reads the dictd index (headword TAB offset TAB length, offsets in dictd's base64) and the
+// dictzip (gzip-compatible) data file; entries sharing a text are emitted once, the database's
+// own 00-* entries are skipped. Markup is removed: {braces}, \pronunciations\, source tags such
+// as [1913 Webster], and accent escapes like [a^] (kept as the bare letter). Throws InputError
+// naming the file for a missing or malformed input.
+std::string gcide_to_text(const std::string& index_path, const std::string& dict_path,
+                          size_t* entries = nullptr);
+
+}  // namespace packbert::data

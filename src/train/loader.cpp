@@ -1,0 +1,159 @@
+#include "train/loader.h"
+
+#include <algorithm>
+
+#include "error.h"
+#include "pack/assign.h"
+
+namespace packbert::train {
+
+BatchLoader::BatchLoader(const data::SequencesFile& seqs, uint64_t seqs_checksum,
+                         const data::PacksFile* packs, const data::Vocab* vocab,
+                         LoaderOptions options, Cursor start)
+    : seqs_(seqs), packs_(packs), vocab_(vocab), opt_(options), cursor_(start), produce_at_(start) {
+  if (opt_.rows_per_batch < 1) throw InputError("rows per batch must be at least 1");
+  if (packs_) {
+    if (packs_->sequences_checksum != seqs_checksum || packs_->n_sequences != seqs_.size())
+      throw InputError(
+          "the packs file was built for another sequences file (checksum differs); "
+          "re-run packbert pack on this sequences file");
+    if (packs_->max_seq_len < seqs_.max_seq_len)
+      throw InputError("the packs file's max length " + std::to_string(packs_->max_seq_len) +
+                       " is below the sequences' " + std::to_string(seqs_.max_seq_len));
+    for (uint64_t id : packs_->ids)
+      if (id >= seqs_.size())
+        throw InputError("the packs file names sequence " + std::to_string(id) +
+                         ", beyond the file");
+    rows_ = packs_->packs();
+    slots_ = packs_->max_seq_len;
+  } else {
+    rows_ = seqs_.size();
+    slots_ = seqs_.max_seq_len;
+  }
+  if (opt_.dynamic_masking && !vocab_) throw InputError("dynamic masking needs the vocabulary");
+  if (vocab_ && vocab_->fingerprint() != seqs_.vocab_fingerprint)
+    throw InputError("the vocabulary differs from the one the sequences file was made with");
+  if (rows_ == 0) throw InputError("the sequences file holds no sequence");
+  if (cursor_.row > rows_) throw InputError("cursor row beyond the epoch");
+  worker_ = std::thread([this] { produce(); });
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+std::vector<uint64_t> BatchLoader::epoch_order(uint64_t epoch) const {
+  std::vector<uint64_t> order(rows_);
+  for (uint64_t i = 0; i < rows_; ++i) order[i] = i;
+  pack::SplitMix64 rng(opt_.seed * 0x9e3779b97f4a7c15ULL + epoch);
+  pack::shuffle(order, rng);
+  return order;
+}
+
+model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
+  if (at.row >= rows_) at = {at.epoch + 1, 0};
+  std::vector<uint64_t> order = epoch_order(at.epoch);
+  uint64_t end = std::min<uint64_t>(rows_, at.row + static_cast<uint64_t>(opt_.rows_per_batch));
+  *after = end == rows_ ? Cursor{at.epoch + 1, 0} : Cursor{at.epoch, end};
+
+  // The sequences of each row.
+  std::vector<std::vector<uint64_t>> rows;
+  int K = 1;
+  for (uint64_t r = at.row; r < end; ++r) {
+    uint64_t row = order[r];
+    if (packs_)
+      rows.emplace_back(packs_->ids.begin() + static_cast<long>(packs_->offsets[row]),
+                        packs_->ids.begin() + static_cast<long>(packs_->offsets[row + 1]));
+    else
+      rows.push_back({row});
+    K = std::max(K, static_cast<int>(rows.back().size()));
+  }
+  model::PackedBatch b;
+  b.B = static_cast<int>(rows.size());
+  b.S = slots_;
+  b.K = K;
+  const size_t n = static_cast<size_t>(b.B) * b.S;
+  b.input_ids.assign(n, vocab_ ? vocab_->pad() : 0);
+  b.token_type_ids.assign(n, 0);
+  b.position_ids.assign(n, 0);
+  b.sequence_ids.assign(n, 0);
+  b.mlm_labels.assign(n, -100);
+  b.nsp_labels.assign(static_cast<size_t>(b.B) * K, -100);
+  for (int p = 0; p < b.B; ++p) {
+    int o = 0;
+    for (size_t k = 0; k < rows[p].size(); ++k) {
+      const uint64_t s = rows[p][k];
+      const int L = seqs_.length(s);
+      const int32_t* tok = seqs_.tokens.data() + seqs_.token_offsets[s];
+      const size_t base = static_cast<size_t>(p) * b.S + o;
+      for (int i = 0; i < L; ++i) {
+        b.input_ids[base + i] = tok[i];
+        b.token_type_ids[base + i] = i >= seqs_.b_start[s];
+        b.position_ids[base + i] = i;
+        b.sequence_ids[base + i] = static_cast<int32_t>(k) + 1;
+      }
+      if (opt_.dynamic_masking) {
+        data::Example e;
+        e.tokens.assign(tok, tok + L);
+        data::Rng rng(opt_.seed ^ (at.epoch * 0xc2b2ae3d27d4eb4fULL) ^ (s * 0x9e3779b97f4a7c15ULL));
+        data::mask_example(e, *vocab_, opt_.masking, rng);
+        for (size_t m = 0; m < e.mlm_positions.size(); ++m) {
+          b.input_ids[base + e.mlm_positions[m]] = e.mlm_inputs[m];
+          b.mlm_labels[base + e.mlm_positions[m]] = tok[e.mlm_positions[m]];
+        }
+      } else {
+        for (uint64_t m = seqs_.mlm_offsets[s]; m < seqs_.mlm_offsets[s + 1]; ++m) {
+          b.input_ids[base + seqs_.mlm_positions[m]] = seqs_.mlm_inputs[m];
+          b.mlm_labels[base + seqs_.mlm_positions[m]] = tok[seqs_.mlm_positions[m]];
+        }
+      }
+      b.nsp_labels[static_cast<size_t>(p) * K + k] = seqs_.nsp_label[s];
+      o += L;
+    }
+  }
+  return b;
+}
+
+void BatchLoader::produce() {
+  try {
+    Cursor at = produce_at_;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || static_cast<int>(queue_.size()) < opt_.prefetch; });
+        if (stop_) return;
+      }
+      Item item;
+      item.batch = build(at, &item.after);
+      at = item.after;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.push_back(std::move(item));
+      }
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+model::PackedBatch BatchLoader::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !queue_.empty() || error_; });
+  if (queue_.empty()) std::rethrow_exception(error_);
+  Item item = std::move(queue_.front());
+  queue_.pop_front();
+  lock.unlock();
+  cv_.notify_all();
+  cursor_ = item.after;
+  return std::move(item.batch);
+}
+
+}  // namespace packbert::train
