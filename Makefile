@@ -16,7 +16,7 @@ build: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	./$(BUILD)/packbert demo
+	./$(BUILD)/packbert demo --workdir out/demo
 
 # The test command: the optimised build, then the same tests under ASan + UBSan.
 test: test-fast test-asan
