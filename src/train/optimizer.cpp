@@ -1,0 +1,73 @@
+#include "train/optimizer.h"
+
+#include <cmath>
+
+namespace packbert::train {
+
+Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config)
+    : layout_(layout), cfg_(config), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {}
+
+void Optimizer::step(float* params, const float* grads, double lr) {
+  ++t_;
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2;
+  const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_)),
+               c2 = 1.0 - std::pow(b2, static_cast<double>(t_));
+  for (const model::TensorSpec& t : layout_.tensors()) {
+    float* p = params + t.offset;
+    const float* g = grads + t.offset;
+    float* m = m_.data() + t.offset;
+    float* v = v_.data() + t.offset;
+    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
+    const int64_t n = static_cast<int64_t>(t.numel);
+    if (cfg_.kind == OptimizerKind::adamw) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        double pi = p[i] * (1.0 - lr * wd);
+        double mi = b1 * m[i] + (1 - b1) * g[i], vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        m[i] = static_cast<float>(mi);
+        v[i] = static_cast<float>(vi);
+        p[i] = static_cast<float>(pi - lr * (mi / c1) / (std::sqrt(vi / c2) + cfg_.eps));
+      }
+      continue;
+    }
+    // LAMB: first the update direction and both norms, then the trust-scaled step.
+    std::vector<double> u(static_cast<size_t>(n));
+    double pn = 0, un = 0;
+#pragma omp parallel for schedule(static) reduction(+ : pn, un)
+    for (int64_t i = 0; i < n; ++i) {
+      double mi = b1 * m[i] + (1 - b1) * g[i], vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      m[i] = static_cast<float>(mi);
+      v[i] = static_cast<float>(vi);
+      u[i] = (mi / c1) / (std::sqrt(vi / c2) + cfg_.eps) + wd * p[i];
+      pn += static_cast<double>(p[i]) * p[i];
+      un += u[i] * u[i];
+    }
+    pn = std::sqrt(pn);
+    un = std::sqrt(un);
+    const double trust = (t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] - lr * trust * u[i]);
+  }
+}
+
+double clip_grad_norm(float* grads, size_t n, double max_norm) {
+  double s = 0;
+#pragma omp parallel for simd reduction(+ : s)
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(grads[i]) * grads[i];
+  double norm = std::sqrt(s);
+  if (max_norm > 0 && norm > max_norm) {
+    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; ++i) grads[i] *= scale;
+  }
+  return norm;
+}
+
+double learning_rate(double base, int64_t step, int64_t warmup, int64_t total, double power) {
+  if (step < warmup) return base * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (total <= warmup) return base;
+  double left = 1.0 - static_cast<double>(step - warmup) / static_cast<double>(total - warmup);
+  return base * std::pow(std::max(left, 0.0), power);
+}
+
+}  // namespace packbert::train

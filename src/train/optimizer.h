@@ -1,0 +1,51 @@
+// Optimizers over the parameter arena: AdamW and LAMB, global-norm clipping, LR schedules.
+// Moments live in arenas with the parameters' layout; tensors flagged no_decay (biases and
+// LayerNorm) get no weight decay and, in LAMB, no trust ratio.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/params.h"
+
+namespace packbert::train {
+
+enum class OptimizerKind { adamw, lamb };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::lamb;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-6, weight_decay = 0.01;
+};
+
+// AdamW (Loshchilov & Hutter, as torch.optim.AdamW): p -= lr * wd * p, then the bias-corrected
+// Adam step p -= lr * m_hat / (sqrt(v_hat) + eps).
+// LAMB (You et al. 2019): u = m_hat / (sqrt(v_hat) + eps) + wd * p per tensor, scaled by the
+// trust ratio ||p|| / ||u|| (1 when either norm is 0, and for no_decay tensors):
+// p -= lr * trust * u.
+class Optimizer {
+ public:
+  Optimizer(const model::ParamLayout& layout, OptimizerConfig config);
+  // One update with learning rate lr; `step` counts from 1 (bias correction).
+  void step(float* params, const float* grads, double lr);
+  int64_t steps() const { return t_; }
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  void set_steps(int64_t t) { t_ = t; }
+  const OptimizerConfig& config() const { return cfg_; }
+
+ private:
+  const model::ParamLayout& layout_;
+  OptimizerConfig cfg_;
+  std::vector<float> m_, v_;
+  int64_t t_ = 0;
+};
+
+// Scales grads in place so their global L2 norm is at most max_norm (no-op if max_norm <= 0);
+// returns the norm before clipping.
+double clip_grad_norm(float* grads, size_t n, double max_norm);
+
+// Linear warmup for `warmup` steps, then polynomial decay (power 1 = linear) to 0 at `total`.
+double learning_rate(double base, int64_t step, int64_t warmup, int64_t total, double power = 1.0);
+
+}  // namespace packbert::train
