@@ -69,3 +69,180 @@ TEST(Schedule, WarmupThenLinearOrPolynomialDecay) {
 
 }  // namespace
 }  // namespace packbert::train
+
+// ---- The training loop ----
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "data/pretraining.h"
+#include "error.h"
+#include "train/trainer.h"
+
+namespace packbert::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small world: a 40-token vocabulary, a synthetic corpus with learnable structure (Zipf word
+// frequencies, and sentences that count upwards half of the time), a tiny model exported as
+// the --init directory.
+struct World {
+  fs::path dir;
+  std::string vocab, seqs, packs, init;
+  World() {
+    dir = fs::temp_directory_path() /
+          ("packbert_train_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir);
+    std::vector<std::string> tokens = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+    for (int i = 0; i < 35; ++i) tokens.push_back(std::to_string(i).insert(0, 1, 'w'));
+    vocab = (dir / "vocab.txt").string();
+    {
+      std::ofstream v(vocab);
+      for (auto& t : tokens) v << t << "\n";
+    }
+    data::Vocab vb = data::Vocab::load(vocab);
+    std::mt19937 rng(3);
+    std::vector<double> weights;
+    for (int r = 1; r <= 35; ++r) weights.push_back(1.0 / std::pow(r, 1.5));
+    std::vector<data::Document> docs(120);
+    for (auto& d : docs)
+      for (int s = 0; s < 4; ++s) {
+        data::Sentence sent;
+        int start = static_cast<int>(rng() % 20), len = 3 + static_cast<int>(rng() % 6);
+        std::discrete_distribution<int> zipf(weights.begin(), weights.end());
+        bool counting = rng() % 2;
+        for (int i = 0; i < len; ++i) sent.push_back(5 + (counting ? (start + i) % 35 : zipf(rng)));
+        d.push_back(sent);
+      }
+    data::PretrainingOptions o;
+    o.max_seq_len = 32;
+    data::SequencesFile f = data::create_pretraining_data(docs, vb, o);
+    seqs = (dir / "d.seqs").string();
+    packs = (dir / "d.packs").string();
+    data::write_sequences(seqs, f);
+    pack::PackOptions po;
+    po.max_len = 32;
+    data::write_packs(packs, data::make_packs(f, data::sequences_checksum(seqs),
+                                              pack::Algo::optimal, po, 1, nullptr));
+    model::BertConfig c;
+    c.vocab_size = 40;
+    c.hidden_size = 16;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 2;
+    c.intermediate_size = 32;
+    c.max_position_embeddings = 32;
+    model::BertModel<float> m(c, model::Heads{});
+    model::init_params(m.layout(), m.params().data(), 7);
+    init = (dir / "init").string();
+    export_model(m, init, vocab);
+  }
+  ~World() { fs::remove_all(dir); }
+  PretrainOptions options(const std::string& run) const {
+    PretrainOptions o;
+    o.sequences = seqs;
+    o.packs = packs;
+    o.vocab = vocab;
+    o.init = init;
+    o.out_dir = (dir / run).string();
+    o.rows_per_batch = 4;
+    o.max_steps = 8;
+    o.lr = 5e-3;
+    o.warmup_steps = 2;
+    o.eval_fraction = 0.1;
+    o.checkpoint_every = 3;
+    return o;
+  }
+};
+
+std::vector<double> losses_of(Trainer& t, int64_t stop_after,
+                              const std::function<void(int64_t)>& hook = {}) {
+  std::vector<double> out;
+  std::atomic<bool> stop{false};
+  t.run(stop,
+        [&](const StepMetrics& s) {
+          out.push_back(s.loss);
+          if (hook) hook(s.step);
+          if (s.step + 1 >= stop_after) stop = true;
+        },
+        {});
+  return out;
+}
+
+TEST(Trainer, KilledRunResumesBitExactly) {
+  World w;
+  PretrainOptions o = w.options("full");
+  Trainer full(o, false);
+  std::vector<double> reference = losses_of(full, 8);
+  ASSERT_EQ(reference.size(), 8u);
+
+  // Interrupted: steps 0..4 run, but only the step-3 checkpoint survives (as after kill -9).
+  PretrainOptions p = w.options("killed");
+  std::string saved = (w.dir / "step3.safetensors").string();
+  {
+    Trainer t(p, false);
+    losses_of(t, 5, [&](int64_t step) {
+      if (step == 4)
+        fs::copy_file(t.checkpoint_path(), saved, fs::copy_options::overwrite_existing);
+    });
+  }
+  fs::copy_file(saved, p.out_dir + "/checkpoint.safetensors", fs::copy_options::overwrite_existing);
+  Trainer resumed(p, true);
+  EXPECT_EQ(resumed.step(), 3);
+  std::vector<double> after = losses_of(resumed, 8);
+  ASSERT_EQ(after.size(), 5u);
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_EQ(after[i], reference[3 + i]) << "step " << 3 + i;
+  EXPECT_EQ(resumed.model().params(), full.model().params());
+}
+
+TEST(Trainer, LearnsTheSyntheticCorpus) {
+  World w;
+  PretrainOptions o = w.options("learn");
+  o.max_steps = 120;
+  o.lr = 1e-2;
+  o.optimizer.kind = OptimizerKind::adamw;
+  o.warmup_steps = 10;
+  o.checkpoint_every = 0;
+  Trainer t(o, false);
+  EvalMetrics before = t.evaluate();
+  std::atomic<bool> stop{false};
+  t.run(stop, {}, {});
+  EvalMetrics after = t.evaluate();
+  EXPECT_LT(after.mlm_loss, before.mlm_loss - 0.5) << before.mlm_loss << " -> " << after.mlm_loss;
+  EXPECT_GT(after.mlm_acc, before.mlm_acc + 0.1) << before.mlm_acc << " -> " << after.mlm_acc;
+  std::cerr << "mlm loss " << before.mlm_loss << " -> " << after.mlm_loss << ", acc "
+            << before.mlm_acc << " -> " << after.mlm_acc << "\n";
+}
+
+TEST(Trainer, BadInputIsAnInputError) {
+  World w;
+  PretrainOptions o = w.options("bad");
+  o.lr = std::nan("");
+  EXPECT_THROW(Trainer(o, false), InputError);
+  o = w.options("bad");
+  EXPECT_THROW(Trainer(o, true), InputError);  // nothing to resume
+  o.packs = w.packs;
+  o.sequences = w.seqs;
+  o.vocab = PACKBERT_DEFAULT_VOCAB;  // another vocabulary than the data's
+  EXPECT_THROW(Trainer(o, false), InputError);
+  o = w.options("bad");
+  o.init = (w.dir / "missing").string();
+  EXPECT_THROW(Trainer(o, false), InputError);
+}
+
+TEST(Export, RoundTripsThroughTheHuggingFaceLayout) {
+  World w;
+  auto m = load_model(w.init, model::Heads{});
+  EXPECT_TRUE(fs::exists(w.init + "/config.json"));
+  EXPECT_TRUE(fs::exists(w.init + "/vocab.txt"));
+  std::string again = (w.dir / "again").string();
+  export_model(*m, again, "");
+  auto n = load_model(again, model::Heads{});
+  EXPECT_EQ(m->params(), n->params());
+  EXPECT_EQ(n->config().hidden_size, 16);
+}
+
+}  // namespace
+}  // namespace packbert::train

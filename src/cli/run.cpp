@@ -17,6 +17,7 @@ int run(int argc, char** argv) {
   register_prepare(app);
   register_inspect(app);
   register_gcide(app);
+  register_pretrain(app);
   int exit_code = 0;
   register_check_golden(app, exit_code);
   try {

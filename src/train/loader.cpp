@@ -30,10 +30,17 @@ BatchLoader::BatchLoader(const data::SequencesFile& seqs, uint64_t seqs_checksum
     rows_ = seqs_.size();
     slots_ = seqs_.max_seq_len;
   }
+  const uint64_t all = rows_;
+  if (all == 0) throw InputError("the sequences file holds no sequence");
+  if (opt_.row_end == 0) opt_.row_end = all;
+  if (opt_.row_begin >= opt_.row_end || opt_.row_end > all)
+    throw InputError("row range [" + std::to_string(opt_.row_begin) + ", " +
+                     std::to_string(opt_.row_end) + ") is empty or beyond the " +
+                     std::to_string(all) + " rows");
+  rows_ = opt_.row_end - opt_.row_begin;
   if (opt_.dynamic_masking && !vocab_) throw InputError("dynamic masking needs the vocabulary");
   if (vocab_ && vocab_->fingerprint() != seqs_.vocab_fingerprint)
     throw InputError("the vocabulary differs from the one the sequences file was made with");
-  if (rows_ == 0) throw InputError("the sequences file holds no sequence");
   if (cursor_.row > rows_) throw InputError("cursor row beyond the epoch");
   worker_ = std::thread([this] { produce(); });
 }
@@ -49,7 +56,8 @@ BatchLoader::~BatchLoader() {
 
 std::vector<uint64_t> BatchLoader::epoch_order(uint64_t epoch) const {
   std::vector<uint64_t> order(rows_);
-  for (uint64_t i = 0; i < rows_; ++i) order[i] = i;
+  for (uint64_t i = 0; i < rows_; ++i) order[i] = opt_.row_begin + i;
+  if (!opt_.shuffle) return order;
   pack::SplitMix64 rng(opt_.seed * 0x9e3779b97f4a7c15ULL + epoch);
   pack::shuffle(order, rng);
   return order;

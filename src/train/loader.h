@@ -29,6 +29,10 @@ struct LoaderOptions {
   bool dynamic_masking = false;
   data::PretrainingOptions masking;  // masking parameters when dynamic_masking is on
   int prefetch = 2;                  // batches built ahead
+  // The rows this loader serves: [row_begin, row_end) of the file's row order (end 0 = all);
+  // training and a held-out evaluation split take disjoint ranges.
+  uint64_t row_begin = 0, row_end = 0;
+  bool shuffle = true;  // evaluation reads its rows in file order
 };
 
 class BatchLoader {

@@ -1,0 +1,197 @@
+// `packbert pretrain`, `packbert eval`, `packbert export`.
+#include <unistd.h>
+
+#include <csignal>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/table.h"
+#include "error.h"
+#include "train/trainer.h"
+
+namespace packbert::cli {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) {
+  g_stop = true;
+}
+
+std::string eta_text(double seconds) {
+  int s = static_cast<int>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  return buf;
+}
+
+void run_pretrain(const train::PretrainOptions& o, bool resume, const std::string& optimizer) {
+  train::PretrainOptions opt = o;
+  if (optimizer == "adamw")
+    opt.optimizer.kind = train::OptimizerKind::adamw;
+  else if (optimizer == "lamb")
+    opt.optimizer.kind = train::OptimizerKind::lamb;
+  else
+    throw InputError("--optimizer: expected adamw|lamb, got '" + optimizer + "'");
+  train::Trainer trainer(opt, resume);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const bool tty = ::isatty(2);
+  const model::BertConfig& c = trainer.config();
+  std::cerr << "pretrain: " << c.num_hidden_layers << " layers, hidden " << c.hidden_size << ", "
+            << (opt.packs.empty() ? "padded rows" : "packs") << ", from step " << trainer.step()
+            << " to " << opt.max_steps << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
+  double tokens = 0, seconds = 0;
+  int64_t first = trainer.step();
+  trainer.run(
+      g_stop,
+      [&](const train::StepMetrics& s) {
+        tokens += static_cast<double>(s.real_tokens);
+        seconds += s.seconds;
+        double rate = tokens / std::max(seconds, 1e-9);
+        double eta = seconds / static_cast<double>(s.step + 1 - first) *
+                     static_cast<double>(opt.max_steps - s.step - 1);
+        char line[256];
+        std::snprintf(
+            line, sizeof line,
+            "step %lld/%lld  loss %.4f  mlm acc %.3f  nsp acc %.3f  lr %.2e  %.0f tok/s  ETA %s%s",
+            static_cast<long long>(s.step + 1), static_cast<long long>(opt.max_steps), s.loss,
+            s.mlm_acc, s.nsp_acc, s.lr, rate, eta_text(eta).c_str(),
+            s.skipped ? "  (skipped: non-finite loss)" : "");
+        if (tty)
+          std::cerr << '\r' << line << "\033[K" << std::flush;
+        else if (s.skipped || (s.step + 1) % 10 == 0 || s.step + 1 == opt.max_steps)
+          std::cerr << line << '\n';
+      },
+      [&](const train::EvalMetrics& e) {
+        std::cerr << (tty ? "\n" : "") << "eval @ step " << e.step << ": mlm acc "
+                  << fixed(e.mlm_acc, 4) << ", mlm loss " << fixed(e.mlm_loss, 4) << ", nsp acc "
+                  << fixed(e.nsp_acc, 4) << " (" << with_commas(e.mlm_count) << " masked tokens)\n";
+      });
+  if (tty) std::cerr << '\n';
+  std::cerr << (g_stop ? "pretrain: stopped on signal; " : "pretrain: ") << "checkpoint at step "
+            << trainer.step() << " in " << trainer.checkpoint_path() << '\n';
+}
+
+struct EvalArgs {
+  std::string model, data, packs, vocab;
+  int rows = 16;
+};
+
+void run_eval(const EvalArgs& a) {
+  auto m = train::load_model(a.model, model::Heads{});
+  train::PretrainOptions o;
+  o.sequences = a.data;
+  o.packs = a.packs;
+  o.vocab = a.vocab;
+  o.out_dir = "/tmp";  // unused: evaluation writes nothing
+  o.eval_fraction = 0;
+  data::SequencesFile f = data::read_sequences(a.data);
+  if (m->config().vocab_size != f.vocab_size)
+    throw InputError(a.model + ": vocab_size " + std::to_string(m->config().vocab_size) +
+                     " does not match " + a.data + "'s vocabulary of " +
+                     std::to_string(f.vocab_size));
+  std::optional<data::PacksFile> packs;
+  if (!a.packs.empty()) packs = data::read_packs(a.packs);
+  train::LoaderOptions lo;
+  lo.rows_per_batch = a.rows;
+  lo.shuffle = false;
+  train::BatchLoader loader(f, data::sequences_checksum(a.data), packs ? &*packs : nullptr, nullptr,
+                            lo, {});
+  double mlm = 0, nsp = 0;
+  int64_t mlm_n = 0, nsp_n = 0, mlm_ok = 0, nsp_ok = 0;
+  while (loader.cursor().epoch == 0) {
+    model::Outputs out = m->forward(loader.next(), model::StepOptions{});
+    mlm += out.mlm_loss * static_cast<double>(out.mlm_count);
+    nsp += out.nsp_loss * static_cast<double>(out.nsp_count);
+    mlm_n += out.mlm_count, nsp_n += out.nsp_count, mlm_ok += out.mlm_correct,
+        nsp_ok += out.nsp_correct;
+  }
+  Table t({"metric", "value"});
+  t.add_row({"MLM loss", fixed(mlm / std::max<int64_t>(mlm_n, 1), 4)});
+  t.add_row({"MLM accuracy", fixed(static_cast<double>(mlm_ok) / std::max<int64_t>(mlm_n, 1), 4)});
+  t.add_row({"NSP loss", fixed(nsp / std::max<int64_t>(nsp_n, 1), 4)});
+  t.add_row({"NSP accuracy", fixed(static_cast<double>(nsp_ok) / std::max<int64_t>(nsp_n, 1), 4)});
+  t.add_row({"masked tokens", with_commas(mlm_n)});
+  t.add_row({"sequences", with_commas(nsp_n)});
+  t.print(std::cout);
+}
+
+}  // namespace
+
+void register_pretrain(CLI::App& app) {
+  auto o = std::make_shared<train::PretrainOptions>();
+  auto resume = std::make_shared<bool>(false);
+  auto optimizer = std::make_shared<std::string>("lamb");
+  o->vocab = PACKBERT_DEFAULT_VOCAB;
+  CLI::App* cmd = app.add_subcommand(
+      "pretrain", "Pre-train BERT (MLM + NSP) on a sequences file, packed or padded");
+  cmd->add_option("--data", o->sequences, "Sequences file (packbert prepare)")->required();
+  cmd->add_option("--packs", o->packs,
+                  "Packs file for it (omit: padded baseline, one sequence per row)");
+  cmd->add_option("--out", o->out_dir, "Run directory: checkpoint.safetensors, metrics.jsonl")
+      ->required();
+  cmd->add_option("--vocab", o->vocab, "vocab.txt the data was made with")->capture_default_str();
+  cmd->add_option("--init", o->init, "Start from a Hugging Face-layout directory or a checkpoint");
+  cmd->add_option("--preset", o->preset, "Model shape: tiny|mini|small|medium|base|large")
+      ->capture_default_str();
+  cmd->add_option("--batch-rows", o->rows_per_batch, "Packs (or padded rows) per micro-batch")
+      ->capture_default_str();
+  cmd->add_option("--accumulation", o->accumulation, "Micro-batches per optimizer step")
+      ->capture_default_str();
+  cmd->add_option("--packing-adjust", o->packing_adjust,
+                  "none | ga (divide accumulation by the packing factor) | beta (LAMB betas ^ "
+                  "packing factor)")
+      ->capture_default_str();
+  cmd->add_option("--steps", o->max_steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--lr", o->lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup_steps, "Linear warmup steps")->capture_default_str();
+  cmd->add_option("--decay-power", o->decay_power, "1 = linear decay to 0 at --steps")
+      ->capture_default_str();
+  cmd->add_option("--optimizer", *optimizer, "lamb | adamw")->capture_default_str();
+  cmd->add_option("--weight-decay", o->optimizer.weight_decay)->capture_default_str();
+  cmd->add_option("--clip", o->clip_norm, "Global gradient-norm clip (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed)->capture_default_str();
+  cmd->add_option("--checkpoint-every", o->checkpoint_every,
+                  "Steps between checkpoints (0 = at the end)")
+      ->capture_default_str();
+  cmd->add_option("--eval-every", o->eval_every,
+                  "Steps between held-out evaluations (0 = at the end)")
+      ->capture_default_str();
+  cmd->add_option("--eval-fraction", o->eval_fraction, "Share of rows held out for evaluation")
+      ->capture_default_str();
+  cmd->add_option("--nan-abort", o->nan_abort, "Abort after this many non-finite steps in a row")
+      ->capture_default_str();
+  cmd->add_flag("--dynamic-masking", o->dynamic_masking, "New masks every epoch (RoBERTa style)");
+  cmd->add_option("--max-minutes", o->max_minutes,
+                  "Stop (with a checkpoint) after this much training time");
+  cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
+  cmd->callback([o, resume, optimizer] { run_pretrain(*o, *resume, *optimizer); });
+
+  auto e = std::make_shared<EvalArgs>();
+  CLI::App* ev = app.add_subcommand(
+      "eval", "MLM and NSP loss/accuracy of a model over a whole sequences file");
+  ev->add_option("--model", e->model, "Hugging Face-layout directory or packbert checkpoint")
+      ->required();
+  ev->add_option("--data", e->data, "Sequences file")->required();
+  ev->add_option("--packs", e->packs, "Its packs file (faster; same result)");
+  ev->add_option("--batch-rows", e->rows)->capture_default_str();
+  ev->callback([e] { run_eval(*e); });
+
+  auto x = std::make_shared<std::pair<std::string, std::string>>();
+  auto xv = std::make_shared<std::string>(PACKBERT_DEFAULT_VOCAB);
+  CLI::App* ex = app.add_subcommand(
+      "export", "Write config.json + model.safetensors + vocab.txt (Hugging Face layout)");
+  ex->add_option("--checkpoint", x->first, "packbert checkpoint (or HF directory)")->required();
+  ex->add_option("--out", x->second, "Directory to write")->required();
+  ex->add_option("--vocab", *xv, "vocab.txt to include")->capture_default_str();
+  ex->callback([x, xv] {
+    auto m = train::load_model(x->first, model::Heads{});
+    train::export_model(*m, x->second, *xv);
+    std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt}\n";
+  });
+}
+
+}  // namespace packbert::cli

@@ -1,0 +1,333 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+#include "model/weights.h"
+
+namespace packbert::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+model::BertConfig config_of(const io::SafetensorsFile& f) {
+  auto it = f.metadata().find("config");
+  if (it == f.metadata().end()) throw InputError(f.source() + ": no 'config' in the metadata");
+  try {
+    return model::config_from_json(json::parse(it->second), f.source() + " (config)");
+  } catch (const json::exception&) {
+    throw InputError(f.source() + ": metadata 'config' is not valid JSON");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads) {
+  std::unique_ptr<model::BertModel<float>> m;
+  if (fs::is_directory(path)) {
+    std::ifstream cf(path + "/config.json");
+    if (!cf)
+      throw InputError(path + "/config.json: cannot open (not a Hugging Face model directory?)");
+    json cj;
+    try {
+      cj = json::parse(cf);
+    } catch (const json::exception&) {
+      throw InputError(path + "/config.json: not valid JSON");
+    }
+    m = std::make_unique<model::BertModel<float>>(
+        model::config_from_json(cj, path + "/config.json"), heads);
+    io::SafetensorsFile f = io::SafetensorsFile::read(path + "/model.safetensors");
+    model::load_weights(m->layout(), m->params().data(), f);
+  } else {
+    io::SafetensorsFile f = io::SafetensorsFile::read(path);
+    m = std::make_unique<model::BertModel<float>>(config_of(f), heads);
+    model::load_weights(m->layout(), m->params().data(), f);
+  }
+  return m;
+}
+
+void export_model(const model::BertModel<float>& m, const std::string& dir,
+                  const std::string& vocab_path) {
+  fs::create_directories(dir);
+  auto& mm = const_cast<model::BertModel<float>&>(m);
+  io::write_file_atomic(dir + "/config.json", model::config_to_json(m.config()).dump(2) + "\n");
+  io::write_safetensors(dir + "/model.safetensors",
+                        model::weight_tensors(m.layout(), mm.params().data()), {{"format", "pt"}});
+  if (!vocab_path.empty()) {
+    std::ifstream in(vocab_path, std::ios::binary);
+    if (!in) throw InputError(vocab_path + ": cannot open for reading");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    io::write_file_atomic(dir + "/vocab.txt", text);
+  }
+}
+
+std::string Trainer::checkpoint_path() const {
+  return opt_.out_dir + "/checkpoint.safetensors";
+}
+
+Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
+  if (opt_.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
+  if (opt_.accumulation < 1) throw InputError("--accumulation must be at least 1");
+  if (!(std::isfinite(opt_.lr) && opt_.lr > 0))
+    throw InputError("--lr must be a positive finite number");
+  if (opt_.max_steps < 1) throw InputError("--steps must be at least 1");
+  if (!(opt_.eval_fraction >= 0 && opt_.eval_fraction < 0.5))
+    throw InputError("--eval-fraction must be in [0, 0.5)");
+  if (opt_.packing_adjust != "none" && opt_.packing_adjust != "ga" && opt_.packing_adjust != "beta")
+    throw InputError("--packing-adjust: expected none|ga|beta, got '" + opt_.packing_adjust + "'");
+  if (opt_.out_dir.empty()) throw InputError("--out is required");
+  fs::create_directories(opt_.out_dir);
+
+  seqs_ = data::read_sequences(opt_.sequences);
+  seqs_checksum_ = data::sequences_checksum(opt_.sequences);
+  if (!opt_.packs.empty()) packs_ = data::read_packs(opt_.packs);
+  if (!opt_.vocab.empty()) {
+    vocab_ = data::Vocab::load(opt_.vocab);
+    if (vocab_->fingerprint() != seqs_.vocab_fingerprint)
+      throw InputError(opt_.vocab + ": not the vocabulary " + opt_.sequences + " was made with");
+  }
+
+  json state;
+  std::unique_ptr<io::SafetensorsFile> ckpt;
+  model::Heads heads;
+  if (resume) {
+    if (!fs::exists(checkpoint_path()))
+      throw InputError(checkpoint_path() + ": no checkpoint to resume from");
+    ckpt = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::read(checkpoint_path()));
+    try {
+      state = json::parse(ckpt->metadata().at("packbert"));
+    } catch (const std::exception&) {
+      throw InputError(checkpoint_path() +
+                       ": not a packbert training checkpoint (no 'packbert' metadata)");
+    }
+    if (state.value("sequences_checksum", uint64_t{0}) != seqs_checksum_)
+      throw InputError(checkpoint_path() + ": was trained on another sequences file than " +
+                       opt_.sequences);
+    if (state.value("packed", false) != packs_.has_value() ||
+        state.value("rows_per_batch", 0) != opt_.rows_per_batch)
+      throw InputError(
+          checkpoint_path() +
+          ": resume needs the same layout (--packs) and --batch-rows as the run that wrote it");
+    model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads);
+    model::load_weights(model_->layout(), model_->params().data(), *ckpt);
+  } else if (!opt_.init.empty()) {
+    model_ = load_model(opt_.init, heads);
+  } else {
+    model::BertConfig c = model::bert_preset(opt_.preset);
+    c.vocab_size = seqs_.vocab_size;
+    c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
+    model_ = std::make_unique<model::BertModel<float>>(c, heads);
+    model::init_params(model_->layout(), model_->params().data(), opt_.seed);
+  }
+  const model::BertConfig& c = model_->config();
+  if (c.vocab_size != seqs_.vocab_size)
+    throw InputError("model vocab_size " + std::to_string(c.vocab_size) +
+                     " does not match the sequences file's vocabulary of " +
+                     std::to_string(seqs_.vocab_size));
+  const int row_len = packs_ ? packs_->max_seq_len : seqs_.max_seq_len;
+  if (c.max_position_embeddings < row_len)
+    throw InputError("model max_position_embeddings " + std::to_string(c.max_position_embeddings) +
+                     " is below the data's max length " + std::to_string(row_len));
+
+  // Packing-aware hyperparameters (Graphcore): a pack holds `pf` sequences on average.
+  const double pf =
+      packs_ ? static_cast<double>(packs_->ids.size()) / static_cast<double>(packs_->packs()) : 1.0;
+  accumulation_ = opt_.accumulation;
+  OptimizerConfig oc = opt_.optimizer;
+  if (opt_.packing_adjust == "ga")
+    accumulation_ = std::max(1, static_cast<int>(std::lround(opt_.accumulation / pf)));
+  if (opt_.packing_adjust == "beta")
+    oc.beta1 = std::pow(oc.beta1, pf), oc.beta2 = std::pow(oc.beta2, pf);
+  optim_ = std::make_unique<Optimizer>(model_->layout(), oc);
+
+  const uint64_t rows = packs_ ? packs_->packs() : seqs_.size();
+  uint64_t eval_rows =
+      opt_.eval_fraction > 0 && rows > 1
+          ? std::max<uint64_t>(1, static_cast<uint64_t>(
+                                      std::llround(opt_.eval_fraction * static_cast<double>(rows))))
+          : 0;
+  train_rows_.rows_per_batch = opt_.rows_per_batch;
+  train_rows_.seed = opt_.seed;
+  train_rows_.dynamic_masking = opt_.dynamic_masking;
+  train_rows_.row_begin = 0;
+  train_rows_.row_end = rows - eval_rows;
+  eval_rows_ = train_rows_;
+  eval_rows_.dynamic_masking = false;
+  eval_rows_.shuffle = false;
+  eval_rows_.row_begin = rows - eval_rows;
+  eval_rows_.row_end = eval_rows ? rows : 0;
+
+  if (resume) {
+    for (const model::TensorSpec& t : model_->layout().tensors()) {
+      auto m = ckpt->floats("optimizer.m." + t.name, &t.shape),
+           v = ckpt->floats("optimizer.v." + t.name, &t.shape);
+      std::copy(m.begin(), m.end(), optim_->m().begin() + static_cast<long>(t.offset));
+      std::copy(v.begin(), v.end(), optim_->v().begin() + static_cast<long>(t.offset));
+    }
+    optim_->set_steps(state.at("optimizer_steps").get<int64_t>());
+    step_ = state.at("step").get<int64_t>();
+    cursor_ = {state.at("cursor_epoch").get<uint64_t>(), state.at("cursor_row").get<uint64_t>()};
+    elapsed_before_ = state.value("elapsed", 0.0);
+  }
+  loader_ = std::make_unique<BatchLoader>(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
+                                          vocab_ ? &*vocab_ : nullptr, train_rows_, cursor_);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::save_checkpoint() const {
+  const model::ParamLayout& L = model_->layout();
+  std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, model_->params().data());
+  auto m = model::weight_tensors(L, optim_->m().data(), "optimizer.m.");
+  auto v = model::weight_tensors(L, optim_->v().data(), "optimizer.v.");
+  tensors.insert(tensors.end(), m.begin(), m.end());
+  tensors.insert(tensors.end(), v.begin(), v.end());
+  json state = {{"format", "packbert.checkpoint"},
+                {"version", 1},
+                {"step", step_},
+                {"optimizer_steps", optim_->steps()},
+                {"cursor_epoch", cursor_.epoch},
+                {"cursor_row", cursor_.row},
+                {"sequences_checksum", seqs_checksum_},
+                {"packed", packs_.has_value()},
+                {"rows_per_batch", opt_.rows_per_batch},
+                {"seed", opt_.seed},
+                {"elapsed", elapsed_before_}};
+  io::write_safetensors(
+      checkpoint_path(), tensors,
+      {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
+}
+
+EvalMetrics Trainer::evaluate() {
+  EvalMetrics e;
+  e.step = step_;
+  if (eval_rows_.row_end == 0) return e;
+  BatchLoader loader(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
+                     vocab_ ? &*vocab_ : nullptr, eval_rows_, {});
+  double mlm_sum = 0, nsp_sum = 0;
+  int64_t nsp_n = 0, mlm_correct = 0, nsp_correct = 0;
+  while (loader.cursor().epoch == 0) {
+    model::PackedBatch b = loader.next();
+    model::Outputs o = model_->forward(b, model::StepOptions{});
+    mlm_sum += o.mlm_loss * static_cast<double>(o.mlm_count);
+    nsp_sum += o.nsp_loss * static_cast<double>(o.nsp_count);
+    e.mlm_count += o.mlm_count;
+    nsp_n += o.nsp_count;
+    mlm_correct += o.mlm_correct;
+    nsp_correct += o.nsp_correct;
+    e.sequences += model_->tokens().sequences();
+  }
+  e.mlm_loss = e.mlm_count ? mlm_sum / static_cast<double>(e.mlm_count) : 0;
+  e.mlm_acc = e.mlm_count ? static_cast<double>(mlm_correct) / static_cast<double>(e.mlm_count) : 0;
+  e.nsp_loss = nsp_n ? nsp_sum / static_cast<double>(nsp_n) : 0;
+  e.nsp_acc = nsp_n ? static_cast<double>(nsp_correct) / static_cast<double>(nsp_n) : 0;
+  return e;
+}
+
+int64_t Trainer::run(const std::atomic<bool>& stop,
+                     const std::function<void(const StepMetrics&)>& on_step,
+                     const std::function<void(const EvalMetrics&)>& on_eval) {
+  std::ofstream log(opt_.out_dir + "/metrics.jsonl", std::ios::app);
+  if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
+  const double start = now();
+  int nan_streak = 0;
+  auto do_eval = [&] {
+    EvalMetrics e = evaluate();
+    e.elapsed = elapsed_before_ + (now() - start);
+    if (eval_rows_.row_end == 0) return;
+    log << json{{"type", "eval"},           {"step", e.step},         {"mlm_loss", e.mlm_loss},
+                {"mlm_acc", e.mlm_acc},     {"nsp_loss", e.nsp_loss}, {"nsp_acc", e.nsp_acc},
+                {"mlm_count", e.mlm_count}, {"elapsed", e.elapsed}}
+               .dump()
+        << std::endl;
+    if (on_eval) on_eval(e);
+  };
+  double eval_time = 0;
+  while (step_ < opt_.max_steps && !stop.load()) {
+    const double t0 = now();
+    StepMetrics s;
+    s.step = step_;
+    model_->zero_grads();
+    double mlm_sum = 0, nsp_sum = 0;
+    int64_t mlm_n = 0, nsp_n = 0, mlm_ok = 0, nsp_ok = 0;
+    for (int micro = 0; micro < accumulation_; ++micro) {
+      model::PackedBatch b = loader_->next();
+      model::Outputs o = model_->forward(
+          b, {true, opt_.seed,
+              static_cast<uint64_t>(step_) * accumulation_ + static_cast<uint64_t>(micro)});
+      model_->backward();
+      mlm_sum += o.mlm_loss;
+      nsp_sum += o.nsp_loss;
+      mlm_n += o.mlm_count, nsp_n += o.nsp_count, mlm_ok += o.mlm_correct, nsp_ok += o.nsp_correct;
+      s.real_tokens += model_->tokens().tokens();
+      s.sequences += model_->tokens().sequences();
+    }
+    s.mlm_loss = mlm_sum / accumulation_;
+    s.nsp_loss = nsp_sum / accumulation_;
+    s.loss = s.mlm_loss + s.nsp_loss;
+    s.mlm_acc = mlm_n ? static_cast<double>(mlm_ok) / static_cast<double>(mlm_n) : 0;
+    s.nsp_acc = nsp_n ? static_cast<double>(nsp_ok) / static_cast<double>(nsp_n) : 0;
+    std::vector<float>& g = model_->grads();
+    const float inv = 1.0f / static_cast<float>(accumulation_);
+    for (float& x : g) x *= inv;
+    s.grad_norm = clip_grad_norm(g.data(), g.size(), opt_.clip_norm);
+    s.lr = learning_rate(opt_.lr, step_, opt_.warmup_steps, opt_.max_steps, opt_.decay_power);
+    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
+      s.skipped = true;
+      if (++nan_streak >= opt_.nan_abort) {
+        save_checkpoint();
+        throw InputError("loss is not finite for " + std::to_string(nan_streak) +
+                         " steps in a row (last at step " + std::to_string(step_) +
+                         "); checkpoint kept at the last good step; lower --lr?");
+      }
+    } else {
+      nan_streak = 0;
+      optim_->step(model_->params().data(), g.data(), s.lr);
+    }
+    cursor_ = loader_->cursor();
+    ++step_;
+    s.seconds = now() - t0;
+    s.elapsed = elapsed_before_ + (now() - start) - eval_time;
+    log << json{{"type", "step"},           {"step", s.step},
+                {"loss", s.loss},           {"mlm_loss", s.mlm_loss},
+                {"nsp_loss", s.nsp_loss},   {"mlm_acc", s.mlm_acc},
+                {"nsp_acc", s.nsp_acc},     {"lr", s.lr},
+                {"grad_norm", s.grad_norm}, {"real_tokens", s.real_tokens},
+                {"sequences", s.sequences}, {"seconds", s.seconds},
+                {"elapsed", s.elapsed},     {"skipped", s.skipped}}
+               .dump()
+        << std::endl;
+    if (on_step) on_step(s);
+    if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) {
+      double e0 = now();
+      do_eval();
+      eval_time += now() - e0;
+    }
+    if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0) {
+      double keep = elapsed_before_;
+      elapsed_before_ = s.elapsed;
+      save_checkpoint();
+      elapsed_before_ = keep;
+    }
+    if (opt_.max_minutes > 0 && s.elapsed > opt_.max_minutes * 60) break;
+  }
+  const double trained = elapsed_before_ + (now() - start) - eval_time;
+  do_eval();
+  elapsed_before_ = trained;
+  save_checkpoint();
+  return step_;
+}
+
+}  // namespace packbert::train
