@@ -168,6 +168,9 @@ void register_pretrain(CLI::App& app) {
   cmd->add_option("--max-minutes", o->max_minutes,
                   "Stop (with a checkpoint) after this much training time");
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
+  cmd->add_flag("--compute-padding", o->compute_padding,
+                "Padded baseline only: compute the padding slots as frameworks do (same results, "
+                "framework cost)");
   cmd->callback([o, resume, optimizer] { run_pretrain(*o, *resume, *optimizer); });
 
   auto e = std::make_shared<EvalArgs>();

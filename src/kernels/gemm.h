@@ -1,5 +1,6 @@
-// The GEMM seam: every matrix product in the engine goes through here, so the backend (OpenBLAS
-// now, oneDNN bf16 later) is chosen in one place.
+// The GEMM seam: every matrix product in the engine goes through here, so the backend is chosen
+// in one place: fp32 through oneDNN's sgemm (or OpenBLAS with PACKBERT_GEMM=openblas), fp64
+// (finite-difference tests) through OpenBLAS; bf16 through oneDNN later.
 #pragma once
 
 namespace packbert::kernels {
@@ -21,5 +22,8 @@ struct GemmCounters {
 GemmCounters gemm_counters();
 void reset_gemm_counters();
 void enable_gemm_counters(bool on);
+
+// True when fp32 GEMMs go to oneDNN (the default).
+bool use_onednn();
 
 }  // namespace packbert::kernels

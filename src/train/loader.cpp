@@ -39,6 +39,8 @@ BatchLoader::BatchLoader(const data::SequencesFile& seqs, uint64_t seqs_checksum
                      std::to_string(all) + " rows");
   rows_ = opt_.row_end - opt_.row_begin;
   if (opt_.dynamic_masking && !vocab_) throw InputError("dynamic masking needs the vocabulary");
+  if (opt_.compute_padding && packs_)
+    throw InputError("--compute-padding applies to the padded baseline only");
   if (vocab_ && vocab_->fingerprint() != seqs_.vocab_fingerprint)
     throw InputError("the vocabulary differs from the one the sequences file was made with");
   if (cursor_.row > rows_) throw InputError("cursor row beyond the epoch");
@@ -81,6 +83,8 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
       rows.push_back({row});
     K = std::max(K, static_cast<int>(rows.back().size()));
   }
+  const bool pad_compute = opt_.compute_padding && !packs_;
+  if (pad_compute) K = 2;
   model::PackedBatch b;
   b.B = static_cast<int>(rows.size());
   b.S = slots_;
@@ -123,6 +127,12 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
       b.nsp_labels[static_cast<size_t>(p) * K + k] = seqs_.nsp_label[s];
       o += L;
     }
+    if (pad_compute)
+      for (int i = o; i < b.S; ++i) {
+        const size_t slot = static_cast<size_t>(p) * b.S + i;
+        b.sequence_ids[slot] = 2;
+        b.position_ids[slot] = i;
+      }
   }
   return b;
 }

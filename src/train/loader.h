@@ -33,6 +33,10 @@ struct LoaderOptions {
   // training and a held-out evaluation split take disjoint ranges.
   uint64_t row_begin = 0, row_end = 0;
   bool shuffle = true;  // evaluation reads its rows in file order
+  // Padded baseline only: fill each row's padding slots with [PAD] tokens that are computed
+  // like real ones (as frameworks do) but form their own unlabelled sequence, so results are
+  // unchanged and only the cost of padding is reproduced (framework-style baseline).
+  bool compute_padding = false;
 };
 
 class BatchLoader {

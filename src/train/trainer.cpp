@@ -161,6 +161,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   train_rows_.rows_per_batch = opt_.rows_per_batch;
   train_rows_.seed = opt_.seed;
   train_rows_.dynamic_masking = opt_.dynamic_masking;
+  train_rows_.compute_padding = opt_.compute_padding;
   train_rows_.row_begin = 0;
   train_rows_.row_end = rows - eval_rows;
   eval_rows_ = train_rows_;
@@ -227,7 +228,7 @@ EvalMetrics Trainer::evaluate() {
     nsp_n += o.nsp_count;
     mlm_correct += o.mlm_correct;
     nsp_correct += o.nsp_correct;
-    e.sequences += model_->tokens().sequences();
+    for (int32_t y : model_->tokens().nsp_label) e.sequences += y != -100;
   }
   e.mlm_loss = e.mlm_count ? mlm_sum / static_cast<double>(e.mlm_count) : 0;
   e.mlm_acc = e.mlm_count ? static_cast<double>(mlm_correct) / static_cast<double>(e.mlm_count) : 0;
@@ -271,8 +272,12 @@ int64_t Trainer::run(const std::atomic<bool>& stop,
       mlm_sum += o.mlm_loss;
       nsp_sum += o.nsp_loss;
       mlm_n += o.mlm_count, nsp_n += o.nsp_count, mlm_ok += o.mlm_correct, nsp_ok += o.nsp_correct;
-      s.real_tokens += model_->tokens().tokens();
-      s.sequences += model_->tokens().sequences();
+      const model::TokenLayout& tl = model_->tokens();
+      for (int q = 0; q < tl.sequences(); ++q)
+        if (tl.nsp_label[q] != -100) {  // real sequences (computed padding carries no label)
+          s.real_tokens += tl.cu_seqlens[q + 1] - tl.cu_seqlens[q];
+          ++s.sequences;
+        }
     }
     s.mlm_loss = mlm_sum / accumulation_;
     s.nsp_loss = nsp_sum / accumulation_;

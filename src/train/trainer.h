@@ -39,15 +39,16 @@ struct PretrainOptions {
   double eval_fraction = 0.02;   // rows held out for evaluation (the file's last rows)
   int nan_abort = 5;             // abort after this many non-finite steps in a row
   bool dynamic_masking = false;
-  double max_minutes = 0;  // stop (with a checkpoint) after this long; 0 = no limit
+  double max_minutes = 0;        // stop (with a checkpoint) after this long; 0 = no limit
+  bool compute_padding = false;  // padded baseline that pays for padding like frameworks do
 };
 
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0, mlm_loss = 0, nsp_loss = 0, mlm_acc = 0, nsp_acc = 0, lr = 0, grad_norm = 0;
-  int64_t real_tokens = 0, sequences = 0;
-  double seconds = 0, elapsed = 0;  // this step; since the run began (excluding evaluation)
-  bool skipped = false;             // non-finite loss: no update
+  int64_t real_tokens = 0, sequences = 0;  // real tokens exclude computed padding
+  double seconds = 0, elapsed = 0;         // this step; since the run began (excluding evaluation)
+  bool skipped = false;                    // non-finite loss: no update
 };
 
 struct EvalMetrics {
