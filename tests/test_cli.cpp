@@ -51,7 +51,8 @@ class Cli : public ::testing::Test {
 const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_512.hist";
 
 TEST_F(Cli, HelpOnEverySubcommand) {
-  for (const char* sub : {"", "pack", "demo", "check-golden"}) {
+  for (const char* sub : {"", "pack", "demo", "check-golden", "tokenize", "prepare", "inspect",
+                          "gcide-text", "pretrain", "eval", "export"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -116,6 +117,61 @@ TEST_F(Cli, BadFlagsExit2) {
   r = run("pack " + kWiki + " --algo lpfhp --out /nonexistent-dir/plan.json");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("/nonexistent-dir/plan.json"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
+  std::string text;
+  for (int d = 0; d < 30; ++d) {
+    for (int s = 0; s < 4; ++s)
+      text +=
+          "The quick brown fox number " + std::to_string(d * 4 + s) + " jumps over the lazy dog.\n";
+    text += "\n";
+  }
+  fs::path corpus = write("corpus.txt", text);
+  std::string seqs = (dir_ / "c.seqs").string(), run_dir = (dir_ / "run").string();
+  Result prep =
+      run("prepare " + corpus.string() + " --out " + seqs + " --max-seq-len 32 --pack optimal");
+  ASSERT_EQ(prep.code, 0) << prep.err;
+  EXPECT_TRUE(fs::exists(dir_ / "c.packs"));
+  EXPECT_TRUE(fs::exists(dir_ / "c.hist"));
+  Result ins = run("inspect " + seqs);
+  EXPECT_EQ(ins.code, 0);
+  EXPECT_NE(ins.out.find("[CLS]"), std::string::npos) << ins.out;
+  Result tr =
+      run("pretrain --data " + seqs + " --packs " + (dir_ / "c.packs").string() + " --out " +
+          run_dir + " --preset tiny --steps 3 --batch-rows 2 --eval-fraction 0.2");
+  ASSERT_EQ(tr.code, 0) << tr.err;
+  EXPECT_TRUE(fs::exists(run_dir + "/checkpoint.safetensors"));
+  EXPECT_NE(slurp(run_dir + "/metrics.jsonl").find("\"type\":\"eval\""), std::string::npos);
+  Result ev = run("eval --model " + run_dir + "/checkpoint.safetensors --data " + seqs);
+  EXPECT_EQ(ev.code, 0) << ev.err;
+  EXPECT_NE(ev.out.find("MLM accuracy"), std::string::npos);
+  Result ex = run("export --checkpoint " + run_dir + "/checkpoint.safetensors --out " +
+                  (dir_ / "hf").string());
+  EXPECT_EQ(ex.code, 0) << ex.err;
+  EXPECT_TRUE(fs::exists(dir_ / "hf" / "config.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "hf" / "vocab.txt"));
+  // Bad input: one line, exit 2, nothing lost.
+  Result nan_lr = run("pretrain --data " + seqs + " --out " + (dir_ / "r2").string() + " --lr nan");
+  EXPECT_EQ(nan_lr.code, 2) << nan_lr.err;
+  EXPECT_NE(nan_lr.err.find("--lr"), std::string::npos) << nan_lr.err;
+  fs::path other = write("other.txt", "Another text entirely.\nWith two sentences.\n");
+  ASSERT_EQ(run("prepare " + other.string() + " --out " + (dir_ / "o.seqs").string() +
+                " --max-seq-len 32 --pack lpfhp")
+                .code,
+            0);
+  Result mismatch = run("pretrain --data " + seqs + " --packs " + (dir_ / "o.packs").string() +
+                        " --out " + (dir_ / "r3").string() + " --preset tiny --steps 1");
+  EXPECT_EQ(mismatch.code, 2);
+  EXPECT_NE(mismatch.err.find("another sequences file"), std::string::npos) << mismatch.err;
+  Result resume_nothing =
+      run("pretrain --data " + seqs + " --out " + (dir_ / "r4").string() + " --resume");
+  EXPECT_EQ(resume_nothing.code, 2);
+  Result missing = run("eval --model " + (dir_ / "nope").string() + " --data " + seqs);
+  EXPECT_EQ(missing.code, 2);
+  Result cut = run("inspect " + write("cut.seqs", slurp(seqs).substr(0, 100)).string());
+  EXPECT_EQ(cut.code, 2);
+  EXPECT_EQ(std::count(cut.err.begin(), cut.err.end(), '\n'), 1) << cut.err;
 }
 
 TEST_F(Cli, CheckGoldenPassesFailsAndRejectsBadFiles) {
