@@ -246,3 +246,58 @@ TEST(Export, RoundTripsThroughTheHuggingFaceLayout) {
 
 }  // namespace
 }  // namespace packbert::train
+
+#include "train/finetune.h"
+
+namespace packbert::train {
+namespace {
+
+TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
+  World w;
+  std::mt19937 rng(9);
+  auto tsv = [&](int n) {
+    std::string s = "label\tsentence\n";
+    for (int i = 0; i < n; ++i) {
+      std::string text;
+      bool yes = rng() % 3 == 0;  // 1/3 "yes": majority baseline 2/3
+      int len = 4 + static_cast<int>(rng() % 6), at = static_cast<int>(rng() % len);
+      for (int k = 0; k < len; ++k) {
+        int word = 5 + static_cast<int>(rng() % 30);  // w5..w34
+        if (k == at && yes) word = 3;
+        if (k) text += ' ';
+        text += std::to_string(word).insert(0, 1, 'w');
+      }
+      s += std::string(yes ? "yes" : "no") + "\t" + text + "\n";
+    }
+    return s;
+  };
+  std::ofstream(w.dir / "train.tsv") << tsv(400);
+  std::ofstream(w.dir / "dev.tsv") << tsv(100);
+  FinetuneOptions o;
+  o.train = (w.dir / "train.tsv").string();
+  o.dev = (w.dir / "dev.tsv").string();
+  o.init = w.init;
+  o.vocab = w.vocab;
+  o.out_dir = (w.dir / "ft").string();
+  o.max_seq_len = 32;
+  o.rows_per_batch = 4;
+  o.epochs = 4;
+  o.lr = 1e-2;
+  FinetuneResult r = finetune_classifier(o);
+  ASSERT_EQ(r.dev_accuracy.size(), 4u);
+  EXPECT_EQ(r.num_labels, 2);
+  EXPECT_GT(r.dev_accuracy.back(), r.majority_baseline + 0.15)
+      << r.dev_accuracy.back() << " vs majority " << r.majority_baseline;
+  EXPECT_TRUE(fs::exists(o.out_dir + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(o.out_dir + "/labels.json"));
+  // Dev labels must be known from training; columns must exist.
+  std::ofstream(w.dir / "bad.tsv") << "label\tsentence\nmaybe\tw5 w6\n";
+  o.dev = (w.dir / "bad.tsv").string();
+  EXPECT_THROW(finetune_classifier(o), InputError);
+  std::ofstream(w.dir / "nohead.tsv") << "yes\tw5\n";
+  o.dev = (w.dir / "nohead.tsv").string();
+  EXPECT_THROW(finetune_classifier(o), InputError);
+}
+
+}  // namespace
+}  // namespace packbert::train

@@ -13,7 +13,8 @@ namespace packbert::cli {
 namespace {
 
 struct GcideArgs {
-  std::string index = "/usr/share/dictd/gcide.index", dict = "/usr/share/dictd/gcide.dict.dz", out;
+  std::string index = "/usr/share/dictd/gcide.index", dict = "/usr/share/dictd/gcide.dict.dz", out,
+              pos;
 };
 
 void run_gcide(const GcideArgs& a) {
@@ -21,6 +22,13 @@ void run_gcide(const GcideArgs& a) {
   size_t entries = 0;
   std::string text = data::gcide_to_text(a.index, a.dict, &entries);
   io::write_file_atomic(a.out, text);
+  if (!a.pos.empty()) {
+    std::string train, dev;
+    data::gcide_pos_tsv(text, train, dev);
+    io::write_file_atomic(a.pos + ".train.tsv", train);
+    io::write_file_atomic(a.pos + ".dev.tsv", dev);
+    std::cout << "wrote " << a.pos << ".{train,dev}.tsv (part of speech from the definition)\n";
+  }
   size_t words = 0;
   bool in_word = false;
   for (char c : text) {
@@ -43,6 +51,9 @@ void register_gcide(CLI::App& app) {
       "gcide-text",
       "Convert Debian's dict-gcide dictionary into the demo corpus (one entry a document)");
   cmd->add_option("--out", a->out, "Text file to write")->required();
+  cmd->add_option(
+      "--pos-tsv", a->pos,
+      "Also write PREFIX.train.tsv / PREFIX.dev.tsv: part of speech from the definition");
   cmd->add_option("--index", a->index)->capture_default_str();
   cmd->add_option("--dict", a->dict)->capture_default_str();
   cmd->callback([a] { run_gcide(*a); });

@@ -198,3 +198,51 @@ void register_pretrain(CLI::App& app) {
 }
 
 }  // namespace packbert::cli
+
+#include "train/finetune.h"
+
+namespace packbert::cli {
+
+void register_finetune(CLI::App& app) {
+  auto o = std::make_shared<train::FinetuneOptions>();
+  auto task = std::make_shared<std::string>("classify");
+  auto no_pack = std::make_shared<bool>(false);
+  o->vocab = PACKBERT_DEFAULT_VOCAB;
+  CLI::App* cmd = app.add_subcommand(
+      "finetune", "Fine-tune a classifier on TSV data (packed), report dev accuracy");
+  cmd->add_option("--task", *task, "classify (sequence or pair classification)")
+      ->capture_default_str();
+  cmd->add_option("--train", o->train, "TSV with a header: label, sentence[, sentence2]")
+      ->required();
+  cmd->add_option("--dev", o->dev, "TSV in the same format")->required();
+  cmd->add_option("--init", o->init, "Pre-trained model: HF directory or packbert checkpoint")
+      ->required();
+  cmd->add_option("--out", o->out_dir, "Directory for the fine-tuned model (HF layout) and metrics")
+      ->required();
+  cmd->add_option("--vocab", o->vocab)->capture_default_str();
+  cmd->add_option("--max-seq-len", o->max_seq_len)->capture_default_str();
+  cmd->add_option("--batch-rows", o->rows_per_batch, "Packs (or rows) per step")
+      ->capture_default_str();
+  cmd->add_option("--epochs", o->epochs)->capture_default_str();
+  cmd->add_option("--lr", o->lr)->capture_default_str();
+  cmd->add_option("--warmup", o->warmup_steps)->capture_default_str();
+  cmd->add_option("--seed", o->seed)->capture_default_str();
+  cmd->add_flag("--no-pack", *no_pack, "One example per row");
+  cmd->callback([o, task, no_pack] {
+    if (*task != "classify")
+      throw InputError(
+          "--task: only 'classify' is available (SQuAD span fine-tuning is not built yet)");
+    train::FinetuneOptions opt = *o;
+    opt.packed = !*no_pack;
+    train::FinetuneResult r = train::finetune_classifier(opt);
+    Table t({"epoch", "dev accuracy", "majority baseline"});
+    for (size_t e = 0; e < r.dev_accuracy.size(); ++e)
+      t.add_row(
+          {std::to_string(e + 1), fixed(r.dev_accuracy[e], 4), fixed(r.majority_baseline, 4)});
+    t.print(std::cout);
+    std::cout << r.num_labels << " labels, " << r.steps << " steps; model in " << opt.out_dir
+              << '\n';
+  });
+}
+
+}  // namespace packbert::cli

@@ -13,6 +13,7 @@ void register_prepare(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_gcide(CLI::App& app);
 void register_pretrain(CLI::App& app);  // also eval and export
+void register_finetune(CLI::App& app);
 // Commands whose success is not just "no exception" set exit_code (1 = checked and failed).
 void register_check_golden(CLI::App& app, int& exit_code);
 

@@ -18,6 +18,7 @@ int run(int argc, char** argv) {
   register_inspect(app);
   register_gcide(app);
   register_pretrain(app);
+  register_finetune(app);
   int exit_code = 0;
   register_check_golden(app, exit_code);
   try {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -138,6 +139,45 @@ std::string gcide_to_text(const std::string& index_path, const std::string& dict
   }
   if (entries) *entries = n;
   return out;
+}
+
+void gcide_pos_tsv(const std::string& corpus_text, std::string& train, std::string& dev) {
+  train = dev = "label\tsentence\n";
+  std::istringstream in(corpus_text);
+  std::string line;
+  bool first = true;
+  size_t n = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) {
+      first = true;
+      continue;
+    }
+    if (!first) continue;
+    first = false;
+    // "Headword ..., pos. Definition": the first part-of-speech marker within the head.
+    static const std::pair<const char*, const char*> kPos[] = {
+        {" n. ", "n"},     {" v. t. ", "v"}, {" v. i. ", "v"}, {" v. ", "v"},
+        {" adj. ", "adj"}, {" a. ", "adj"},  {" adv. ", "adv"}};
+    size_t best = std::string::npos;
+    const char* label = nullptr;
+    size_t marker = 0;
+    for (auto [m, l] : kPos) {
+      size_t at = line.find(m);
+      if (at != std::string::npos && at < 60 && at < best)
+        best = at, label = l, marker = std::strlen(m);
+    }
+    if (!label) continue;
+    std::string text = line.substr(best + marker);
+    // Drop a leading sense number ("1. ") and anything that is not the definition's words.
+    while (!text.empty() &&
+           (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.' || text[0] == ' '))
+      text.erase(text.begin());
+    for (char& c : text)
+      if (c == '\t') c = ' ';
+    if (text.size() < 8) continue;
+    if (text.size() > 300) text.resize(300);
+    ((n++ % 10 == 9) ? dev : train) += std::string(label) + "\t" + text + "\n";
+  }
 }
 
 }  // namespace packbert::data

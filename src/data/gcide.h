@@ -15,4 +15,9 @@ namespace packbert::data {
 std::string gcide_to_text(const std::string& index_path, const std::string& dict_path,
                           size_t* entries = nullptr);
 
+// A classification task built from the converted corpus (gcide_to_text's output): the part of
+// speech of an entry (n, v, adj, adv) from its first definition, as TSV with header
+// "label<TAB>sentence". Every tenth entry goes to `dev`, the rest to `train`.
+void gcide_pos_tsv(const std::string& corpus_text, std::string& train, std::string& dev);
+
 }  // namespace packbert::data

@@ -1,0 +1,279 @@
+#include "train/finetune.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "error.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+#include "pack/assign.h"
+#include "pack/plan.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+namespace packbert::train {
+
+namespace {
+
+std::vector<std::string> split_tabs(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : line) {
+    if (c == '\t')
+      out.push_back(std::move(cur)), cur.clear();
+    else if (c != '\r')
+      cur += c;
+  }
+  out.push_back(std::move(cur));
+  return out;
+}
+
+// Model for fine-tuning: weights from `init` (HF directory or checkpoint), classifier fresh when
+// the source has none.
+std::unique_ptr<model::BertModel<float>> classifier_from(const std::string& init, int num_labels,
+                                                         uint64_t seed) {
+  namespace fs = std::filesystem;
+  model::BertConfig c;
+  std::unique_ptr<io::SafetensorsFile> f;
+  if (fs::is_directory(init)) {
+    std::ifstream cf(init + "/config.json");
+    if (!cf)
+      throw InputError(init + "/config.json: cannot open (not a Hugging Face model directory?)");
+    c = model::config_from_json(nlohmann::json::parse(cf, nullptr, false), init + "/config.json");
+    f = std::make_unique<io::SafetensorsFile>(
+        io::SafetensorsFile::read(init + "/model.safetensors"));
+  } else {
+    f = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::read(init));
+    auto it = f->metadata().find("config");
+    if (it == f->metadata().end()) throw InputError(init + ": no 'config' in the metadata");
+    c = model::config_from_json(nlohmann::json::parse(it->second, nullptr, false),
+                                init + " (config)");
+  }
+  c.num_labels = num_labels;
+  model::Heads heads;
+  heads.pretraining = false;
+  heads.classifier = true;
+  auto m = std::make_unique<model::BertModel<float>>(c, heads);
+  model::init_params(m->layout(), m->params().data(), seed);
+  for (const model::TensorSpec& t : m->layout().tensors()) {
+    if (t.name.rfind("classifier.", 0) == 0 && !f->has(t.name)) continue;  // fresh head
+    auto v = f->floats(t.name, &t.shape);
+    std::copy(v.begin(), v.end(), m->params().begin() + static_cast<long>(t.offset));
+  }
+  return m;
+}
+
+struct Rows {
+  std::vector<std::vector<int64_t>> rows;  // example ids per row
+};
+
+Rows make_rows(const std::vector<ClassifyExample>& ex, int max_len, bool packed, uint64_t seed) {
+  Rows r;
+  if (!packed) {
+    for (size_t i = 0; i < ex.size(); ++i) r.rows.push_back({static_cast<int64_t>(i)});
+    return r;
+  }
+  std::vector<int> lengths;
+  for (const auto& e : ex) lengths.push_back(static_cast<int>(e.tokens.size()));
+  pack::PackOptions po;
+  po.max_len = max_len;
+  pack::PackPlan plan =
+      pack::run_packer(pack::Algo::lpfhp, pack::histogram_of(lengths, max_len), po);
+  pack::PackAssignment a = pack::assign_sequences(plan, lengths, seed);
+  for (int64_t p = 0; p < a.packs(); ++p)
+    r.rows.emplace_back(a.ids.begin() + a.offsets[p], a.ids.begin() + a.offsets[p + 1]);
+  return r;
+}
+
+model::PackedBatch make_batch(const std::vector<ClassifyExample>& ex,
+                              const std::vector<std::vector<int64_t>>& rows, int S) {
+  model::PackedBatch b;
+  b.B = static_cast<int>(rows.size());
+  b.S = S;
+  b.K = 1;
+  for (const auto& r : rows) b.K = std::max(b.K, static_cast<int>(r.size()));
+  const size_t n = static_cast<size_t>(b.B) * S;
+  b.input_ids.assign(n, 0);
+  b.token_type_ids.assign(n, 0);
+  b.position_ids.assign(n, 0);
+  b.sequence_ids.assign(n, 0);
+  b.mlm_labels.assign(n, -100);
+  b.nsp_labels.assign(static_cast<size_t>(b.B) * b.K, -100);
+  for (int p = 0; p < b.B; ++p) {
+    int o = 0;
+    for (size_t k = 0; k < rows[p].size(); ++k) {
+      const ClassifyExample& e = ex[rows[p][k]];
+      for (size_t i = 0; i < e.tokens.size(); ++i) {
+        size_t s = static_cast<size_t>(p) * S + o + i;
+        b.input_ids[s] = e.tokens[i];
+        b.token_type_ids[s] = static_cast<int32_t>(i) >= e.b_start;
+        b.position_ids[s] = static_cast<int32_t>(i);
+        b.sequence_ids[s] = static_cast<int32_t>(k) + 1;
+      }
+      b.class_labels.push_back(e.label);
+      o += static_cast<int>(e.tokens.size());
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+std::vector<ClassifyExample> read_classification_tsv(const std::string& path,
+                                                     const data::Tokenizer& tok, int max_seq_len,
+                                                     std::map<std::string, int32_t>& labels,
+                                                     bool grow_labels) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open for reading");
+  std::string line;
+  if (!std::getline(in, line)) throw InputError(path + ": empty file (expected a header line)");
+  std::vector<std::string> head = split_tabs(line);
+  auto col = [&](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      for (size_t i = 0; i < head.size(); ++i)
+        if (head[i] == n) return static_cast<int>(i);
+    return -1;
+  };
+  const int c_label = col({"label"}), c_a = col({"sentence", "sentence1", "text", "text_a"}),
+            c_b = col({"sentence2", "text_b"});
+  if (c_label < 0 || c_a < 0)
+    throw InputError(
+        path + ":1: header needs a 'label' and a 'sentence' (or sentence1/text/text_a) column");
+  std::vector<ClassifyExample> out;
+  int line_no = 1;
+  const data::Vocab& v = tok.vocab();
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty() || line == "\r") continue;
+    std::vector<std::string> f = split_tabs(line);
+    const int need = std::max({c_label, c_a, c_b});
+    if (static_cast<int>(f.size()) <= need)
+      throw InputError(path + ":" + std::to_string(line_no) + ": " + std::to_string(f.size()) +
+                       " columns, the header has " + std::to_string(head.size()));
+    auto it = labels.find(f[c_label]);
+    if (it == labels.end()) {
+      if (!grow_labels)
+        throw InputError(path + ":" + std::to_string(line_no) + ": label '" + f[c_label] +
+                         "' not seen in training");
+      it = labels.emplace(f[c_label], static_cast<int32_t>(labels.size())).first;
+    }
+    std::vector<int32_t> a = tok.encode(f[c_a]), b;
+    if (c_b >= 0) b = tok.encode(f[c_b]);
+    const size_t budget = static_cast<size_t>(max_seq_len) - (c_b >= 0 ? 3 : 2);
+    while (a.size() + b.size() > budget) (a.size() > b.size() ? a : b).pop_back();
+    ClassifyExample e;
+    e.label = it->second;
+    e.tokens.push_back(v.cls());
+    e.tokens.insert(e.tokens.end(), a.begin(), a.end());
+    e.tokens.push_back(v.sep());
+    e.b_start = static_cast<int32_t>(e.tokens.size());
+    if (c_b >= 0) {
+      e.tokens.insert(e.tokens.end(), b.begin(), b.end());
+      e.tokens.push_back(v.sep());
+    }
+    out.push_back(std::move(e));
+  }
+  if (out.empty()) throw InputError(path + ": no examples");
+  return out;
+}
+
+FinetuneResult finetune_classifier(const FinetuneOptions& o) {
+  if (o.epochs < 1) throw InputError("--epochs must be at least 1");
+  if (!(std::isfinite(o.lr) && o.lr > 0)) throw InputError("--lr must be a positive finite number");
+  if (o.max_seq_len < 8) throw InputError("--max-seq-len must be at least 8");
+  data::Vocab vocab = data::Vocab::load(o.vocab);
+  data::Tokenizer tok(vocab, true);
+  std::map<std::string, int32_t> labels;
+  std::vector<ClassifyExample> train =
+      read_classification_tsv(o.train, tok, o.max_seq_len, labels, true);
+  std::vector<ClassifyExample> dev =
+      read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false);
+  FinetuneResult res;
+  res.num_labels = static_cast<int>(labels.size());
+  if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
+  auto m = classifier_from(o.init, res.num_labels, o.seed);
+  if (m->config().vocab_size != vocab.size())
+    throw InputError(o.init + ": vocab_size " + std::to_string(m->config().vocab_size) +
+                     " differs from " + o.vocab);
+  if (m->config().max_position_embeddings < o.max_seq_len)
+    throw InputError("--max-seq-len " + std::to_string(o.max_seq_len) +
+                     " exceeds the model's max_position_embeddings");
+  std::vector<int64_t> per_label(res.num_labels, 0);
+  for (const auto& e : train) ++per_label[e.label];
+  int32_t majority = static_cast<int32_t>(std::max_element(per_label.begin(), per_label.end()) -
+                                          per_label.begin());
+  int64_t maj_ok = 0;
+  for (const auto& e : dev) maj_ok += e.label == majority;
+  res.majority_baseline = static_cast<double>(maj_ok) / static_cast<double>(dev.size());
+
+  Rows tr = make_rows(train, o.max_seq_len, o.packed, o.seed),
+       dv = make_rows(dev, o.max_seq_len, o.packed, o.seed);
+  const int64_t batches =
+      (static_cast<int64_t>(tr.rows.size()) + o.rows_per_batch - 1) / o.rows_per_batch;
+  const int64_t total = batches * o.epochs;
+  OptimizerConfig oc;
+  oc.kind = OptimizerKind::adamw;
+  Optimizer opt(m->layout(), oc);
+  std::filesystem::create_directories(o.out_dir);
+  std::ofstream log(o.out_dir + "/metrics.jsonl", std::ios::app);
+  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    std::vector<size_t> order(tr.rows.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    pack::SplitMix64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(epoch));
+    pack::shuffle(order, rng);
+    for (int64_t b = 0; b < batches; ++b) {
+      std::vector<std::vector<int64_t>> rows;
+      for (int64_t r = b * o.rows_per_batch;
+           r < std::min<int64_t>((b + 1) * o.rows_per_batch, static_cast<int64_t>(order.size()));
+           ++r)
+        rows.push_back(tr.rows[order[r]]);
+      model::Outputs out = m->forward(make_batch(train, rows, o.max_seq_len),
+                                      {true, o.seed, static_cast<uint64_t>(res.steps)});
+      m->zero_grads();
+      m->backward();
+      double norm = clip_grad_norm(m->grads().data(), m->grads().size(), 1.0);
+      double lr = learning_rate(o.lr, res.steps, o.warmup_steps, total);
+      if (std::isfinite(out.cls_loss) && std::isfinite(norm))
+        opt.step(m->params().data(), m->grads().data(), lr);
+      log << nlohmann::json{{"type", "step"},
+                            {"step", res.steps},
+                            {"epoch", epoch},
+                            {"loss", out.cls_loss},
+                            {"acc", out.cls_count
+                                        ? static_cast<double>(out.cls_correct) / out.cls_count
+                                        : 0.0},
+                            {"lr", lr}}
+                 .dump()
+          << std::endl;
+      ++res.steps;
+    }
+    int64_t ok = 0, n = 0;
+    for (size_t b = 0; b < dv.rows.size(); b += static_cast<size_t>(o.rows_per_batch)) {
+      std::vector<std::vector<int64_t>> rows(
+          dv.rows.begin() + static_cast<long>(b),
+          dv.rows.begin() + static_cast<long>(std::min(dv.rows.size(), b + o.rows_per_batch)));
+      model::Outputs out = m->forward(make_batch(dev, rows, o.max_seq_len), model::StepOptions{});
+      ok += out.cls_correct;
+      n += out.cls_count;
+    }
+    res.dev_accuracy.push_back(n ? static_cast<double>(ok) / static_cast<double>(n) : 0.0);
+    log << nlohmann::json{{"type", "eval"},
+                          {"epoch", epoch},
+                          {"step", res.steps},
+                          {"dev_acc", res.dev_accuracy.back()},
+                          {"majority_baseline", res.majority_baseline}}
+               .dump()
+        << std::endl;
+  }
+  export_model(*m, o.out_dir, o.vocab);
+  nlohmann::json lj = nlohmann::json::object();
+  for (auto& [name, id] : labels) lj[name] = id;
+  io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");
+  return res;
+}
+
+}  // namespace packbert::train
