@@ -77,19 +77,10 @@ int main(int argc, char** argv) {
                                          pack::histogram_of(lengths, max_len), po);
   pack::PackAssignment rows = pack::assign_sequences(plan, lengths, 1);
 
-  model::PackedBatch b;
-  b.B = static_cast<int>(rows.packs());
-  b.S = max_len;
-  b.K = 0;
+  int K = 0;
   for (int64_t p = 0; p < rows.packs(); ++p)
-    b.K = std::max<int>(b.K, static_cast<int>(rows.offsets[p + 1] - rows.offsets[p]));
-  size_t n = static_cast<size_t>(b.B) * b.S;
-  b.input_ids.assign(n, 0);
-  b.token_type_ids.assign(n, 0);
-  b.position_ids.assign(n, 0);
-  b.sequence_ids.assign(n, 0);
-  b.mlm_labels.assign(n, -100);
-  b.nsp_labels.assign(static_cast<size_t>(b.B) * b.K, -100);
+    K = std::max<int>(K, static_cast<int>(rows.offsets[p + 1] - rows.offsets[p]));
+  model::PackedBatch b = model::empty_batch(static_cast<int>(rows.packs()), max_len, K);
   std::mt19937 rng(7);
   int64_t real_tokens = 0, masked = 0;
   for (int64_t p = 0; p < rows.packs(); ++p) {

@@ -45,18 +45,9 @@ BertConfig tiny_config() {
 PackedBatch make_batch(const std::vector<std::vector<int>>& packs, int S, int vocab,
                        uint32_t seed) {
   std::mt19937 rng(seed);
-  PackedBatch b;
-  b.B = static_cast<int>(packs.size());
-  b.S = S;
-  b.K = 0;
-  for (auto& p : packs) b.K = std::max(b.K, static_cast<int>(p.size()));
-  size_t n = static_cast<size_t>(b.B) * S;
-  b.input_ids.assign(n, 0);
-  b.token_type_ids.assign(n, 0);
-  b.position_ids.assign(n, 0);
-  b.sequence_ids.assign(n, 0);
-  b.mlm_labels.assign(n, -100);
-  b.nsp_labels.assign(static_cast<size_t>(b.B) * b.K, -100);
+  int K = 0;
+  for (auto& p : packs) K = std::max(K, static_cast<int>(p.size()));
+  PackedBatch b = empty_batch(static_cast<int>(packs.size()), S, K);
   for (int p = 0; p < b.B; ++p) {
     int o = 0;
     for (size_t k = 0; k < packs[p].size(); ++k) {
@@ -133,16 +124,8 @@ TEST(ModelPacking, PackedEqualsOnePerRow) {
   std::vector<int> lengths = {5, 3, 7, 2, 6, 4};
   PackedBatch packed = make_batch({{5, 3, 7}, {2, 6, 4}}, 16, c.vocab_size, 21);
   // One per row: copy each sequence into its own row of length 7.
-  PackedBatch rows;
-  rows.B = 6;
-  rows.S = 7;
-  rows.K = 1;
-  size_t n = 6 * 7;
-  rows.input_ids.assign(n, 0);
-  rows.token_type_ids.assign(n, 0);
-  rows.position_ids.assign(n, 0);
-  rows.sequence_ids.assign(n, 0);
-  rows.mlm_labels.assign(n, -100);
+  PackedBatch rows = empty_batch(6, 7, 1);
+  rows.nsp_labels.clear();  // filled in sequence order below
   int r = 0;
   for (int p = 0; p < 2; ++p) {
     int o = 0;

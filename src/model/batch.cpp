@@ -4,6 +4,21 @@
 
 namespace packbert::model {
 
+PackedBatch empty_batch(int B, int S, int K, int32_t pad_id) {
+  PackedBatch b;
+  b.B = B;
+  b.S = S;
+  b.K = K;
+  const size_t n = static_cast<size_t>(B) * S;
+  b.input_ids.assign(n, pad_id);
+  b.token_type_ids.assign(n, 0);
+  b.position_ids.assign(n, 0);
+  b.sequence_ids.assign(n, 0);
+  b.mlm_labels.assign(n, -100);
+  b.nsp_labels.assign(static_cast<size_t>(B) * K, -100);
+  return b;
+}
+
 TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
   const size_t slots = static_cast<size_t>(b.B) * b.S;
   auto check_size = [&](const std::vector<int32_t>& v, size_t n, const char* name) {

@@ -21,6 +21,10 @@ struct PackedBatch {
   std::vector<int32_t> span_starts, span_ends;  // [n_seq] token index in sequence (optional)
 };
 
+// B rows of S padding slots (ids 0, no labels) with room for K sequences per row: the start
+// every producer of batches fills in.
+PackedBatch empty_batch(int B, int S, int K, int32_t pad_id = 0);
+
 // Where the real tokens are: the engine computes on these T tokens only, never on padding.
 struct TokenLayout {
   std::vector<int32_t> slot;        // [T] index into the B*S slots

@@ -91,18 +91,9 @@ Rows make_rows(const std::vector<ClassifyExample>& ex, int max_len, bool packed,
 
 model::PackedBatch make_batch(const std::vector<ClassifyExample>& ex,
                               const std::vector<std::vector<int64_t>>& rows, int S) {
-  model::PackedBatch b;
-  b.B = static_cast<int>(rows.size());
-  b.S = S;
-  b.K = 1;
-  for (const auto& r : rows) b.K = std::max(b.K, static_cast<int>(r.size()));
-  const size_t n = static_cast<size_t>(b.B) * S;
-  b.input_ids.assign(n, 0);
-  b.token_type_ids.assign(n, 0);
-  b.position_ids.assign(n, 0);
-  b.sequence_ids.assign(n, 0);
-  b.mlm_labels.assign(n, -100);
-  b.nsp_labels.assign(static_cast<size_t>(b.B) * b.K, -100);
+  int K = 1;
+  for (const auto& r : rows) K = std::max(K, static_cast<int>(r.size()));
+  model::PackedBatch b = model::empty_batch(static_cast<int>(rows.size()), S, K);
   for (int p = 0; p < b.B; ++p) {
     int o = 0;
     for (size_t k = 0; k < rows[p].size(); ++k) {

@@ -85,17 +85,8 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
   }
   const bool pad_compute = opt_.compute_padding && !packs_;
   if (pad_compute) K = 2;
-  model::PackedBatch b;
-  b.B = static_cast<int>(rows.size());
-  b.S = slots_;
-  b.K = K;
-  const size_t n = static_cast<size_t>(b.B) * b.S;
-  b.input_ids.assign(n, vocab_ ? vocab_->pad() : 0);
-  b.token_type_ids.assign(n, 0);
-  b.position_ids.assign(n, 0);
-  b.sequence_ids.assign(n, 0);
-  b.mlm_labels.assign(n, -100);
-  b.nsp_labels.assign(static_cast<size_t>(b.B) * K, -100);
+  model::PackedBatch b =
+      model::empty_batch(static_cast<int>(rows.size()), slots_, K, vocab_ ? vocab_->pad() : 0);
   for (int p = 0; p < b.B; ++p) {
     int o = 0;
     for (size_t k = 0; k < rows[p].size(); ++k) {
