@@ -124,14 +124,14 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
     std::vector<T> tmp(TC);
     linear_forward(tmp.data(), a.att.data(), w.attn_out_w, w.attn_out_b, Tn, C, C);
     dropout(a.r1.data(), tmp.data(), TC, l, kAttnOut);
-    for (size_t i = 0; i < TC; ++i) a.r1[i] += x[i];
+    residual_forward(a.r1.data(), a.r1.data(), x, static_cast<int64_t>(TC));
     layernorm_forward(a.h1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), a.r1.data(), w.ln1_w,
                       w.ln1_b, Tn, C, static_cast<T>(c.layer_norm_eps));
     linear_forward(a.inter.data(), a.h1.data(), w.inter_w, w.inter_b, Tn, C, I);
     gelu_forward(a.gelu.data(), a.inter.data(), static_cast<int64_t>(Tn) * I);
     linear_forward(tmp.data(), a.gelu.data(), w.out_w, w.out_b, Tn, I, C);
     dropout(a.r2.data(), tmp.data(), TC, l, kFfnOut);
-    for (size_t i = 0; i < TC; ++i) a.r2[i] += a.h1[i];
+    residual_forward(a.r2.data(), a.r2.data(), a.h1.data(), static_cast<int64_t>(TC));
     layernorm_forward(hidden_[l + 1].data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.r2.data(),
                       w.ln2_w, w.ln2_b, Tn, C, static_cast<T>(c.layer_norm_eps));
   }
