@@ -9,6 +9,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
+#include "kernels/fastmath.h"
 #include "kernels/layers.h"
 
 namespace packbert::kernels {
@@ -214,6 +215,28 @@ TEST(KernelDropout, MaskIsDeterministicThreadIndependentAndUnbiased) {
   EXPECT_EQ(d, a);  // backward uses the forward's mask
   dropout_forward(b.data(), x.data(), n, 0.1, 42, dropout_key(4, 1, 2));
   EXPECT_NE(a, b);  // another step, another mask
+}
+
+TEST(KernelDropout, IntegerMaskEqualsUniformThreshold) {
+  // The vectorised integer test must make exactly the decisions of dropout_uniform(...) >= p,
+  // including p whose scaled value is not an integer and the extremes.
+  for (double p : {0.0, 0.1, 0.5, 1.0 / 3.0, 0.999}) {
+    const DropoutMask mask(7, dropout_key(5, 2, 1), p);
+    for (uint64_t i = 0; i < 20000; ++i)
+      ASSERT_EQ(mask.keep(i), dropout_uniform(7, dropout_key(5, 2, 1), i) >= p) << p << " " << i;
+  }
+}
+
+TEST(KernelPrecision, FastExpAndErfAreAccurate) {
+  double worst_exp = 0, worst_erf = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.01171875f) {
+    const double e = std::exp(static_cast<double>(x));
+    worst_exp = std::max(worst_exp, std::abs(exp_fast(x) - e) / e);
+  }
+  for (float x = -6.0f; x <= 6.0f; x += 0.001953125f)
+    worst_erf = std::max(worst_erf, std::abs(erf_fast(x) - std::erf(static_cast<double>(x))));
+  EXPECT_LT(worst_exp, 5e-7);  // a few float ulps
+  EXPECT_LT(worst_erf, 5e-7);  // A&S 7.1.26 bound (1.5e-7) plus float rounding near 1
 }
 
 TEST(KernelPrecision, FloatAgreesWithDouble) {

@@ -3,14 +3,40 @@
 // therefore do not depend on thread count, and a recomputed layer draws the same mask.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace packbert::kernels {
 
+// splitmix64's finaliser: a strong 64-bit bijection.
+inline uint64_t dropout_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 // A key naming one dropout site at one training step.
 uint64_t dropout_key(uint64_t step, uint32_t layer, uint32_t site);
-// Uniform in [0, 1) for element i of stream (seed, key).
-double dropout_uniform(uint64_t seed, uint64_t key, uint64_t i);
+
+// Uniform in [0, 1) for element i of stream (seed, key): the top 53 bits of
+// mix(mix(seed ^ key) + i * golden) scaled by 2^-53.
+inline double dropout_uniform(uint64_t seed, uint64_t key, uint64_t i) {
+  const uint64_t h = dropout_mix(dropout_mix(seed ^ key) + i * 0x9e3779b97f4a7c15ULL);
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
+// One stream's keep decisions without floating point: keep(i) == (dropout_uniform(...) >= p)
+// exactly, since u >= p <=> (h >> 11) >= ceil(p * 2^53) for the integer h >> 11. The loop form
+// vectorises (AVX-512's 64-bit multiplies).
+struct DropoutMask {
+  uint64_t base, threshold;
+  DropoutMask(uint64_t seed, uint64_t key, double p)
+      : base(dropout_mix(seed ^ key)),
+        threshold(static_cast<uint64_t>(std::ceil(std::ldexp(p, 53)))) {}
+  bool keep(uint64_t i) const {
+    return (dropout_mix(base + i * 0x9e3779b97f4a7c15ULL) >> 11) >= threshold;
+  }
+};
 
 // out[i] = keep(i) ? inp[i] / (1 - p) : 0. p in [0, 1).
 template <typename T>

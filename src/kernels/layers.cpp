@@ -1,14 +1,31 @@
 #include "kernels/layers.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/fastmath.h"
 #include "kernels/gemm.h"
 
 namespace packbert::kernels {
+
+namespace {
+
+// Reductions over rows (bias and LayerNorm parameter gradients) run per block of adjacent
+// columns: rows outer, columns inner, so memory is read in order and the inner loop vectorises,
+// while each column still sums its rows in order in one thread (deterministic).
+constexpr int kColumnBlock = 64;
+
+template <typename F>
+void column_blocks(int C, F body) {
+  const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int b = 0; b < blocks; ++b)
+    body(b * kColumnBlock, std::min(kColumnBlock, C - b * kColumnBlock));
+}
+
+}  // namespace
 
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
@@ -52,39 +69,52 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
       d[c] += (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * rstd[n];
     }
   }
-  // Parameter gradients reduce over rows: parallel over channels, no races.
-#pragma omp parallel for schedule(static)
-  for (int c = 0; c < C; ++c) {
-    T dw = 0, db = 0;
+  // Parameter gradients reduce over rows.
+  column_blocks(C, [&](int c0, int w) {
+    T dw[kColumnBlock] = {}, db[kColumnBlock] = {};
     for (int n = 0; n < N; ++n) {
-      T g = dout[static_cast<int64_t>(n) * C + c];
-      dw += g * (inp[static_cast<int64_t>(n) * C + c] - mean[n]) * rstd[n];
-      db += g;
+      const T* g = dout + static_cast<int64_t>(n) * C + c0;
+      const T* x = inp + static_cast<int64_t>(n) * C + c0;
+      const T m = mean[n], s = rstd[n];
+      for (int j = 0; j < w; ++j) {
+        dw[j] += g[j] * (x[j] - m) * s;
+        db[j] += g[j];
+      }
     }
-    dweight[c] += dw;
-    dbias[c] += db;
-  }
+    for (int j = 0; j < w; ++j) {
+      dweight[c0 + j] += dw[j];
+      dbias[c0 + j] += db[j];
+    }
+  });
 }
 
 namespace {
 
-// Branch-free float exp and erf that GCC vectorises (libm's erff/expf are scalar calls).
-// exp: Cody-Waite reduction by ln 2 and a degree-6 polynomial, ~2 ulp on [-87, 88].
-inline float exp_fast(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = std::floor(x * 1.44269504089f + 0.5f);
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  const float p =
-      1.0f + r * (1.0f + r * (0.5f + r * (0.1666666716f + r * (0.04166662f + r * (0.008333452f + r * 0.001388889f)))));
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+// Elementwise loops run as one contiguous block per thread around a plain inner loop: GCC does not
+// vectorise these bodies under `omp parallel for simd` ("no vectype"), but does in a function
+// over restrict pointers.
+template <typename F>
+void parallel_blocks(int64_t n, F body) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) body(b * kBlock, std::min(n, (b + 1) * kBlock));
 }
 
-// erf: Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7, below float resolution near 1).
-inline float erf_fast(float x) {
-  const float a = std::abs(x), t = 1.0f / (1.0f + 0.3275911f * a);
-  const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  const float y = 1.0f - poly * exp_fast(-a * a);
-  return std::copysign(y, x);
+constexpr float kInvSqrt2 = 0.70710678118654752440f, kInvSqrt2Pi = 0.39894228040143267794f;
+
+void gelu_forward_block(float* __restrict out, const float* __restrict inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + erf_fast(inp[i] * kInvSqrt2));
+}
+
+void gelu_backward_block(float* __restrict dinp, const float* __restrict inp,
+                         const float* __restrict dout, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float cdf = 0.5f * (1.0f + erf_fast(x * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * exp_fast(-0.5f * x * x);
+    dinp[i] += dout[i] * (cdf + x * pdf);
+  }
 }
 
 }  // namespace
@@ -93,11 +123,10 @@ inline float erf_fast(float x) {
 // whose error (< 1.5e-7 absolute) is below float resolution for the results.
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
-  const T inv_sqrt2 = T(0.70710678118654752440);
   if constexpr (std::is_same_v<T, float>) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + erf_fast(inp[i] * inv_sqrt2));
+    parallel_blocks(n, [&](int64_t a, int64_t b) { gelu_forward_block(out + a, inp + a, b - a); });
   } else {
+    const T inv_sqrt2 = T(0.70710678118654752440);
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = T(0.5) * inp[i] * (T(1) + std::erf(inp[i] * inv_sqrt2));
   }
@@ -105,17 +134,13 @@ void gelu_forward(T* out, const T* inp, int64_t n) {
 
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
-  const T inv_sqrt2 = T(0.70710678118654752440);
-  const T inv_sqrt2pi = T(0.39894228040143267794);
   if constexpr (std::is_same_v<T, float>) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = inp[i];
-      const float cdf = 0.5f * (1.0f + erf_fast(x * inv_sqrt2));
-      const float pdf = inv_sqrt2pi * exp_fast(-0.5f * x * x);
-      dinp[i] += dout[i] * (cdf + x * pdf);
-    }
+    parallel_blocks(n, [&](int64_t a, int64_t b) {
+      gelu_backward_block(dinp + a, inp + a, dout + a, b - a);
+    });
   } else {
+    const T inv_sqrt2 = T(0.70710678118654752440);
+    const T inv_sqrt2pi = T(0.39894228040143267794);
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       T x = inp[i];
@@ -141,12 +166,14 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   if (dinp) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
   gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (!dbias) return;
-#pragma omp parallel for schedule(static)
-  for (int o = 0; o < OC; ++o) {
-    T s = 0;
-    for (int n = 0; n < N; ++n) s += dout[static_cast<int64_t>(n) * OC + o];
-    dbias[o] += s;
-  }
+  column_blocks(OC, [&](int c0, int w) {
+    T acc[kColumnBlock] = {};
+    for (int n = 0; n < N; ++n) {
+      const T* g = dout + static_cast<int64_t>(n) * OC + c0;
+      for (int j = 0; j < w; ++j) acc[j] += g[j];
+    }
+    for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
+  });
 }
 
 template <typename T>
