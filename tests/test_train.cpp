@@ -283,7 +283,7 @@ TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
   o.rows_per_batch = 4;
   o.epochs = 4;
   o.lr = 1e-2;
-  FinetuneResult r = finetune_classifier(o);
+  FinetuneResult r = finetune(o);
   ASSERT_EQ(r.dev_accuracy.size(), 4u);
   EXPECT_EQ(r.num_labels, 2);
   EXPECT_GT(r.dev_accuracy.back(), r.majority_baseline + 0.15)
@@ -293,10 +293,191 @@ TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
   // Dev labels must be known from training; columns must exist.
   std::ofstream(w.dir / "bad.tsv") << "label\tsentence\nmaybe\tw5 w6\n";
   o.dev = (w.dir / "bad.tsv").string();
-  EXPECT_THROW(finetune_classifier(o), InputError);
+  EXPECT_THROW(finetune(o), InputError);
   std::ofstream(w.dir / "nohead.tsv") << "yes\tw5\n";
   o.dev = (w.dir / "nohead.tsv").string();
-  EXPECT_THROW(finetune_classifier(o), InputError);
+  EXPECT_THROW(finetune(o), InputError);
+}
+
+}  // namespace
+}  // namespace packbert::train
+
+#include "train/squad.h"
+
+namespace packbert::train {
+namespace {
+
+const std::string kSquadTiny = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
+
+TEST(Squad, OfficialNormalisationExactMatchAndF1) {
+  EXPECT_EQ(squad_normalize("The  Denver Broncos!"), "denver broncos");
+  EXPECT_EQ(squad_normalize("an (apple), a pear"), "apple pear");
+  EXPECT_EQ(squad_exact_match("the Broncos", "Broncos."), 1.0);
+  EXPECT_EQ(squad_exact_match("Denver", "Broncos"), 0.0);
+  EXPECT_NEAR(squad_f1("Denver Broncos", "Broncos of Denver"), 0.8, 1e-12);  // p 1, r 2/3
+  EXPECT_NEAR(squad_f1("a b b", "b c"), 0.5, 1e-12);  // "a" is an article; one b in common
+  EXPECT_EQ(squad_f1("", "Denver"), 0.0);
+  std::vector<SquadExample> ex(2);
+  ex[0].answers = {{"2026", 0}, {"in 2026", 0}};
+  ex[1].answers = {{"three", 0}};
+  SquadScore s = squad_score(ex, {"In 2026", "four"});
+  EXPECT_DOUBLE_EQ(s.exact_match, 50.0);  // max over references, then mean, in %
+  EXPECT_DOUBLE_EQ(s.f1, 50.0);
+}
+
+TEST(Squad, WindowsCoverTheContextAndLocateAnswers) {
+  data::Vocab vocab = data::Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  data::Tokenizer tok(vocab, true);
+  std::vector<SquadExample> ex = read_squad(kSquadTiny);
+  ASSERT_EQ(ex.size(), 6u);
+  EXPECT_EQ(ex[1].id, "q2");
+  EXPECT_EQ(ex[1].answers.size(), 2u);
+  SquadOptions o;
+  o.max_seq_len = 40;
+  o.doc_stride = 8;
+  o.max_query_length = 6;
+  SquadFeatures f = squad_features(ex, tok, o, true);
+  EXPECT_EQ(f.unanswerable, 0);
+  std::vector<int> windows(ex.size(), 0), with_answer(ex.size(), 0);
+  for (const SquadFeature& ft : f.features) {
+    const SquadExample& e = ex[ft.example];
+    ++windows[ft.example];
+    ASSERT_LE(ft.tokens.size(), 40u);
+    EXPECT_EQ(ft.tokens.front(), vocab.cls());
+    EXPECT_EQ(ft.tokens.back(), vocab.sep());
+    EXPECT_EQ(ft.tokens[ft.doc_offset - 1], vocab.sep());
+    EXPECT_LE(ft.doc_offset, 6 + 2);  // the question was cut to max_query_length
+    if (ft.start == 0) {
+      EXPECT_EQ(ft.end, 0);  // answer not in this window: [CLS]
+      continue;
+    }
+    ++with_answer[ft.example];
+    // The located span is exactly the tokenised first answer ("2026", not "2026)").
+    std::vector<int32_t> span(ft.tokens.begin() + ft.start, ft.tokens.begin() + ft.end + 1);
+    EXPECT_EQ(span, tok.encode(e.answers[0].text)) << e.id;
+  }
+  for (size_t i = 0; i < ex.size(); ++i) {
+    EXPECT_GE(windows[i], 2) << ex[i].id;  // long contexts, short windows
+    EXPECT_GE(with_answer[i], 1) << ex[i].id;
+    // Every context piece is "max context" in exactly one window.
+    std::vector<int> owners(ex[i].pieces.size(), 0);
+    for (const SquadFeature& ft : f.features)
+      if (ft.example == static_cast<int64_t>(i))
+        for (size_t k = 0; k < ft.max_context.size(); ++k) owners[ft.doc_first + k] += ft.max_context[k];
+    for (int n : owners) EXPECT_EQ(n, 1);
+  }
+}
+
+TEST(Squad, PredictionsMapBackToTheOriginalText) {
+  data::Vocab vocab = data::Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  data::Tokenizer tok(vocab, true);
+  std::vector<SquadExample> ex = read_squad(kSquadTiny);
+  SquadOptions o;
+  o.max_seq_len = 48;
+  o.doc_stride = 16;
+  SquadFeatures train = squad_features(ex, tok, o, true);
+  SquadFeatures dev = squad_features(ex, tok, o, false);
+  ASSERT_EQ(train.features.size(), dev.features.size());
+  // Logits that peak on the located span of each window holding the answer.
+  std::vector<std::vector<float>> logits(dev.features.size());
+  for (size_t f = 0; f < dev.features.size(); ++f) {
+    EXPECT_EQ(dev.features[f].start, 0);  // no labels at evaluation
+    logits[f].assign(2 * dev.features[f].tokens.size(), 0.0f);
+    if (train.features[f].start > 0) {
+      logits[f][2 * train.features[f].start] = 5.0f;
+      logits[f][2 * train.features[f].end + 1] = 5.0f;
+    }
+  }
+  std::vector<std::string> pred = squad_predictions(ex, dev.features, logits, tok, o);
+  EXPECT_EQ(pred[0], "2026");  // not "(in 2026)" nor "2026)"
+  EXPECT_EQ(pred[2], "BERT encoders");
+  EXPECT_EQ(pred[3], "attend to each other");
+  SquadScore s = squad_score(ex, pred);
+  EXPECT_DOUBLE_EQ(s.exact_match, 100.0);
+  EXPECT_DOUBLE_EQ(s.f1, 100.0);
+  // Spans longer than max_answer_length are never predicted.
+  o.max_answer_length = 1;
+  pred = squad_predictions(ex, dev.features, logits, tok, o);
+  EXPECT_NE(pred[3], "attend to each other");
+}
+
+TEST(Squad, BadFilesNameTheProblem) {
+  World w;
+  auto expect_error = [&](const std::string& text, const std::string& needle) {
+    const std::string path = (w.dir / "bad.json").string();
+    std::ofstream(path) << text;
+    try {
+      read_squad(path);
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error("{\"data\": [", "not valid JSON");
+  expect_error("{\"data\": [{\"paragraphs\": [{\"context\": \"abc\", \"qas\": [{\"id\": \"x\"}]}]}]}",
+               "data[0].paragraphs[0].qas[0]: missing 'question'");
+  expect_error(
+      "{\"data\": [{\"paragraphs\": [{\"context\": \"abc\", \"qas\": [{\"id\": \"x\", "
+      "\"question\": \"q\", \"answers\": [{\"text\": \"bcd\", \"answer_start\": 1}]}]}]}]}",
+      "answers[0]: answer_start 1 + 3 characters is outside the context");
+  expect_error("{\"data\": [{\"paragraphs\": [{\"context\": 5}]}]}", "context: wrong type");
+}
+
+// The span head learns to point at a marker word, packed, through the public entry point.
+TEST(Finetune, SquadSpanHeadLearnsAMarkerWord) {
+  World w;
+  std::mt19937 rng(5);
+  auto squad = [&](int n, const std::string& prefix) {
+    nlohmann::json paragraphs = nlohmann::json::array();
+    for (int i = 0; i < n; ++i) {
+      std::string context;
+      int len = 8 + static_cast<int>(rng() % 30), at = static_cast<int>(rng() % len);
+      int64_t start = 0;
+      for (int k = 0; k < len; ++k) {
+        if (k) context += ' ';
+        if (k == at) start = static_cast<int64_t>(context.size());
+        context += k == at ? std::string("w3") : std::to_string(5 + rng() % 30).insert(0, 1, 'w');
+      }
+      paragraphs.push_back(
+          {{"context", context},
+           {"qas",
+            {{{"id", prefix + std::to_string(i)},
+              {"question", "w1 w2"},
+              {"answers", {{{"text", "w3"}, {"answer_start", start}}}}}}}});
+    }
+    return nlohmann::json{{"version", "1.1"}, {"data", {{{"paragraphs", paragraphs}}}}}.dump();
+  };
+  std::ofstream(w.dir / "train.json") << squad(300, "t");
+  std::ofstream(w.dir / "dev.json") << squad(60, "d");
+  FinetuneOptions o;
+  o.task = FinetuneTask::squad;
+  o.train = (w.dir / "train.json").string();
+  o.dev = (w.dir / "dev.json").string();
+  o.init = w.init;
+  o.vocab = w.vocab;
+  o.out_dir = (w.dir / "qa").string();
+  o.max_seq_len = 32;
+  o.squad.doc_stride = 8;
+  o.squad.max_query_length = 4;
+  o.rows_per_batch = 4;
+  o.epochs = 3;
+  o.lr = 1e-2;
+  FinetuneResult r = finetune(o);
+  ASSERT_EQ(r.dev_squad.size(), 3u);
+  EXPECT_GT(r.dev_sequences, 60);       // some contexts need two windows
+  EXPECT_LT(r.train_rows, r.train_sequences);  // packed
+  // Chance is about one word in twenty.
+  EXPECT_GT(r.dev_squad.back().exact_match, 60.0) << r.dev_squad.back().f1;
+  EXPECT_TRUE(fs::exists(o.out_dir + "/model.safetensors"));
+  std::ifstream pj(o.out_dir + "/predictions.json");
+  nlohmann::json p = nlohmann::json::parse(pj);
+  EXPECT_EQ(p.size(), 60u);
+  EXPECT_TRUE(p.contains("d0"));
+  // The fine-tuned model (with its qa_outputs head) is a valid --init for another run.
+  o.init = o.out_dir;
+  o.out_dir = (w.dir / "qa2").string();
+  o.epochs = 1;
+  EXPECT_NO_THROW(finetune(o));
 }
 
 }  // namespace

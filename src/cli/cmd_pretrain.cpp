@@ -160,7 +160,9 @@ void register_pretrain(CLI::App& app) {
   cmd->add_option("--eval-every", o->eval_every,
                   "Steps between held-out evaluations (0 = at the end)")
       ->capture_default_str();
-  cmd->add_option("--eval-fraction", o->eval_fraction, "Share of rows held out for evaluation")
+  cmd->add_option("--eval-fraction", o->eval_fraction,
+                  "Share of sequences held out for evaluation (the file's last; the same packed "
+                  "or padded)")
       ->capture_default_str();
   cmd->add_option("--nan-abort", o->nan_abort, "Abort after this many non-finite steps in a row")
       ->capture_default_str();
@@ -209,39 +211,65 @@ void register_finetune(CLI::App& app) {
   auto no_pack = std::make_shared<bool>(false);
   o->vocab = PACKBERT_DEFAULT_VOCAB;
   CLI::App* cmd = app.add_subcommand(
-      "finetune", "Fine-tune a classifier on TSV data (packed), report dev accuracy");
-  cmd->add_option("--task", *task, "classify (sequence or pair classification)")
-      ->capture_default_str();
-  cmd->add_option("--train", o->train, "TSV with a header: label, sentence[, sentence2]")
+      "finetune",
+      "Fine-tune a classifier on TSV data or a span extractor on SQuAD v1.1 JSON (packed), "
+      "report dev accuracy or exact match / F1");
+  cmd->add_option("--task", *task,
+                  "classify (sequence or pair classification, TSV) | squad (SQuAD v1.1 JSON)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"classify", "squad"}));
+  cmd->add_option("--train", o->train,
+                  "classify: TSV with a header (label, sentence[, sentence2]); squad: JSON")
       ->required();
-  cmd->add_option("--dev", o->dev, "TSV in the same format")->required();
+  cmd->add_option("--dev", o->dev, "The same format; squad writes its answers to predictions.json")
+      ->required();
   cmd->add_option("--init", o->init, "Pre-trained model: HF directory or packbert checkpoint")
       ->required();
   cmd->add_option("--out", o->out_dir, "Directory for the fine-tuned model (HF layout) and metrics")
       ->required();
   cmd->add_option("--vocab", o->vocab)->capture_default_str();
-  cmd->add_option("--max-seq-len", o->max_seq_len)->capture_default_str();
+  CLI::Option* len = cmd->add_option("--max-seq-len", o->max_seq_len,
+                                     "Tokens per sequence and per packed row (default 128; "
+                                     "squad 384)");
   cmd->add_option("--batch-rows", o->rows_per_batch, "Packs (or rows) per step")
       ->capture_default_str();
   cmd->add_option("--epochs", o->epochs)->capture_default_str();
   cmd->add_option("--lr", o->lr)->capture_default_str();
   cmd->add_option("--warmup", o->warmup_steps)->capture_default_str();
   cmd->add_option("--seed", o->seed)->capture_default_str();
+  cmd->add_option("--doc-stride", o->squad.doc_stride, "squad: step between context windows")
+      ->capture_default_str();
+  cmd->add_option("--max-query-length", o->squad.max_query_length,
+                  "squad: question tokens kept")
+      ->capture_default_str();
+  cmd->add_option("--max-answer-length", o->squad.max_answer_length,
+                  "squad: longest predicted answer, tokens")
+      ->capture_default_str();
   cmd->add_flag("--no-pack", *no_pack, "One example per row");
-  cmd->callback([o, task, no_pack] {
-    if (*task != "classify")
-      throw InputError(
-          "--task: only 'classify' is available (SQuAD span fine-tuning is not built yet)");
+  cmd->callback([o, task, no_pack, len] {
     train::FinetuneOptions opt = *o;
     opt.packed = !*no_pack;
-    train::FinetuneResult r = train::finetune_classifier(opt);
-    Table t({"epoch", "dev accuracy", "majority baseline"});
-    for (size_t e = 0; e < r.dev_accuracy.size(); ++e)
-      t.add_row(
-          {std::to_string(e + 1), fixed(r.dev_accuracy[e], 4), fixed(r.majority_baseline, 4)});
-    t.print(std::cout);
-    std::cout << r.num_labels << " labels, " << r.steps << " steps; model in " << opt.out_dir
-              << '\n';
+    opt.task = *task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
+    if (opt.task == train::FinetuneTask::squad && len->count() == 0) opt.max_seq_len = 384;
+    train::FinetuneResult r = train::finetune(opt);
+    if (opt.task == train::FinetuneTask::squad) {
+      Table t({"epoch", "dev exact match %", "dev F1 %"});
+      for (size_t e = 0; e < r.dev_squad.size(); ++e)
+        t.add_row({std::to_string(e + 1), fixed(r.dev_squad[e].exact_match, 2),
+                   fixed(r.dev_squad[e].f1, 2)});
+      t.print(std::cout);
+      std::cout << r.train_sequences << " training windows in " << r.train_rows << " rows";
+      if (r.skipped) std::cout << " (" << r.skipped << " questions skipped: answer not found)";
+    } else {
+      Table t({"epoch", "dev accuracy", "majority baseline"});
+      for (size_t e = 0; e < r.dev_accuracy.size(); ++e)
+        t.add_row(
+            {std::to_string(e + 1), fixed(r.dev_accuracy[e], 4), fixed(r.majority_baseline, 4)});
+      t.print(std::cout);
+      std::cout << r.num_labels << " labels, " << r.train_sequences << " examples in "
+                << r.train_rows << " rows";
+    }
+    std::cout << ", " << r.steps << " steps; model in " << opt.out_dir << '\n';
   });
 }
 

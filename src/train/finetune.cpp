@@ -32,10 +32,10 @@ std::vector<std::string> split_tabs(const std::string& line) {
   return out;
 }
 
-// Model for fine-tuning: weights from `init` (HF directory or checkpoint), classifier fresh when
-// the source has none.
-std::unique_ptr<model::BertModel<float>> classifier_from(const std::string& init, int num_labels,
-                                                         uint64_t seed) {
+// Model for fine-tuning: weights from `init` (HF directory or checkpoint); the task's head is
+// initialised fresh when the source has none.
+std::unique_ptr<model::BertModel<float>> model_from(const std::string& init, model::Heads heads,
+                                                    int num_labels, uint64_t seed) {
   namespace fs = std::filesystem;
   model::BertConfig c;
   std::unique_ptr<io::SafetensorsFile> f;
@@ -53,43 +53,56 @@ std::unique_ptr<model::BertModel<float>> classifier_from(const std::string& init
     c = model::config_from_json(nlohmann::json::parse(it->second, nullptr, false),
                                 init + " (config)");
   }
-  c.num_labels = num_labels;
-  model::Heads heads;
-  heads.pretraining = false;
-  heads.classifier = true;
+  if (num_labels > 0) c.num_labels = num_labels;
   auto m = std::make_unique<model::BertModel<float>>(c, heads);
   model::init_params(m->layout(), m->params().data(), seed);
   for (const model::TensorSpec& t : m->layout().tensors()) {
-    if (t.name.rfind("classifier.", 0) == 0 && !f->has(t.name)) continue;  // fresh head
+    const bool head = t.name.rfind("classifier.", 0) == 0 || t.name.rfind("qa_outputs.", 0) == 0;
+    if (head && !f->has(t.name)) continue;  // fresh head
     auto v = f->floats(t.name, &t.shape);
     std::copy(v.begin(), v.end(), m->params().begin() + static_cast<long>(t.offset));
   }
   return m;
 }
 
-struct Rows {
-  std::vector<std::vector<int64_t>> rows;  // example ids per row
-};
-
-Rows make_rows(const std::vector<ClassifyExample>& ex, int max_len, bool packed, uint64_t seed) {
-  Rows r;
+// Packs (or, unpacked, one per row) of sequence indices.
+std::vector<std::vector<int64_t>> make_rows(const std::vector<int>& lengths, int max_len,
+                                            bool packed, uint64_t seed) {
+  std::vector<std::vector<int64_t>> rows;
   if (!packed) {
-    for (size_t i = 0; i < ex.size(); ++i) r.rows.push_back({static_cast<int64_t>(i)});
-    return r;
+    for (size_t i = 0; i < lengths.size(); ++i) rows.push_back({static_cast<int64_t>(i)});
+    return rows;
   }
-  std::vector<int> lengths;
-  for (const auto& e : ex) lengths.push_back(static_cast<int>(e.tokens.size()));
   pack::PackOptions po;
   po.max_len = max_len;
   pack::PackPlan plan =
       pack::run_packer(pack::Algo::lpfhp, pack::histogram_of(lengths, max_len), po);
   pack::PackAssignment a = pack::assign_sequences(plan, lengths, seed);
   for (int64_t p = 0; p < a.packs(); ++p)
-    r.rows.emplace_back(a.ids.begin() + a.offsets[p], a.ids.begin() + a.offsets[p + 1]);
-  return r;
+    rows.emplace_back(a.ids.begin() + a.offsets[p], a.ids.begin() + a.offsets[p + 1]);
+  return rows;
 }
 
-model::PackedBatch make_batch(const std::vector<ClassifyExample>& ex,
+template <typename Seq>
+std::vector<int> lengths_of(const std::vector<Seq>& seqs) {
+  std::vector<int> out;
+  for (const Seq& e : seqs) out.push_back(static_cast<int>(e.tokens.size()));
+  return out;
+}
+
+// Where segment B (token type 1) starts, and the labels each kind of sequence carries.
+int32_t segment_b(const ClassifyExample& e) { return e.b_start; }
+int32_t segment_b(const SquadFeature& f) { return f.doc_offset; }
+void add_labels(model::PackedBatch& b, const ClassifyExample& e) {
+  b.class_labels.push_back(e.label);
+}
+void add_labels(model::PackedBatch& b, const SquadFeature& f) {
+  b.span_starts.push_back(f.start);
+  b.span_ends.push_back(f.end);
+}
+
+template <typename Seq>
+model::PackedBatch make_batch(const std::vector<Seq>& seqs,
                               const std::vector<std::vector<int64_t>>& rows, int S) {
   int K = 1;
   for (const auto& r : rows) K = std::max(K, static_cast<int>(r.size()));
@@ -97,19 +110,191 @@ model::PackedBatch make_batch(const std::vector<ClassifyExample>& ex,
   for (int p = 0; p < b.B; ++p) {
     int o = 0;
     for (size_t k = 0; k < rows[p].size(); ++k) {
-      const ClassifyExample& e = ex[rows[p][k]];
+      const Seq& e = seqs[rows[p][k]];
       for (size_t i = 0; i < e.tokens.size(); ++i) {
         size_t s = static_cast<size_t>(p) * S + o + i;
         b.input_ids[s] = e.tokens[i];
-        b.token_type_ids[s] = static_cast<int32_t>(i) >= e.b_start;
+        b.token_type_ids[s] = static_cast<int32_t>(i) >= segment_b(e);
         b.position_ids[s] = static_cast<int32_t>(i);
         b.sequence_ids[s] = static_cast<int32_t>(k) + 1;
       }
-      b.class_labels.push_back(e.label);
+      add_labels(b, e);
       o += static_cast<int>(e.tokens.size());
     }
   }
   return b;
+}
+
+// The training loop both tasks share: shuffled rows, AdamW with warmup and linear decay, norm
+// clipping at 1, a JSONL line per step, and `evaluate(epoch)` (which logs its own line) after
+// every epoch.
+template <typename Seq, typename Evaluate>
+void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o, const std::vector<Seq>& seqs,
+                  const std::vector<std::vector<int64_t>>& rows, std::ofstream& log,
+                  FinetuneResult& res, Evaluate evaluate) {
+  const int64_t batches =
+      (static_cast<int64_t>(rows.size()) + o.rows_per_batch - 1) / o.rows_per_batch;
+  const int64_t total = batches * o.epochs;
+  OptimizerConfig oc;
+  oc.kind = OptimizerKind::adamw;
+  Optimizer opt(m.layout(), oc);
+  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    std::vector<size_t> order(rows.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    pack::SplitMix64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(epoch));
+    pack::shuffle(order, rng);
+    for (int64_t b = 0; b < batches; ++b) {
+      std::vector<std::vector<int64_t>> batch_rows;
+      for (int64_t r = b * o.rows_per_batch;
+           r < std::min<int64_t>((b + 1) * o.rows_per_batch, static_cast<int64_t>(order.size()));
+           ++r)
+        batch_rows.push_back(rows[order[r]]);
+      model::Outputs out = m.forward(make_batch(seqs, batch_rows, o.max_seq_len),
+                                     {true, o.seed, static_cast<uint64_t>(res.steps)});
+      m.zero_grads();
+      m.backward();
+      double norm = clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
+      double lr = learning_rate(o.lr, res.steps, o.warmup_steps, total);
+      const bool finite = std::isfinite(out.loss()) && std::isfinite(norm);
+      if (finite) opt.step(m.params().data(), m.grads().data(), lr);
+      nlohmann::json line{{"type", "step"}, {"step", res.steps}, {"epoch", epoch},
+                          {"loss", out.loss()}, {"lr", lr},  {"skipped", !finite}};
+      if (out.cls_count)
+        line["acc"] = static_cast<double>(out.cls_correct) / static_cast<double>(out.cls_count);
+      log << line.dump() << std::endl;
+      ++res.steps;
+    }
+    evaluate(epoch);
+  }
+}
+
+// Runs the model over rows of sequences without dropout, `rows_per_batch` rows at a time, and
+// hands each forward's outputs with its rows to `visit`.
+template <typename Seq, typename Visit>
+void for_each_batch(model::BertModel<float>& m, const std::vector<Seq>& seqs,
+                    const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S,
+                    Visit visit) {
+  for (size_t b = 0; b < rows.size(); b += static_cast<size_t>(rows_per_batch)) {
+    std::vector<std::vector<int64_t>> batch_rows(
+        rows.begin() + static_cast<long>(b),
+        rows.begin() + static_cast<long>(std::min(rows.size(), b + rows_per_batch)));
+    model::Outputs out = m.forward(make_batch(seqs, batch_rows, S), model::StepOptions{});
+    visit(out, batch_rows);
+  }
+}
+
+void check_model(const model::BertModel<float>& m, const data::Vocab& vocab,
+                 const FinetuneOptions& o) {
+  if (m.config().vocab_size != vocab.size())
+    throw InputError(o.init + ": vocab_size " + std::to_string(m.config().vocab_size) +
+                     " differs from " + o.vocab);
+  if (m.config().max_position_embeddings < o.max_seq_len)
+    throw InputError("--max-seq-len " + std::to_string(o.max_seq_len) +
+                     " exceeds the model's max_position_embeddings");
+}
+
+FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokenizer& tok,
+                                   std::ofstream& log) {
+  std::map<std::string, int32_t> labels;
+  std::vector<ClassifyExample> train =
+      read_classification_tsv(o.train, tok, o.max_seq_len, labels, true);
+  std::vector<ClassifyExample> dev =
+      read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false);
+  FinetuneResult res;
+  res.num_labels = static_cast<int>(labels.size());
+  if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
+  model::Heads heads;
+  heads.pretraining = false;
+  heads.classifier = true;
+  auto m = model_from(o.init, heads, res.num_labels, o.seed);
+  check_model(*m, tok.vocab(), o);
+  std::vector<int64_t> per_label(res.num_labels, 0);
+  for (const auto& e : train) ++per_label[e.label];
+  int32_t majority = static_cast<int32_t>(std::max_element(per_label.begin(), per_label.end()) -
+                                          per_label.begin());
+  int64_t maj_ok = 0;
+  for (const auto& e : dev) maj_ok += e.label == majority;
+  res.majority_baseline = static_cast<double>(maj_ok) / static_cast<double>(dev.size());
+
+  const auto tr = make_rows(lengths_of(train), o.max_seq_len, o.packed, o.seed);
+  const auto dv = make_rows(lengths_of(dev), o.max_seq_len, o.packed, o.seed);
+  res.train_sequences = static_cast<int64_t>(train.size());
+  res.dev_sequences = static_cast<int64_t>(dev.size());
+  res.train_rows = static_cast<int64_t>(tr.size());
+  train_epochs(*m, o, train, tr, log, res, [&](int epoch) {
+    int64_t ok = 0, n = 0;
+    for_each_batch(*m, dev, dv, o.rows_per_batch, o.max_seq_len,
+                   [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>&) {
+                     ok += out.cls_correct;
+                     n += out.cls_count;
+                   });
+    res.dev_accuracy.push_back(n ? static_cast<double>(ok) / static_cast<double>(n) : 0.0);
+    log << nlohmann::json{{"type", "eval"},
+                          {"epoch", epoch},
+                          {"step", res.steps},
+                          {"dev_acc", res.dev_accuracy.back()},
+                          {"majority_baseline", res.majority_baseline}}
+               .dump()
+        << std::endl;
+  });
+  export_model(*m, o.out_dir, o.vocab);
+  nlohmann::json lj = nlohmann::json::object();
+  for (auto& [name, id] : labels) lj[name] = id;
+  io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");
+  return res;
+}
+
+FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& tok,
+                              std::ofstream& log) {
+  SquadOptions so = o.squad;
+  so.max_seq_len = o.max_seq_len;
+  if (so.doc_stride < 1 || so.max_query_length < 1 || so.max_answer_length < 1)
+    throw InputError("--doc-stride, --max-query-length and --max-answer-length must be positive");
+  std::vector<SquadExample> train = read_squad(o.train), dev = read_squad(o.dev);
+  SquadFeatures tf = squad_features(train, tok, so, true);
+  SquadFeatures df = squad_features(dev, tok, so, false);
+  if (tf.features.empty()) throw InputError(o.train + ": no answerable question");
+  FinetuneResult res;
+  res.skipped = tf.unanswerable;
+  model::Heads heads;
+  heads.pretraining = false;
+  heads.span = true;
+  auto m = model_from(o.init, heads, 0, o.seed);
+  check_model(*m, tok.vocab(), o);
+  const auto tr = make_rows(lengths_of(tf.features), o.max_seq_len, o.packed, o.seed);
+  const auto dv = make_rows(lengths_of(df.features), o.max_seq_len, o.packed, o.seed);
+  res.train_sequences = static_cast<int64_t>(tf.features.size());
+  res.dev_sequences = static_cast<int64_t>(df.features.size());
+  res.train_rows = static_cast<int64_t>(tr.size());
+  train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch) {
+    std::vector<std::vector<float>> logits(df.features.size());
+    for_each_batch(*m, df.features, dv, o.rows_per_batch, o.max_seq_len,
+                   [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& rows) {
+                     const std::vector<float>& lg = m->span_logits();
+                     const std::vector<int32_t>& cu = m->tokens().cu_seqlens;
+                     size_t s = 0;
+                     for (const auto& row : rows)
+                       for (int64_t f : row) {
+                         logits[f].assign(lg.begin() + 2 * cu[s], lg.begin() + 2 * cu[s + 1]);
+                         ++s;
+                       }
+                   });
+    std::vector<std::string> pred = squad_predictions(dev, df.features, logits, tok, so);
+    res.dev_squad.push_back(squad_score(dev, pred));
+    nlohmann::json pj = nlohmann::json::object();
+    for (size_t i = 0; i < dev.size(); ++i) pj[dev[i].id] = pred[i];
+    std::filesystem::create_directories(o.out_dir);
+    io::write_file_atomic(o.out_dir + "/predictions.json", pj.dump(1) + "\n");
+    log << nlohmann::json{{"type", "eval"},
+                          {"epoch", epoch},
+                          {"step", res.steps},
+                          {"exact_match", res.dev_squad.back().exact_match},
+                          {"f1", res.dev_squad.back().f1}}
+               .dump()
+        << std::endl;
+  });
+  export_model(*m, o.out_dir, o.vocab);
+  return res;
 }
 
 }  // namespace
@@ -172,99 +357,17 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path,
   return out;
 }
 
-FinetuneResult finetune_classifier(const FinetuneOptions& o) {
+FinetuneResult finetune(const FinetuneOptions& o) {
   if (o.epochs < 1) throw InputError("--epochs must be at least 1");
   if (!(std::isfinite(o.lr) && o.lr > 0)) throw InputError("--lr must be a positive finite number");
   if (o.max_seq_len < 8) throw InputError("--max-seq-len must be at least 8");
+  if (o.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
   data::Vocab vocab = data::Vocab::load(o.vocab);
   data::Tokenizer tok(vocab, true);
-  std::map<std::string, int32_t> labels;
-  std::vector<ClassifyExample> train =
-      read_classification_tsv(o.train, tok, o.max_seq_len, labels, true);
-  std::vector<ClassifyExample> dev =
-      read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false);
-  FinetuneResult res;
-  res.num_labels = static_cast<int>(labels.size());
-  if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
-  auto m = classifier_from(o.init, res.num_labels, o.seed);
-  if (m->config().vocab_size != vocab.size())
-    throw InputError(o.init + ": vocab_size " + std::to_string(m->config().vocab_size) +
-                     " differs from " + o.vocab);
-  if (m->config().max_position_embeddings < o.max_seq_len)
-    throw InputError("--max-seq-len " + std::to_string(o.max_seq_len) +
-                     " exceeds the model's max_position_embeddings");
-  std::vector<int64_t> per_label(res.num_labels, 0);
-  for (const auto& e : train) ++per_label[e.label];
-  int32_t majority = static_cast<int32_t>(std::max_element(per_label.begin(), per_label.end()) -
-                                          per_label.begin());
-  int64_t maj_ok = 0;
-  for (const auto& e : dev) maj_ok += e.label == majority;
-  res.majority_baseline = static_cast<double>(maj_ok) / static_cast<double>(dev.size());
-
-  Rows tr = make_rows(train, o.max_seq_len, o.packed, o.seed),
-       dv = make_rows(dev, o.max_seq_len, o.packed, o.seed);
-  const int64_t batches =
-      (static_cast<int64_t>(tr.rows.size()) + o.rows_per_batch - 1) / o.rows_per_batch;
-  const int64_t total = batches * o.epochs;
-  OptimizerConfig oc;
-  oc.kind = OptimizerKind::adamw;
-  Optimizer opt(m->layout(), oc);
   std::filesystem::create_directories(o.out_dir);
   std::ofstream log(o.out_dir + "/metrics.jsonl", std::ios::app);
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
-    std::vector<size_t> order(tr.rows.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    pack::SplitMix64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(epoch));
-    pack::shuffle(order, rng);
-    for (int64_t b = 0; b < batches; ++b) {
-      std::vector<std::vector<int64_t>> rows;
-      for (int64_t r = b * o.rows_per_batch;
-           r < std::min<int64_t>((b + 1) * o.rows_per_batch, static_cast<int64_t>(order.size()));
-           ++r)
-        rows.push_back(tr.rows[order[r]]);
-      model::Outputs out = m->forward(make_batch(train, rows, o.max_seq_len),
-                                      {true, o.seed, static_cast<uint64_t>(res.steps)});
-      m->zero_grads();
-      m->backward();
-      double norm = clip_grad_norm(m->grads().data(), m->grads().size(), 1.0);
-      double lr = learning_rate(o.lr, res.steps, o.warmup_steps, total);
-      if (std::isfinite(out.cls_loss) && std::isfinite(norm))
-        opt.step(m->params().data(), m->grads().data(), lr);
-      log << nlohmann::json{{"type", "step"},
-                            {"step", res.steps},
-                            {"epoch", epoch},
-                            {"loss", out.cls_loss},
-                            {"acc", out.cls_count
-                                        ? static_cast<double>(out.cls_correct) / out.cls_count
-                                        : 0.0},
-                            {"lr", lr}}
-                 .dump()
-          << std::endl;
-      ++res.steps;
-    }
-    int64_t ok = 0, n = 0;
-    for (size_t b = 0; b < dv.rows.size(); b += static_cast<size_t>(o.rows_per_batch)) {
-      std::vector<std::vector<int64_t>> rows(
-          dv.rows.begin() + static_cast<long>(b),
-          dv.rows.begin() + static_cast<long>(std::min(dv.rows.size(), b + o.rows_per_batch)));
-      model::Outputs out = m->forward(make_batch(dev, rows, o.max_seq_len), model::StepOptions{});
-      ok += out.cls_correct;
-      n += out.cls_count;
-    }
-    res.dev_accuracy.push_back(n ? static_cast<double>(ok) / static_cast<double>(n) : 0.0);
-    log << nlohmann::json{{"type", "eval"},
-                          {"epoch", epoch},
-                          {"step", res.steps},
-                          {"dev_acc", res.dev_accuracy.back()},
-                          {"majority_baseline", res.majority_baseline}}
-               .dump()
-        << std::endl;
-  }
-  export_model(*m, o.out_dir, o.vocab);
-  nlohmann::json lj = nlohmann::json::object();
-  for (auto& [name, id] : labels) lj[name] = id;
-  io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");
-  return res;
+  return o.task == FinetuneTask::squad ? finetune_squad(o, tok, log)
+                                       : finetune_classifier(o, tok, log);
 }
 
 }  // namespace packbert::train

@@ -1,6 +1,8 @@
-// Fine-tuning for sequence (or sentence-pair) classification from TSV, with packing: examples
-// are packed into rows like pre-training sequences, and the classifier reads each sequence's
-// pooled [CLS], so packing changes nothing but the cost.
+// Fine-tuning with packing: sequence (or sentence-pair) classification from TSV and SQuAD v1.1
+// span extraction (train/squad.h). Examples (SQuAD: question + context windows) are packed into
+// rows like pre-training sequences; the classifier reads each sequence's pooled [CLS] and the
+// span head's softmax runs over each sequence's own tokens, so packing changes nothing but the
+// cost.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 
 #include "data/tokenizer.h"
 #include "model/bert.h"
+#include "train/squad.h"
 
 namespace packbert::train {
 
@@ -29,7 +32,10 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path,
                                                      std::map<std::string, int32_t>& labels,
                                                      bool grow_labels);
 
+enum class FinetuneTask { classify, squad };
+
 struct FinetuneOptions {
+  FinetuneTask task = FinetuneTask::classify;
   std::string train, dev, init, out_dir, vocab;
   int max_seq_len = 128;
   int rows_per_batch = 8;  // packs per step
@@ -38,18 +44,24 @@ struct FinetuneOptions {
   int64_t warmup_steps = 10;
   uint64_t seed = 1;
   bool packed = true;
+  SquadOptions squad;  // doc stride, query and answer limits (max_seq_len above wins)
 };
 
 struct FinetuneResult {
-  std::vector<double> dev_accuracy;  // after each epoch
+  std::vector<double> dev_accuracy;  // classify: after each epoch
   double majority_baseline = 0;      // accuracy of always predicting the most frequent train label
+  std::vector<SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
   int64_t steps = 0;
   int num_labels = 0;
+  int64_t train_sequences = 0, dev_sequences = 0;  // examples (classify) or windows (squad)
+  int64_t train_rows = 0;                          // rows after packing
+  int64_t skipped = 0;  // squad training questions whose answer is not in the context
 };
 
-// Fine-tunes the model at `init` (HF directory or checkpoint; a missing classifier head is
-// initialised fresh), evaluating dev accuracy after every epoch, and exports the result to
-// out_dir (HF layout, with the classifier). Appends JSONL metrics to out_dir/metrics.jsonl.
-FinetuneResult finetune_classifier(const FinetuneOptions& options);
+// Fine-tunes the model at `init` (HF directory or checkpoint; a missing classifier / qa_outputs
+// head is initialised fresh), evaluating on dev after every epoch (accuracy, or SQuAD exact
+// match and F1 with the predictions written to out_dir/predictions.json), and exports the result
+// to out_dir (HF layout, with the head). Appends JSONL metrics to out_dir/metrics.jsonl.
+FinetuneResult finetune(const FinetuneOptions& options);
 
 }  // namespace packbert::train

@@ -38,6 +38,13 @@ BatchLoader::BatchLoader(const data::SequencesFile& seqs, uint64_t seqs_checksum
                      std::to_string(opt_.row_end) + ") is empty or beyond the " +
                      std::to_string(all) + " rows");
   rows_ = opt_.row_end - opt_.row_begin;
+  if (!opt_.row_list.empty()) {
+    for (uint64_t r : opt_.row_list)
+      if (r >= all)
+        throw InputError("row " + std::to_string(r) + " is beyond the " + std::to_string(all) +
+                         " rows");
+    rows_ = opt_.row_list.size();
+  }
   if (opt_.dynamic_masking && !vocab_) throw InputError("dynamic masking needs the vocabulary");
   if (opt_.compute_padding && packs_)
     throw InputError("--compute-padding applies to the padded baseline only");
@@ -58,7 +65,10 @@ BatchLoader::~BatchLoader() {
 
 std::vector<uint64_t> BatchLoader::epoch_order(uint64_t epoch) const {
   std::vector<uint64_t> order(rows_);
-  for (uint64_t i = 0; i < rows_; ++i) order[i] = opt_.row_begin + i;
+  if (!opt_.row_list.empty())
+    order = opt_.row_list;
+  else
+    for (uint64_t i = 0; i < rows_; ++i) order[i] = opt_.row_begin + i;
   if (!opt_.shuffle) return order;
   pack::SplitMix64 rng(opt_.seed * 0x9e3779b97f4a7c15ULL + epoch);
   pack::shuffle(order, rng);

@@ -29,9 +29,11 @@ struct LoaderOptions {
   bool dynamic_masking = false;
   data::PretrainingOptions masking;  // masking parameters when dynamic_masking is on
   int prefetch = 2;                  // batches built ahead
-  // The rows this loader serves: [row_begin, row_end) of the file's row order (end 0 = all);
-  // training and a held-out evaluation split take disjoint ranges.
+  // The rows this loader serves: [row_begin, row_end) of the file's row order (end 0 = all),
+  // or, when row_list is not empty, exactly those rows; training and a held-out evaluation
+  // split take disjoint sets.
   uint64_t row_begin = 0, row_end = 0;
+  std::vector<uint64_t> row_list;
   bool shuffle = true;  // evaluation reads its rows in file order
   // Padded baseline only: fill each row's padding slots with [PAD] tokens that are computed
   // like real ones (as frameworks do) but form their own unlabelled sequence, so results are

@@ -152,23 +152,35 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     oc.beta1 = std::pow(oc.beta1, pf), oc.beta2 = std::pow(oc.beta2, pf);
   optim_ = std::make_unique<Optimizer>(model_->layout(), oc);
 
-  const uint64_t rows = packs_ ? packs_->packs() : seqs_.size();
-  uint64_t eval_rows =
-      opt_.eval_fraction > 0 && rows > 1
+  // Held out: the file's last sequences, evaluated one per row without dropout; the same
+  // sequences whether training is packed or padded. Packed training leaves out the packs that
+  // hold any of them.
+  const uint64_t n_seq = seqs_.size();
+  const uint64_t held =
+      opt_.eval_fraction > 0 && n_seq > 1
           ? std::max<uint64_t>(1, static_cast<uint64_t>(
-                                      std::llround(opt_.eval_fraction * static_cast<double>(rows))))
+                                      std::llround(opt_.eval_fraction * static_cast<double>(n_seq))))
           : 0;
   train_rows_.rows_per_batch = opt_.rows_per_batch;
   train_rows_.seed = opt_.seed;
   train_rows_.dynamic_masking = opt_.dynamic_masking;
   train_rows_.compute_padding = opt_.compute_padding;
-  train_rows_.row_begin = 0;
-  train_rows_.row_end = rows - eval_rows;
-  eval_rows_ = train_rows_;
-  eval_rows_.dynamic_masking = false;
+  if (packs_) {
+    for (uint64_t p = 0; p < packs_->packs(); ++p) {
+      bool holds_eval = false;
+      for (uint64_t k = packs_->offsets[p]; k < packs_->offsets[p + 1]; ++k)
+        holds_eval |= packs_->ids[k] >= n_seq - held;
+      if (!holds_eval) train_rows_.row_list.push_back(p);
+    }
+    if (train_rows_.row_list.empty()) throw InputError("no pack is left for training");
+  } else {
+    train_rows_.row_end = n_seq - held;
+  }
+  eval_rows_.rows_per_batch = std::max(opt_.rows_per_batch, 8);
+  eval_rows_.seed = opt_.seed;
   eval_rows_.shuffle = false;
-  eval_rows_.row_begin = rows - eval_rows;
-  eval_rows_.row_end = eval_rows ? rows : 0;
+  eval_rows_.row_begin = n_seq - held;
+  eval_rows_.row_end = held ? n_seq : 0;
 
   if (resume) {
     for (const model::TensorSpec& t : model_->layout().tensors()) {
@@ -215,8 +227,7 @@ EvalMetrics Trainer::evaluate() {
   EvalMetrics e;
   e.step = step_;
   if (eval_rows_.row_end == 0) return e;
-  BatchLoader loader(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
-                     vocab_ ? &*vocab_ : nullptr, eval_rows_, {});
+  BatchLoader loader(seqs_, seqs_checksum_, nullptr, vocab_ ? &*vocab_ : nullptr, eval_rows_, {});
   double mlm_sum = 0, nsp_sum = 0;
   int64_t nsp_n = 0, mlm_correct = 0, nsp_correct = 0;
   while (loader.cursor().epoch == 0) {

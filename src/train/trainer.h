@@ -36,7 +36,7 @@ struct PretrainOptions {
   uint64_t seed = 1;
   int64_t checkpoint_every = 0;  // 0 = only at the end (and on stop)
   int64_t eval_every = 0;        // 0 = only at the end
-  double eval_fraction = 0.02;   // rows held out for evaluation (the file's last rows)
+  double eval_fraction = 0.02;   // sequences held out for evaluation (the file's last ones)
   int nan_abort = 5;             // abort after this many non-finite steps in a row
   bool dynamic_masking = false;
   double max_minutes = 0;        // stop (with a checkpoint) after this long; 0 = no limit

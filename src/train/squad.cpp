@@ -1,0 +1,387 @@
+#include "train/squad.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+
+namespace packbert::train {
+
+using json = nlohmann::json;
+
+namespace {
+
+int utf8_length(unsigned char c) {
+  if (c < 0x80) return 1;
+  if ((c & 0xE0) == 0xC0) return 2;
+  if ((c & 0xF0) == 0xE0) return 3;
+  if ((c & 0xF8) == 0xF0) return 4;
+  return 1;  // a stray continuation byte counts as one character, as the tokenizer drops it
+}
+
+// Byte offset of each code point of s, plus s.size() at the end.
+std::vector<size_t> code_points(const std::string& s) {
+  std::vector<size_t> at;
+  for (size_t i = 0; i < s.size(); i += utf8_length(static_cast<unsigned char>(s[i])))
+    at.push_back(i);
+  at.push_back(s.size());
+  return at;
+}
+
+// Google's run_squad whitespace: space, tab, CR, LF and U+202F (narrow no-break space).
+bool squad_space(const std::string& s, size_t i, size_t n) {
+  const char c = s[i];
+  if (n == 1) return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+  return n == 3 && s.compare(i, 3, "\xE2\x80\xAF") == 0;
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> words;
+  std::string cur;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = std::min<size_t>(utf8_length(static_cast<unsigned char>(s[i])), s.size() - i);
+    if (squad_space(s, i, n)) {
+      if (!cur.empty()) words.push_back(std::move(cur)), cur.clear();
+    } else {
+      cur.append(s, i, n);
+    }
+    i += n;
+  }
+  if (!cur.empty()) words.push_back(std::move(cur));
+  return words;
+}
+
+std::string join(const std::vector<std::string>& words, size_t first, size_t last) {
+  std::string out;
+  for (size_t w = first; w <= last; ++w) {
+    if (w > first) out += ' ';
+    out += words[w];
+  }
+  return out;
+}
+
+const json& field(const json& obj, const char* key, json::value_t type, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end()) throw InputError(where + ": missing '" + key + "'");
+  const bool ok = type == json::value_t::number_integer ? it->is_number_integer()
+                                                        : it->type() == type;
+  if (!ok) throw InputError(where + "." + key + ": wrong type (" + it->type_name() + ")");
+  return *it;
+}
+
+std::string at(const std::string& base, size_t i) {
+  return base + "[" + std::to_string(i) + "]";
+}
+
+// Window index whose context around piece `pos` is largest (Google's _check_is_max_context:
+// score = min(left, right) + 0.01 * window length).
+struct Window {
+  int32_t start, length;
+};
+size_t max_context_window(const std::vector<Window>& windows, int32_t pos) {
+  size_t best = 0;
+  double best_score = -1;
+  for (size_t w = 0; w < windows.size(); ++w) {
+    const int32_t end = windows[w].start + windows[w].length - 1;
+    if (pos < windows[w].start || pos > end) continue;
+    const double score =
+        std::min(pos - windows[w].start, end - pos) + 0.01 * windows[w].length;
+    if (score > best_score) best_score = score, best = w;
+  }
+  return best;
+}
+
+// Google's get_final_text, for uncased vocabularies: the detokenised prediction is located in
+// the original words' text (both without spaces, ASCII lower-cased) and that stretch of the
+// original returned, so "(1990s)," predicted as "1990s" reads "1990s"; when it cannot be located
+// (accents, [UNK]) the whole words are returned.
+std::string final_text(const std::string& tok_text, const std::string& orig_text) {
+  auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+  std::string orig_ns, tok_ns;
+  std::vector<size_t> map;
+  for (size_t i = 0; i < orig_text.size(); ++i)
+    if (orig_text[i] != ' ') orig_ns += lower(orig_text[i]), map.push_back(i);
+  for (char c : tok_text)
+    if (c != ' ') tok_ns += lower(c);
+  const size_t pos = tok_ns.empty() ? std::string::npos : orig_ns.find(tok_ns);
+  if (pos == std::string::npos) return orig_text;
+  const size_t a = map[pos], b = map[pos + tok_ns.size() - 1];
+  return orig_text.substr(a, b - a + 1);
+}
+
+std::vector<std::string> normalized_tokens(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  auto flush = [&] {
+    if (!cur.empty() && cur != "a" && cur != "an" && cur != "the") out.push_back(cur);
+    cur.clear();
+  };
+  for (char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x80 && std::ispunct(u)) continue;  // Python's string.punctuation
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v')
+      flush();
+    else
+      cur += u < 0x80 ? static_cast<char>(std::tolower(u)) : c;
+  }
+  flush();
+  return out;
+}
+
+}  // namespace
+
+std::vector<SquadExample> read_squad(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open for reading");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw InputError(path + ": not valid JSON (byte " + std::to_string(e.byte) + ")");
+  }
+  if (!j.is_object()) throw InputError(path + ": expected a JSON object with 'data'");
+  std::vector<SquadExample> out;
+  const json& data = field(j, "data", json::value_t::array, path);
+  for (size_t d = 0; d < data.size(); ++d) {
+    const std::string wd = path + ": " + at("data", d);
+    const json& paragraphs = field(data[d], "paragraphs", json::value_t::array, wd);
+    for (size_t p = 0; p < paragraphs.size(); ++p) {
+      const std::string wp = wd + "." + at("paragraphs", p);
+      const std::string context =
+          field(paragraphs[p], "context", json::value_t::string, wp).get<std::string>();
+      const int64_t context_chars = static_cast<int64_t>(code_points(context).size()) - 1;
+      const json& qas = field(paragraphs[p], "qas", json::value_t::array, wp);
+      for (size_t q = 0; q < qas.size(); ++q) {
+        const std::string wq = wp + "." + at("qas", q);
+        SquadExample e;
+        e.id = field(qas[q], "id", json::value_t::string, wq).get<std::string>();
+        e.question = field(qas[q], "question", json::value_t::string, wq).get<std::string>();
+        e.context = context;
+        const json& answers = field(qas[q], "answers", json::value_t::array, wq);
+        for (size_t a = 0; a < answers.size(); ++a) {
+          const std::string wa = wq + "." + at("answers", a);
+          SquadAnswer ans;
+          ans.text = field(answers[a], "text", json::value_t::string, wa).get<std::string>();
+          ans.start = field(answers[a], "answer_start", json::value_t::number_integer, wa)
+                          .get<int64_t>();
+          const int64_t len = static_cast<int64_t>(code_points(ans.text).size()) - 1;
+          if (ans.start < 0 || ans.start + len > context_chars || len == 0)
+            throw InputError(wa + ": answer_start " + std::to_string(ans.start) + " + " +
+                             std::to_string(len) + " characters is outside the context (" +
+                             std::to_string(context_chars) + " characters)");
+          e.answers.push_back(std::move(ans));
+        }
+        out.push_back(std::move(e));
+      }
+    }
+  }
+  if (out.empty()) throw InputError(path + ": no questions");
+  return out;
+}
+
+SquadFeatures squad_features(std::vector<SquadExample>& examples, const data::Tokenizer& tok,
+                             const SquadOptions& o, bool training) {
+  const data::Vocab& v = tok.vocab();
+  SquadFeatures out;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    SquadExample& e = examples[i];
+    // Words and, per code point of the context, the word it belongs to (spaces: the word before).
+    e.words.clear(), e.pieces.clear(), e.piece_word.clear();
+    std::vector<int32_t> char_word;
+    {
+      std::string cur;
+      bool prev_space = true;
+      for (size_t b = 0; b < e.context.size();) {
+        const size_t n = std::min<size_t>(utf8_length(static_cast<unsigned char>(e.context[b])),
+                                          e.context.size() - b);
+        if (squad_space(e.context, b, n)) {
+          prev_space = true;
+        } else {
+          if (prev_space) e.words.emplace_back();
+          e.words.back().append(e.context, b, n);
+          prev_space = false;
+        }
+        char_word.push_back(static_cast<int32_t>(e.words.size()) - 1);
+        b += n;
+      }
+    }
+    std::vector<int32_t> word_first(e.words.size() + 1);
+    for (size_t w = 0; w < e.words.size(); ++w) {
+      word_first[w] = static_cast<int32_t>(e.pieces.size());
+      for (int32_t id : tok.encode(e.words[w])) {
+        e.pieces.push_back(id);
+        e.piece_word.push_back(static_cast<int32_t>(w));
+      }
+    }
+    word_first[e.words.size()] = static_cast<int32_t>(e.pieces.size());
+
+    int32_t tok_start = -1, tok_end = -1;
+    if (training) {
+      if (e.answers.empty()) {
+        ++out.unanswerable;
+        continue;
+      }
+      const SquadAnswer& a = e.answers[0];
+      const int64_t len = static_cast<int64_t>(code_points(a.text).size()) - 1;
+      const int32_t sw = std::max(char_word[a.start], 0);
+      const int32_t ew = char_word[a.start + len - 1];
+      std::vector<std::string> answer_words = split_words(a.text);
+      if (ew < sw || answer_words.empty() ||
+          join(e.words, sw, ew).find(join(answer_words, 0, answer_words.size() - 1)) ==
+              std::string::npos) {
+        ++out.unanswerable;
+        continue;
+      }
+      tok_start = word_first[sw];
+      tok_end = word_first[ew + 1] - 1;
+      // Tighten to the tokenised answer (Google's _improve_answer_span): "1895" inside "(1895)".
+      const std::vector<int32_t> want = tok.encode(a.text);
+      bool found = false;
+      for (int32_t s = tok_start; s <= tok_end && !found; ++s)
+        for (int32_t t = tok_end; t >= s && !found; --t)
+          if (static_cast<size_t>(t - s + 1) == want.size() &&
+              std::equal(want.begin(), want.end(), e.pieces.begin() + s))
+            tok_start = s, tok_end = t, found = true;
+    }
+
+    std::vector<int32_t> query = tok.encode(e.question);
+    if (static_cast<int>(query.size()) > o.max_query_length) query.resize(o.max_query_length);
+    const int32_t max_doc = o.max_seq_len - static_cast<int32_t>(query.size()) - 3;
+    if (max_doc < 1)
+      throw InputError("--max-seq-len " + std::to_string(o.max_seq_len) +
+                       " leaves no room for the context after a " + std::to_string(query.size()) +
+                       "-token question (lower --max-query-length)");
+    std::vector<Window> windows;
+    const int32_t n = static_cast<int32_t>(e.pieces.size());
+    for (int32_t start = 0; start < n;) {
+      const int32_t length = std::min(n - start, max_doc);
+      windows.push_back({start, length});
+      if (start + length == n) break;
+      start += std::min(length, o.doc_stride);
+    }
+    for (size_t w = 0; w < windows.size(); ++w) {
+      SquadFeature f;
+      f.example = static_cast<int64_t>(i);
+      f.tokens.push_back(v.cls());
+      f.tokens.insert(f.tokens.end(), query.begin(), query.end());
+      f.tokens.push_back(v.sep());
+      f.doc_offset = static_cast<int32_t>(f.tokens.size());
+      f.doc_first = windows[w].start;
+      for (int32_t k = 0; k < windows[w].length; ++k) {
+        const int32_t piece = windows[w].start + k;
+        f.tokens.push_back(e.pieces[piece]);
+        f.max_context.push_back(max_context_window(windows, piece) == w);
+      }
+      f.tokens.push_back(v.sep());
+      if (training && tok_start >= windows[w].start &&
+          tok_end < windows[w].start + windows[w].length) {
+        f.start = tok_start - windows[w].start + f.doc_offset;
+        f.end = tok_end - windows[w].start + f.doc_offset;
+      }
+      out.features.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> squad_predictions(const std::vector<SquadExample>& examples,
+                                           const std::vector<SquadFeature>& features,
+                                           const std::vector<std::vector<float>>& logits,
+                                           const data::Tokenizer& tok, const SquadOptions& o) {
+  struct Best {
+    double score = -1e300;
+    int64_t feature = -1;
+    int32_t start = 0, end = 0;
+  };
+  std::vector<Best> best(examples.size());
+  for (size_t f = 0; f < features.size(); ++f) {
+    const SquadFeature& ft = features[f];
+    const int L = static_cast<int>(ft.tokens.size());
+    const std::vector<float>& lg = logits[f];
+    auto top = [&](int e) {
+      std::vector<int> idx(L);
+      for (int i = 0; i < L; ++i) idx[i] = i;
+      const int k = std::min(o.n_best, L);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+        return lg[2 * a + e] > lg[2 * b + e] || (lg[2 * a + e] == lg[2 * b + e] && a < b);
+      });
+      idx.resize(k);
+      return idx;
+    };
+    const int doc_end = L - 1;  // the final [SEP]
+    for (int s : top(0)) {
+      if (s < ft.doc_offset || s >= doc_end || !ft.max_context[s - ft.doc_offset]) continue;
+      for (int t : top(1)) {
+        if (t < s || t >= doc_end || t - s + 1 > o.max_answer_length) continue;
+        const double score = static_cast<double>(lg[2 * s]) + lg[2 * t + 1];
+        Best& b = best[ft.example];
+        if (score > b.score) b = {score, static_cast<int64_t>(f), s, t};
+      }
+    }
+  }
+  std::vector<std::string> out(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    if (best[i].feature < 0) continue;
+    const SquadFeature& ft = features[best[i].feature];
+    const SquadExample& e = examples[i];
+    const int32_t ps = ft.doc_first + best[i].start - ft.doc_offset;
+    const int32_t pe = ft.doc_first + best[i].end - ft.doc_offset;
+    std::string tok_text;
+    for (int32_t p = ps; p <= pe; ++p) {
+      const std::string& piece = tok.vocab().token(e.pieces[p]);
+      if (piece.rfind("##", 0) == 0) {
+        tok_text += piece.substr(2);
+      } else {
+        if (p > ps) tok_text += ' ';
+        tok_text += piece;
+      }
+    }
+    out[i] = final_text(tok_text, join(e.words, e.piece_word[ps], e.piece_word[pe]));
+  }
+  return out;
+}
+
+std::string squad_normalize(const std::string& text) {
+  std::vector<std::string> t = normalized_tokens(text);
+  return t.empty() ? std::string() : join(t, 0, t.size() - 1);
+}
+
+double squad_exact_match(const std::string& prediction, const std::string& truth) {
+  return squad_normalize(prediction) == squad_normalize(truth) ? 1.0 : 0.0;
+}
+
+double squad_f1(const std::string& prediction, const std::string& truth) {
+  std::vector<std::string> p = normalized_tokens(prediction), g = normalized_tokens(truth);
+  std::map<std::string, int> count;
+  for (const auto& w : g) ++count[w];
+  int same = 0;
+  for (const auto& w : p)
+    if (count[w]-- > 0) ++same;
+  if (same == 0) return 0.0;
+  const double precision = static_cast<double>(same) / static_cast<double>(p.size());
+  const double recall = static_cast<double>(same) / static_cast<double>(g.size());
+  return 2 * precision * recall / (precision + recall);
+}
+
+SquadScore squad_score(const std::vector<SquadExample>& examples,
+                       const std::vector<std::string>& predictions) {
+  SquadScore s;
+  int64_t n = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    if (examples[i].answers.empty()) continue;
+    double em = 0, f1 = 0;
+    for (const SquadAnswer& a : examples[i].answers) {
+      em = std::max(em, squad_exact_match(predictions[i], a.text));
+      f1 = std::max(f1, squad_f1(predictions[i], a.text));
+    }
+    s.exact_match += em;
+    s.f1 += f1;
+    ++n;
+  }
+  if (n > 0) s.exact_match *= 100.0 / static_cast<double>(n), s.f1 *= 100.0 / static_cast<double>(n);
+  return s;
+}
+
+}  // namespace packbert::train

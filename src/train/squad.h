@@ -1,0 +1,83 @@
+// SQuAD v1.1 span extraction, as Google's BERT (run_squad.py) does it: contexts split on
+// whitespace into words, words into WordPieces; each question + context becomes one or more
+// windows ("features") of at most max_seq_len tokens, [CLS] question [SEP] context window [SEP],
+// windows overlapping by stepping doc_stride tokens; the answer's token span is tightened to the
+// tokenised answer text; a window not holding the answer points at [CLS]. Predictions take the
+// best valid (start, end) over all windows of an example, counting each token only in the
+// window where it has the most context, and map it back to the original text. Scores follow the
+// official v1.1 evaluation script (normalised exact match and token F1, max over references).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace packbert::train {
+
+struct SquadAnswer {
+  std::string text;
+  int64_t start = -1;  // offset of its first character in the context, in code points
+};
+
+struct SquadExample {
+  std::string id, question, context;
+  std::vector<SquadAnswer> answers;  // training uses the first; evaluation all of them
+  // Filled by squad_features: the context's whitespace-separated words, its WordPieces and the
+  // word each piece came from.
+  std::vector<std::string> words;
+  std::vector<int32_t> pieces, piece_word;
+};
+
+// Reads SQuAD v1.1 JSON ({"data": [{"paragraphs": [{"context", "qas": [{"id", "question",
+// "answers": [{"text", "answer_start"}]}]}]}]}). Throws InputError naming the file and the JSON
+// path of the first problem (missing field, wrong type, answer_start outside the context).
+std::vector<SquadExample> read_squad(const std::string& path);
+
+struct SquadOptions {
+  int max_seq_len = 384, doc_stride = 128, max_query_length = 64, max_answer_length = 30;
+  int n_best = 20;  // start and end candidates considered per window
+};
+
+struct SquadFeature {
+  int64_t example = 0;
+  std::vector<int32_t> tokens;          // [CLS] question [SEP] window [SEP]
+  int32_t doc_offset = 0;               // position of the window's first piece in tokens
+  int32_t doc_first = 0;                // index of that piece in the example's pieces
+  std::vector<uint8_t> max_context;     // per window piece: this window gives it most context
+  int32_t start = 0, end = 0;           // answer span in tokens; 0, 0 = not in this window
+};
+
+struct SquadFeatures {
+  std::vector<SquadFeature> features;
+  int64_t unanswerable = 0;  // training examples skipped: answer text not found in the context
+};
+
+// Builds the windows of every example (and tokenises its context into examples[i].words /
+// pieces / piece_word). With `training`, answer spans are located (the first answer) and
+// examples whose answer cannot be found in the context are skipped and counted.
+SquadFeatures squad_features(std::vector<SquadExample>& examples, const data::Tokenizer& tok,
+                             const SquadOptions& options, bool training);
+
+// The best answer text of each example from span logits: logits[f] holds feature f's
+// (start, end) logit pairs, 2 per token of features[f].tokens. Examples without any valid span
+// get "".
+std::vector<std::string> squad_predictions(const std::vector<SquadExample>& examples,
+                                           const std::vector<SquadFeature>& features,
+                                           const std::vector<std::vector<float>>& logits,
+                                           const data::Tokenizer& tok, const SquadOptions& options);
+
+// The official v1.1 normalisation: lower case, drop ASCII punctuation, drop the articles
+// a/an/the, collapse whitespace.
+std::string squad_normalize(const std::string& text);
+double squad_exact_match(const std::string& prediction, const std::string& truth);
+double squad_f1(const std::string& prediction, const std::string& truth);
+
+struct SquadScore {
+  double exact_match = 0, f1 = 0;  // percentages over examples, max over reference answers
+};
+SquadScore squad_score(const std::vector<SquadExample>& examples,
+                       const std::vector<std::string>& predictions);
+
+}  // namespace packbert::train
