@@ -26,7 +26,7 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// sgemm rate at BERT-like shapes, this process, these threads.
+// Peak sgemm rate at BERT-like shapes, this process, these threads.
 double sgemm_gflops() {
   const int M = 2048, N = 3072, K = 768;
   std::vector<float> A(static_cast<size_t>(M) * K, 0.01f), B(static_cast<size_t>(K) * N, 0.02f),
@@ -38,8 +38,8 @@ double sgemm_gflops() {
     kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
     t.push_back(now() - t0);
   }
-  std::sort(t.begin(), t.end());
-  return 2.0 * M * N * K / t[2] * 1e-9;
+  // The best of 5: the peak rate (a stricter yardstick than the median on a noisy machine).
+  return 2.0 * M * N * K / *std::min_element(t.begin(), t.end()) * 1e-9;
 }
 
 }  // namespace

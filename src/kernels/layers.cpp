@@ -34,13 +34,16 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
   for (int n = 0; n < N; ++n) {
     const T* x = inp + static_cast<int64_t>(n) * C;
     T m = 0;
+#pragma omp simd reduction(+ : m)
     for (int c = 0; c < C; ++c) m += x[c];
     m /= C;
     T v = 0;
+#pragma omp simd reduction(+ : v)
     for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
     v /= C;  // biased variance, as torch's layer_norm
     T s = T(1) / std::sqrt(v + eps);
     T* o = out + static_cast<int64_t>(n) * C;
+#pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
     mean[n] = m;
     rstd[n] = s;
@@ -54,9 +57,11 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   for (int n = 0; n < N; ++n) {
     const T* x = inp + static_cast<int64_t>(n) * C;
     const T* g = dout + static_cast<int64_t>(n) * C;
+    const T mu = mean[n], rs = rstd[n];
     T dnorm_mean = 0, dnorm_norm_mean = 0;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
     for (int c = 0; c < C; ++c) {
-      T norm = (x[c] - mean[n]) * rstd[n];
+      T norm = (x[c] - mu) * rs;
       T dnorm = g[c] * weight[c];
       dnorm_mean += dnorm;
       dnorm_norm_mean += dnorm * norm;
@@ -64,9 +69,10 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     dnorm_mean /= C;
     dnorm_norm_mean /= C;
     T* d = dinp + static_cast<int64_t>(n) * C;
+#pragma omp simd
     for (int c = 0; c < C; ++c) {
-      T norm = (x[c] - mean[n]) * rstd[n];
-      d[c] += (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * rstd[n];
+      T norm = (x[c] - mu) * rs;
+      d[c] += (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
     }
   }
   // Parameter gradients reduce over rows.
