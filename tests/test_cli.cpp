@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -52,7 +53,7 @@ const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_51
 
 TEST_F(Cli, HelpOnEverySubcommand) {
   for (const char* sub : {"", "pack", "demo", "check-golden", "tokenize", "prepare", "inspect",
-                          "gcide-text", "pretrain", "eval", "export"}) {
+                          "gcide-text", "pretrain", "eval", "export", "finetune"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -172,6 +173,21 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
   Result cut = run("inspect " + write("cut.seqs", slurp(seqs).substr(0, 100)).string());
   EXPECT_EQ(cut.code, 2);
   EXPECT_EQ(std::count(cut.err.begin(), cut.err.end(), '\n'), 1) << cut.err;
+}
+
+TEST_F(Cli, SquadBadInputIsOneLineErrorExit2) {
+  const std::string tiny = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
+  fs::path bad = write("bad.json", "{\"data\": [{\"paragraphs\": [{\"context\": \"x\"}]}]}");
+  Result r = run("finetune --task squad --train " + bad.string() + " --dev " + tiny +
+                 " --init " + (dir_ / "none").string() + " --out " + (dir_ / "o").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("data[0].paragraphs[0]: missing 'qas'"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  r = run("eval --task squad --model " + (dir_ / "none").string() + " --data " + tiny);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("none"), std::string::npos) << r.err;
+  r = run("finetune --task qa --train a --dev b --init c --out d");
+  EXPECT_EQ(r.code, 2);
 }
 
 TEST_F(Cli, CheckGoldenPassesFailsAndRejectsBadFiles) {

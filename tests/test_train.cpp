@@ -290,6 +290,16 @@ TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
       << r.dev_accuracy.back() << " vs majority " << r.majority_baseline;
   EXPECT_TRUE(fs::exists(o.out_dir + "/model.safetensors"));
   EXPECT_TRUE(fs::exists(o.out_dir + "/labels.json"));
+  // `packbert eval --task classify` on the exported model agrees with the last epoch.
+  TaskEvalOptions eo;
+  eo.task = FinetuneTask::classify;
+  eo.model = o.out_dir;
+  eo.data = o.dev;
+  eo.vocab = w.vocab;
+  eo.max_seq_len = 32;
+  TaskEvalResult ev = evaluate_task(eo);
+  EXPECT_EQ(ev.examples, 100);
+  EXPECT_NEAR(ev.accuracy, r.dev_accuracy.back(), 0.011);
   // Dev labels must be known from training; columns must exist.
   std::ofstream(w.dir / "bad.tsv") << "label\tsentence\nmaybe\tw5 w6\n";
   o.dev = (w.dir / "bad.tsv").string();
@@ -473,6 +483,22 @@ TEST(Finetune, SquadSpanHeadLearnsAMarkerWord) {
   nlohmann::json p = nlohmann::json::parse(pj);
   EXPECT_EQ(p.size(), 60u);
   EXPECT_TRUE(p.contains("d0"));
+  // `packbert eval --task squad` on the exported model agrees with the last epoch; a model
+  // without the span head is refused.
+  TaskEvalOptions eo;
+  eo.model = o.out_dir;
+  eo.data = o.dev;
+  eo.vocab = w.vocab;
+  eo.max_seq_len = 32;
+  eo.squad = o.squad;
+  eo.predictions = (w.dir / "answers.json").string();
+  TaskEvalResult ev = evaluate_task(eo);
+  EXPECT_EQ(ev.examples, 60);
+  EXPECT_EQ(ev.sequences, r.dev_sequences);
+  EXPECT_NEAR(ev.squad.exact_match, r.dev_squad.back().exact_match, 100.0 / 60 + 1e-9);
+  EXPECT_TRUE(fs::exists(eo.predictions));
+  eo.model = w.init;
+  EXPECT_THROW(evaluate_task(eo), InputError);
   // The fine-tuned model (with its qa_outputs head) is a valid --init for another run.
   o.init = o.out_dir;
   o.out_dir = (w.dir / "qa2").string();

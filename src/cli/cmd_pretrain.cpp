@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/table.h"
 #include "error.h"
+#include "train/finetune.h"
 #include "train/trainer.h"
 
 namespace packbert::cli {
@@ -75,11 +76,38 @@ void run_pretrain(const train::PretrainOptions& o, bool resume, const std::strin
 }
 
 struct EvalArgs {
-  std::string model, data, packs, vocab;
-  int rows = 16;
+  std::string task = "mlm", model, data, packs, vocab = PACKBERT_DEFAULT_VOCAB, predictions;
+  int rows = 16, max_seq_len = 0;  // 0 = the task's default
+  train::SquadOptions squad;
 };
 
+void run_task_eval(const EvalArgs& a) {
+  train::TaskEvalOptions o;
+  o.task = a.task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
+  o.model = a.model;
+  o.data = a.data;
+  o.vocab = a.vocab;
+  o.predictions = a.predictions;
+  o.rows_per_batch = a.rows;
+  o.max_seq_len = a.max_seq_len ? a.max_seq_len : (a.task == "squad" ? 384 : 128);
+  o.squad = a.squad;
+  train::TaskEvalResult r = train::evaluate_task(o);
+  Table t({"metric", "value"});
+  if (o.task == train::FinetuneTask::squad) {
+    t.add_row({"exact match %", fixed(r.squad.exact_match, 2)});
+    t.add_row({"F1 %", fixed(r.squad.f1, 2)});
+    t.add_row({"questions", with_commas(r.examples)});
+    t.add_row({"windows", with_commas(r.sequences)});
+  } else {
+    t.add_row({"accuracy", fixed(r.accuracy, 4)});
+    t.add_row({"examples", with_commas(r.examples)});
+  }
+  t.print(std::cout);
+  if (!a.predictions.empty()) std::cout << "answers in " << a.predictions << '\n';
+}
+
 void run_eval(const EvalArgs& a) {
+  if (a.task != "mlm") return run_task_eval(a);
   auto m = train::load_model(a.model, model::Heads{});
   train::PretrainOptions o;
   o.sequences = a.data;
@@ -177,12 +205,25 @@ void register_pretrain(CLI::App& app) {
 
   auto e = std::make_shared<EvalArgs>();
   CLI::App* ev = app.add_subcommand(
-      "eval", "MLM and NSP loss/accuracy of a model over a whole sequences file");
+      "eval",
+      "Evaluate a model over a whole file: MLM/NSP loss and accuracy (sequences file), or a "
+      "fine-tuned model's accuracy (TSV) or SQuAD exact match/F1 (JSON)");
+  ev->add_option("--task", e->task, "mlm (pre-training metrics) | classify | squad")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mlm", "classify", "squad"}));
   ev->add_option("--model", e->model, "Hugging Face-layout directory or packbert checkpoint")
       ->required();
-  ev->add_option("--data", e->data, "Sequences file")->required();
-  ev->add_option("--packs", e->packs, "Its packs file (faster; same result)");
+  ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV; squad: SQuAD v1.1 JSON")
+      ->required();
+  ev->add_option("--packs", e->packs, "mlm: the sequences file's packs file (faster; same result)");
   ev->add_option("--batch-rows", e->rows)->capture_default_str();
+  ev->add_option("--vocab", e->vocab, "classify/squad: vocab.txt for tokenising")
+      ->capture_default_str();
+  ev->add_option("--max-seq-len", e->max_seq_len, "classify/squad: default 128 / 384");
+  ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
+  ev->add_option("--doc-stride", e->squad.doc_stride)->capture_default_str();
+  ev->add_option("--max-query-length", e->squad.max_query_length)->capture_default_str();
+  ev->add_option("--max-answer-length", e->squad.max_answer_length)->capture_default_str();
   ev->callback([e] { run_eval(*e); });
 
   auto x = std::make_shared<std::pair<std::string, std::string>>();
@@ -201,7 +242,6 @@ void register_pretrain(CLI::App& app) {
 
 }  // namespace packbert::cli
 
-#include "train/finetune.h"
 
 namespace packbert::cli {
 

@@ -183,13 +183,55 @@ void for_each_batch(model::BertModel<float>& m, const std::vector<Seq>& seqs,
   }
 }
 
+// Classification accuracy over rows of examples.
+double accuracy(model::BertModel<float>& m, const std::vector<ClassifyExample>& ex,
+                const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S) {
+  int64_t ok = 0, n = 0;
+  for_each_batch(m, ex, rows, rows_per_batch, S,
+                 [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>&) {
+                   ok += out.cls_correct;
+                   n += out.cls_count;
+                 });
+  return n ? static_cast<double>(ok) / static_cast<double>(n) : 0.0;
+}
+
+// Each SQuAD example's predicted answer: span logits of every window, then n-best decoding.
+std::vector<std::string> squad_answers(model::BertModel<float>& m,
+                                       const std::vector<SquadExample>& examples,
+                                       const std::vector<SquadFeature>& features,
+                                       const std::vector<std::vector<int64_t>>& rows,
+                                       int rows_per_batch, int S, const data::Tokenizer& tok,
+                                       const SquadOptions& so) {
+  std::vector<std::vector<float>> logits(features.size());
+  for_each_batch(m, features, rows, rows_per_batch, S,
+                 [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& batch_rows) {
+                   const std::vector<float>& lg = m.span_logits();
+                   const std::vector<int32_t>& cu = m.tokens().cu_seqlens;
+                   size_t s = 0;
+                   for (const auto& row : batch_rows)
+                     for (int64_t f : row) {
+                       logits[f].assign(lg.begin() + 2 * cu[s], lg.begin() + 2 * cu[s + 1]);
+                       ++s;
+                     }
+                 });
+  return squad_predictions(examples, features, logits, tok, so);
+}
+
+// {question id: answer} as the official evaluation script reads it, written atomically.
+void write_predictions(const std::string& path, const std::vector<SquadExample>& examples,
+                       const std::vector<std::string>& predictions) {
+  nlohmann::json pj = nlohmann::json::object();
+  for (size_t i = 0; i < examples.size(); ++i) pj[examples[i].id] = predictions[i];
+  io::write_file_atomic(path, pj.dump(1) + "\n");
+}
+
 void check_model(const model::BertModel<float>& m, const data::Vocab& vocab,
-                 const FinetuneOptions& o) {
+                 const std::string& model_path, const std::string& vocab_path, int max_seq_len) {
   if (m.config().vocab_size != vocab.size())
-    throw InputError(o.init + ": vocab_size " + std::to_string(m.config().vocab_size) +
-                     " differs from " + o.vocab);
-  if (m.config().max_position_embeddings < o.max_seq_len)
-    throw InputError("--max-seq-len " + std::to_string(o.max_seq_len) +
+    throw InputError(model_path + ": vocab_size " + std::to_string(m.config().vocab_size) +
+                     " differs from " + vocab_path);
+  if (m.config().max_position_embeddings < max_seq_len)
+    throw InputError("--max-seq-len " + std::to_string(max_seq_len) +
                      " exceeds the model's max_position_embeddings");
 }
 
@@ -207,7 +249,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   heads.pretraining = false;
   heads.classifier = true;
   auto m = model_from(o.init, heads, res.num_labels, o.seed);
-  check_model(*m, tok.vocab(), o);
+  check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
   std::vector<int64_t> per_label(res.num_labels, 0);
   for (const auto& e : train) ++per_label[e.label];
   int32_t majority = static_cast<int32_t>(std::max_element(per_label.begin(), per_label.end()) -
@@ -222,13 +264,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   res.dev_sequences = static_cast<int64_t>(dev.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   train_epochs(*m, o, train, tr, log, res, [&](int epoch) {
-    int64_t ok = 0, n = 0;
-    for_each_batch(*m, dev, dv, o.rows_per_batch, o.max_seq_len,
-                   [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>&) {
-                     ok += out.cls_correct;
-                     n += out.cls_count;
-                   });
-    res.dev_accuracy.push_back(n ? static_cast<double>(ok) / static_cast<double>(n) : 0.0);
+    res.dev_accuracy.push_back(accuracy(*m, dev, dv, o.rows_per_batch, o.max_seq_len));
     log << nlohmann::json{{"type", "eval"},
                           {"epoch", epoch},
                           {"step", res.steps},
@@ -244,12 +280,16 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   return res;
 }
 
-FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& tok,
-                              std::ofstream& log) {
-  SquadOptions so = o.squad;
-  so.max_seq_len = o.max_seq_len;
+SquadOptions squad_options(SquadOptions so, int max_seq_len) {
+  so.max_seq_len = max_seq_len;
   if (so.doc_stride < 1 || so.max_query_length < 1 || so.max_answer_length < 1)
     throw InputError("--doc-stride, --max-query-length and --max-answer-length must be positive");
+  return so;
+}
+
+FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& tok,
+                              std::ofstream& log) {
+  const SquadOptions so = squad_options(o.squad, o.max_seq_len);
   std::vector<SquadExample> train = read_squad(o.train), dev = read_squad(o.dev);
   SquadFeatures tf = squad_features(train, tok, so, true);
   SquadFeatures df = squad_features(dev, tok, so, false);
@@ -260,31 +300,17 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   heads.pretraining = false;
   heads.span = true;
   auto m = model_from(o.init, heads, 0, o.seed);
-  check_model(*m, tok.vocab(), o);
+  check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
   const auto tr = make_rows(lengths_of(tf.features), o.max_seq_len, o.packed, o.seed);
   const auto dv = make_rows(lengths_of(df.features), o.max_seq_len, o.packed, o.seed);
   res.train_sequences = static_cast<int64_t>(tf.features.size());
   res.dev_sequences = static_cast<int64_t>(df.features.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch) {
-    std::vector<std::vector<float>> logits(df.features.size());
-    for_each_batch(*m, df.features, dv, o.rows_per_batch, o.max_seq_len,
-                   [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& rows) {
-                     const std::vector<float>& lg = m->span_logits();
-                     const std::vector<int32_t>& cu = m->tokens().cu_seqlens;
-                     size_t s = 0;
-                     for (const auto& row : rows)
-                       for (int64_t f : row) {
-                         logits[f].assign(lg.begin() + 2 * cu[s], lg.begin() + 2 * cu[s + 1]);
-                         ++s;
-                       }
-                   });
-    std::vector<std::string> pred = squad_predictions(dev, df.features, logits, tok, so);
+    std::vector<std::string> pred =
+        squad_answers(*m, dev, df.features, dv, o.rows_per_batch, o.max_seq_len, tok, so);
     res.dev_squad.push_back(squad_score(dev, pred));
-    nlohmann::json pj = nlohmann::json::object();
-    for (size_t i = 0; i < dev.size(); ++i) pj[dev[i].id] = pred[i];
-    std::filesystem::create_directories(o.out_dir);
-    io::write_file_atomic(o.out_dir + "/predictions.json", pj.dump(1) + "\n");
+    write_predictions(o.out_dir + "/predictions.json", dev, pred);
     log << nlohmann::json{{"type", "eval"},
                           {"epoch", epoch},
                           {"step", res.steps},
@@ -368,6 +394,60 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   std::ofstream log(o.out_dir + "/metrics.jsonl", std::ios::app);
   return o.task == FinetuneTask::squad ? finetune_squad(o, tok, log)
                                        : finetune_classifier(o, tok, log);
+}
+
+TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
+  if (o.max_seq_len < 8) throw InputError("--max-seq-len must be at least 8");
+  if (o.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
+  data::Vocab vocab = data::Vocab::load(o.vocab);
+  data::Tokenizer tok(vocab, true);
+  TaskEvalResult r;
+  model::Heads heads;
+  heads.pretraining = false;
+  if (o.task == FinetuneTask::squad) {
+    const SquadOptions so = squad_options(o.squad, o.max_seq_len);
+    std::vector<SquadExample> ex = read_squad(o.data);
+    SquadFeatures f = squad_features(ex, tok, so, false);
+    heads.span = true;
+    auto m = load_model(o.model, heads);
+    check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
+    const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
+    std::vector<std::string> pred =
+        squad_answers(*m, ex, f.features, rows, o.rows_per_batch, o.max_seq_len, tok, so);
+    r.squad = squad_score(ex, pred);
+    r.examples = static_cast<int64_t>(ex.size());
+    r.sequences = static_cast<int64_t>(f.features.size());
+    if (!o.predictions.empty()) write_predictions(o.predictions, ex, pred);
+    return r;
+  }
+  // Classification: the label names come from the labels.json finetune wrote beside the model.
+  const std::string labels_path =
+      (std::filesystem::is_directory(o.model) ? o.model
+                                              : std::filesystem::path(o.model).parent_path().string()) +
+      "/labels.json";
+  std::ifstream lf(labels_path);
+  if (!lf) throw InputError(labels_path + ": cannot open (needed to map label names to ids)");
+  nlohmann::json lj = nlohmann::json::parse(lf, nullptr, false);
+  if (!lj.is_object() || lj.empty())
+    throw InputError(labels_path + ": expected a JSON object {label: id}");
+  std::map<std::string, int32_t> labels;
+  for (auto& [name, id] : lj.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= std::ssize(lj))
+      throw InputError(labels_path + ": label '" + name + "' has no valid id");
+    labels[name] = id.get<int32_t>();
+  }
+  std::vector<ClassifyExample> ex = read_classification_tsv(o.data, tok, o.max_seq_len, labels, false);
+  heads.classifier = true;
+  auto m = load_model(o.model, heads);
+  if (m->config().num_labels != static_cast<int>(labels.size()))
+    throw InputError(labels_path + ": " + std::to_string(labels.size()) +
+                     " labels, the model's classifier has " +
+                     std::to_string(m->config().num_labels));
+  check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
+  const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
+  r.accuracy = accuracy(*m, ex, rows, o.rows_per_batch, o.max_seq_len);
+  r.examples = r.sequences = static_cast<int64_t>(ex.size());
+  return r;
 }
 
 }  // namespace packbert::train

@@ -64,4 +64,25 @@ struct FinetuneResult {
 // to out_dir (HF layout, with the head). Appends JSONL metrics to out_dir/metrics.jsonl.
 FinetuneResult finetune(const FinetuneOptions& options);
 
+struct TaskEvalOptions {
+  FinetuneTask task = FinetuneTask::squad;
+  std::string model;        // fine-tuned model: HF directory (with labels.json for classify)
+  std::string data;         // dev TSV or SQuAD JSON
+  std::string vocab;
+  std::string predictions;  // squad: write {id: answer} here when not empty
+  int max_seq_len = 384;
+  int rows_per_batch = 8;
+  SquadOptions squad;
+};
+
+struct TaskEvalResult {
+  double accuracy = 0;  // classify
+  SquadScore squad;     // squad (%)
+  int64_t examples = 0, sequences = 0;  // questions/examples and the windows they became
+};
+
+// Evaluates a fine-tuned model on a dev file (packed, dropout off): classification accuracy or
+// SQuAD exact match / F1. A model without the task's head is an InputError.
+TaskEvalResult evaluate_task(const TaskEvalOptions& options);
+
 }  // namespace packbert::train
