@@ -7,7 +7,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -17,14 +16,12 @@
 #include "model/bert.h"
 #include "pack/assign.h"
 #include "pack/plan.h"
+#include "stopwatch.h"
 
 using namespace packbert;
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Peak sgemm rate at BERT-like shapes, this process, these threads.
 double sgemm_gflops() {
@@ -34,9 +31,9 @@ double sgemm_gflops() {
   kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
   std::vector<double> t;
   for (int r = 0; r < 5; ++r) {
-    double t0 = now();
+    double t0 = now_seconds();
     kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
-    t.push_back(now() - t0);
+    t.push_back(now_seconds() - t0);
   }
   // The best of 5: the peak rate (a stricter yardstick than the median on a noisy machine).
   return 2.0 * M * N * K / *std::min_element(t.begin(), t.end()) * 1e-9;
@@ -112,11 +109,11 @@ int main(int argc, char** argv) {
   for (int s = 0; s < warmup + steps; ++s) {
     kernels::reset_gemm_counters();
     kernels::enable_gemm_counters(true);
-    double t0 = now();
+    double t0 = now_seconds();
     m.forward(b, {true, 1, static_cast<uint64_t>(s)});
     m.zero_grads();
     m.backward();
-    double dt = now() - t0;
+    double dt = now_seconds() - t0;
     kernels::enable_gemm_counters(false);
     if (s >= warmup) {
       times.push_back(dt);

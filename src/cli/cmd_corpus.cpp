@@ -1,5 +1,4 @@
 // `packbert gcide-text`: builds the demo corpus from Debian's dict-gcide.
-#include <chrono>
 #include <iostream>
 #include <memory>
 
@@ -7,6 +6,7 @@
 #include "cli/table.h"
 #include "data/gcide.h"
 #include "io/atomic_file.h"
+#include "stopwatch.h"
 
 namespace packbert::cli {
 
@@ -18,7 +18,7 @@ struct GcideArgs {
 };
 
 void run_gcide(const GcideArgs& a) {
-  auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   size_t entries = 0;
   std::string text = data::gcide_to_text(a.index, a.dict, &entries);
   io::write_file_atomic(a.out, text);
@@ -38,7 +38,7 @@ void run_gcide(const GcideArgs& a) {
   }
   std::cout << "wrote " << a.out << ": " << with_commas(static_cast<int64_t>(entries))
             << " entries (documents), " << with_commas(static_cast<int64_t>(words)) << " words in "
-            << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            << fixed(clock.seconds(),
                      2)
             << " s\n";
 }

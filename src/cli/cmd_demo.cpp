@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -22,6 +21,7 @@
 #include "io/atomic_file.h"
 #include "pack/histogram.h"
 #include "train/trainer.h"
+#include "stopwatch.h"
 
 namespace packbert::cli {
 
@@ -29,14 +29,10 @@ namespace {
 
 struct DemoArgs {
   std::string workdir = "out/demo", vocab = PACKBERT_DEFAULT_VOCAB, preset = "mini";
-  int64_t steps = 120;
+  int64_t steps = 250;
   int sequences_per_step = 64;
   double lr = 1e-3;
 };
-
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 void packing_tables() {
   pack::Histogram h =
@@ -142,7 +138,7 @@ void pretrain_comparison(const DemoArgs& a, const std::string& seqs, const std::
 void demo_corpus(const DemoArgs& a) {
   std::cout << "\n== 2. The demo corpus: Debian's dict-gcide, one dictionary entry a document\n";
   std::filesystem::create_directories(a.workdir);
-  auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   size_t entries = 0;
   std::string text = data::gcide_to_text("/usr/share/dictd/gcide.index",
                                          "/usr/share/dictd/gcide.dict.dz", &entries);
@@ -165,7 +161,7 @@ void demo_corpus(const DemoArgs& a) {
   std::cout << with_commas(static_cast<int64_t>(entries)) << " entries → "
             << with_commas(static_cast<int64_t>(f.size())) << " sequences of at most 128 tokens ("
             << with_commas(static_cast<int64_t>(f.tokens.size())) << " tokens) in "
-            << fixed(since(t0), 1) << " s; wrote " << seqs << " and " << packs << "\n";
+            << fixed(clock.seconds(), 1) << " s; wrote " << seqs << " and " << packs << "\n";
   const double unpacked =
       static_cast<double>(f.tokens.size()) / (static_cast<double>(f.size()) * 128);
   Table t({"layout", "rows", "efficiency %", "rows saved"});

@@ -1,6 +1,5 @@
 // `packbert prepare`: text → sequences file (Google BERT's create_pretraining_data semantics),
 // its length histogram, and optionally the packs file in the same run.
-#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -11,6 +10,7 @@
 #include "data/corpus.h"
 #include "data/sequences.h"
 #include "error.h"
+#include "stopwatch.h"
 #include "io/atomic_file.h"
 #include "pack/histogram.h"
 
@@ -26,10 +26,6 @@ struct PrepareArgs {
   uint64_t pack_seed = 1;
   data::PretrainingOptions o;
 };
-
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 std::string sibling(const std::string& path, const std::string& ext) {
   const std::string seqs = ".seqs";
@@ -51,7 +47,7 @@ void run_prepare(const PrepareArgs& a) {
   std::optional<pack::Algo> algo;
   if (!a.pack_algo.empty()) algo = pack::parse_algo(a.pack_algo);
 
-  auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch total;
   data::Vocab vocab = data::Vocab::load(a.vocab);
   data::Tokenizer tok(vocab, !a.cased);
   std::vector<data::Document> docs = data::read_corpus(a.inputs, tok, a.split);
@@ -61,13 +57,13 @@ void run_prepare(const PrepareArgs& a) {
   std::cerr << "prepare: " << with_commas(static_cast<int64_t>(docs.size())) << " documents, "
             << with_commas(static_cast<int64_t>(sentences)) << " sentences, "
             << with_commas(static_cast<int64_t>(tokens)) << " tokens read and tokenized in "
-            << fixed(since(t0), 2) << " s\n";
-  auto t1 = std::chrono::steady_clock::now();
+            << fixed(total.seconds(), 2) << " s\n";
+  const Stopwatch packing;
   data::SequencesFile f = data::create_pretraining_data(docs, vocab, o);
   std::cerr << "prepare: " << with_commas(static_cast<int64_t>(f.size())) << " sequences ("
             << with_commas(static_cast<int64_t>(f.tokens.size())) << " tokens, "
             << with_commas(static_cast<int64_t>(f.mlm_positions.size())) << " masked) in "
-            << fixed(since(t1), 2) << " s\n";
+            << fixed(packing.seconds(), 2) << " s\n";
   data::write_sequences(a.out, f);
   pack::Histogram h = pack::histogram_of(f.lengths(), o.max_seq_len);
   std::string hist = "# Sequence-length histogram of " + a.out + " (packbert prepare)\n";
@@ -88,7 +84,7 @@ void run_prepare(const PrepareArgs& a) {
     plan_table({plan}, bound).print(std::cout);
     std::cout << "wrote " << sibling(a.out, ".packs") << '\n';
   }
-  std::cerr << "prepare: done in " << fixed(since(t0), 2) << " s\n";
+  std::cerr << "prepare: done in " << fixed(total.seconds(), 2) << " s\n";
 }
 
 }  // namespace

@@ -62,14 +62,6 @@ struct Reader {
   void skip_pad8() { pos += (8 - pos % 8) % 8; }
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open for reading");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 void check_magic(const std::string& buf, const std::string& path, const char* magic, size_t header,
                  const char* kind) {
   if (buf.size() < 16 || std::memcmp(buf.data(), magic, 8) != 0)
@@ -136,7 +128,7 @@ void write_sequences(const std::string& path, const SequencesFile& f) {
 }
 
 SequencesFile read_sequences(const std::string& path) {
-  std::string buf = slurp(path);
+  std::string buf = io::read_file(path);
   check_magic(buf, path, kSeqMagic, kSeqHeader, "sequences");
   Reader r{buf, 16, path};
   SequencesFile f;
@@ -216,7 +208,7 @@ void write_packs(const std::string& path, const PacksFile& f) {
 }
 
 PacksFile read_packs(const std::string& path) {
-  std::string buf = slurp(path);
+  std::string buf = io::read_file(path);
   check_magic(buf, path, kPackMagic, kPackHeader, "packs");
   Reader r{buf, 16, path};
   PacksFile f;

@@ -6,10 +6,21 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "error.h"
 
 namespace packbert::io {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open for reading");
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": read failed");
+  return s.str();
+}
 
 void write_file_atomic(const std::string& path, std::string_view data) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());

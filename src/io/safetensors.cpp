@@ -50,11 +50,7 @@ float half_to_float(uint16_t h) {
 }  // namespace
 
 SafetensorsFile SafetensorsFile::read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open for reading");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return parse(s.str(), path);
+  return parse(read_file(path), path);
 }
 
 SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& source) {

@@ -1,8 +1,8 @@
 #include "pack/colgen.h"
+#include "stopwatch.h"
 
 #include <algorithm>
 #include <cassert>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -345,7 +345,7 @@ Knapsack price(const std::vector<double>& y, const std::vector<int>& len,
 
 LpSolution solve_packing_lp(const std::vector<int64_t>& demand, int max_len, int64_t depth,
                             const std::vector<Pattern>& seeds) {
-  auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   std::vector<int> len, row_of(max_len + 1, -1);
   std::vector<double> d;
   std::vector<int64_t> bound;
@@ -427,7 +427,7 @@ LpSolution solve_packing_lp(const std::vector<int64_t>& demand, int max_len, int
         stderr,
         "colgen: rows %d, iterations %d (degenerate %d), generated %d, columns %zu, %.4f s\n", m,
         it, lp.degenerate, out.generated, lp.columns().size(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        clock.seconds());
   out.iterations = it;
   out.dual_bound = farley;
   std::vector<double> x = lp.pattern_values();

@@ -1,12 +1,12 @@
 #include "pack/plan.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <numeric>
 #include <stdexcept>
 
 #include "error.h"
+#include "stopwatch.h"
 
 namespace packbert::pack {
 
@@ -122,7 +122,7 @@ PackPlan run_packer(Algo algo, const Histogram& h, const PackOptions& options) {
     throw InputError(std::string("--algo ") + algo_name(algo) +
                      ": needs --max-per-pack between 1 and 3 (it enumerates exact-fill "
                      "strategies of at most 3 sequences)");
-  auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   PackPlan plan;
   switch (algo) {
     case Algo::none:
@@ -141,7 +141,7 @@ PackPlan run_packer(Algo algo, const Histogram& h, const PackOptions& options) {
       plan = pack_optimal(h, options);
       break;
   }
-  plan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  plan.seconds = clock.seconds();
   normalize(plan);
   check_plan(plan, h);
   return plan;

@@ -1,12 +1,12 @@
 #include "train/trainer.h"
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "error.h"
+#include "stopwatch.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "model/weights.h"
@@ -17,10 +17,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 model::BertConfig config_of(const io::SafetensorsFile& f) {
   auto it = f.metadata().find("config");
@@ -65,12 +61,7 @@ void export_model(const model::BertModel<float>& m, const std::string& dir,
   io::write_file_atomic(dir + "/config.json", model::config_to_json(m.config()).dump(2) + "\n");
   io::write_safetensors(dir + "/model.safetensors",
                         model::weight_tensors(m.layout(), mm.params().data()), {{"format", "pt"}});
-  if (!vocab_path.empty()) {
-    std::ifstream in(vocab_path, std::ios::binary);
-    if (!in) throw InputError(vocab_path + ": cannot open for reading");
-    std::string text((std::istreambuf_iterator<char>(in)), {});
-    io::write_file_atomic(dir + "/vocab.txt", text);
-  }
+  if (!vocab_path.empty()) io::write_file_atomic(dir + "/vocab.txt", io::read_file(vocab_path));
 }
 
 std::string Trainer::checkpoint_path() const {
@@ -253,11 +244,11 @@ int64_t Trainer::run(const std::atomic<bool>& stop,
                      const std::function<void(const EvalMetrics&)>& on_eval) {
   std::ofstream log(opt_.out_dir + "/metrics.jsonl", std::ios::app);
   if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
-  const double start = now();
+  const double start = now_seconds();
   int nan_streak = 0;
   auto do_eval = [&] {
     EvalMetrics e = evaluate();
-    e.elapsed = elapsed_before_ + (now() - start);
+    e.elapsed = elapsed_before_ + (now_seconds() - start);
     if (eval_rows_.row_end == 0) return;
     log << json{{"type", "eval"},           {"step", e.step},         {"mlm_loss", e.mlm_loss},
                 {"mlm_acc", e.mlm_acc},     {"nsp_loss", e.nsp_loss}, {"nsp_acc", e.nsp_acc},
@@ -268,7 +259,7 @@ int64_t Trainer::run(const std::atomic<bool>& stop,
   };
   double eval_time = 0;
   while (step_ < opt_.max_steps && !stop.load()) {
-    const double t0 = now();
+    const double t0 = now_seconds();
     StepMetrics s;
     s.step = step_;
     model_->zero_grads();
@@ -314,8 +305,8 @@ int64_t Trainer::run(const std::atomic<bool>& stop,
     }
     cursor_ = loader_->cursor();
     ++step_;
-    s.seconds = now() - t0;
-    s.elapsed = elapsed_before_ + (now() - start) - eval_time;
+    s.seconds = now_seconds() - t0;
+    s.elapsed = elapsed_before_ + (now_seconds() - start) - eval_time;
     log << json{{"type", "step"},           {"step", s.step},
                 {"loss", s.loss},           {"mlm_loss", s.mlm_loss},
                 {"nsp_loss", s.nsp_loss},   {"mlm_acc", s.mlm_acc},
@@ -327,9 +318,9 @@ int64_t Trainer::run(const std::atomic<bool>& stop,
         << std::endl;
     if (on_step) on_step(s);
     if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) {
-      double e0 = now();
+      double e0 = now_seconds();
       do_eval();
-      eval_time += now() - e0;
+      eval_time += now_seconds() - e0;
     }
     if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0) {
       double keep = elapsed_before_;
@@ -339,7 +330,7 @@ int64_t Trainer::run(const std::atomic<bool>& stop,
     }
     if (opt_.max_minutes > 0 && s.elapsed > opt_.max_minutes * 60) break;
   }
-  const double trained = elapsed_before_ + (now() - start) - eval_time;
+  const double trained = elapsed_before_ + (now_seconds() - start) - eval_time;
   do_eval();
   elapsed_before_ = trained;
   save_checkpoint();
