@@ -22,7 +22,6 @@ using namespace packbert;
 
 namespace {
 
-
 // Peak sgemm rate at BERT-like shapes, this process, these threads.
 double sgemm_gflops() {
   const int M = 2048, N = 3072, K = 768;

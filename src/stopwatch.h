@@ -19,8 +19,7 @@ class Stopwatch {
 
 // Seconds on the steady clock from an arbitrary origin: only differences mean anything.
 inline double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace packbert

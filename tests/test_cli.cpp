@@ -178,8 +178,8 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
 TEST_F(Cli, SquadBadInputIsOneLineErrorExit2) {
   const std::string tiny = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
   fs::path bad = write("bad.json", "{\"data\": [{\"paragraphs\": [{\"context\": \"x\"}]}]}");
-  Result r = run("finetune --task squad --train " + bad.string() + " --dev " + tiny +
-                 " --init " + (dir_ / "none").string() + " --out " + (dir_ / "o").string());
+  Result r = run("finetune --task squad --train " + bad.string() + " --dev " + tiny + " --init " +
+                 (dir_ / "none").string() + " --out " + (dir_ / "o").string());
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("data[0].paragraphs[0]: missing 'qas'"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

@@ -373,7 +373,8 @@ TEST(Squad, WindowsCoverTheContextAndLocateAnswers) {
     std::vector<int> owners(ex[i].pieces.size(), 0);
     for (const SquadFeature& ft : f.features)
       if (ft.example == static_cast<int64_t>(i))
-        for (size_t k = 0; k < ft.max_context.size(); ++k) owners[ft.doc_first + k] += ft.max_context[k];
+        for (size_t k = 0; k < ft.max_context.size(); ++k)
+          owners[ft.doc_first + k] += ft.max_context[k];
     for (int n : owners) EXPECT_EQ(n, 1);
   }
 }
@@ -424,8 +425,9 @@ TEST(Squad, BadFilesNameTheProblem) {
     }
   };
   expect_error("{\"data\": [", "not valid JSON");
-  expect_error("{\"data\": [{\"paragraphs\": [{\"context\": \"abc\", \"qas\": [{\"id\": \"x\"}]}]}]}",
-               "data[0].paragraphs[0].qas[0]: missing 'question'");
+  expect_error(
+      "{\"data\": [{\"paragraphs\": [{\"context\": \"abc\", \"qas\": [{\"id\": \"x\"}]}]}]}",
+      "data[0].paragraphs[0].qas[0]: missing 'question'");
   expect_error(
       "{\"data\": [{\"paragraphs\": [{\"context\": \"abc\", \"qas\": [{\"id\": \"x\", "
       "\"question\": \"q\", \"answers\": [{\"text\": \"bcd\", \"answer_start\": 1}]}]}]}]}",
@@ -448,12 +450,11 @@ TEST(Finetune, SquadSpanHeadLearnsAMarkerWord) {
         if (k == at) start = static_cast<int64_t>(context.size());
         context += k == at ? std::string("w3") : std::to_string(5 + rng() % 30).insert(0, 1, 'w');
       }
-      paragraphs.push_back(
-          {{"context", context},
-           {"qas",
-            {{{"id", prefix + std::to_string(i)},
-              {"question", "w1 w2"},
-              {"answers", {{{"text", "w3"}, {"answer_start", start}}}}}}}});
+      paragraphs.push_back({{"context", context},
+                            {"qas",
+                             {{{"id", prefix + std::to_string(i)},
+                               {"question", "w1 w2"},
+                               {"answers", {{{"text", "w3"}, {"answer_start", start}}}}}}}});
     }
     return nlohmann::json{{"version", "1.1"}, {"data", {{{"paragraphs", paragraphs}}}}}.dump();
   };
@@ -474,7 +475,7 @@ TEST(Finetune, SquadSpanHeadLearnsAMarkerWord) {
   o.lr = 1e-2;
   FinetuneResult r = finetune(o);
   ASSERT_EQ(r.dev_squad.size(), 3u);
-  EXPECT_GT(r.dev_sequences, 60);       // some contexts need two windows
+  EXPECT_GT(r.dev_sequences, 60);              // some contexts need two windows
   EXPECT_LT(r.train_rows, r.train_sequences);  // packed
   // Chance is about one word in twenty.
   EXPECT_GT(r.dev_squad.back().exact_match, 60.0) << r.dev_squad.back().f1;

@@ -242,7 +242,6 @@ void register_pretrain(CLI::App& app) {
 
 }  // namespace packbert::cli
 
-
 namespace packbert::cli {
 
 void register_finetune(CLI::App& app) {
@@ -279,8 +278,7 @@ void register_finetune(CLI::App& app) {
   cmd->add_option("--seed", o->seed)->capture_default_str();
   cmd->add_option("--doc-stride", o->squad.doc_stride, "squad: step between context windows")
       ->capture_default_str();
-  cmd->add_option("--max-query-length", o->squad.max_query_length,
-                  "squad: question tokens kept")
+  cmd->add_option("--max-query-length", o->squad.max_query_length, "squad: question tokens kept")
       ->capture_default_str();
   cmd->add_option("--max-answer-length", o->squad.max_answer_length,
                   "squad: longest predicted answer, tokens")

@@ -43,7 +43,8 @@ void softmax_row(T* __restrict p, int L) {
 
 // out[j] = keep(first + j) ? x[j] * scale : 0.
 template <typename T>
-void drop_row(T* __restrict out, const T* __restrict x, int L, const DropoutMask& mask, uint64_t first, T scale) {
+void drop_row(T* __restrict out, const T* __restrict x, int L, const DropoutMask& mask,
+              uint64_t first, T scale) {
 #pragma omp simd
   for (int j = 0; j < L; ++j) out[j] = mask.keep(first + j) ? x[j] * scale : T(0);
 }
@@ -134,11 +135,12 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
           if (dropout.p > 0)
-            drop_rows_backward(buf.data() + r, dP.data() + r, P + r, L, mask, first + r, keep_scale);
+            drop_rows_backward(buf.data() + r, dP.data() + r, P + r, L, mask, first + r,
+                               keep_scale);
           softmax_backward_row(dP.data() + r, P + r, L, scale);
         }
         const T* Pd = dropout.p > 0 ? buf.data() : P;
-        gemm(true, false, L, hs, L, T(1), Pd, L, dO, C, T(1), dQ + 2 * C, C3);  // dV += Pd^T dO
+        gemm(true, false, L, hs, L, T(1), Pd, L, dO, C, T(1), dQ + 2 * C, C3);      // dV += Pd^T dO
         gemm(false, false, L, hs, L, T(1), dP.data(), L, Q + C, C3, T(1), dQ, C3);  // dQ += dS K
         gemm(true, false, L, hs, L, T(1), dP.data(), L, Q, C3, T(1), dQ + C, C3);   // dK += dS^T Q
       }

@@ -19,8 +19,8 @@ inline float exp_fast(float x) {
   const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
   const float p =
       1.0f +
-      r * (1.0f +
-           r * (0.5f + r * (0.1666666716f + r * (0.04166662f + r * (0.008333452f + r * 0.001388889f)))));
+      r * (1.0f + r * (0.5f + r * (0.1666666716f +
+                                   r * (0.04166662f + r * (0.008333452f + r * 0.001388889f)))));
   return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
 }
 
@@ -34,7 +34,11 @@ inline float erf_fast(float x) {
   return std::copysign(y, x);
 }
 
-inline float exp_of(float x) { return exp_fast(x); }
-inline double exp_of(double x) { return std::exp(x); }
+inline float exp_of(float x) {
+  return exp_fast(x);
+}
+inline double exp_of(double x) {
+  return std::exp(x);
+}
 
 }  // namespace packbert::kernels

@@ -134,16 +134,16 @@ void gelu_forward(T* out, const T* inp, int64_t n) {
   } else {
     const T inv_sqrt2 = T(0.70710678118654752440);
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = T(0.5) * inp[i] * (T(1) + std::erf(inp[i] * inv_sqrt2));
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = T(0.5) * inp[i] * (T(1) + std::erf(inp[i] * inv_sqrt2));
   }
 }
 
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
-    parallel_blocks(n, [&](int64_t a, int64_t b) {
-      gelu_backward_block(dinp + a, inp + a, dout + a, b - a);
-    });
+    parallel_blocks(
+        n, [&](int64_t a, int64_t b) { gelu_backward_block(dinp + a, inp + a, dout + a, b - a); });
   } else {
     const T inv_sqrt2 = T(0.70710678118654752440);
     const T inv_sqrt2pi = T(0.39894228040143267794);
@@ -218,10 +218,17 @@ void cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* 
     const T* z = logits + static_cast<int64_t>(n) * V;
     T* p = probs + static_cast<int64_t>(n) * V;
     T mx = z[0];
+#pragma omp simd reduction(max : mx)
     for (int v = 1; v < V; ++v) mx = std::max(mx, z[v]);
     T sum = 0;
-    for (int v = 0; v < V; ++v) sum += (p[v] = std::exp(z[v] - mx));
-    for (int v = 0; v < V; ++v) p[v] /= sum;
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < V; ++v) {
+      p[v] = exp_of(z[v] - mx);
+      sum += p[v];
+    }
+    const T inv = T(1) / sum;
+#pragma omp simd
+    for (int v = 0; v < V; ++v) p[v] *= inv;
     losses[n] = targets[n] < 0 ? T(0) : -(z[targets[n]] - mx - std::log(sum));
   }
 }
@@ -234,7 +241,10 @@ void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, 
     if (targets[n] < 0) continue;
     const T* p = probs + static_cast<int64_t>(n) * V;
     T* d = dlogits + static_cast<int64_t>(n) * V;
-    for (int v = 0; v < V; ++v) d[v] += (p[v] - (v == targets[n] ? T(1) : T(0))) * dlosses[n];
+    const T g = dlosses[n];
+#pragma omp simd
+    for (int v = 0; v < V; ++v) d[v] += p[v] * g;
+    d[targets[n]] -= g;
   }
 }
 

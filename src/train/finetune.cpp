@@ -91,8 +91,12 @@ std::vector<int> lengths_of(const std::vector<Seq>& seqs) {
 }
 
 // Where segment B (token type 1) starts, and the labels each kind of sequence carries.
-int32_t segment_b(const ClassifyExample& e) { return e.b_start; }
-int32_t segment_b(const SquadFeature& f) { return f.doc_offset; }
+int32_t segment_b(const ClassifyExample& e) {
+  return e.b_start;
+}
+int32_t segment_b(const SquadFeature& f) {
+  return f.doc_offset;
+}
 void add_labels(model::PackedBatch& b, const ClassifyExample& e) {
   b.class_labels.push_back(e.label);
 }
@@ -129,9 +133,9 @@ model::PackedBatch make_batch(const std::vector<Seq>& seqs,
 // clipping at 1, a JSONL line per step, and `evaluate(epoch)` (which logs its own line) after
 // every epoch.
 template <typename Seq, typename Evaluate>
-void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o, const std::vector<Seq>& seqs,
-                  const std::vector<std::vector<int64_t>>& rows, std::ofstream& log,
-                  FinetuneResult& res, Evaluate evaluate) {
+void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
+                  const std::vector<Seq>& seqs, const std::vector<std::vector<int64_t>>& rows,
+                  std::ofstream& log, FinetuneResult& res, Evaluate evaluate) {
   const int64_t batches =
       (static_cast<int64_t>(rows.size()) + o.rows_per_batch - 1) / o.rows_per_batch;
   const int64_t total = batches * o.epochs;
@@ -157,8 +161,8 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o, const st
       double lr = learning_rate(o.lr, res.steps, o.warmup_steps, total);
       const bool finite = std::isfinite(out.loss()) && std::isfinite(norm);
       if (finite) opt.step(m.params().data(), m.grads().data(), lr);
-      nlohmann::json line{{"type", "step"}, {"step", res.steps}, {"epoch", epoch},
-                          {"loss", out.loss()}, {"lr", lr},  {"skipped", !finite}};
+      nlohmann::json line{{"type", "step"},     {"step", res.steps}, {"epoch", epoch},
+                          {"loss", out.loss()}, {"lr", lr},          {"skipped", !finite}};
       if (out.cls_count)
         line["acc"] = static_cast<double>(out.cls_correct) / static_cast<double>(out.cls_count);
       log << line.dump() << std::endl;
@@ -421,10 +425,10 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     return r;
   }
   // Classification: the label names come from the labels.json finetune wrote beside the model.
-  const std::string labels_path =
-      (std::filesystem::is_directory(o.model) ? o.model
-                                              : std::filesystem::path(o.model).parent_path().string()) +
-      "/labels.json";
+  const std::string labels_path = (std::filesystem::is_directory(o.model)
+                                       ? o.model
+                                       : std::filesystem::path(o.model).parent_path().string()) +
+                                  "/labels.json";
   std::ifstream lf(labels_path);
   if (!lf) throw InputError(labels_path + ": cannot open (needed to map label names to ids)");
   nlohmann::json lj = nlohmann::json::parse(lf, nullptr, false);
@@ -436,7 +440,8 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
       throw InputError(labels_path + ": label '" + name + "' has no valid id");
     labels[name] = id.get<int32_t>();
   }
-  std::vector<ClassifyExample> ex = read_classification_tsv(o.data, tok, o.max_seq_len, labels, false);
+  std::vector<ClassifyExample> ex =
+      read_classification_tsv(o.data, tok, o.max_seq_len, labels, false);
   heads.classifier = true;
   auto m = load_model(o.model, heads);
   if (m->config().num_labels != static_cast<int>(labels.size()))

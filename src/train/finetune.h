@@ -48,8 +48,8 @@ struct FinetuneOptions {
 };
 
 struct FinetuneResult {
-  std::vector<double> dev_accuracy;  // classify: after each epoch
-  double majority_baseline = 0;      // accuracy of always predicting the most frequent train label
+  std::vector<double> dev_accuracy;   // classify: after each epoch
+  double majority_baseline = 0;       // accuracy of always predicting the most frequent train label
   std::vector<SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
   int64_t steps = 0;
   int num_labels = 0;
@@ -66,8 +66,8 @@ FinetuneResult finetune(const FinetuneOptions& options);
 
 struct TaskEvalOptions {
   FinetuneTask task = FinetuneTask::squad;
-  std::string model;        // fine-tuned model: HF directory (with labels.json for classify)
-  std::string data;         // dev TSV or SQuAD JSON
+  std::string model;  // fine-tuned model: HF directory (with labels.json for classify)
+  std::string data;   // dev TSV or SQuAD JSON
   std::string vocab;
   std::string predictions;  // squad: write {id: answer} here when not empty
   int max_seq_len = 384;
@@ -76,8 +76,8 @@ struct TaskEvalOptions {
 };
 
 struct TaskEvalResult {
-  double accuracy = 0;  // classify
-  SquadScore squad;     // squad (%)
+  double accuracy = 0;                  // classify
+  SquadScore squad;                     // squad (%)
   int64_t examples = 0, sequences = 0;  // questions/examples and the windows they became
 };
 

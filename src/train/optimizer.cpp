@@ -1,11 +1,29 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace packbert::train {
 
 Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config)
     : layout_(layout), cfg_(config), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {}
+
+namespace {
+
+// One AdamW update over n elements, in double like the PyTorch reference it is checked against.
+void adamw_block(float* __restrict p, float* __restrict m, float* __restrict v,
+                 const float* __restrict g, int64_t n, double lr, double wd, double b1, double b2,
+                 double c1, double c2, double eps) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double pi = p[i] * (1.0 - lr * wd);
+    const double mi = b1 * m[i] + (1 - b1) * g[i], vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
+    m[i] = static_cast<float>(mi);
+    v[i] = static_cast<float>(vi);
+    p[i] = static_cast<float>(pi - lr * (mi / c1) / (std::sqrt(vi / c2) + eps));
+  }
+}
+
+}  // namespace
 
 void Optimizer::step(float* params, const float* grads, double lr) {
   ++t_;
@@ -20,14 +38,14 @@ void Optimizer::step(float* params, const float* grads, double lr) {
     const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
     const int64_t n = static_cast<int64_t>(t.numel);
     if (cfg_.kind == OptimizerKind::adamw) {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        double pi = p[i] * (1.0 - lr * wd);
-        double mi = b1 * m[i] + (1 - b1) * g[i], vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
-        m[i] = static_cast<float>(mi);
-        v[i] = static_cast<float>(vi);
-        p[i] = static_cast<float>(pi - lr * (mi / c1) / (std::sqrt(vi / c2) + cfg_.eps));
-      }
+      const double eps = cfg_.eps;
+      // Blocks per thread around a plain loop over restrict pointers, which GCC vectorises
+      // (it does not under `omp parallel for simd` here).
+      constexpr int64_t kBlock = 16384;
+#pragma omp parallel for schedule(static)
+      for (int64_t a = 0; a < n; a += kBlock)
+        adamw_block(p + a, m + a, v + a, g + a, std::min(kBlock, n - a), lr, wd, b1, b2, c1, c2,
+                    eps);
       continue;
     }
     // LAMB: first the update direction and both norms, then the trust-scaled step.

@@ -65,8 +65,8 @@ std::string join(const std::vector<std::string>& words, size_t first, size_t las
 const json& field(const json& obj, const char* key, json::value_t type, const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end()) throw InputError(where + ": missing '" + key + "'");
-  const bool ok = type == json::value_t::number_integer ? it->is_number_integer()
-                                                        : it->type() == type;
+  const bool ok =
+      type == json::value_t::number_integer ? it->is_number_integer() : it->type() == type;
   if (!ok) throw InputError(where + "." + key + ": wrong type (" + it->type_name() + ")");
   return *it;
 }
@@ -86,8 +86,7 @@ size_t max_context_window(const std::vector<Window>& windows, int32_t pos) {
   for (size_t w = 0; w < windows.size(); ++w) {
     const int32_t end = windows[w].start + windows[w].length - 1;
     if (pos < windows[w].start || pos > end) continue;
-    const double score =
-        std::min(pos - windows[w].start, end - pos) + 0.01 * windows[w].length;
+    const double score = std::min(pos - windows[w].start, end - pos) + 0.01 * windows[w].length;
     if (score > best_score) best_score = score, best = w;
   }
   return best;
@@ -164,8 +163,8 @@ std::vector<SquadExample> read_squad(const std::string& path) {
           const std::string wa = wq + "." + at("answers", a);
           SquadAnswer ans;
           ans.text = field(answers[a], "text", json::value_t::string, wa).get<std::string>();
-          ans.start = field(answers[a], "answer_start", json::value_t::number_integer, wa)
-                          .get<int64_t>();
+          ans.start =
+              field(answers[a], "answer_start", json::value_t::number_integer, wa).get<int64_t>();
           const int64_t len = static_cast<int64_t>(code_points(ans.text).size()) - 1;
           if (ans.start < 0 || ans.start + len > context_chars || len == 0)
             throw InputError(wa + ": answer_start " + std::to_string(ans.start) + " + " +
@@ -380,7 +379,8 @@ SquadScore squad_score(const std::vector<SquadExample>& examples,
     s.f1 += f1;
     ++n;
   }
-  if (n > 0) s.exact_match *= 100.0 / static_cast<double>(n), s.f1 *= 100.0 / static_cast<double>(n);
+  if (n > 0)
+    s.exact_match *= 100.0 / static_cast<double>(n), s.f1 *= 100.0 / static_cast<double>(n);
   return s;
 }
 

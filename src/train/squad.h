@@ -42,11 +42,11 @@ struct SquadOptions {
 
 struct SquadFeature {
   int64_t example = 0;
-  std::vector<int32_t> tokens;          // [CLS] question [SEP] window [SEP]
-  int32_t doc_offset = 0;               // position of the window's first piece in tokens
-  int32_t doc_first = 0;                // index of that piece in the example's pieces
-  std::vector<uint8_t> max_context;     // per window piece: this window gives it most context
-  int32_t start = 0, end = 0;           // answer span in tokens; 0, 0 = not in this window
+  std::vector<int32_t> tokens;       // [CLS] question [SEP] window [SEP]
+  int32_t doc_offset = 0;            // position of the window's first piece in tokens
+  int32_t doc_first = 0;             // index of that piece in the example's pieces
+  std::vector<uint8_t> max_context;  // per window piece: this window gives it most context
+  int32_t start = 0, end = 0;        // answer span in tokens; 0, 0 = not in this window
 };
 
 struct SquadFeatures {

@@ -6,10 +6,10 @@
 #include <nlohmann/json.hpp>
 
 #include "error.h"
-#include "stopwatch.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "model/weights.h"
+#include "stopwatch.h"
 
 namespace packbert::train {
 
@@ -149,8 +149,8 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   const uint64_t n_seq = seqs_.size();
   const uint64_t held =
       opt_.eval_fraction > 0 && n_seq > 1
-          ? std::max<uint64_t>(1, static_cast<uint64_t>(
-                                      std::llround(opt_.eval_fraction * static_cast<double>(n_seq))))
+          ? std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(opt_.eval_fraction *
+                                                                     static_cast<double>(n_seq))))
           : 0;
   train_rows_.rows_per_batch = opt_.rows_per_batch;
   train_rows_.seed = opt_.seed;
