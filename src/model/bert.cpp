@@ -57,7 +57,6 @@ template <typename T>
 Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& options) {
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
-  batch_ = &batch;
   opt_ = options;
   tl_ = token_layout(batch, c);
   out_ = Outputs{};
@@ -228,9 +227,11 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
     span_probs_.resize(span_logits_.size());
     linear_forward(span_logits_.data(), top, p_.span_w, p_.span_b, Tn, C, 2);
     double sum = 0;
+    span_targets_.resize(static_cast<size_t>(n_seq) * 2);
     for (int s = 0; s < n_seq; ++s) {
       const int a = tl_.cu_seqlens[s], L = tl_.cu_seqlens[s + 1] - a;
       const int32_t target[2] = {batch.span_starts[s], batch.span_ends[s]};
+      span_targets_[2 * s] = target[0], span_targets_[2 * s + 1] = target[1];
       for (int e = 0; e < 2; ++e) {
         T mx = -INFINITY;
         for (int i = 0; i < L; ++i) mx = std::max(mx, span_logits_[2 * (a + i) + e]);
@@ -256,7 +257,6 @@ template <typename T>
 void BertModel<T>::backward() {
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
-  const PackedBatch& batch = *batch_;
   const int Tn = tl_.tokens(), C = c.hidden_size, I = c.intermediate_size,
             NH = c.num_attention_heads;
   const int n_seq = tl_.sequences();
@@ -316,7 +316,7 @@ void BertModel<T>::backward() {
     const T scale = static_cast<T>(0.5 / out_.span_count);
     for (int s = 0; s < n_seq; ++s) {
       const int a = tl_.cu_seqlens[s], L = tl_.cu_seqlens[s + 1] - a;
-      const int32_t target[2] = {batch.span_starts[s], batch.span_ends[s]};
+      const int32_t target[2] = {span_targets_[2 * s], span_targets_[2 * s + 1]};
       if (target[0] < 0) continue;
       for (int e = 0; e < 2; ++e)
         for (int i = 0; i < L; ++i)

@@ -59,8 +59,7 @@ class BertModel {
   std::vector<T> params_, grads_;
   ParamView<T> p_, g_;
 
-  // State of the last forward.
-  const PackedBatch* batch_ = nullptr;
+  // State of the last forward (everything backward needs is copied: the batch may be gone).
   StepOptions opt_;
   TokenLayout tl_;
   std::vector<int32_t> ids_, pos_, types_;
@@ -70,7 +69,7 @@ class BertModel {
   std::vector<T> mlm_in_, mlm_t1_, mlm_t2_, mlm_mean_, mlm_rstd_, mlm_t3_, mlm_probs_;
   std::vector<T> cls_in_, pooled_, nsp_probs_, cls_drop_, cls_logits_, cls_probs_;
   std::vector<T> span_logits_, span_probs_;
-  std::vector<int32_t> nsp_targets_, cls_targets_;
+  std::vector<int32_t> nsp_targets_, cls_targets_, span_targets_;  // span: (start, end) pairs
   Outputs out_;
 };
 

@@ -153,8 +153,9 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
            r < std::min<int64_t>((b + 1) * o.rows_per_batch, static_cast<int64_t>(order.size()));
            ++r)
         batch_rows.push_back(rows[order[r]]);
-      model::Outputs out = m.forward(make_batch(seqs, batch_rows, o.max_seq_len),
-                                     {true, o.seed, static_cast<uint64_t>(res.steps)});
+      // The model reads the batch again in backward(): keep it alive until then.
+      const model::PackedBatch batch = make_batch(seqs, batch_rows, o.max_seq_len);
+      model::Outputs out = m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps)});
       m.zero_grads();
       m.backward();
       double norm = clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
