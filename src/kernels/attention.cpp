@@ -24,23 +24,6 @@ std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_se
 
 namespace {
 
-// Row kernels over restrict pointers so that they vectorise (exp_of is the branch-free float exp).
-template <typename T>
-void softmax_row(T* __restrict p, int L) {
-  T mx = p[0];
-#pragma omp simd reduction(max : mx)
-  for (int j = 1; j < L; ++j) mx = std::max(mx, p[j]);
-  T sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < L; ++j) {
-    p[j] = exp_of(p[j] - mx);
-    sum += p[j];
-  }
-  const T inv = T(1) / sum;
-#pragma omp simd
-  for (int j = 0; j < L; ++j) p[j] *= inv;
-}
-
 // out[j] = keep(first + j) ? x[j] * scale : 0.
 template <typename T>
 void drop_row(T* __restrict out, const T* __restrict x, int L, const DropoutMask& mask,
@@ -97,7 +80,7 @@ void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens
         if (dropout.p > 0) buf.resize(static_cast<size_t>(L) * L);
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
-          softmax_row(P + r, L);
+          softmax_row(P + r, P + r, L);
           if (dropout.p > 0) drop_row(buf.data() + r, P + r, L, mask, first + r, keep_scale);
         }
         const T* Pd = dropout.p > 0 ? buf.data() : P;

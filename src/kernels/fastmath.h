@@ -41,4 +41,27 @@ inline double exp_of(double x) {
   return std::exp(x);
 }
 
+template <typename T>
+struct SoftmaxStats {
+  T max, sum;  // the row's largest input and sum(exp(z - max)): log-sum-exp = max + log(sum)
+};
+
+// p = softmax(z) over one row of n values (p may be z itself), vectorised.
+template <typename T>
+SoftmaxStats<T> softmax_row(T* p, const T* z, int n) {
+  T mx = z[0];
+#pragma omp simd reduction(max : mx)
+  for (int j = 1; j < n; ++j) mx = std::max(mx, z[j]);
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) {
+    p[j] = exp_of(z[j] - mx);
+    sum += p[j];
+  }
+  const T inv = T(1) / sum;
+#pragma omp simd
+  for (int j = 0; j < n; ++j) p[j] *= inv;
+  return {mx, sum};
+}
+
 }  // namespace packbert::kernels

@@ -217,19 +217,8 @@ void cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* 
   for (int n = 0; n < N; ++n) {
     const T* z = logits + static_cast<int64_t>(n) * V;
     T* p = probs + static_cast<int64_t>(n) * V;
-    T mx = z[0];
-#pragma omp simd reduction(max : mx)
-    for (int v = 1; v < V; ++v) mx = std::max(mx, z[v]);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < V; ++v) {
-      p[v] = exp_of(z[v] - mx);
-      sum += p[v];
-    }
-    const T inv = T(1) / sum;
-#pragma omp simd
-    for (int v = 0; v < V; ++v) p[v] *= inv;
-    losses[n] = targets[n] < 0 ? T(0) : -(z[targets[n]] - mx - std::log(sum));
+    const SoftmaxStats<T> st = softmax_row(p, z, V);
+    losses[n] = targets[n] < 0 ? T(0) : -(z[targets[n]] - st.max - std::log(st.sum));
   }
 }
 
