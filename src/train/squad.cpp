@@ -37,20 +37,28 @@ bool squad_space(const std::string& s, size_t i, size_t n) {
   return n == 3 && s.compare(i, 3, "\xE2\x80\xAF") == 0;
 }
 
-std::vector<std::string> split_words(const std::string& s) {
+// s split on SQuAD whitespace, and per code point of s the word it belongs to (a space: the
+// word before it, -1 before the first word).
+struct Words {
   std::vector<std::string> words;
-  std::string cur;
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = std::min<size_t>(utf8_length(static_cast<unsigned char>(s[i])), s.size() - i);
-    if (squad_space(s, i, n)) {
-      if (!cur.empty()) words.push_back(std::move(cur)), cur.clear();
+  std::vector<int32_t> char_word;
+};
+Words split_words(const std::string& s) {
+  Words out;
+  bool prev_space = true;
+  for (size_t b = 0; b < s.size();) {
+    const size_t n = std::min<size_t>(utf8_length(static_cast<unsigned char>(s[b])), s.size() - b);
+    if (squad_space(s, b, n)) {
+      prev_space = true;
     } else {
-      cur.append(s, i, n);
+      if (prev_space) out.words.emplace_back();
+      out.words.back().append(s, b, n);
+      prev_space = false;
     }
-    i += n;
+    out.char_word.push_back(static_cast<int32_t>(out.words.size()) - 1);
+    b += n;
   }
-  if (!cur.empty()) words.push_back(std::move(cur));
-  return words;
+  return out;
 }
 
 std::string join(const std::vector<std::string>& words, size_t first, size_t last) {
@@ -186,26 +194,10 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const data::To
   SquadFeatures out;
   for (size_t i = 0; i < examples.size(); ++i) {
     SquadExample& e = examples[i];
-    // Words and, per code point of the context, the word it belongs to (spaces: the word before).
-    e.words.clear(), e.pieces.clear(), e.piece_word.clear();
-    std::vector<int32_t> char_word;
-    {
-      std::string cur;
-      bool prev_space = true;
-      for (size_t b = 0; b < e.context.size();) {
-        const size_t n = std::min<size_t>(utf8_length(static_cast<unsigned char>(e.context[b])),
-                                          e.context.size() - b);
-        if (squad_space(e.context, b, n)) {
-          prev_space = true;
-        } else {
-          if (prev_space) e.words.emplace_back();
-          e.words.back().append(e.context, b, n);
-          prev_space = false;
-        }
-        char_word.push_back(static_cast<int32_t>(e.words.size()) - 1);
-        b += n;
-      }
-    }
+    e.pieces.clear(), e.piece_word.clear();
+    Words split = split_words(e.context);
+    e.words = std::move(split.words);
+    const std::vector<int32_t>& char_word = split.char_word;
     std::vector<int32_t> word_first(e.words.size() + 1);
     for (size_t w = 0; w < e.words.size(); ++w) {
       word_first[w] = static_cast<int32_t>(e.pieces.size());
@@ -226,7 +218,7 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const data::To
       const int64_t len = static_cast<int64_t>(code_points(a.text).size()) - 1;
       const int32_t sw = std::max(char_word[a.start], 0);
       const int32_t ew = char_word[a.start + len - 1];
-      std::vector<std::string> answer_words = split_words(a.text);
+      std::vector<std::string> answer_words = split_words(a.text).words;
       if (ew < sw || answer_words.empty() ||
           join(e.words, sw, ew).find(join(answer_words, 0, answer_words.size() - 1)) ==
               std::string::npos) {
