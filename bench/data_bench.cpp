@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   data::SequencesFile f;
   for (int r = 0; r < runs; ++r) {
     double t0 = now();
-    auto docs = data::read_corpus({path}, tok, false);
+    auto docs = data::read_corpus({path}, tok, {});
     data::PretrainingOptions o;
     f = data::create_pretraining_data(docs, vocab, o);
     data::write_sequences("/tmp/packbert_data_bench.seqs", f);

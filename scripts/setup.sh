@@ -5,7 +5,6 @@ set -euo pipefail
 
 packages=(
   cmake make g++ ninja-build pkg-config
-  libopenblas-dev libopenblas0-openmp   # fp64 GEMM (tests); the OpenMP build shares our threads
   libdnnl-dev                           # fp32 GEMM: oneDNN JITs for the CPU it runs on
   nlohmann-json3-dev libcli11-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -164,7 +164,7 @@ std::vector<double> losses_of(Trainer& t, int64_t stop_after,
         [&](const StepMetrics& s) {
           out.push_back(s.loss);
           if (hook) hook(s.step);
-          if (s.step + 1 >= stop_after) stop = true;
+          if (s.step >= stop_after) stop = true;
         },
         {});
   return out;
@@ -177,13 +177,13 @@ TEST(Trainer, KilledRunResumesBitExactly) {
   std::vector<double> reference = losses_of(full, 8);
   ASSERT_EQ(reference.size(), 8u);
 
-  // Interrupted: steps 0..4 run, but only the step-3 checkpoint survives (as after kill -9).
+  // Interrupted: steps 1..5 run, but only the step-3 checkpoint survives (as after kill -9).
   PretrainOptions p = w.options("killed");
   std::string saved = (w.dir / "step3.safetensors").string();
   {
     Trainer t(p, false);
     losses_of(t, 5, [&](int64_t step) {
-      if (step == 4)
+      if (step == 5)
         fs::copy_file(t.checkpoint_path(), saved, fs::copy_options::overwrite_existing);
     });
   }

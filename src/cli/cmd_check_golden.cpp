@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/table.h"
 #include "model/golden.h"
 
@@ -48,11 +49,9 @@ void register_check_golden(CLI::App& app, int& exit_code) {
       "check-golden", "Compare packbert's losses and gradients with a PyTorch golden file");
   cmd->add_option("file", args->file, "Golden safetensors file (tools/make_model_golden.py)")
       ->required();
-  cmd->add_option("--rtol-loss", args->rtol_loss, "Relative tolerance on losses")
-      ->capture_default_str();
-  cmd->add_option("--rtol-grad", args->rtol_grad,
-                  "Tolerance on gradients: max |ours - theirs| / max |theirs| per tensor")
-      ->capture_default_str();
+  number(cmd, "--rtol-loss", args->rtol_loss, "Relative tolerance on losses", 0, 1);
+  number(cmd, "--rtol-grad", args->rtol_grad,
+         "Tolerance on gradients: max |ours - theirs| / max |theirs| per tensor", 0, 1);
   cmd->add_flag("--all", args->all, "List every gradient tensor, not only the worst");
   cmd->callback([args, &exit_code] { exit_code = run_check_golden(*args); });
 }

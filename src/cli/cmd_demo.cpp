@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/pack_report.h"
 #include "cli/plot.h"
 #include "data/corpus.h"
@@ -159,7 +160,7 @@ void demo_corpus(const DemoArgs& a) {
   io::write_file_atomic(txt, text);
   data::Vocab vocab = data::Vocab::load(a.vocab);
   data::Tokenizer tok(vocab, true);
-  auto docs = data::read_corpus({txt}, tok, false);
+  auto docs = data::read_corpus({txt}, tok, {});
   data::PretrainingOptions o;
   o.max_seq_len = 128;
   data::SequencesFile f = data::create_pretraining_data(docs, vocab, o);
@@ -201,10 +202,11 @@ void register_demo(CLI::App& app) {
   cmd->add_option("--vocab", a->vocab)->capture_default_str();
   cmd->add_option("--preset", a->preset, "Model for the pre-training comparison")
       ->capture_default_str();
-  cmd->add_option("--steps", a->steps, "Optimizer steps of each pre-training run (0 = skip)")
-      ->capture_default_str();
-  cmd->add_option("--sequences-per-step", a->sequences_per_step)->capture_default_str();
-  cmd->add_option("--lr", a->lr)->capture_default_str();
+  number(cmd, "--steps", a->steps, "Optimizer steps of each pre-training run (0 = skip)", 0,
+         kMaxCount);
+  number(cmd, "--sequences-per-step", a->sequences_per_step, "Sequences per optimizer step", 1,
+         1e6);
+  number(cmd, "--lr", a->lr, "Peak learning rate", 1e-12, 10);
   cmd->callback([a] {
     packing_tables();
     demo_corpus(*a);

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/table.h"
 #include "data/sequences.h"
 #include "data/vocab.h"
@@ -15,6 +16,7 @@ namespace {
 
 struct InspectArgs {
   std::string file, vocab = PACKBERT_DEFAULT_VOCAB, sequences;
+  bool vocab_given = false;  // --vocab named on the command line (not the default)
   int examples = 3;
 };
 
@@ -39,16 +41,24 @@ std::string decode(const data::SequencesFile& f, size_t i, const data::Vocab* vo
 
 void inspect_sequences(const InspectArgs& a) {
   data::SequencesFile f = data::read_sequences(a.file);
+  // A vocabulary named with --vocab must be the file's; the default one is only used when it is
+  // (otherwise ids are shown).
   std::unique_ptr<data::Vocab> vocab;
-  try {
+  if (a.vocab_given) {
     vocab = std::make_unique<data::Vocab>(data::Vocab::load(a.vocab));
-    if (vocab->fingerprint() != f.vocab_fingerprint) {
-      std::cout << "(vocabulary " << a.vocab
-                << " is not the one this file was made with; ids shown)\n";
+    if (!f.made_with(*vocab))
+      throw InputError(a.vocab + ": not the vocabulary " + a.file + " was made with");
+  } else {
+    try {
+      vocab = std::make_unique<data::Vocab>(data::Vocab::load(a.vocab));
+      if (!f.made_with(*vocab)) {
+        std::cout << "(the default vocabulary is not the one this file was made with; ids "
+                     "shown: pass its --vocab to decode)\n";
+        vocab.reset();
+      }
+    } catch (const InputError&) {
       vocab.reset();
     }
-  } catch (const InputError&) {
-    vocab.reset();
   }
   std::vector<int> lengths = f.lengths();
   std::vector<int> sorted = lengths;
@@ -77,6 +87,12 @@ void inspect_sequences(const InspectArgs& a) {
   t.add_row({"NSP random-next %",
              fixed(100.0 * static_cast<double>(nsp) / std::max<size_t>(f.size(), 1), 2)});
   t.add_row({"vocabulary size", std::to_string(f.vocab_size)});
+  t.add_row({"held-out sequences",
+             f.has_heldout_split()
+                 ? with_commas(static_cast<int64_t>(f.size() - f.heldout_begin)) +
+                       " (from held-out documents, the file's last)"
+                 : "none recorded"});
+  t.add_row({"format version", std::to_string(f.format_version)});
   t.print(std::cout);
   for (int i = 0; i < a.examples && i < static_cast<int>(f.size()); ++i)
     std::cout << "\n#" << i << " (" << lengths[i] << " tokens, B from " << f.b_start[i] << ", NSP "
@@ -127,11 +143,16 @@ void register_inspect(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "inspect", "Summarise a sequences or packs file and decode a few examples");
   cmd->add_option("file", a->file, "Sequences (.seqs) or packs (.packs) file")->required();
-  cmd->add_option("--vocab", a->vocab, "vocab.txt for decoding")->capture_default_str();
-  cmd->add_option("--examples", a->examples, "How many to show")->capture_default_str();
+  CLI::Option* vocab =
+      cmd->add_option("--vocab", a->vocab, "vocab.txt the file was made with, for decoding")
+          ->capture_default_str();
+  number(cmd, "--examples", a->examples, "How many to show", 0, kMaxCount);
   cmd->add_option("--sequences", a->sequences,
                   "For a packs file: its sequences file (shows lengths)");
-  cmd->callback([a] { run_inspect(*a); });
+  cmd->callback([a, vocab] {
+    a->vocab_given = vocab->count() > 0;
+    run_inspect(*a);
+  });
 }
 
 }  // namespace packbert::cli

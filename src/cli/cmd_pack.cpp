@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/pack_report.h"
 #include "data/sequences.h"
 #include "error.h"
@@ -18,7 +19,7 @@ namespace {
 struct PackArgs {
   std::string input;
   std::string algo = "optimal";
-  int max_seq_len = 0;  // 0: 512 for a histogram, the file's own for a sequences file
+  std::optional<int> max_seq_len;  // unset: 512 for a histogram, the file's own for sequences
   int max_per_pack = 0;
   std::string out;
   uint64_t seed = 1;
@@ -31,7 +32,7 @@ void pack_sequences_file(const PackArgs& a) {
   if (a.out.empty()) throw InputError("--out is required when packing a sequences file");
   data::SequencesFile f = data::read_sequences(a.input);
   pack::PackOptions po;
-  po.max_len = a.max_seq_len ? a.max_seq_len : f.max_seq_len;
+  po.max_len = a.max_seq_len.value_or(f.max_seq_len);
   po.max_per_pack = a.max_per_pack;
   pack::PackPlan plan;
   data::PacksFile p = data::make_packs(f, data::sequences_checksum(a.input),
@@ -51,13 +52,11 @@ void pack_sequences_file(const PackArgs& a) {
 
 void run_pack(PackArgs a) {
   if (data::file_kind(a.input) == "sequences") return pack_sequences_file(a);
-  if (a.max_seq_len == 0) a.max_seq_len = 512;
-  if (a.max_seq_len < 1 || a.max_seq_len > 65536)
-    throw InputError("--max-seq-len: " + std::to_string(a.max_seq_len) + " is outside [1, 65536]");
+  const int max_seq_len = a.max_seq_len.value_or(512);
   if (a.max_per_pack < 0)
     throw InputError("--max-per-pack: " + std::to_string(a.max_per_pack) +
                      " is negative (0 means unlimited)");
-  pack::PackOptions options{.max_len = a.max_seq_len, .max_per_pack = a.max_per_pack};
+  pack::PackOptions options{.max_len = max_seq_len, .max_per_pack = a.max_per_pack};
   std::vector<pack::Algo> algos;
   if (a.algo == "all") {
     for (pack::Algo algo : pack::kAllAlgos)
@@ -65,7 +64,7 @@ void run_pack(PackArgs a) {
   } else {
     algos.push_back(pack::parse_algo(a.algo));
   }
-  pack::Histogram h = pack::read_histogram(a.input, a.max_seq_len);
+  pack::Histogram h = pack::read_histogram(a.input, max_seq_len);
 
   std::vector<pack::PackPlan> plans;
   for (pack::Algo algo : algos) plans.push_back(pack::run_packer(algo, h, options));
@@ -77,7 +76,7 @@ void run_pack(PackArgs a) {
     bound = pack::packing_lower_bound(h, options);
 
   std::cout << a.input << ": " << with_commas(h.sequences()) << " sequences, "
-            << with_commas(h.tokens()) << " tokens, max length " << a.max_seq_len
+            << with_commas(h.tokens()) << " tokens, max length " << max_seq_len
             << ", max per pack "
             << (a.max_per_pack ? std::to_string(a.max_per_pack) : std::string("unlimited"))
             << "; LP bound " << fixed(bound.lp_value, 2) << " packs\n";
@@ -105,16 +104,15 @@ void register_pack(CLI::App& app) {
   cmd->add_option("--algo", args->algo,
                   "none|spfhp|lpfhp|nnlshp|optimal, or all to compare every packer")
       ->capture_default_str();
-  cmd->add_option("--max-seq-len", args->max_seq_len,
-                  "Tokens per pack (default 512, or the sequences file's max length)");
-  cmd->add_option("--max-per-pack", args->max_per_pack,
-                  "Most sequences in one pack (0 = unlimited; nnlshp needs 1-3)")
-      ->capture_default_str();
+  number(cmd, "--max-seq-len", args->max_seq_len,
+         "Tokens per pack (default 512, or the sequences file's max length)", 1, 65536);
+  number(cmd, "--max-per-pack", args->max_per_pack,
+         "Most sequences in one pack (0 = unlimited; nnlshp needs 1-3)", 0, 65536);
   cmd->add_option("--out", args->out,
                   "Histogram input: write the plan (with --algo all, the one with fewest packs) "
                   "as JSON. Sequences input: the packs file to write");
-  cmd->add_option("--seed", args->seed, "Seed for assigning sequences to packs and pack order")
-      ->capture_default_str();
+  number(cmd, "--seed", args->seed, "Seed for assigning sequences to packs and pack order", 0,
+         kMaxSeed);
   cmd->callback([args] { run_pack(*args); });
 }
 

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/pack_report.h"
 #include "data/corpus.h"
 #include "data/sequences.h"
@@ -21,7 +22,7 @@ namespace {
 struct PrepareArgs {
   std::vector<std::string> inputs;
   std::string out, vocab = PACKBERT_DEFAULT_VOCAB, pack_algo;
-  bool cased = false, split = false;
+  bool cased = false, split = false, skip_invalid_utf8 = false;
   int max_per_pack = 0;
   uint64_t pack_seed = 1;
   data::PretrainingOptions o;
@@ -36,21 +37,19 @@ std::string sibling(const std::string& path, const std::string& ext) {
 
 void run_prepare(const PrepareArgs& a) {
   const data::PretrainingOptions& o = a.o;
-  if (o.max_seq_len < 8 || o.max_seq_len > 65536)
-    throw InputError("--max-seq-len: " + std::to_string(o.max_seq_len) + " is outside [8, 65536]");
-  if (!(o.short_seq_prob >= 0 && o.short_seq_prob <= 1))
-    throw InputError("--short-seq-prob must be in [0, 1]");
-  if (!(o.masked_lm_prob > 0 && o.masked_lm_prob < 1))
-    throw InputError("--masked-lm-prob must be in (0, 1)");
-  if (o.max_predictions_per_seq < 1) throw InputError("--max-predictions must be at least 1");
-  if (o.dupe_factor < 1) throw InputError("--dupe-factor must be at least 1");
   std::optional<pack::Algo> algo;
   if (!a.pack_algo.empty()) algo = pack::parse_algo(a.pack_algo);
 
   const Stopwatch total;
   data::Vocab vocab = data::Vocab::load(a.vocab);
   data::Tokenizer tok(vocab, !a.cased);
-  std::vector<data::Document> docs = data::read_corpus(a.inputs, tok, a.split);
+  size_t skipped = 0;
+  std::vector<data::Document> docs = data::read_corpus(
+      a.inputs, tok, {.split_sentences = a.split, .skip_invalid_utf8 = a.skip_invalid_utf8},
+      &skipped);
+  if (skipped)
+    std::cerr << "prepare: skipped " << with_commas(static_cast<int64_t>(skipped))
+              << " lines that are not valid UTF-8\n";
   size_t sentences = 0, tokens = 0;
   for (const auto& d : docs)
     for (const auto& s : d) ++sentences, tokens += s.size();
@@ -63,7 +62,11 @@ void run_prepare(const PrepareArgs& a) {
   std::cerr << "prepare: " << with_commas(static_cast<int64_t>(f.size())) << " sequences ("
             << with_commas(static_cast<int64_t>(f.tokens.size())) << " tokens, "
             << with_commas(static_cast<int64_t>(f.mlm_positions.size())) << " masked) in "
-            << fixed(packing.seconds(), 2) << " s\n";
+            << fixed(packing.seconds(), 2) << " s";
+  if (f.has_heldout_split())
+    std::cerr << "; the last " << with_commas(static_cast<int64_t>(f.size() - f.heldout_begin))
+              << " come from held-out documents";
+  std::cerr << '\n';
   data::write_sequences(a.out, f);
   pack::Histogram h = pack::histogram_of(f.lengths(), o.max_seq_len);
   std::string hist = "# Sequence-length histogram of " + a.out + " (packbert prepare)\n";
@@ -100,21 +103,30 @@ void register_prepare(CLI::App& app) {
   cmd->add_flag("--cased", a->cased, "Keep case and accents (cased models)");
   cmd->add_flag("--split-sentences", a->split,
                 "Input is raw text: split documents (blank-line separated) into sentences");
-  cmd->add_option("--max-seq-len", a->o.max_seq_len)->capture_default_str();
-  cmd->add_option("--short-seq-prob", a->o.short_seq_prob)->capture_default_str();
-  cmd->add_option("--masked-lm-prob", a->o.masked_lm_prob)->capture_default_str();
-  cmd->add_option("--max-predictions", a->o.max_predictions_per_seq,
-                  "Max masked tokens per sequence")
-      ->capture_default_str();
-  cmd->add_option("--dupe-factor", a->o.dupe_factor, "Passes over the corpus with new masks/pairs")
-      ->capture_default_str();
+  number(cmd, "--max-seq-len", a->o.max_seq_len, "Tokens per sequence, [CLS] and [SEP]s included",
+         8, 65536);
+  number(cmd, "--short-seq-prob", a->o.short_seq_prob,
+         "Probability of a shorter target length (Google's short_seq_prob)", 0, 1);
+  number(cmd, "--masked-lm-prob", a->o.masked_lm_prob, "Share of tokens masked", 1e-6,
+         1 - 1e-6);
+  number(cmd, "--max-predictions", a->o.max_predictions_per_seq, "Max masked tokens per sequence",
+         1, 65536);
+  number(cmd, "--dupe-factor", a->o.dupe_factor, "Passes over the corpus with new masks/pairs", 1,
+         1000);
+  number(cmd, "--eval-fraction", a->o.heldout_fraction,
+         "Share of documents held out for evaluation, split before duplication (pretrain uses it)",
+         0, 0.49);
   cmd->add_flag("--whole-word-mask", a->o.whole_word_mask, "Mask whole words (all their pieces)");
-  cmd->add_option("--seed", a->o.seed)->capture_default_str();
+  cmd->add_flag("--split-single-sentence", a->o.split_single_sentence,
+                "Split a one-sentence chunk into A and B when its coin says real next (keeps NSP "
+                "50/50 on short documents; Google's rule, the default, gives it a random B)");
+  cmd->add_flag("--skip-invalid-utf8", a->skip_invalid_utf8,
+                "Drop lines that are not valid UTF-8 (counted) instead of stopping at the first");
+  number(cmd, "--seed", a->o.seed, "Seed for pairs, masks and order", 0, kMaxSeed);
   cmd->add_option("--pack", a->pack_algo,
                   "Also pack: none|spfhp|lpfhp|nnlshp|optimal (writes <out>.packs)");
-  cmd->add_option("--max-per-pack", a->max_per_pack,
-                  "With --pack: most sequences per pack (0 = unlimited)")
-      ->capture_default_str();
+  number(cmd, "--max-per-pack", a->max_per_pack,
+         "With --pack: most sequences per pack (0 = unlimited)", 0, 65536);
   cmd->callback([a] { run_prepare(*a); });
 }
 

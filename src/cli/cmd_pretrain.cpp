@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/table.h"
 #include "error.h"
 #include "train/finetune.h"
@@ -15,8 +16,11 @@ namespace packbert::cli {
 
 namespace {
 
+// The signal that asked training to stop (0: none). Only the handler writes it.
+std::atomic<int> g_signal{0};
 std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int) {
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
   g_stop = true;
 }
 
@@ -27,7 +31,8 @@ std::string eta_text(double seconds) {
   return buf;
 }
 
-void run_pretrain(const train::PretrainOptions& o, bool resume, const std::string& optimizer) {
+// Returns the exit code: 0, or 128 + the signal that stopped the run (130 SIGINT, 143 SIGTERM).
+int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string& optimizer) {
   train::PretrainOptions opt = o;
   if (optimizer == "adamw")
     opt.optimizer.kind = train::OptimizerKind::adamw;
@@ -44,25 +49,25 @@ void run_pretrain(const train::PretrainOptions& o, bool resume, const std::strin
             << (opt.packs.empty() ? "padded rows" : "packs") << ", from step " << trainer.step()
             << " to " << opt.max_steps << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
   double tokens = 0, seconds = 0;
-  int64_t first = trainer.step();
-  trainer.run(
+  const int64_t first = trainer.step();
+  const train::StopReason reason = trainer.run(
       g_stop,
       [&](const train::StepMetrics& s) {
         tokens += static_cast<double>(s.real_tokens);
         seconds += s.seconds;
         double rate = tokens / std::max(seconds, 1e-9);
-        double eta = seconds / static_cast<double>(s.step + 1 - first) *
-                     static_cast<double>(opt.max_steps - s.step - 1);
+        double eta = seconds / static_cast<double>(s.step - first) *
+                     static_cast<double>(opt.max_steps - s.step);
         char line[256];
         std::snprintf(
             line, sizeof line,
             "step %lld/%lld  loss %.4f  mlm acc %.3f  nsp acc %.3f  lr %.2e  %.0f tok/s  ETA %s%s",
-            static_cast<long long>(s.step + 1), static_cast<long long>(opt.max_steps), s.loss,
+            static_cast<long long>(s.step), static_cast<long long>(opt.max_steps), s.loss,
             s.mlm_acc, s.nsp_acc, s.lr, rate, eta_text(eta).c_str(),
-            s.skipped ? "  (skipped: non-finite loss)" : "");
+            s.skipped ? ("  (update skipped: " + s.skip_reason + ")").c_str() : "");
         if (tty)
           std::cerr << '\r' << line << "\033[K" << std::flush;
-        else if (s.skipped || (s.step + 1) % 10 == 0 || s.step + 1 == opt.max_steps)
+        else if (s.skipped || s.step % 10 == 0 || s.step == opt.max_steps)
           std::cerr << line << '\n';
       },
       [&](const train::EvalMetrics& e) {
@@ -71,13 +76,22 @@ void run_pretrain(const train::PretrainOptions& o, bool resume, const std::strin
                   << fixed(e.nsp_acc, 4) << " (" << with_commas(e.mlm_count) << " masked tokens)\n";
       });
   if (tty) std::cerr << '\n';
-  std::cerr << (g_stop ? "pretrain: stopped on signal; " : "pretrain: ") << "checkpoint at step "
-            << trainer.step() << " in " << trainer.checkpoint_path() << '\n';
+  const int sig = g_signal.load();
+  std::cerr << "pretrain: ";
+  if (reason == train::StopReason::requested)
+    std::cerr << "stopped by " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << " before --steps; ";
+  if (reason == train::StopReason::time_limit) std::cerr << "stopped at --max-minutes; ";
+  std::cerr << "checkpoint at step " << trainer.step() << " in " << trainer.checkpoint_path();
+  if (trainer.outlier_skips())
+    std::cerr << " (" << trainer.outlier_skips() << " updates skipped as outliers)";
+  std::cerr << '\n';
+  return reason == train::StopReason::requested ? 128 + sig : 0;
 }
 
 struct EvalArgs {
   std::string task = "mlm", model, data, packs, vocab = PACKBERT_DEFAULT_VOCAB, predictions;
-  int rows = 16, max_seq_len = 0;  // 0 = the task's default
+  int rows = 16;
+  std::optional<int> max_seq_len;  // unset: the task's default
   train::SquadOptions squad;
 };
 
@@ -89,7 +103,7 @@ void run_task_eval(const EvalArgs& a) {
   o.vocab = a.vocab;
   o.predictions = a.predictions;
   o.rows_per_batch = a.rows;
-  o.max_seq_len = a.max_seq_len ? a.max_seq_len : (a.task == "squad" ? 384 : 128);
+  o.max_seq_len = a.max_seq_len.value_or(a.task == "squad" ? 384 : 128);
   o.squad = a.squad;
   train::TaskEvalResult r = train::evaluate_task(o);
   Table t({"metric", "value"});
@@ -109,12 +123,6 @@ void run_task_eval(const EvalArgs& a) {
 void run_eval(const EvalArgs& a) {
   if (a.task != "mlm") return run_task_eval(a);
   auto m = train::load_model(a.model, model::Heads{});
-  train::PretrainOptions o;
-  o.sequences = a.data;
-  o.packs = a.packs;
-  o.vocab = a.vocab;
-  o.out_dir = "/tmp";  // unused: evaluation writes nothing
-  o.eval_fraction = 0;
   data::SequencesFile f = data::read_sequences(a.data);
   if (m->config().vocab_size != f.vocab_size)
     throw InputError(a.model + ": vocab_size " + std::to_string(m->config().vocab_size) +
@@ -148,60 +156,73 @@ void run_eval(const EvalArgs& a) {
 
 }  // namespace
 
-void register_pretrain(CLI::App& app) {
+void register_pretrain(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<train::PretrainOptions>();
   auto resume = std::make_shared<bool>(false);
   auto optimizer = std::make_shared<std::string>("lamb");
   o->vocab = PACKBERT_DEFAULT_VOCAB;
   CLI::App* cmd = app.add_subcommand(
-      "pretrain", "Pre-train BERT (MLM + NSP) on a sequences file, packed or padded");
+      "pretrain",
+      "Pre-train BERT (MLM + NSP) on a sequences file, packed or padded. Exit status: 0 when "
+      "--steps (or --max-minutes) is reached, 2 for bad input or a run that cannot go on (the "
+      "last good checkpoint is kept as it was), 130/143 when stopped by SIGINT/SIGTERM (a "
+      "checkpoint of the step reached is written first; continue with --resume).");
   cmd->add_option("--data", o->sequences, "Sequences file (packbert prepare)")->required();
   cmd->add_option("--packs", o->packs,
                   "Packs file for it (omit: padded baseline, one sequence per row)");
   cmd->add_option("--out", o->out_dir, "Run directory: checkpoint.safetensors, metrics.jsonl")
       ->required();
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Start over in an --out that holds an earlier run (its checkpoint and metrics "
+                "are replaced)");
   cmd->add_option("--vocab", o->vocab, "vocab.txt the data was made with")->capture_default_str();
   cmd->add_option("--init", o->init, "Start from a Hugging Face-layout directory or a checkpoint");
   cmd->add_option("--preset", o->preset, "Model shape: tiny|mini|small|medium|base|large")
       ->capture_default_str();
-  cmd->add_option("--batch-rows", o->rows_per_batch, "Packs (or padded rows) per micro-batch")
-      ->capture_default_str();
-  cmd->add_option("--accumulation", o->accumulation, "Micro-batches per optimizer step")
-      ->capture_default_str();
+  number(cmd, "--batch-rows", o->rows_per_batch, "Packs (or padded rows) per micro-batch", 1, 1e6);
+  number(cmd, "--accumulation", o->accumulation, "Micro-batches per optimizer step", 1, 1e6);
   cmd->add_option("--packing-adjust", o->packing_adjust,
                   "none | ga (divide accumulation by the packing factor) | beta (LAMB betas ^ "
                   "packing factor)")
       ->capture_default_str();
-  cmd->add_option("--steps", o->max_steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--lr", o->lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--warmup", o->warmup_steps, "Linear warmup steps")->capture_default_str();
-  cmd->add_option("--decay-power", o->decay_power, "1 = linear decay to 0 at --steps")
-      ->capture_default_str();
+  number(cmd, "--steps", o->max_steps, "Optimizer steps", 1, kMaxCount);
+  number(cmd, "--lr", o->lr,
+         "Peak learning rate. LAMB's step is relative to each tensor's norm: with small batches "
+         "(under ~1k sequences a step) use 5e-3 to 1e-2 for tiny/mini/small, 2e-3 to 5e-3 for "
+         "base/large; AdamW: 1e-3 (tiny/mini), 5e-4 (small/medium), 1e-4 (base/large)",
+         1e-12, 10);
+  number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
+  number(cmd, "--decay-power", o->decay_power, "1 = linear decay to 0 at --steps, 0 = constant",
+         0, 100);
   cmd->add_option("--optimizer", *optimizer, "lamb | adamw")->capture_default_str();
-  cmd->add_option("--weight-decay", o->optimizer.weight_decay)->capture_default_str();
-  cmd->add_option("--clip", o->clip_norm, "Global gradient-norm clip (0 = off)")
-      ->capture_default_str();
-  cmd->add_option("--seed", o->seed)->capture_default_str();
-  cmd->add_option("--checkpoint-every", o->checkpoint_every,
-                  "Steps between checkpoints (0 = at the end)")
-      ->capture_default_str();
-  cmd->add_option("--eval-every", o->eval_every,
-                  "Steps between held-out evaluations (0 = at the end)")
-      ->capture_default_str();
-  cmd->add_option("--eval-fraction", o->eval_fraction,
-                  "Share of sequences held out for evaluation (the file's last; the same packed "
-                  "or padded)")
-      ->capture_default_str();
-  cmd->add_option("--nan-abort", o->nan_abort, "Abort after this many non-finite steps in a row")
-      ->capture_default_str();
+  number(cmd, "--weight-decay", o->optimizer.weight_decay,
+         "Decoupled weight decay (not on biases and LayerNorm)", 0, 10);
+  number(cmd, "--clip", o->clip_norm, "Global gradient-norm clip (0 = off)", 0, 1e9);
+  number(cmd, "--seed", o->seed, "Seed for initialisation, order, dropout and masks", 0, kMaxSeed);
+  number(cmd, "--checkpoint-every", o->checkpoint_every,
+         "Steps between checkpoints (0 = at the end)", 0, kMaxCount);
+  number(cmd, "--eval-every", o->eval_every,
+         "Steps between held-out evaluations (0 = at the end)", 0, kMaxCount);
+  number(cmd, "--eval-fraction", o->eval_fraction,
+         "Only for a sequences file without its own held-out split (prepare --eval-fraction, "
+         "which splits by document): the share of its last sequences held out (default 0.02)",
+         0, 0.49);
+  number(cmd, "--nan-abort", o->nan_abort,
+         "Abort (no checkpoint written) after this many non-finite steps in a row", 1, 1e6);
+  number(cmd, "--skip-outliers", o->outlier_z,
+         "Skip an update whose gradient norm is more than Z standard deviations above the mean "
+         "of the last 64 accepted ones (0 = off; 6 is a cautious choice)",
+         0, 1000);
   cmd->add_flag("--dynamic-masking", o->dynamic_masking, "New masks every epoch (RoBERTa style)");
-  cmd->add_option("--max-minutes", o->max_minutes,
-                  "Stop (with a checkpoint) after this much training time");
+  number(cmd, "--max-minutes", o->max_minutes,
+         "Stop (with a checkpoint) after this much training time (0 = no limit)", 0, 1e9);
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "
                 "framework cost)");
-  cmd->callback([o, resume, optimizer] { run_pretrain(*o, *resume, *optimizer); });
+  cmd->callback([o, resume, optimizer, &exit_code] {
+    exit_code = run_pretrain(*o, *resume, *optimizer);
+  });
 
   auto e = std::make_shared<EvalArgs>();
   CLI::App* ev = app.add_subcommand(
@@ -216,14 +237,17 @@ void register_pretrain(CLI::App& app) {
   ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV; squad: SQuAD v1.1 JSON")
       ->required();
   ev->add_option("--packs", e->packs, "mlm: the sequences file's packs file (faster; same result)");
-  ev->add_option("--batch-rows", e->rows)->capture_default_str();
+  number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
   ev->add_option("--vocab", e->vocab, "classify/squad: vocab.txt for tokenising")
       ->capture_default_str();
-  ev->add_option("--max-seq-len", e->max_seq_len, "classify/squad: default 128 / 384");
+  number(ev, "--max-seq-len", e->max_seq_len, "classify/squad: tokens per sequence (default 128 / 384)",
+         8, 65536);
   ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
-  ev->add_option("--doc-stride", e->squad.doc_stride)->capture_default_str();
-  ev->add_option("--max-query-length", e->squad.max_query_length)->capture_default_str();
-  ev->add_option("--max-answer-length", e->squad.max_answer_length)->capture_default_str();
+  number(ev, "--doc-stride", e->squad.doc_stride, "squad: step between context windows", 1, 65536);
+  number(ev, "--max-query-length", e->squad.max_query_length, "squad: question tokens kept", 1,
+         65536);
+  number(ev, "--max-answer-length", e->squad.max_answer_length,
+         "squad: longest predicted answer, tokens", 1, 65536);
   ev->callback([e] { run_eval(*e); });
 
   auto x = std::make_shared<std::pair<std::string, std::string>>();
@@ -233,9 +257,11 @@ void register_pretrain(CLI::App& app) {
   ex->add_option("--checkpoint", x->first, "packbert checkpoint (or HF directory)")->required();
   ex->add_option("--out", x->second, "Directory to write")->required();
   ex->add_option("--vocab", *xv, "vocab.txt to include")->capture_default_str();
-  ex->callback([x, xv] {
+  auto xo = std::make_shared<bool>(false);
+  ex->add_flag("--overwrite", *xo, "Replace a model directory already at --out");
+  ex->callback([x, xv, xo] {
     auto m = train::load_model(x->first, model::Heads{});
-    train::export_model(*m, x->second, *xv);
+    train::export_model(*m, x->second, *xv, *xo);
     std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt}\n";
   });
 }
@@ -264,25 +290,26 @@ void register_finetune(CLI::App& app) {
       ->required();
   cmd->add_option("--init", o->init, "Pre-trained model: HF directory or packbert checkpoint")
       ->required();
-  cmd->add_option("--out", o->out_dir, "Directory for the fine-tuned model (HF layout) and metrics")
+  cmd->add_option("--out", o->out_dir,
+                  "Directory for the fine-tuned model (HF layout) and metrics; it appears when "
+                  "fine-tuning has finished, whole (written as <out>.partial.PID until then)")
       ->required();
+  cmd->add_flag("--overwrite", o->overwrite, "Replace an --out that already holds a model");
   cmd->add_option("--vocab", o->vocab)->capture_default_str();
-  CLI::Option* len = cmd->add_option("--max-seq-len", o->max_seq_len,
-                                     "Tokens per sequence and per packed row (default 128; "
-                                     "squad 384)");
-  cmd->add_option("--batch-rows", o->rows_per_batch, "Packs (or rows) per step")
-      ->capture_default_str();
-  cmd->add_option("--epochs", o->epochs)->capture_default_str();
-  cmd->add_option("--lr", o->lr)->capture_default_str();
-  cmd->add_option("--warmup", o->warmup_steps)->capture_default_str();
-  cmd->add_option("--seed", o->seed)->capture_default_str();
-  cmd->add_option("--doc-stride", o->squad.doc_stride, "squad: step between context windows")
-      ->capture_default_str();
-  cmd->add_option("--max-query-length", o->squad.max_query_length, "squad: question tokens kept")
-      ->capture_default_str();
-  cmd->add_option("--max-answer-length", o->squad.max_answer_length,
-                  "squad: longest predicted answer, tokens")
-      ->capture_default_str();
+  CLI::Option* len = number(cmd, "--max-seq-len", o->max_seq_len,
+                            "Tokens per sequence and per packed row (default 128; squad 384)", 8,
+                            65536);
+  number(cmd, "--batch-rows", o->rows_per_batch, "Packs (or rows) per step", 1, 1e6);
+  number(cmd, "--epochs", o->epochs, "Passes over the training data", 1, 1e6);
+  number(cmd, "--lr", o->lr, "Peak learning rate (AdamW)", 1e-12, 10);
+  number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
+  number(cmd, "--seed", o->seed, "Seed for the new head, order and dropout", 0, kMaxSeed);
+  number(cmd, "--doc-stride", o->squad.doc_stride, "squad: step between context windows", 1,
+         65536);
+  number(cmd, "--max-query-length", o->squad.max_query_length, "squad: question tokens kept", 1,
+         65536);
+  number(cmd, "--max-answer-length", o->squad.max_answer_length,
+         "squad: longest predicted answer, tokens", 1, 65536);
   cmd->add_flag("--no-pack", *no_pack, "One example per row");
   cmd->callback([o, task, no_pack, len] {
     train::FinetuneOptions opt = *o;

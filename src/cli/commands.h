@@ -12,9 +12,10 @@ void register_tokenize(CLI::App& app);
 void register_prepare(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_gcide(CLI::App& app);
-void register_pretrain(CLI::App& app);  // also eval and export
 void register_finetune(CLI::App& app);
-// Commands whose success is not just "no exception" set exit_code (1 = checked and failed).
+// Commands whose success is not just "no exception" set exit_code (check-golden: 1 = checked
+// and failed; pretrain: 128 + signal when stopped by SIGINT/SIGTERM).
+void register_pretrain(CLI::App& app, int& exit_code);  // also eval and export
 void register_check_golden(CLI::App& app, int& exit_code);
 
 // Runs the CLI on argv; returns the process exit code (0 ok, 2 bad input, 1 internal error).

@@ -1,9 +1,12 @@
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <new>
 #include <iostream>
 
 #include "cli/commands.h"
 #include "error.h"
+#include "io/memory.h"
 
 namespace packbert::cli {
 
@@ -17,9 +20,9 @@ int run(int argc, char** argv) {
   register_prepare(app);
   register_inspect(app);
   register_gcide(app);
-  register_pretrain(app);
-  register_finetune(app);
   int exit_code = 0;
+  register_pretrain(app, exit_code);
+  register_finetune(app);
   register_check_golden(app, exit_code);
   try {
     app.parse(argc, argv);
@@ -34,6 +37,13 @@ int run(int argc, char** argv) {
     return 2;
   } catch (const InputError& e) {
     std::cerr << "packbert: error: " << e.what() << '\n';
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "packbert: error: out of memory: " << io::describe_failed_allocation() << '\n';
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // Paths the user named that cannot be created, read or written.
+    std::cerr << "packbert: error: " << e.path1().string() << ": " << e.code().message() << '\n';
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "packbert: internal error: " << e.what() << '\n';

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 
+#include "data/utf8.h"
 #include "error.h"
 
 namespace packbert::data {
@@ -76,7 +77,9 @@ std::vector<std::string> split_sentences(std::string_view text) {
 }
 
 std::vector<Document> read_corpus(const std::vector<std::string>& paths, const Tokenizer& tok,
-                                  bool split) {
+                                  const CorpusOptions& options, size_t* skipped_lines) {
+  const bool split = options.split_sentences;
+  size_t skipped = 0;
   // First the sentences as text, with document boundaries; then tokenize them in parallel.
   std::vector<std::string> sentences;
   std::vector<size_t> doc_start;  // index of each document's first sentence
@@ -92,7 +95,18 @@ std::vector<Document> read_corpus(const std::vector<std::string>& paths, const T
       }
       open = false;
     };
+    size_t offset = 0, line_no = 0;  // of the line in the file
     while (std::getline(in, line)) {
+      const size_t line_offset = offset;
+      offset += line.size() + 1;
+      ++line_no;
+      if (invalid_utf8_offset(line) != kValidUtf8) {
+        if (options.skip_invalid_utf8) {
+          ++skipped;
+          continue;
+        }
+        check_utf8(line, path + ":" + std::to_string(line_no), line_offset);
+      }
       std::string t = trim(line);
       if (t.empty()) {
         close_doc();
@@ -107,6 +121,7 @@ std::vector<Document> read_corpus(const std::vector<std::string>& paths, const T
     if (in.bad()) throw InputError(path + ": read failed");
     close_doc();
   }
+  if (skipped_lines) *skipped_lines = skipped;
   std::vector<Sentence> ids(sentences.size());
 #pragma omp parallel for schedule(dynamic, 256)
   for (size_t i = 0; i < sentences.size(); ++i) ids[i] = tok.encode(sentences[i]);

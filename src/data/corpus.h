@@ -15,8 +15,14 @@ namespace packbert::data {
 // still separate documents, and each document's text is cut into sentences by
 // split_sentences(). Lines that tokenize to nothing are dropped, and so are documents left
 // empty. Tokenization runs in parallel; the result does not depend on the thread count.
+// A line that is not valid UTF-8 is an InputError naming the file, line and byte offset, unless
+// skip_invalid_utf8, which drops such lines and counts them in *skipped_lines.
+struct CorpusOptions {
+  bool split_sentences = false;
+  bool skip_invalid_utf8 = false;
+};
 std::vector<Document> read_corpus(const std::vector<std::string>& paths, const Tokenizer& tok,
-                                  bool split_sentences);
+                                  const CorpusOptions& options, size_t* skipped_lines = nullptr);
 
 // Rule-based sentence splitter: ends a sentence after '.', '!' or '?' (and any closing quotes or
 // brackets) followed by white space and an upper-case letter, digit, quote or bracket; not after

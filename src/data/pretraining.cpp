@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "error.h"
 
@@ -71,7 +72,9 @@ void mask_example(Example& e, const Vocab& vocab, const PretrainingOptions& o, R
 }
 
 std::vector<Example> document_examples(const std::vector<Document>& docs, size_t doc, int dupe,
-                                       const Vocab& vocab, const PretrainingOptions& o) {
+                                       const Vocab& vocab, const PretrainingOptions& o,
+                                       const std::vector<size_t>& pool) {
+  const size_t pool_size = pool.empty() ? docs.size() : pool.size();
   Rng rng(stream_seed(o.seed, static_cast<uint64_t>(dupe), doc));
   const Document& d = docs[doc];
   const int64_t max_tokens = o.max_seq_len - 3;
@@ -88,10 +91,11 @@ std::vector<Example> document_examples(const std::vector<Document>& docs, size_t
       std::vector<int32_t> a, b;
       int nsp = 0;
       const bool random_next = rng.uniform() < 0.5;
-      if (chunk.size() == 1 && !random_next && chunk[0]->size() >= 2) {
+      if (o.split_single_sentence && chunk.size() == 1 && !random_next &&
+          chunk[0]->size() >= 2) {
         // Google forces a random B whenever the chunk is one sentence, which skews the labels on
-        // corpora of short documents (two random B in three on GCIDE); we split the sentence
-        // instead, so B is still the true continuation and the labels stay 50/50.
+        // corpora of short documents (two random B in three on GCIDE); this option splits the
+        // sentence instead, so B is still the true continuation and the labels stay 50/50.
         int64_t cut = rng.randint(1, static_cast<int64_t>(chunk[0]->size()) - 1);
         a.assign(chunk[0]->begin(), chunk[0]->begin() + cut);
         b.assign(chunk[0]->begin() + cut, chunk[0]->end());
@@ -103,8 +107,10 @@ std::vector<Example> document_examples(const std::vector<Document>& docs, size_t
           nsp = 1;
           int64_t target_b = target - static_cast<int64_t>(a.size());
           size_t other = doc;
-          for (int tries = 0; tries < 10 && docs.size() > 1; ++tries) {
-            other = static_cast<size_t>(rng.randint(0, static_cast<int64_t>(docs.size()) - 1));
+          for (int tries = 0; tries < 10 && pool_size > 1; ++tries) {
+            const size_t pick =
+                static_cast<size_t>(rng.randint(0, static_cast<int64_t>(pool_size) - 1));
+            other = pool.empty() ? pick : pool[pick];
             if (other != doc) break;
           }
           const Document& r = docs[other];
@@ -143,24 +149,57 @@ SequencesFile create_pretraining_data(const std::vector<Document>& docs, const V
                                       const PretrainingOptions& o) {
   if (o.max_seq_len < 8) throw InputError("--max-seq-len must be at least 8");
   if (docs.empty()) throw InputError("the corpus holds no document (empty input?)");
-  const int64_t jobs = static_cast<int64_t>(docs.size()) * o.dupe_factor;
-  std::vector<std::vector<Example>> per_job(jobs);
+  if (!(o.heldout_fraction >= 0 && o.heldout_fraction < 0.5))
+    throw InputError("--eval-fraction must be in [0, 0.5)");
+  // The held-out documents: a seeded choice of round(fraction × documents), at least one.
+  const size_t n_docs = docs.size();
+  std::vector<char> heldout(n_docs, 0);
+  std::vector<size_t> train_pool, heldout_pool;
+  if (o.heldout_fraction > 0) {
+    if (n_docs < 2) throw InputError("--eval-fraction needs at least two documents");
+    std::vector<size_t> order(n_docs);
+    for (size_t i = 0; i < n_docs; ++i) order[i] = i;
+    pack::SplitMix64 pick_rng(stream_seed(o.seed, 0x5e1d, 0));
+    pack::shuffle(order, pick_rng);
+    const size_t n_held = std::clamp<size_t>(
+        static_cast<size_t>(std::llround(o.heldout_fraction * static_cast<double>(n_docs))), 1,
+        n_docs - 1);
+    for (size_t i = 0; i < n_held; ++i) heldout[order[i]] = 1;
+    for (size_t d = 0; d < n_docs; ++d) (heldout[d] ? heldout_pool : train_pool).push_back(d);
+  }
+  // Jobs: every (dupe, training document), then one round of each held-out document.
+  std::vector<std::pair<int, size_t>> jobs;  // (dupe, document)
+  for (int dupe = 0; dupe < o.dupe_factor; ++dupe)
+    for (size_t d = 0; d < n_docs; ++d)
+      if (!heldout[d]) jobs.push_back({dupe, d});
+  const size_t n_train_jobs = jobs.size();
+  for (size_t d : heldout_pool) jobs.push_back({0, d});
+  std::vector<std::vector<Example>> per_job(jobs.size());
 #pragma omp parallel for schedule(dynamic, 64)
-  for (int64_t j = 0; j < jobs; ++j)
-    per_job[j] =
-        document_examples(docs, static_cast<size_t>(j % static_cast<int64_t>(docs.size())),
-                          static_cast<int>(j / static_cast<int64_t>(docs.size())), vocab, o);
-  std::vector<std::pair<int64_t, int32_t>> order;  // (job, example) in a seeded shuffle
-  for (int64_t j = 0; j < jobs; ++j)
-    for (size_t k = 0; k < per_job[j].size(); ++k) order.push_back({j, static_cast<int32_t>(k)});
-  pack::SplitMix64 shuffle_rng(stream_seed(o.seed, 0xfeed, 0));
-  pack::shuffle(order, shuffle_rng);
+  for (size_t j = 0; j < jobs.size(); ++j)
+    per_job[j] = document_examples(docs, jobs[j].second, jobs[j].first, vocab, o,
+                                   heldout[jobs[j].second] ? heldout_pool : train_pool);
   SequencesFile f;
   f.max_seq_len = o.max_seq_len;
   f.vocab_size = vocab.size();
   f.vocab_fingerprint = vocab.fingerprint();
-  for (auto [j, k] : order) f.append(per_job[j][k]);
+  // Each part in its own seeded shuffle: training examples first, then the held-out ones.
+  for (auto [begin, end, salt] : {std::tuple<size_t, size_t, uint64_t>{0, n_train_jobs, 0},
+                                  {n_train_jobs, jobs.size(), 1}}) {
+    std::vector<std::pair<size_t, int32_t>> order;  // (job, example)
+    for (size_t j = begin; j < end; ++j)
+      for (size_t k = 0; k < per_job[j].size(); ++k) order.push_back({j, static_cast<int32_t>(k)});
+    pack::SplitMix64 shuffle_rng(stream_seed(o.seed, 0xfeed, salt));
+    pack::shuffle(order, shuffle_rng);
+    if (salt == 1) f.heldout_begin = f.size();
+    for (auto [j, k] : order) f.append(per_job[j][k]);
+  }
+  if (f.heldout_begin == f.size()) f.heldout_begin = SequencesFile::kNoSplit;
   if (f.size() == 0) throw InputError("the corpus produced no example (documents too short?)");
+  if (o.heldout_fraction > 0 && !f.has_heldout_split())
+    throw InputError("the held-out documents produced no example (raise --eval-fraction)");
+  if (o.heldout_fraction > 0 && f.heldout_begin == 0)
+    throw InputError("the training documents produced no example (lower --eval-fraction)");
   return f;
 }
 

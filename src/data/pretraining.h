@@ -1,11 +1,14 @@
 // Pre-training examples with Google BERT's create_pretraining_data semantics: sentence pairs
 // (A, B) up to max_seq_len, B the true continuation or (50%) a random span of another document,
 // short_seq_prob for shorter targets, masking of 15% with 80/10/10 (optionally whole words),
-// max_predictions_per_seq, dupe_factor. One deviation: a chunk of a single sentence whose coin
-// says "real next" is split inside the sentence instead of forcing a random B (Google's rule
-// skews NSP labels to ~66% random on short-document corpora). Deterministic for a seed whatever
-// the thread count:
-// every (dupe, document) pair draws from its own counter-seeded generator.
+// max_predictions_per_seq, dupe_factor. As Google, a chunk of a single sentence always gets a
+// random B; `split_single_sentence` instead splits such a sentence when its coin says "real
+// next", which keeps NSP labels 50/50 on corpora of short documents (Google's rule gives about
+// two random B in three on GCIDE) at the price of B halves that start mid-sentence.
+// A held-out split is by document, before duplication: held-out documents give one round of
+// examples, placed at the end of the file, and random B sentences never cross the split.
+// Deterministic for a seed whatever the thread count: every (dupe, document) pair draws from
+// its own counter-seeded generator.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,8 @@ struct PretrainingOptions {
   int max_predictions_per_seq = 20;
   int dupe_factor = 1;
   bool whole_word_mask = false;
+  bool split_single_sentence = false;
+  double heldout_fraction = 0;  // share of documents held out for evaluation
   uint64_t seed = 12345;
 };
 
@@ -45,9 +50,11 @@ struct Rng {
 // exact (Google rounds masked_lm_prob × all tokens), capped at max_predictions_per_seq.
 void mask_example(Example& e, const Vocab& vocab, const PretrainingOptions& o, Rng& rng);
 
-// All examples of one document for one dupe round.
+// All examples of one document for one dupe round. Random B sentences come from the documents
+// listed in `pool` (all documents when it is empty).
 std::vector<Example> document_examples(const std::vector<Document>& docs, size_t doc, int dupe,
-                                       const Vocab& vocab, const PretrainingOptions& o);
+                                       const Vocab& vocab, const PretrainingOptions& o,
+                                       const std::vector<size_t>& pool = {});
 
 // The whole corpus, parallel over documents, shuffled by seed. Throws InputError for a corpus
 // without any non-empty document.

@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/checksum.h"
 
 namespace packbert::data {
 
@@ -16,13 +17,13 @@ namespace {
 
 constexpr char kSeqMagic[8] = {'P', 'K', 'B', 'T', 'S', 'E', 'Q', '1'};
 constexpr char kPackMagic[8] = {'P', 'K', 'B', 'T', 'P', 'C', 'K', '1'};
-constexpr uint32_t kVersion = 1;
-constexpr size_t kSeqHeader = 64, kPackHeader = 80;
+// Version 2: the published FNV-1a offset basis, and the sequences header grew by the held-out
+// split. Version 1 files are still read.
+constexpr uint32_t kVersion = 2;
+constexpr size_t kSeqHeaderV1 = 64, kSeqHeader = 72, kPackHeader = 80;
 
-uint64_t fnv1a(const char* p, size_t n) {
-  uint64_t h = 1469598103934665603ULL;
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ULL;
-  return h;
+uint64_t checksum_of(const std::string& buf, size_t header, uint32_t version) {
+  return io::fnv1a(buf.data() + header, buf.size() - header, io::fnv_basis_for(version));
 }
 
 struct Writer {
@@ -62,16 +63,26 @@ struct Reader {
   void skip_pad8() { pos += (8 - pos % 8) % 8; }
 };
 
-void check_magic(const std::string& buf, const std::string& path, const char* magic, size_t header,
-                 const char* kind) {
-  if (buf.size() < 16 || std::memcmp(buf.data(), magic, 8) != 0)
-    throw InputError(path + ": not a packbert " + kind + " file (bad magic)");
+// Checks the magic and version and returns the version; `header(version)` is its header size.
+template <typename HeaderSize>
+uint32_t check_magic(const std::string& buf, const std::string& path, const char* magic,
+                     HeaderSize header, const char* kind) {
+  if (buf.size() < 8 || std::memcmp(buf.data(), magic, 8) != 0)
+    throw InputError(path + ": not a packbert " + kind + " file (its first bytes are not " +
+                     std::string(magic, 8) + ")");
+  if (buf.size() < 16)
+    throw InputError(path + ": truncated: " + std::to_string(buf.size()) +
+                     " bytes, shorter than the " + kind + " file header");
   uint32_t version;
   std::memcpy(&version, buf.data() + 8, 4);
-  if (version != kVersion)
+  if (version < 1 || version > kVersion)
     throw InputError(path + ": " + kind + " file version " + std::to_string(version) +
-                     ", this packbert reads version " + std::to_string(kVersion));
-  if (buf.size() < header) throw InputError(path + ": truncated header");
+                     ", this packbert reads versions 1 to " + std::to_string(kVersion));
+  if (buf.size() < header(version))
+    throw InputError(path + ": truncated: " + std::to_string(buf.size()) +
+                     " bytes, shorter than the " + std::to_string(header(version)) + "-byte " +
+                     kind + " file header");
+  return version;
 }
 
 template <typename T>
@@ -123,26 +134,39 @@ void write_sequences(const std::string& path, const SequencesFile& f) {
   h.put(f.max_seq_len);
   h.put(f.vocab_size);
   h.put(f.vocab_fingerprint);
-  h.put(fnv1a(p.buf.data(), p.buf.size()));
+  h.put(io::fnv1a(p.buf.data(), p.buf.size()));
+  h.put(f.heldout_begin == SequencesFile::kNoSplit ? static_cast<uint64_t>(f.size())
+                                                    : f.heldout_begin);
   io::write_file_atomic(path, h.buf + p.buf);
 }
 
 SequencesFile read_sequences(const std::string& path) {
   std::string buf = io::read_file(path);
-  check_magic(buf, path, kSeqMagic, kSeqHeader, "sequences");
-  Reader r{buf, 16, path};
   SequencesFile f;
+  f.format_version = check_magic(
+      buf, path, kSeqMagic, [](uint32_t v) { return v == 1 ? kSeqHeaderV1 : kSeqHeader; },
+      "sequences");
+  const size_t header = f.format_version == 1 ? kSeqHeaderV1 : kSeqHeader;
+  Reader r{buf, 16, path};
   uint64_t n = r.get<uint64_t>(), n_tokens = r.get<uint64_t>(), n_mlm = r.get<uint64_t>();
   f.max_seq_len = r.get<int32_t>();
   f.vocab_size = r.get<int32_t>();
   f.vocab_fingerprint = r.get<uint64_t>();
   uint64_t checksum = r.get<uint64_t>();
-  if (fnv1a(buf.data() + kSeqHeader, buf.size() - kSeqHeader) != checksum) {
+  if (f.format_version >= 2) {
+    f.heldout_begin = r.get<uint64_t>();
+    if (f.heldout_begin > n)
+      throw InputError(path + ": held-out split starts at sequence " +
+                       std::to_string(f.heldout_begin) + " of " + std::to_string(n) +
+                       " (corrupt header)");
+    if (f.heldout_begin == n) f.heldout_begin = SequencesFile::kNoSplit;
+  }
+  if (checksum_of(buf, header, f.format_version) != checksum) {
     // Distinguish a short file from flipped bits for a more useful message.
     uint64_t need = (n + 1) * 8 + n_tokens * 4 + n * 5 + (n + 1) * 8 + n_mlm * 8;
-    if (buf.size() - kSeqHeader < need)
+    if (buf.size() - header < need)
       throw InputError(path + ": truncated: " + std::to_string(buf.size()) +
-                       " bytes, expected at least " + std::to_string(kSeqHeader + need));
+                       " bytes, expected at least " + std::to_string(header + need));
     throw InputError(path + ": checksum mismatch (corrupted file)");
   }
   f.token_offsets = r.get_array<uint64_t>(n + 1, "token offsets");
@@ -178,8 +202,9 @@ SequencesFile read_sequences(const std::string& path) {
 
 uint64_t sequences_checksum(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  char h[kSeqHeader];
-  if (!in.read(h, kSeqHeader) || std::memcmp(h, kSeqMagic, 8) != 0)
+  if (!in) throw InputError(path + ": cannot open for reading");
+  char h[kSeqHeaderV1];
+  if (!in.read(h, kSeqHeaderV1) || std::memcmp(h, kSeqMagic, 8) != 0)
     throw InputError(path + ": not a packbert sequences file");
   uint64_t c;
   std::memcpy(&c, h + 56, 8);
@@ -203,13 +228,14 @@ void write_packs(const std::string& path, const PacksFile& f) {
   char algo[16] = {};
   std::strncpy(algo, f.algo.c_str(), sizeof algo - 1);
   h.buf.append(algo, 16);
-  h.put(fnv1a(p.buf.data(), p.buf.size()));
+  h.put(io::fnv1a(p.buf.data(), p.buf.size()));
   io::write_file_atomic(path, h.buf + p.buf);
 }
 
 PacksFile read_packs(const std::string& path) {
   std::string buf = io::read_file(path);
-  check_magic(buf, path, kPackMagic, kPackHeader, "packs");
+  const uint32_t version =
+      check_magic(buf, path, kPackMagic, [](uint32_t) { return kPackHeader; }, "packs");
   Reader r{buf, 16, path};
   PacksFile f;
   uint64_t n = r.get<uint64_t>(), n_ids = r.get<uint64_t>();
@@ -226,7 +252,7 @@ PacksFile read_packs(const std::string& path) {
   if (buf.size() - kPackHeader < (n + 1) * 8 + n_ids * 8)
     throw InputError(path + ": truncated: " + std::to_string(buf.size()) + " bytes, expected " +
                      std::to_string(kPackHeader + (n + 1) * 8 + n_ids * 8));
-  if (fnv1a(buf.data() + kPackHeader, buf.size() - kPackHeader) != checksum)
+  if (checksum_of(buf, kPackHeader, version) != checksum)
     throw InputError(path + ": checksum mismatch (corrupted file)");
   f.offsets = r.get_array<uint64_t>(n + 1, "pack offsets");
   f.ids = r.get_array<uint64_t>(n_ids, "sequence ids");
@@ -240,6 +266,7 @@ PacksFile read_packs(const std::string& path) {
 
 std::string file_kind(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open for reading");
   char m[8];
   if (!in.read(m, 8)) return "";
   if (std::memcmp(m, kSeqMagic, 8) == 0) return "sequences";
@@ -259,19 +286,30 @@ PacksFile make_packs(const SequencesFile& f, uint64_t checksum, pack::Algo algo,
     throw InputError("--max-seq-len " + std::to_string(options.max_len) +
                      " is below the sequences' max length " + std::to_string(f.max_seq_len));
   std::vector<int> lengths = f.lengths();
-  pack::PackPlan plan =
-      pack::run_packer(algo, pack::histogram_of(lengths, options.max_len), options);
-  pack::PackAssignment a = pack::assign_sequences(plan, lengths, seed);
   PacksFile p;
   p.max_seq_len = options.max_len;
   p.max_per_pack = options.max_per_pack;
-  p.algo = plan.algo;
   p.sequences_checksum = checksum;
   p.n_sequences = f.size();
-  p.lower_bound = plan.lower_bound;
-  p.offsets.assign(a.offsets.begin(), a.offsets.end());
-  p.ids.assign(a.ids.begin(), a.ids.end());
-  if (plan_out) *plan_out = std::move(plan);
+  p.lower_bound = 0;
+  // Training and held-out sequences are packed apart, so no pack mixes the two and training
+  // loses no sequence to the held-out split.
+  const size_t split = f.has_heldout_split() ? f.heldout_begin : f.size();
+  for (auto [begin, end] : {std::pair<size_t, size_t>{0, split}, {split, f.size()}}) {
+    if (begin == end) continue;
+    std::vector<int> part(lengths.begin() + static_cast<long>(begin),
+                          lengths.begin() + static_cast<long>(end));
+    pack::PackPlan plan =
+        pack::run_packer(algo, pack::histogram_of(part, options.max_len), options);
+    pack::PackAssignment a = pack::assign_sequences(plan, part, seed);
+    p.algo = plan.algo;
+    p.lower_bound = plan.lower_bound < 0 || p.lower_bound < 0 ? -1 : p.lower_bound + plan.lower_bound;
+    const uint64_t base = p.ids.size();
+    for (size_t k = 1; k < a.offsets.size(); ++k)
+      p.offsets.push_back(base + static_cast<uint64_t>(a.offsets[k]));
+    for (int64_t id : a.ids) p.ids.push_back(begin + static_cast<uint64_t>(id));
+    if (plan_out && begin == 0) *plan_out = std::move(plan);
+  }
   return p;
 }
 

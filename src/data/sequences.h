@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "data/vocab.h"
+
 namespace packbert::data {
 
 // One pre-training example: [CLS] A [SEP] B [SEP] with its masking. `tokens` holds the ORIGINAL
@@ -21,6 +23,8 @@ struct Example {
 // The sequences file in memory: flat arrays (CSR), so it can be read back with one pass and
 // sliced without copies.
 struct SequencesFile {
+  static constexpr uint64_t kNoSplit = ~uint64_t{0};
+  uint32_t format_version = 2;  // of the file it was read from (2 when made here)
   int32_t max_seq_len = 0;
   int32_t vocab_size = 0;
   uint64_t vocab_fingerprint = 0;
@@ -30,8 +34,16 @@ struct SequencesFile {
   std::vector<int8_t> nsp_label;           // [n]
   std::vector<uint64_t> mlm_offsets{0};    // [n + 1]
   std::vector<int32_t> mlm_positions, mlm_inputs;
+  // Sequences [heldout_begin, n) come from held-out documents (prepare --eval-fraction), which
+  // no training sequence shares; kNoSplit: the file records no split.
+  uint64_t heldout_begin = kNoSplit;
 
   size_t size() const { return b_start.size(); }
+  bool has_heldout_split() const { return heldout_begin < size(); }
+  // True when `vocab` is the vocabulary the file was made with.
+  bool made_with(const Vocab& vocab) const {
+    return vocab.fingerprint(format_version) == vocab_fingerprint;
+  }
   int32_t length(size_t i) const {
     return static_cast<int32_t>(token_offsets[i + 1] - token_offsets[i]);
   }

@@ -1,5 +1,7 @@
 #include "data/vocab.h"
 
+#include "io/checksum.h"
+
 #include <fstream>
 
 #include "error.h"
@@ -22,11 +24,12 @@ Vocab Vocab::from_tokens(std::vector<std::string> tokens, const std::string& sou
   Vocab v;
   if (tokens.empty()) throw InputError(source + ": vocabulary is empty");
   v.tokens_ = std::move(tokens);
-  uint64_t h = 1469598103934665603ULL;
+  uint64_t h = io::kFnvOffsetBasis, h1 = io::kFnvOffsetBasisV1;
+  const unsigned char separator = 0xff;
   for (size_t i = 0; i < v.tokens_.size(); ++i) {
     const std::string& t = v.tokens_[i];
-    for (unsigned char c : t) h = (h ^ c) * 1099511628211ULL;
-    h = (h ^ 0xff) * 1099511628211ULL;  // token separator
+    h = io::fnv1a(&separator, 1, io::fnv1a(t.data(), t.size(), h));
+    h1 = io::fnv1a(&separator, 1, io::fnv1a(t.data(), t.size(), h1));
     if (t.empty()) continue;            // blank lines keep their id but match nothing
     auto [it, fresh] = v.ids_.emplace(t, static_cast<int32_t>(i));
     if (!fresh)
@@ -34,6 +37,7 @@ Vocab Vocab::from_tokens(std::vector<std::string> tokens, const std::string& sou
                        std::to_string(it->second + 1));
   }
   v.fingerprint_ = h;
+  v.fingerprint_v1_ = h1;
   struct Special {
     const char* name;
     int32_t* id;

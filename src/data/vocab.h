@@ -31,13 +31,17 @@ class Vocab {
   int32_t mask() const { return mask_; }
   // 64-bit FNV-1a of the token list: files made with one vocabulary record it, and loading them
   // with another is an error.
-  uint64_t fingerprint() const { return fingerprint_; }
+  // format_version: the version of the file that records it (version 1 files used another
+  // FNV offset basis, io/checksum.h).
+  uint64_t fingerprint(uint32_t format_version = 2) const {
+    return format_version == 1 ? fingerprint_v1_ : fingerprint_;
+  }
 
  private:
   std::vector<std::string> tokens_;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ids_;
   int32_t pad_ = -1, unk_ = -1, cls_ = -1, sep_ = -1, mask_ = -1;
-  uint64_t fingerprint_ = 0;
+  uint64_t fingerprint_ = 0, fingerprint_v1_ = 0;
 };
 
 }  // namespace packbert::data

@@ -10,10 +10,12 @@
 #include <sstream>
 
 #include "error.h"
+#include "io/memory.h"
 
 namespace packbert::io {
 
 std::string read_file(const std::string& path) {
+  AllocationScope scope("reading " + path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open for reading");
   std::ostringstream s;
@@ -50,6 +52,86 @@ void write_file_atomic(const std::string& path, std::string_view data) {
   }
   if (::close(fd) != 0) fail("close failed");
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed");
+}
+
+}  // namespace packbert::io
+
+#include <csignal>
+#include <filesystem>
+#include <system_error>
+
+namespace packbert::io {
+
+namespace fs = std::filesystem;
+
+void make_output_dir(const std::string& dir, const std::string& flag) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw InputError(flag + " " + dir + ": cannot create the directory: " + ec.message());
+  if (!fs::is_directory(dir)) throw InputError(flag + " " + dir + ": exists and is not a directory");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw InputError(flag + " " + dir + ": not writable: " + std::strerror(errno));
+}
+
+int remove_stale_temporaries(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    for (const char* tag : {".tmp.", ".partial."}) {
+      const size_t at = name.rfind(tag);
+      if (at == std::string::npos) continue;
+      const std::string pid = name.substr(at + std::strlen(tag));
+      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      const long p = std::stol(pid);
+      if (p == ::getpid() || ::kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH) continue;
+      std::error_code rm;
+      if (fs::remove_all(e.path(), rm) > 0 && !rm) ++removed;
+    }
+  }
+  return removed;
+}
+
+StagedDirectory::StagedDirectory(const std::string& dir, const std::string& flag,
+                                 bool overwrite)
+    : dir_(dir) {
+  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+  if (fs::exists(dir_) && !fs::is_directory(dir_))
+    throw InputError(flag + " " + dir_ + ": exists and is not a directory");
+  if (fs::is_directory(dir_) && !fs::is_empty(dir_)) {
+    if (!overwrite)
+      throw InputError(flag + " " + dir_ +
+                       ": already holds files; choose another " + flag +
+                       " (or --overwrite to replace the model there)");
+    if (!fs::exists(dir_ + "/config.json"))
+      throw InputError(flag + " " + dir_ +
+                       ": holds files but no model (no config.json); refusing to replace it");
+  }
+  const fs::path parent = fs::absolute(dir_).parent_path();
+  make_output_dir(parent.string(), flag);
+  remove_stale_temporaries(parent.string());
+  staging_ = dir_ + ".partial." + std::to_string(::getpid());
+  fs::remove_all(staging_);
+  make_output_dir(staging_, flag);
+}
+
+StagedDirectory::~StagedDirectory() {
+  std::error_code ec;
+  if (!published_) fs::remove_all(staging_, ec);
+}
+
+void StagedDirectory::publish() {
+  if (fs::exists(dir_)) {
+    // Swap the finished directory with the old one in one step, then drop the old one.
+    if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) != 0)
+      throw InputError(dir_ + ": cannot replace the directory: " + std::strerror(errno));
+    std::error_code ec;
+    fs::remove_all(staging_, ec);
+  } else if (std::rename(staging_.c_str(), dir_.c_str()) != 0) {
+    throw InputError(dir_ + ": cannot rename " + staging_ + " into place: " +
+                     std::strerror(errno));
+  }
+  published_ = true;
 }
 
 }  // namespace packbert::io

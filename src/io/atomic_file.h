@@ -15,3 +15,34 @@ void write_file_atomic(const std::string& path, std::string_view data);
 std::string read_file(const std::string& path);
 
 }  // namespace packbert::io
+
+namespace packbert::io {
+
+// Creates `dir` (and parents) if missing. Throws InputError naming `flag` and the reason when it
+// cannot be created or is not a directory.
+void make_output_dir(const std::string& dir, const std::string& flag);
+
+// Removes `*.tmp.PID` files and `*.partial.PID` directories in `dir` left by a killed packbert
+// (PID no longer running). Returns how many were removed.
+int remove_stale_temporaries(const std::string& dir);
+
+// A directory whose contents appear whole or not at all: everything is written under path()
+// (`<dir>.partial.<pid>`), and publish() swaps it into place atomically (an earlier `dir` is
+// removed only after the swap). Not published (an exception on the way): the staging directory
+// is removed and `dir` is untouched. An existing non-empty `dir` is replaced only with
+// `overwrite`, and only when it holds a model (config.json): never a directory of other files.
+class StagedDirectory {
+ public:
+  StagedDirectory(const std::string& dir, const std::string& flag, bool overwrite);
+  ~StagedDirectory();
+  StagedDirectory(const StagedDirectory&) = delete;
+  StagedDirectory& operator=(const StagedDirectory&) = delete;
+  const std::string& path() const { return staging_; }
+  void publish();
+
+ private:
+  std::string dir_, staging_;
+  bool published_ = false;
+};
+
+}  // namespace packbert::io

@@ -9,9 +9,9 @@
 
 namespace packbert::kernels {
 
-// Each (sequence, head) block is three GEMMs forward and four backward over strided views of
-// qkv (row stride 3C), run in parallel over blocks; inside a parallel region OpenBLAS's OpenMP
-// build runs single-threaded, so the two levels of parallelism do not fight.
+// Each (sequence, head) block is two GEMMs forward (Q·Kᵀ, P·V) and four backward over strided
+// views of qkv (row stride 3C), run in parallel over blocks; inside a parallel region oneDNN's
+// sgemm runs single-threaded, so the two levels of parallelism do not fight.
 
 std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH) {
   std::vector<int64_t> off(n_seq + 1, 0);

@@ -1,6 +1,5 @@
 #include "kernels/gemm.h"
 
-#include <cblas.h>
 #include <dnnl.h>
 #include <omp.h>
 
@@ -37,15 +36,11 @@ struct Timer {
 
 }  // namespace
 
-// fp32 backend: oneDNN's JIT sgemm by default. OpenBLAS 0.3.21 (Debian 12) does not know
-// recent Xeons and falls back to its SSE3 "Prescott" kernels there (5-6x slower); oneDNN
-// generates code for the CPU it runs on. PACKBERT_GEMM=openblas selects OpenBLAS instead.
+// fp32 backend: oneDNN's JIT sgemm, which generates code for the CPU it runs on (Debian 12's
+// OpenBLAS 0.3.21 falls back to SSE3 kernels on recent Xeons, 5-6x slower, and spins in its
+// start-up under a small address-space limit; packbert does not load it).
 bool use_onednn() {
-  static const bool onednn = [] {
-    const char* e = std::getenv("PACKBERT_GEMM");
-    return !(e && std::strcmp(e, "openblas") == 0);
-  }();
-  return onednn;
+  return true;
 }
 
 GemmCounters gemm_counters() {
@@ -61,19 +56,29 @@ void enable_gemm_counters(bool on) {
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   Timer timer(M, N, K);
-  if (use_onednn()) {
-    dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
-               ldc);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
+             ldc);
 }
 
+// fp64 serves only the finite-difference tests on small models: a plain loop nest in the
+// reference order (each C element summed over k in order), parallel over rows of C.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
           const double* B, int ldb, double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#pragma omp parallel for schedule(static) if (static_cast<long>(M) * N * K > 32768)
+  for (int i = 0; i < M; ++i) {
+    double* c = C + static_cast<long>(i) * ldc;
+    for (int j = 0; j < N; ++j) c[j] = beta == 0.0 ? 0.0 : beta * c[j];
+    for (int k = 0; k < K; ++k) {
+      const double a = alpha * (trans_a ? A[static_cast<long>(k) * lda + i]
+                                        : A[static_cast<long>(i) * lda + k]);
+      if (!trans_b) {
+        const double* b = B + static_cast<long>(k) * ldb;
+        for (int j = 0; j < N; ++j) c[j] += a * b[j];
+      } else {
+        for (int j = 0; j < N; ++j) c[j] += a * B[static_cast<long>(j) * ldb + k];
+      }
+    }
+  }
 }
 
 }  // namespace packbert::kernels

@@ -1,6 +1,6 @@
 // The GEMM seam: every matrix product in the engine goes through here, so the backend is chosen
-// in one place: fp32 through oneDNN's sgemm (or OpenBLAS with PACKBERT_GEMM=openblas), fp64
-// (finite-difference tests) through OpenBLAS; bf16 through oneDNN later.
+// in one place: fp32 through oneDNN's sgemm, fp64 (finite-difference tests only) through a plain
+// loop nest; bf16 through oneDNN later. No BLAS library is loaded.
 #pragma once
 
 namespace packbert::kernels {
@@ -23,7 +23,7 @@ GemmCounters gemm_counters();
 void reset_gemm_counters();
 void enable_gemm_counters(bool on);
 
-// True when fp32 GEMMs go to oneDNN (the default).
+// True when fp32 GEMMs go to oneDNN (always, today; benchmarks print it).
 bool use_onednn();
 
 }  // namespace packbert::kernels

@@ -153,7 +153,6 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
            r < std::min<int64_t>((b + 1) * o.rows_per_batch, static_cast<int64_t>(order.size()));
            ++r)
         batch_rows.push_back(rows[order[r]]);
-      // The model reads the batch again in backward(): keep it alive until then.
       const model::PackedBatch batch = make_batch(seqs, batch_rows, o.max_seq_len);
       model::Outputs out = m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps)});
       m.zero_grads();
@@ -161,15 +160,20 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
       double norm = clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
       double lr = learning_rate(o.lr, res.steps, o.warmup_steps, total);
       const bool finite = std::isfinite(out.loss()) && std::isfinite(norm);
-      if (finite) opt.step(m.params().data(), m.grads().data(), lr);
-      nlohmann::json line{{"type", "step"},     {"step", res.steps}, {"epoch", epoch},
-                          {"loss", out.loss()}, {"lr", lr},          {"skipped", !finite}};
+      if (finite) {
+        opt.step(m.params().data(), m.grads().data(), lr);
+        if (!all_finite(m.params().data(), m.params().size()))
+          throw InputError("the update of step " + std::to_string(res.steps + 1) +
+                           " made parameters non-finite (--lr too high?); no model written");
+      }
+      nlohmann::json line{{"type", "step"},     {"step", res.steps + 1}, {"epoch", epoch + 1},
+                          {"loss", out.loss()}, {"lr", lr},              {"skipped", !finite}};
       if (out.cls_count)
         line["acc"] = static_cast<double>(out.cls_correct) / static_cast<double>(out.cls_count);
       log << line.dump() << std::endl;
       ++res.steps;
     }
-    evaluate(epoch);
+    evaluate(epoch + 1);
   }
 }
 
@@ -278,7 +282,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
                .dump()
         << std::endl;
   });
-  export_model(*m, o.out_dir, o.vocab);
+  write_model_files(*m, o.out_dir, o.vocab);
   nlohmann::json lj = nlohmann::json::object();
   for (auto& [name, id] : labels) lj[name] = id;
   io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");
@@ -324,7 +328,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
                .dump()
         << std::endl;
   });
-  export_model(*m, o.out_dir, o.vocab);
+  write_model_files(*m, o.out_dir, o.vocab);
   return res;
 }
 
@@ -395,10 +399,18 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   if (o.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
   data::Vocab vocab = data::Vocab::load(o.vocab);
   data::Tokenizer tok(vocab, true);
-  std::filesystem::create_directories(o.out_dir);
-  std::ofstream log(o.out_dir + "/metrics.jsonl", std::ios::app);
-  return o.task == FinetuneTask::squad ? finetune_squad(o, tok, log)
-                                       : finetune_classifier(o, tok, log);
+  // Everything is written into a staging directory that replaces out_dir only at the end: a
+  // failed or interrupted run leaves out_dir as it was.
+  io::StagedDirectory out(o.out_dir, "--out", o.overwrite);
+  FinetuneOptions staged = o;
+  staged.out_dir = out.path();
+  std::ofstream log(staged.out_dir + "/metrics.jsonl");
+  if (!log) throw InputError(staged.out_dir + "/metrics.jsonl: cannot open for writing");
+  FinetuneResult r = o.task == FinetuneTask::squad ? finetune_squad(staged, tok, log)
+                                                   : finetune_classifier(staged, tok, log);
+  log.close();
+  out.publish();
+  return r;
 }
 
 TaskEvalResult evaluate_task(const TaskEvalOptions& o) {

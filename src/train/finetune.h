@@ -44,6 +44,7 @@ struct FinetuneOptions {
   int64_t warmup_steps = 10;
   uint64_t seed = 1;
   bool packed = true;
+  bool overwrite = false;  // replace a model directory already at out_dir
   SquadOptions squad;  // doc stride, query and answer limits (max_seq_len above wins)
 };
 

@@ -48,7 +48,7 @@ BatchLoader::BatchLoader(const data::SequencesFile& seqs, uint64_t seqs_checksum
   if (opt_.dynamic_masking && !vocab_) throw InputError("dynamic masking needs the vocabulary");
   if (opt_.compute_padding && packs_)
     throw InputError("--compute-padding applies to the padded baseline only");
-  if (vocab_ && vocab_->fingerprint() != seqs_.vocab_fingerprint)
+  if (vocab_ && !seqs_.made_with(*vocab_))
     throw InputError("the vocabulary differs from the one the sequences file was made with");
   if (cursor_.row > rows_) throw InputError("cursor row beyond the epoch");
   worker_ = std::thread([this] { produce(); });

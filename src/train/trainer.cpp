@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/memory.h"
 #include "io/safetensors.h"
 #include "model/weights.h"
 #include "stopwatch.h"
@@ -54,9 +55,8 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
   return m;
 }
 
-void export_model(const model::BertModel<float>& m, const std::string& dir,
-                  const std::string& vocab_path) {
-  fs::create_directories(dir);
+void write_model_files(const model::BertModel<float>& m, const std::string& dir,
+                       const std::string& vocab_path) {
   auto& mm = const_cast<model::BertModel<float>&>(m);
   io::write_file_atomic(dir + "/config.json", model::config_to_json(m.config()).dump(2) + "\n");
   io::write_safetensors(dir + "/model.safetensors",
@@ -64,29 +64,77 @@ void export_model(const model::BertModel<float>& m, const std::string& dir,
   if (!vocab_path.empty()) io::write_file_atomic(dir + "/vocab.txt", io::read_file(vocab_path));
 }
 
+void export_model(const model::BertModel<float>& m, const std::string& dir,
+                  const std::string& vocab_path, bool overwrite) {
+  io::StagedDirectory out(dir, "--out", overwrite);
+  write_model_files(m, out.path(), vocab_path);
+  out.publish();
+}
+
+bool all_finite(const float* x, size_t n) {
+  bool ok = true;
+#pragma omp parallel for reduction(&& : ok)
+  for (size_t i = 0; i < n; ++i) ok = ok && std::isfinite(x[i]);
+  return ok;
+}
+
+namespace {
+
+// Keeps the metrics records of steps up to `step` (a resumed run writes the later ones again).
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::string kept, line;
+  std::ifstream in(path);
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    json r = json::parse(line, nullptr, false);
+    if (r.is_discarded() || !r.contains("step") || !r["step"].is_number_integer()) {
+      if (in.eof()) break;  // a last line cut short by a kill: drop it
+      throw InputError(path + ":" + std::to_string(line_no) + ": not a metrics record");
+    }
+    if (r["step"].get<int64_t>() <= step) kept += line + "\n";
+  }
+  io::write_file_atomic(path, kept);
+}
+
+}  // namespace
+
 std::string Trainer::checkpoint_path() const {
   return opt_.out_dir + "/checkpoint.safetensors";
 }
 
-Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
+Trainer::Trainer(const PretrainOptions& options, bool resume)
+    : opt_(options), recent_norms_(kOutlierWindow, 0.0) {
   if (opt_.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
   if (opt_.accumulation < 1) throw InputError("--accumulation must be at least 1");
   if (!(std::isfinite(opt_.lr) && opt_.lr > 0))
     throw InputError("--lr must be a positive finite number");
   if (opt_.max_steps < 1) throw InputError("--steps must be at least 1");
-  if (!(opt_.eval_fraction >= 0 && opt_.eval_fraction < 0.5))
+  if (opt_.eval_fraction && !(*opt_.eval_fraction >= 0 && *opt_.eval_fraction < 0.5))
     throw InputError("--eval-fraction must be in [0, 0.5)");
+  if (!(opt_.outlier_z >= 0)) throw InputError("--skip-outliers must be 0 (off) or positive");
   if (opt_.packing_adjust != "none" && opt_.packing_adjust != "ga" && opt_.packing_adjust != "beta")
     throw InputError("--packing-adjust: expected none|ga|beta, got '" + opt_.packing_adjust + "'");
   if (opt_.out_dir.empty()) throw InputError("--out is required");
-  fs::create_directories(opt_.out_dir);
+  io::make_output_dir(opt_.out_dir, "--out");
+  io::remove_stale_temporaries(opt_.out_dir);
+  const std::string metrics = opt_.out_dir + "/metrics.jsonl";
+  if (!resume && fs::exists(checkpoint_path())) {
+    if (!opt_.overwrite)
+      throw InputError(checkpoint_path() +
+                       ": an earlier run's checkpoint is there; continue it with --resume, or "
+                       "start over with another --out (or --overwrite to replace it)");
+  }
+  if (!resume && fs::exists(metrics) && (opt_.overwrite || !fs::exists(checkpoint_path())))
+    fs::remove(metrics);  // a new run starts a new log
 
   seqs_ = data::read_sequences(opt_.sequences);
   seqs_checksum_ = data::sequences_checksum(opt_.sequences);
   if (!opt_.packs.empty()) packs_ = data::read_packs(opt_.packs);
   if (!opt_.vocab.empty()) {
     vocab_ = data::Vocab::load(opt_.vocab);
-    if (vocab_->fingerprint() != seqs_.vocab_fingerprint)
+    if (!seqs_.made_with(*vocab_))
       throw InputError(opt_.vocab + ": not the vocabulary " + opt_.sequences + " was made with");
   }
 
@@ -114,11 +162,13 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads);
     model::load_weights(model_->layout(), model_->params().data(), *ckpt);
   } else if (!opt_.init.empty()) {
+    io::AllocationScope scope("the model loaded from " + opt_.init);
     model_ = load_model(opt_.init, heads);
   } else {
     model::BertConfig c = model::bert_preset(opt_.preset);
     c.vocab_size = seqs_.vocab_size;
     c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
+    io::AllocationScope scope("the parameters and gradients of bert-" + opt_.preset);
     model_ = std::make_unique<model::BertModel<float>>(c, heads);
     model::init_params(model_->layout(), model_->params().data(), opt_.seed);
   }
@@ -141,17 +191,29 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     accumulation_ = std::max(1, static_cast<int>(std::lround(opt_.accumulation / pf)));
   if (opt_.packing_adjust == "beta")
     oc.beta1 = std::pow(oc.beta1, pf), oc.beta2 = std::pow(oc.beta2, pf);
-  optim_ = std::make_unique<Optimizer>(model_->layout(), oc);
+  {
+    io::AllocationScope scope("the optimizer's moments");
+    optim_ = std::make_unique<Optimizer>(model_->layout(), oc);
+  }
 
   // Held out: the file's last sequences, evaluated one per row without dropout; the same
   // sequences whether training is packed or padded. Packed training leaves out the packs that
   // hold any of them.
   const uint64_t n_seq = seqs_.size();
-  const uint64_t held =
-      opt_.eval_fraction > 0 && n_seq > 1
-          ? std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(opt_.eval_fraction *
-                                                                     static_cast<double>(n_seq))))
-          : 0;
+  uint64_t held = 0;
+  if (seqs_.has_heldout_split()) {
+    if (opt_.eval_fraction)
+      throw InputError(opt_.sequences + " records its own held-out split (" +
+                       std::to_string(n_seq - seqs_.heldout_begin) +
+                       " sequences of held-out documents, from prepare --eval-fraction): drop "
+                       "--eval-fraction");
+    held = n_seq - seqs_.heldout_begin;
+  } else {
+    const double fraction = opt_.eval_fraction.value_or(0.02);
+    if (fraction > 0 && n_seq > 1)
+      held = std::max<uint64_t>(
+          1, static_cast<uint64_t>(std::llround(fraction * static_cast<double>(n_seq))));
+  }
   train_rows_.rows_per_batch = opt_.rows_per_batch;
   train_rows_.seed = opt_.seed;
   train_rows_.dynamic_masking = opt_.dynamic_masking;
@@ -183,7 +245,18 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     optim_->set_steps(state.at("optimizer_steps").get<int64_t>());
     step_ = state.at("step").get<int64_t>();
     cursor_ = {state.at("cursor_epoch").get<uint64_t>(), state.at("cursor_row").get<uint64_t>()};
-    elapsed_before_ = state.value("elapsed", 0.0);
+    elapsed_ = state.value("elapsed", 0.0);
+    saved_step_ = step_;
+    if (state.contains("recent_grad_norms")) {
+      recent_norms_ = state.at("recent_grad_norms").get<std::vector<double>>();
+      accepted_ = state.at("accepted_steps").get<int64_t>();
+      outlier_skips_ = state.at("outlier_skips").get<int64_t>();
+      if (recent_norms_.size() != static_cast<size_t>(kOutlierWindow))
+        throw InputError(checkpoint_path() + ": recent_grad_norms has " +
+                         std::to_string(recent_norms_.size()) + " entries, expected " +
+                         std::to_string(kOutlierWindow));
+    }
+    truncate_metrics(metrics, step_);
   }
   loader_ = std::make_unique<BatchLoader>(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
                                           vocab_ ? &*vocab_ : nullptr, train_rows_, cursor_);
@@ -191,8 +264,16 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
 
 Trainer::~Trainer() = default;
 
-void Trainer::save_checkpoint() const {
+void Trainer::save_checkpoint() {
   const model::ParamLayout& L = model_->layout();
+  if (!all_finite(model_->params().data(), model_->params().size()) ||
+      !all_finite(optim_->m().data(), optim_->m().size()) ||
+      !all_finite(optim_->v().data(), optim_->v().size()))
+    throw InputError("step " + std::to_string(step_) +
+                     ": parameters or optimizer moments are not finite; no checkpoint written" +
+                     (saved_step_ >= 0 ? " (the one of step " + std::to_string(saved_step_) +
+                                             " in " + checkpoint_path() + " is unchanged)"
+                                       : ""));
   std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, model_->params().data());
   auto m = model::weight_tensors(L, optim_->m().data(), "optimizer.m.");
   auto v = model::weight_tensors(L, optim_->v().data(), "optimizer.v.");
@@ -208,10 +289,14 @@ void Trainer::save_checkpoint() const {
                 {"packed", packs_.has_value()},
                 {"rows_per_batch", opt_.rows_per_batch},
                 {"seed", opt_.seed},
-                {"elapsed", elapsed_before_}};
+                {"elapsed", elapsed_},
+                {"recent_grad_norms", recent_norms_},
+                {"accepted_steps", accepted_},
+                {"outlier_skips", outlier_skips_}};
   io::write_safetensors(
       checkpoint_path(), tensors,
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
+  saved_step_ = step_;
 }
 
 EvalMetrics Trainer::evaluate() {
@@ -239,34 +324,47 @@ EvalMetrics Trainer::evaluate() {
   return e;
 }
 
-int64_t Trainer::run(const std::atomic<bool>& stop,
-                     const std::function<void(const StepMetrics&)>& on_step,
-                     const std::function<void(const EvalMetrics&)>& on_eval) {
+StopReason Trainer::run(const std::atomic<bool>& stop,
+                        const std::function<void(const StepMetrics&)>& on_step,
+                        const std::function<void(const EvalMetrics&)>& on_eval) {
   std::ofstream log(opt_.out_dir + "/metrics.jsonl", std::ios::app);
   if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
-  const double start = now_seconds();
   int nan_streak = 0;
   auto do_eval = [&] {
+    const double e0 = now_seconds();
     EvalMetrics e = evaluate();
-    e.elapsed = elapsed_before_ + (now_seconds() - start);
+    e.elapsed = elapsed_;
+    e.eval_seconds = now_seconds() - e0;
     if (eval_rows_.row_end == 0) return;
     log << json{{"type", "eval"},           {"step", e.step},         {"mlm_loss", e.mlm_loss},
                 {"mlm_acc", e.mlm_acc},     {"nsp_loss", e.nsp_loss}, {"nsp_acc", e.nsp_acc},
-                {"mlm_count", e.mlm_count}, {"elapsed", e.elapsed}}
+                {"mlm_count", e.mlm_count}, {"elapsed", e.elapsed},   {"eval_seconds", e.eval_seconds}}
                .dump()
         << std::endl;
     if (on_eval) on_eval(e);
   };
-  double eval_time = 0;
-  while (step_ < opt_.max_steps && !stop.load()) {
+  auto no_checkpoint = [&] {
+    return saved_step_ >= 0 ? "no checkpoint written; the one of step " +
+                                  std::to_string(saved_step_) + " in " + checkpoint_path() +
+                                  " is unchanged"
+                            : std::string("no checkpoint written");
+  };
+  StopReason reason = StopReason::finished;
+  while (step_ < opt_.max_steps) {
+    if (stop.load()) {
+      reason = StopReason::requested;
+      break;
+    }
     const double t0 = now_seconds();
     StepMetrics s;
-    s.step = step_;
+    s.step = step_ + 1;
     model_->zero_grads();
     double mlm_sum = 0, nsp_sum = 0;
     int64_t mlm_n = 0, nsp_n = 0, mlm_ok = 0, nsp_ok = 0;
     for (int micro = 0; micro < accumulation_; ++micro) {
       model::PackedBatch b = loader_->next();
+      io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
+                                " rows of " + std::to_string(b.S) + " tokens");
       model::Outputs o = model_->forward(
           b, {true, opt_.seed,
               static_cast<uint64_t>(step_) * accumulation_ + static_cast<uint64_t>(micro)});
@@ -293,48 +391,65 @@ int64_t Trainer::run(const std::atomic<bool>& stop,
     s.lr = learning_rate(opt_.lr, step_, opt_.warmup_steps, opt_.max_steps, opt_.decay_power);
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
       s.skipped = true;
-      if (++nan_streak >= opt_.nan_abort) {
-        save_checkpoint();
-        throw InputError("loss is not finite for " + std::to_string(nan_streak) +
-                         " steps in a row (last at step " + std::to_string(step_) +
-                         "); checkpoint kept at the last good step; lower --lr?");
-      }
+      s.skip_reason = std::isfinite(s.loss) ? "non-finite gradient" : "non-finite loss";
+      if (++nan_streak >= opt_.nan_abort)
+        throw InputError(s.skip_reason + " for " + std::to_string(nan_streak) +
+                         " steps in a row (last at step " + std::to_string(s.step) + "); " +
+                         no_checkpoint() + "; lower --lr?");
+    } else if (opt_.outlier_z > 0 && is_outlier(s.grad_norm)) {
+      s.skipped = true;
+      s.skip_reason = "outlier gradient norm";
+      ++outlier_skips_;
     } else {
       nan_streak = 0;
       optim_->step(model_->params().data(), g.data(), s.lr);
+      if (!all_finite(model_->params().data(), model_->params().size()))
+        throw InputError("the update of step " + std::to_string(s.step) +
+                         " made parameters non-finite (--lr " + std::to_string(s.lr) +
+                         " too high? --weight-decay?); " + no_checkpoint());
+      recent_norms_[static_cast<size_t>(accepted_ % kOutlierWindow)] = s.grad_norm;
+      ++accepted_;
     }
     cursor_ = loader_->cursor();
     ++step_;
     s.seconds = now_seconds() - t0;
-    s.elapsed = elapsed_before_ + (now_seconds() - start) - eval_time;
+    elapsed_ += s.seconds;
+    s.elapsed = elapsed_;
     log << json{{"type", "step"},           {"step", s.step},
                 {"loss", s.loss},           {"mlm_loss", s.mlm_loss},
                 {"nsp_loss", s.nsp_loss},   {"mlm_acc", s.mlm_acc},
                 {"nsp_acc", s.nsp_acc},     {"lr", s.lr},
                 {"grad_norm", s.grad_norm}, {"real_tokens", s.real_tokens},
                 {"sequences", s.sequences}, {"seconds", s.seconds},
-                {"elapsed", s.elapsed},     {"skipped", s.skipped}}
+                {"elapsed", s.elapsed},     {"skipped", s.skipped},
+                {"skip_reason", s.skip_reason}, {"outlier_skips", outlier_skips_}}
                .dump()
         << std::endl;
     if (on_step) on_step(s);
-    if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) {
-      double e0 = now_seconds();
-      do_eval();
-      eval_time += now_seconds() - e0;
+    if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) do_eval();
+    if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0) save_checkpoint();
+    if (opt_.max_minutes > 0 && elapsed_ > opt_.max_minutes * 60) {
+      reason = StopReason::time_limit;
+      break;
     }
-    if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0) {
-      double keep = elapsed_before_;
-      elapsed_before_ = s.elapsed;
-      save_checkpoint();
-      elapsed_before_ = keep;
-    }
-    if (opt_.max_minutes > 0 && s.elapsed > opt_.max_minutes * 60) break;
   }
-  const double trained = elapsed_before_ + (now_seconds() - start) - eval_time;
   do_eval();
-  elapsed_before_ = trained;
-  save_checkpoint();
-  return step_;
+  if (saved_step_ != step_) save_checkpoint();
+  return reason;
+}
+
+bool Trainer::is_outlier(double norm) const {
+  if (accepted_ < kOutlierMinHistory) return false;
+  const int64_t n = std::min<int64_t>(accepted_, kOutlierWindow);
+  double mean = 0, var = 0;
+  for (int64_t i = 0; i < n; ++i) mean += recent_norms_[static_cast<size_t>(i)];
+  mean /= static_cast<double>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = recent_norms_[static_cast<size_t>(i)] - mean;
+    var += d * d;
+  }
+  const double sd = std::sqrt(var / static_cast<double>(n - 1));
+  return norm > mean + opt_.outlier_z * sd;
 }
 
 }  // namespace packbert::train

@@ -21,6 +21,7 @@ struct PretrainOptions {
   std::string sequences;        // .seqs file
   std::string packs;            // .packs file; empty = padded baseline (one sequence per row)
   std::string out_dir;          // checkpoint.safetensors and metrics.jsonl go here
+  bool overwrite = false;       // start over in an out_dir that holds an earlier run's checkpoint
   std::string vocab;            // needed for dynamic masking and the vocab check
   std::string init;             // optional: HF-layout dir or checkpoint to start from
   std::string preset = "mini";  // model shape when not initialised from a checkpoint
@@ -36,8 +37,14 @@ struct PretrainOptions {
   uint64_t seed = 1;
   int64_t checkpoint_every = 0;  // 0 = only at the end (and on stop)
   int64_t eval_every = 0;        // 0 = only at the end
-  double eval_fraction = 0.02;   // sequences held out for evaluation (the file's last ones)
+  // Sequences held out for evaluation when the sequences file records no held-out split of its
+  // own (prepare --eval-fraction splits by document, which is what to use): the file's last
+  // ones. Unset: 0.02 for such files; set with a file that has a split: an error.
+  std::optional<double> eval_fraction;
   int nan_abort = 5;             // abort after this many non-finite steps in a row
+  // Skip an update whose gradient norm is an outlier: above mean + z * std of the last
+  // kOutlierWindow accepted norms (llm.c's z-score guard). 0 = off.
+  double outlier_z = 0;
   bool dynamic_masking = false;
   double max_minutes = 0;        // stop (with a checkpoint) after this long; 0 = no limit
   bool compute_padding = false;  // padded baseline that pays for padding like frameworks do
@@ -48,34 +55,57 @@ struct StepMetrics {
   double loss = 0, mlm_loss = 0, nsp_loss = 0, mlm_acc = 0, nsp_acc = 0, lr = 0, grad_norm = 0;
   int64_t real_tokens = 0, sequences = 0;  // real tokens exclude computed padding
   double seconds = 0, elapsed = 0;         // this step; since the run began (excluding evaluation)
-  bool skipped = false;                    // non-finite loss: no update
+  // Steps count from 1: `step` is the number of optimizer steps done once this one is. elapsed
+  // is training time only (no evaluation, no checkpoint writing), summed over resumed runs.
+  bool skipped = false;     // no update was applied
+  std::string skip_reason;  // "non-finite loss", "non-finite gradient" or "outlier gradient norm"
 };
+
+// How many recent gradient norms the outlier guard compares against (and the fewest it needs).
+constexpr int kOutlierWindow = 64, kOutlierMinHistory = 16;
 
 struct EvalMetrics {
   int64_t step = 0;
   double mlm_loss = 0, mlm_acc = 0, nsp_loss = 0, nsp_acc = 0;
   int64_t mlm_count = 0, sequences = 0;
-  double elapsed = 0;
+  double elapsed = 0;       // training seconds when it ran (the clock of the step records)
+  double eval_seconds = 0;  // how long the evaluation took
 };
+
+// Why Trainer::run returned.
+enum class StopReason { finished, requested, time_limit };
 
 class Trainer {
  public:
-  // resume: continue from out_dir/checkpoint.safetensors (must exist and match the options).
+  // resume: continue from out_dir/checkpoint.safetensors (must exist and match the options);
+  // metrics.jsonl is cut back to the checkpoint's step. Without resume, an out_dir that holds a
+  // checkpoint is refused unless options.overwrite. Stale temporary files of a killed write are
+  // removed either way.
   Trainer(const PretrainOptions& options, bool resume);
   ~Trainer();
 
   // Runs until max_steps, a stop request, or the time limit. Calls the callbacks per step and
-  // per evaluation (both also go to out_dir/metrics.jsonl). Returns the last step reached.
-  int64_t run(const std::atomic<bool>& stop, const std::function<void(const StepMetrics&)>& on_step,
-              const std::function<void(const EvalMetrics&)>& on_eval);
+  // per evaluation (both also go to out_dir/metrics.jsonl), then evaluates and checkpoints.
+  // A run that cannot go on (non-finite loss --nan-abort times in a row, or an update that made
+  // the parameters non-finite) throws InputError and writes no checkpoint: the last good one
+  // stays as it was.
+  StopReason run(const std::atomic<bool>& stop,
+                 const std::function<void(const StepMetrics&)>& on_step,
+                 const std::function<void(const EvalMetrics&)>& on_eval);
   EvalMetrics evaluate();
-  void save_checkpoint() const;
+  // Writes the checkpoint atomically; refuses (InputError, nothing written) when a parameter or
+  // moment is not finite.
+  void save_checkpoint();
   int64_t step() const { return step_; }
   model::BertModel<float>& model() { return *model_; }
   const model::BertConfig& config() const { return model_->config(); }
   std::string checkpoint_path() const;
+  int64_t saved_step() const { return saved_step_; }  // step of the checkpoint on disk; -1: none
+  int64_t outlier_skips() const { return outlier_skips_; }
 
  private:
+  bool is_outlier(double grad_norm) const;
+
   PretrainOptions opt_;
   data::SequencesFile seqs_;
   uint64_t seqs_checksum_ = 0;
@@ -88,15 +118,27 @@ class Trainer {
   int accumulation_ = 1;
   int64_t step_ = 0;
   Cursor cursor_;
-  double elapsed_before_ = 0;  // training seconds of earlier runs (resumed)
+  double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included
+  int64_t saved_step_ = -1;
+  // Outlier guard state (checkpointed, so a resumed run decides exactly as an unbroken one).
+  std::vector<double> recent_norms_;  // ring of the last kOutlierWindow accepted norms
+  int64_t accepted_ = 0, outlier_skips_ = 0;
 };
 
 // Loads model weights from an HF-layout directory (config.json + model.safetensors) or a
 // packbert checkpoint file; throws InputError naming what is missing or mismatched.
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads);
 
-// Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout.
+// Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
+// into an existing directory (each file atomically).
+void write_model_files(const model::BertModel<float>& m, const std::string& dir,
+                       const std::string& vocab_path);
+// The same as a whole: `dir` appears complete or not at all; an earlier model directory there
+// is replaced only with `overwrite` (io::StagedDirectory).
 void export_model(const model::BertModel<float>& m, const std::string& dir,
-                  const std::string& vocab_path);
+                  const std::string& vocab_path, bool overwrite = false);
+
+// True when no element is NaN or infinite.
+bool all_finite(const float* x, size_t n);
 
 }  // namespace packbert::train

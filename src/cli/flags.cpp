@@ -1,0 +1,41 @@
+#include "cli/flags.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
+namespace packbert::cli {
+
+namespace {
+
+std::string number_text(double v) {
+  if (v == kMaxSeed) return "2^64-1";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<long long>(v));
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+}  // namespace
+
+CLI::Validator in_range(double lo, double hi, bool integral) {
+  const std::string range = "[" + number_text(lo) + ", " + number_text(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, integral, range](std::string& text) -> std::string {
+        const char* s = text.c_str();
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(s, &end);
+        if (end == s || *end != '\0')
+          return "'" + text + "' is not a number (expected one in " + range + ")";
+        if (!std::isfinite(v) || errno == ERANGE)
+          return "'" + text + "' is not a finite number (expected one in " + range + ")";
+        if (integral && v != std::floor(v))
+          return "'" + text + "' is not a whole number (expected one in " + range + ")";
+        if (v < lo || v > hi) return text + " is outside the valid range " + range;
+        return "";
+      },
+      "in " + range);
+}
+
+}  // namespace packbert::cli

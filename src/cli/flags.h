@@ -1,0 +1,39 @@
+// Numeric flags with their valid range: stated in --help and checked in this one place, before
+// any work starts. A value outside the range, NaN, infinity, a fraction for an integer flag or a
+// negative number for an unsigned one is a parse error naming the flag (exit 2).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+namespace packbert::cli {
+
+// The validator behind number(): [lo, hi] for T. Shown in --help as "in [lo, hi]".
+CLI::Validator in_range(double lo, double hi, bool integral);
+
+// Adds `--name` bound to `value` with its range (and the default shown in --help).
+template <typename T>
+CLI::Option* number(CLI::App* cmd, const std::string& name, T& value, const std::string& help,
+                    double lo, double hi) {
+  static_assert(std::is_arithmetic_v<T>);
+  return cmd->add_option(name, value, help)
+      ->check(in_range(lo, hi, std::is_integral_v<T>))
+      ->capture_default_str();
+}
+
+// The same for an optional value (no default shown).
+template <typename T>
+CLI::Option* number(CLI::App* cmd, const std::string& name, std::optional<T>& value,
+                    const std::string& help, double lo, double hi) {
+  static_assert(std::is_arithmetic_v<T>);
+  return cmd->add_option(name, value, help)->check(in_range(lo, hi, std::is_integral_v<T>));
+}
+
+constexpr double kMaxCount = 1e12;  // upper bound for counts that have no natural one
+constexpr double kMaxSeed = 18446744073709551615.0;  // seeds are unsigned 64-bit
+
+}  // namespace packbert::cli
