@@ -27,17 +27,18 @@ int run_check_golden(const GoldenArgs& a) {
     std::snprintf(tol, sizeof tol, "%.0e", r.tolerance);
     t.add_row({r.quantity, err, tol, r.ok() ? "yes" : "NO"});
   };
-  size_t grads = 0, failing = 0;
+  size_t grads = 0, failing_grads = 0, losses = 0, failing_losses = 0;
   for (const model::GoldenRow& r : report.rows) {
-    bool is_grad = r.quantity.rfind("grad.", 0) == 0;
-    grads += is_grad;
-    failing += !r.ok();
+    const bool is_grad = r.quantity.rfind("grad.", 0) == 0;
+    (is_grad ? grads : losses) += 1;
+    (is_grad ? failing_grads : failing_losses) += !r.ok();
     if (!is_grad || a.all || !r.ok()) add(r);
   }
   if (!a.all) add(report.worst_grad());
   t.print(std::cout);
-  std::cout << a.file << ": " << grads << " gradient tensors, " << failing << " outside tolerance"
-            << (a.all ? "" : " (worst gradient shown; --all lists every tensor)") << '\n';
+  std::cout << a.file << ": " << losses << " losses (" << failing_losses << " outside tolerance), "
+            << grads << " gradient tensors (" << failing_grads << " outside tolerance)"
+            << (a.all ? "" : "; worst gradient shown, --all lists every tensor") << '\n';
   return report.ok() ? 0 : 1;
 }
 

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "error.h"
 
 namespace packbert::cli {
@@ -27,7 +28,11 @@ void run_tokenize(const TokenizeArgs& a) {
   }
   std::istream& in = a.input.empty() ? std::cin : file;
   std::string line, out;
+  const std::string name = a.input.empty() ? "<stdin>" : a.input;
+  size_t offset = 0, line_no = 0;
   while (std::getline(in, line)) {
+    data::check_utf8(line, name + ":" + std::to_string(++line_no), offset);
+    offset += line.size() + 1;
     out.clear();
     if (a.tokens) {
       for (const std::string& p : tok.pieces(line)) {

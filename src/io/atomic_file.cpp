@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "error.h"
+#include "io/fault.h"
 #include "io/memory.h"
 
 namespace packbert::io {
@@ -37,8 +39,12 @@ void write_file_atomic(const std::string& path, std::string_view data) {
     throw InputError(msg);
   }
   size_t done = 0;
+  bool halfway = false;
   while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (!halfway && done >= data.size() / 2) crash_point("write"), halfway = true;
+    // Halves, so the crash point above sits between two writes of a real file.
+    const size_t chunk = halfway ? data.size() - done : data.size() / 2 - done;
+    ssize_t n = ::write(fd, data.data() + done, std::max<size_t>(chunk, 1));
     if (n < 0) {
       if (errno == EINTR) continue;
       ::close(fd);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/utf8.h"
 #include "error.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
@@ -342,6 +343,8 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path,
   if (!in) throw InputError(path + ": cannot open for reading");
   std::string line;
   if (!std::getline(in, line)) throw InputError(path + ": empty file (expected a header line)");
+  size_t offset = line.size() + 1;  // of the next line in the file
+  data::check_utf8(line, path + ":1");
   std::vector<std::string> head = split_tabs(line);
   auto col = [&](std::initializer_list<const char*> names) {
     for (const char* n : names)
@@ -359,6 +362,8 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path,
   const data::Vocab& v = tok.vocab();
   while (std::getline(in, line)) {
     ++line_no;
+    data::check_utf8(line, path + ":" + std::to_string(line_no), offset);
+    offset += line.size() + 1;
     if (line.empty() || line == "\r") continue;
     std::vector<std::string> f = split_tabs(line);
     const int need = std::max({c_label, c_a, c_b});

@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/fault.h"
 #include "io/memory.h"
 #include "io/safetensors.h"
 #include "model/weights.h"
@@ -105,7 +106,7 @@ std::string Trainer::checkpoint_path() const {
 }
 
 Trainer::Trainer(const PretrainOptions& options, bool resume)
-    : opt_(options), recent_norms_(kOutlierWindow, 0.0) {
+    : opt_(options) {
   if (opt_.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
   if (opt_.accumulation < 1) throw InputError("--accumulation must be at least 1");
   if (!(std::isfinite(opt_.lr) && opt_.lr > 0))
@@ -248,13 +249,13 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
     elapsed_ = state.value("elapsed", 0.0);
     saved_step_ = step_;
     if (state.contains("recent_grad_norms")) {
-      recent_norms_ = state.at("recent_grad_norms").get<std::vector<double>>();
-      accepted_ = state.at("accepted_steps").get<int64_t>();
+      guard_.recent = state.at("recent_grad_norms").get<std::vector<double>>();
+      guard_.accepted = state.at("accepted_steps").get<int64_t>();
       outlier_skips_ = state.at("outlier_skips").get<int64_t>();
-      if (recent_norms_.size() != static_cast<size_t>(kOutlierWindow))
+      if (guard_.recent.size() != static_cast<size_t>(GradNormGuard::kWindow))
         throw InputError(checkpoint_path() + ": recent_grad_norms has " +
-                         std::to_string(recent_norms_.size()) + " entries, expected " +
-                         std::to_string(kOutlierWindow));
+                         std::to_string(guard_.recent.size()) + " entries, expected " +
+                         std::to_string(GradNormGuard::kWindow));
     }
     truncate_metrics(metrics, step_);
   }
@@ -290,8 +291,8 @@ void Trainer::save_checkpoint() {
                 {"rows_per_batch", opt_.rows_per_batch},
                 {"seed", opt_.seed},
                 {"elapsed", elapsed_},
-                {"recent_grad_norms", recent_norms_},
-                {"accepted_steps", accepted_},
+                {"recent_grad_norms", guard_.recent},
+                {"accepted_steps", guard_.accepted},
                 {"outlier_skips", outlier_skips_}};
   io::write_safetensors(
       checkpoint_path(), tensors,
@@ -396,7 +397,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
         throw InputError(s.skip_reason + " for " + std::to_string(nan_streak) +
                          " steps in a row (last at step " + std::to_string(s.step) + "); " +
                          no_checkpoint() + "; lower --lr?");
-    } else if (opt_.outlier_z > 0 && is_outlier(s.grad_norm)) {
+    } else if (opt_.outlier_z > 0 && guard_.is_outlier(s.grad_norm, opt_.outlier_z)) {
       s.skipped = true;
       s.skip_reason = "outlier gradient norm";
       ++outlier_skips_;
@@ -407,8 +408,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
         throw InputError("the update of step " + std::to_string(s.step) +
                          " made parameters non-finite (--lr " + std::to_string(s.lr) +
                          " too high? --weight-decay?); " + no_checkpoint());
-      recent_norms_[static_cast<size_t>(accepted_ % kOutlierWindow)] = s.grad_norm;
-      ++accepted_;
+      guard_.accept(s.grad_norm);
     }
     cursor_ = loader_->cursor();
     ++step_;
@@ -426,6 +426,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                .dump()
         << std::endl;
     if (on_step) on_step(s);
+    io::crash_point("step");
     if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) do_eval();
     if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0) save_checkpoint();
     if (opt_.max_minutes > 0 && elapsed_ > opt_.max_minutes * 60) {
@@ -438,18 +439,18 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
   return reason;
 }
 
-bool Trainer::is_outlier(double norm) const {
-  if (accepted_ < kOutlierMinHistory) return false;
-  const int64_t n = std::min<int64_t>(accepted_, kOutlierWindow);
+bool GradNormGuard::is_outlier(double norm, double z) const {
+  if (accepted < kMinHistory) return false;
+  const int64_t n = std::min<int64_t>(accepted, kWindow);
   double mean = 0, var = 0;
-  for (int64_t i = 0; i < n; ++i) mean += recent_norms_[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < n; ++i) mean += recent[static_cast<size_t>(i)];
   mean /= static_cast<double>(n);
   for (int64_t i = 0; i < n; ++i) {
-    const double d = recent_norms_[static_cast<size_t>(i)] - mean;
+    const double d = recent[static_cast<size_t>(i)] - mean;
     var += d * d;
   }
   const double sd = std::sqrt(var / static_cast<double>(n - 1));
-  return norm > mean + opt_.outlier_z * sd;
+  return norm > mean + z * sd;
 }
 
 }  // namespace packbert::train

@@ -43,7 +43,7 @@ struct PretrainOptions {
   std::optional<double> eval_fraction;
   int nan_abort = 5;             // abort after this many non-finite steps in a row
   // Skip an update whose gradient norm is an outlier: above mean + z * std of the last
-  // kOutlierWindow accepted norms (llm.c's z-score guard). 0 = off.
+  // GradNormGuard::kWindow accepted norms (GradNormGuard below). 0 = off.
   double outlier_z = 0;
   bool dynamic_masking = false;
   double max_minutes = 0;        // stop (with a checkpoint) after this long; 0 = no limit
@@ -61,8 +61,17 @@ struct StepMetrics {
   std::string skip_reason;  // "non-finite loss", "non-finite gradient" or "outlier gradient norm"
 };
 
-// How many recent gradient norms the outlier guard compares against (and the fewest it needs).
-constexpr int kOutlierWindow = 64, kOutlierMinHistory = 16;
+// The z-score guard on gradient norms (llm.c's): a norm above mean + z × std of the last
+// kWindow accepted norms is an outlier; it needs kMinHistory accepted norms before it judges.
+// Its state is part of the checkpoint, so a resumed run decides exactly as an unbroken one.
+struct GradNormGuard {
+  static constexpr int kWindow = 64, kMinHistory = 16;
+  std::vector<double> recent = std::vector<double>(kWindow, 0.0);  // ring of accepted norms
+  int64_t accepted = 0;
+
+  bool is_outlier(double norm, double z) const;
+  void accept(double norm) { recent[static_cast<size_t>(accepted++ % kWindow)] = norm; }
+};
 
 struct EvalMetrics {
   int64_t step = 0;
@@ -104,8 +113,6 @@ class Trainer {
   int64_t outlier_skips() const { return outlier_skips_; }
 
  private:
-  bool is_outlier(double grad_norm) const;
-
   PretrainOptions opt_;
   data::SequencesFile seqs_;
   uint64_t seqs_checksum_ = 0;
@@ -120,9 +127,8 @@ class Trainer {
   Cursor cursor_;
   double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included
   int64_t saved_step_ = -1;
-  // Outlier guard state (checkpointed, so a resumed run decides exactly as an unbroken one).
-  std::vector<double> recent_norms_;  // ring of the last kOutlierWindow accepted norms
-  int64_t accepted_ = 0, outlier_skips_ = 0;
+  GradNormGuard guard_;
+  int64_t outlier_skips_ = 0;
 };
 
 // Loads model weights from an HF-layout directory (config.json + model.safetensors) or a

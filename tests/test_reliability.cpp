@@ -1,0 +1,550 @@
+// Crash-and-abuse suite (docs/RELIABILITY.md): every defect of the QA pass reproduced, then held
+// fixed; kill -9 during a step and during a checkpoint write, SIGINT and SIGTERM mid-run, each
+// followed by --resume and a bitwise comparison of every tensor with an uninterrupted run.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "cli_runner.h"
+#include "data/pretraining.h"
+#include "data/sequences.h"
+#include "data/utf8.h"
+#include "error.h"
+#include "io/checksum.h"
+#include "io/safetensors.h"
+#include "train/trainer.h"
+
+extern char** environ;
+
+namespace packbert {
+namespace {
+
+using testing::Result;
+using testing::slurp;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Random sentences over common words (all in bert-base-uncased's vocabulary), 1-8 sentences a
+// document, blank lines between documents.
+std::string corpus_text(int documents, unsigned seed) {
+  static const char* words[] = {
+      "the",  "of",    "and",   "to",    "in",    "is",    "was",  "for",   "on",   "that",
+      "with", "as",    "by",    "at",    "from",  "his",   "her",  "it",    "an",   "be",
+      "this", "which", "or",    "are",   "were",  "had",   "not",  "but",   "have", "one",
+      "city", "known", "state", "world", "war",   "people", "name", "first", "new",  "two",
+      "time", "years", "three", "music", "river", "house", "king", "film",  "game", "school"};
+  std::mt19937 rng(seed);
+  std::string text;
+  for (int d = 0; d < documents; ++d) {
+    for (int s = 0, n = 1 + static_cast<int>(rng() % 8); s < n; ++s) {
+      for (int w = 0, m = 4 + static_cast<int>(rng() % 16); w < m; ++w)
+        text += std::string(w ? " " : "") + words[rng() % std::size(words)];
+      text += " .\n";
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+class Reliability : public testing::CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    corpus_ = write("corpus.txt", corpus_text(300, 7)).string();
+    seqs_ = (dir_ / "d.seqs").string();
+    packs_ = (dir_ / "d.packs").string();
+    Result r = run("prepare " + corpus_ + " --out " + seqs_ +
+                   " --max-seq-len 64 --pack optimal --eval-fraction 0.1");
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  // A short tiny-model run; `extra` adds or overrides flags.
+  std::string train_args(const std::string& out, const std::string& extra = "") const {
+    std::string args = "pretrain --data " + seqs_ + " --packs " + packs_ + " --out " +
+                       (dir_ / out).string() + " --dynamic-masking " + extra;
+    for (const char* d : {"--preset tiny", "--steps 12", "--batch-rows 8", "--checkpoint-every 4",
+                          "--eval-every 6"}) {
+      const std::string flag = std::string(d).substr(0, std::string(d).find(' ') + 1);
+      if (extra.find(flag) == std::string::npos) args += std::string(" ") + d;
+    }
+    return args;
+  }
+  std::string checkpoint(const std::string& out) const {
+    return (dir_ / out / "checkpoint.safetensors").string();
+  }
+  std::vector<json> metrics(const std::string& out) const {
+    std::vector<json> rows;
+    std::istringstream in(slurp(dir_ / out / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) rows.push_back(json::parse(line));
+    return rows;
+  }
+  // Starts the binary without waiting; stdout/stderr go to files in the test directory.
+  pid_t spawn(const std::string& args, const std::string& env = "") {
+    std::vector<std::string> argv_s = {PACKBERT_BINARY};
+    std::istringstream in(args);
+    for (std::string a; in >> a;) argv_s.push_back(a);
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e; ++e) env_s.push_back(*e);
+    if (!env.empty()) env_s.push_back(env);
+    std::vector<char*> envp;
+    for (auto& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, (dir_ / "bg.out").c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, (dir_ / "bg.err").c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = 0;
+    EXPECT_EQ(posix_spawn(&pid, PACKBERT_BINARY, &fa, nullptr, argv.data(), envp.data()), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+  }
+  // Waits until `out`/metrics.jsonl holds a step record with step >= `step` (or 120 s pass).
+  void wait_for_step(const std::string& out, int64_t step) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::istringstream in(slurp(dir_ / out / "metrics.jsonl"));
+      for (std::string line; std::getline(in, line);) {
+        json r = json::parse(line, nullptr, false);
+        if (!r.is_discarded() && r.value("type", "") == "step" && r.value("step", 0) >= step)
+          return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    FAIL() << "no step " << step << " in " << out;
+  }
+  static int wait_exit(pid_t pid, bool* signalled = nullptr) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (signalled) *signalled = WIFSIGNALED(status);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string corpus_, seqs_, packs_;
+};
+
+// Every tensor (weights and Adam moments) of two checkpoints, byte for byte.
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  io::SafetensorsFile fa = io::SafetensorsFile::read(a), fb = io::SafetensorsFile::read(b);
+  ASSERT_EQ(fa.tensors().size(), fb.tensors().size());
+  int compared = 0;
+  for (const auto& [name, entry] : fa.tensors()) {
+    ASSERT_TRUE(fb.has(name)) << name;
+    std::vector<float> x = fa.floats(name), y = fb.floats(name);
+    ASSERT_EQ(x.size(), y.size()) << name;
+    ASSERT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 40);
+  json sa = json::parse(fa.metadata().at("packbert")), sb = json::parse(fb.metadata().at("packbert"));
+  EXPECT_EQ(sa["step"], sb["step"]);
+  EXPECT_EQ(sa["cursor_epoch"], sb["cursor_epoch"]);
+  EXPECT_EQ(sa["cursor_row"], sb["cursor_row"]);
+}
+
+// 1a. An earlier run's directory is never overwritten by a run that forgot --resume.
+TEST_F(Reliability, ExistingRunIsRefusedWithoutResumeOrOverwrite) {
+  ASSERT_EQ(run(train_args("run", "--steps 4")).code, 0);
+  const std::string ckpt = slurp(checkpoint("run")), log = slurp(dir_ / "run" / "metrics.jsonl");
+  Result again = run(train_args("run", "--steps 4"));
+  EXPECT_EQ(again.code, 2);
+  EXPECT_NE(again.err.find("checkpoint.safetensors"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("--resume"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("--overwrite"), std::string::npos) << again.err;
+  EXPECT_EQ(std::count(again.err.begin(), again.err.end(), '\n'), 1) << again.err;
+  EXPECT_EQ(slurp(checkpoint("run")), ckpt);
+  EXPECT_EQ(slurp(dir_ / "run" / "metrics.jsonl"), log);
+  Result over = run(train_args("run", "--steps 2 --overwrite"));
+  ASSERT_EQ(over.code, 0) << over.err;
+  std::vector<json> m = metrics("run");
+  EXPECT_EQ(m.front()["step"], 1);  // a new log, not appended to the old one
+  EXPECT_EQ(std::count_if(m.begin(), m.end(), [](const json& r) { return r["type"] == "step"; }),
+            2);
+}
+
+// 1b. A run that aborts writes nothing over the last good checkpoint.
+TEST_F(Reliability, AbortingRunLeavesTheLastGoodCheckpointByteForByte) {
+  ASSERT_EQ(run(train_args("run", "--steps 4")).code, 0);
+  const std::string good = slurp(checkpoint("run"));
+  train::PretrainOptions o;
+  o.sequences = seqs_;
+  o.packs = packs_;
+  o.vocab = PACKBERT_DEFAULT_VOCAB;
+  o.out_dir = (dir_ / "run").string();
+  o.rows_per_batch = 8;
+  o.max_steps = 12;
+  o.checkpoint_every = 100;
+  o.nan_abort = 3;
+  {  // Non-finite loss: weights poisoned after a step (as an overflow would).
+    train::Trainer t(o, true);
+    std::atomic<bool> stop{false};
+    EXPECT_THROW(
+        {
+          try {
+            t.run(
+                stop,
+                [&](const train::StepMetrics& s) {
+                  if (s.step == 5) t.model().params()[0] = NAN;
+                },
+                {});
+          } catch (const InputError& e) {
+            EXPECT_NE(std::string(e.what()).find("non-finite loss for 3 steps"), std::string::npos)
+                << e.what();
+            EXPECT_NE(std::string(e.what()).find("no checkpoint written"), std::string::npos);
+            throw;
+          }
+        },
+        InputError);
+  }
+  EXPECT_EQ(slurp(checkpoint("run")), good);
+  {  // An update that makes the weights non-finite (weight decay NaN reaches the library).
+    o.optimizer.weight_decay = NAN;
+    train::Trainer t(o, true);
+    std::atomic<bool> stop{false};
+    try {
+      t.run(stop, {}, {});
+      ADD_FAILURE() << "a NaN weight decay trained on";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("made parameters non-finite"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("the one of step 4"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(slurp(checkpoint("run")), good);
+}
+
+// 1c + 9. Fine-tuning and export: outputs appear whole or not at all, and replace nothing
+// without --overwrite.
+TEST_F(Reliability, FinetuneAndExportOutputsAreWholeOrAbsent) {
+  ASSERT_EQ(run(train_args("run", "--steps 2")).code, 0);
+  const std::string init = (dir_ / "init").string();
+  ASSERT_EQ(run("export --checkpoint " + checkpoint("run") + " --out " + init).code, 0);
+  std::string tsv = "label\tsentence\n";
+  for (int i = 0; i < 24; ++i) tsv += (i % 2 ? "pos\tthe king of the city\n" : "neg\tthe war\n");
+  const std::string train_tsv = write("train.tsv", tsv).string();
+  const std::string ft = (dir_ / "ft").string();
+  const std::string common =
+      "finetune --train " + train_tsv + " --init " + init + " --epochs 1 --max-seq-len 16";
+  const std::string args = common + " --out " + ft;
+  Result ok = run(args + " --dev " + train_tsv);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  const std::string model = slurp(ft + "/model.safetensors");
+  // Into a directory that holds a model: refused without --overwrite.
+  Result again = run(args + " --dev " + train_tsv);
+  EXPECT_EQ(again.code, 2);
+  EXPECT_NE(again.err.find("--overwrite"), std::string::npos) << again.err;
+  // A failing run (dev has a label training never saw) with --overwrite: the earlier model
+  // stays, and no partial directory is left.
+  const std::string bad_dev = write("dev.tsv", "label\tsentence\nother\tthe city\n").string();
+  Result failed = run(args + " --dev " + bad_dev + " --overwrite");
+  EXPECT_EQ(failed.code, 2);
+  EXPECT_EQ(slurp(ft + "/model.safetensors"), model);
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".partial."), std::string::npos) << e.path();
+  // Export never replaces a directory that holds something other than a model.
+  fs::create_directories(dir_ / "notes");
+  write("notes/todo.txt", "mine");
+  Result ex = run("export --checkpoint " + checkpoint("run") + " --out " + (dir_ / "notes").string() +
+                  " --overwrite");
+  EXPECT_EQ(ex.code, 2);
+  EXPECT_NE(ex.err.find("no model"), std::string::npos) << ex.err;
+  EXPECT_EQ(slurp(dir_ / "notes" / "todo.txt"), "mine");
+  // An --out that cannot be a directory: one line, exit 2.
+  write("afile", "x");
+  Result not_dir = run(train_args("afile"));
+  EXPECT_EQ(not_dir.code, 2);
+  EXPECT_NE(not_dir.err.find("--out"), std::string::npos) << not_dir.err;
+  Result ft_not_dir = run(common + " --dev " + train_tsv + " --out " + (dir_ / "afile").string());
+  EXPECT_EQ(ft_not_dir.code, 2) << ft_not_dir.err;
+  EXPECT_EQ(std::count(ft_not_dir.err.begin(), ft_not_dir.err.end(), '\n'), 1) << ft_not_dir.err;
+}
+
+// 3. Every numeric flag has a range; values outside it (NaN, negative, wrapped) are refused
+// naming the flag, before any work.
+TEST_F(Reliability, NumericFlagsOutsideTheirRangeNameTheFlag) {
+  const std::string pre = "pretrain --data " + seqs_ + " --out " + (dir_ / "x").string() + " ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {pre + "--weight-decay nan", "--weight-decay"},
+      {pre + "--warmup -3", "--warmup"},
+      {pre + "--clip -1", "--clip"},
+      {pre + "--decay-power -2", "--decay-power"},
+      {pre + "--nan-abort 0", "--nan-abort"},
+      {pre + "--checkpoint-every -1", "--checkpoint-every"},
+      {pre + "--max-minutes -1", "--max-minutes"},
+      {pre + "--seed -1", "--seed"},
+      {pre + "--lr inf", "--lr"},
+      {pre + "--steps 1.5", "--steps"},
+      {pre + "--eval-fraction 0.7", "--eval-fraction"},
+      {pre + "--skip-outliers -1", "--skip-outliers"},
+      {"pack " + seqs_ + " --max-seq-len 0", "--max-seq-len"},
+      {"prepare " + corpus_ + " --out x.seqs --masked-lm-prob 1", "--masked-lm-prob"},
+      {"prepare " + corpus_ + " --out x.seqs --dupe-factor 0", "--dupe-factor"},
+      {"finetune --train a --dev b --init c --out d --epochs 0", "--epochs"},
+      {"finetune --train a --dev b --init c --out d --lr -1", "--lr"},
+      {"eval --model a --data b --batch-rows 0", "--batch-rows"},
+      {"inspect " + seqs_ + " --examples -1", "--examples"},
+      {"check-golden x --rtol-grad nan", "--rtol-grad"},
+  };
+  for (const auto& [args, flag] : cases) {
+    Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_NE(r.err.find(flag + ":"), std::string::npos) << args << " -> " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "x"));  // refused before any work
+  Result help = run("pretrain --help");
+  EXPECT_NE(help.out.find("--warmup INT:in [0, "), std::string::npos) << help.out;
+}
+
+// 4. Invalid UTF-8 is an error naming file, line and byte, unless asked to skip such lines.
+TEST_F(Reliability, InvalidUtf8IsAnErrorNamingFileLineAndByte) {
+  const fs::path bad = write("bad.txt", "the city .\nthe king .\n\nCaf\xe9 is here .\nthe war .\n");
+  Result r = run("prepare " + bad.string() + " --out " + (dir_ / "b.seqs").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("bad.txt:4: invalid UTF-8 at byte 26 (0xe9)"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "b.seqs"));
+  Result skip = run("prepare " + bad.string() + " --out " + (dir_ / "b.seqs").string() +
+                    " --skip-invalid-utf8 --max-seq-len 16");
+  EXPECT_EQ(skip.code, 0) << skip.err;
+  EXPECT_NE(skip.err.find("skipped 1 lines that are not valid UTF-8"), std::string::npos)
+      << skip.err;
+  Result tsv = run("finetune --train " +
+                   write("t.tsv", "label\tsentence\na\tgood\nb\tna\xefve\n").string() +
+                   " --dev x --init y --out " + (dir_ / "ft").string());
+  EXPECT_EQ(tsv.code, 2);
+  EXPECT_NE(tsv.err.find("t.tsv:3: invalid UTF-8"), std::string::npos) << tsv.err;
+  Result tok = run("tokenize " + bad.string());
+  EXPECT_EQ(tok.code, 2);
+  EXPECT_NE(tok.err.find("bad.txt:4"), std::string::npos) << tok.err;
+  // Overlong forms, surrogates and code points past U+10FFFF are ill-formed too.
+  for (const char* s : {"\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"})
+    EXPECT_NE(data::invalid_utf8_offset(s), data::kValidUtf8) << s;
+  EXPECT_EQ(data::invalid_utf8_offset("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), data::kValidUtf8);
+}
+
+// 5. The held-out split is by document, before duplication: no held-out 12-gram occurs in the
+// training part (it was 88.9% when the split took the file's last sequences).
+TEST_F(Reliability, HeldOutSequencesShareNoTextWithTraining) {
+  const std::string s5 = (dir_ / "d5.seqs").string();
+  ASSERT_EQ(run("prepare " + corpus_ + " --out " + s5 +
+                " --max-seq-len 64 --dupe-factor 5 --eval-fraction 0.1")
+                .code,
+            0);
+  data::SequencesFile f = data::read_sequences(s5);
+  ASSERT_TRUE(f.has_heldout_split());
+  const size_t n = 12;
+  auto grams = [&](size_t begin, size_t end) {
+    std::set<std::vector<int32_t>> g;
+    for (size_t i = begin; i < end; ++i) {
+      const int32_t* t = f.tokens.data() + f.token_offsets[i];
+      const size_t L = static_cast<size_t>(f.length(i));
+      for (size_t k = 0; k + n <= L; ++k) {
+        std::vector<int32_t> w(t + k, t + k + n);
+        if (std::find(w.begin(), w.end(), 102) == w.end()) g.insert(w);  // not across [SEP]
+      }
+    }
+    return g;
+  };
+  auto train = grams(0, f.heldout_begin), held = grams(f.heldout_begin, f.size());
+  ASSERT_GT(held.size(), 100u);
+  size_t shared = 0;
+  for (const auto& g : held) shared += train.count(g);
+  EXPECT_LT(static_cast<double>(shared) / static_cast<double>(held.size()), 0.01)
+      << shared << " of " << held.size();
+  // pretrain evaluates on exactly that split, and refuses a second one.
+  Result r = run(train_args("run", "--steps 2 --eval-fraction 0.1"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("records its own held-out split"), std::string::npos) << r.err;
+}
+
+// 6. packbert loads no BLAS library, starts under a small address-space limit, and reports an
+// allocation that does not fit as one line (exit 2), not "std::bad_alloc" (exit 1).
+TEST_F(Reliability, SmallMemoryLimitsGiveOneLineErrors) {
+  if (kSanitized) GTEST_SKIP() << "address-space limits and ASan's shadow memory do not mix";
+  Result version = run("--version", "ulimit -v 300000; timeout 20");
+  EXPECT_EQ(version.code, 0) << version.err;
+  const std::string libs = (dir_ / "libs").string();
+  ASSERT_EQ(std::system(("ldd " + std::string(PACKBERT_BINARY) + " >" + libs).c_str()), 0);
+  EXPECT_NE(slurp(libs).find("libdnnl"), std::string::npos);
+  EXPECT_EQ(slurp(libs).find("blas"), std::string::npos) << slurp(libs);
+  Result big = run(train_args("big", "--preset large"), "ulimit -v 1500000; timeout 120");
+  EXPECT_EQ(big.code, 2) << big.err;
+  EXPECT_NE(big.err.find("out of memory: could not allocate"), std::string::npos) << big.err;
+  EXPECT_NE(big.err.find(" for "), std::string::npos) << big.err;
+  EXPECT_EQ(std::count(big.err.begin(), big.err.end(), '\n'), 1) << big.err;
+}
+
+// 7 + kill -9 during a step: resume cuts metrics.jsonl back to the checkpoint and continues
+// bit-exactly.
+TEST_F(Reliability, KillDuringAStepResumesBitExactlyWithOneRecordPerStep) {
+  ASSERT_EQ(run(train_args("full")).code, 0);
+  Result killed = run(train_args("run"), "PACKBERT_CRASH_AT=step:6");
+  EXPECT_EQ(killed.code, 128 + SIGKILL) << killed.err;
+  EXPECT_EQ(metrics("run").back()["step"], 6);  // steps 5 and 6 logged, checkpoint at 4
+  Result resumed = run(train_args("run", "--resume"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  expect_same_tensors(checkpoint("run"), checkpoint("full"));
+  std::vector<int64_t> steps;
+  for (const json& r : metrics("run"))
+    if (r["type"] == "step") steps.push_back(r["step"]);
+  std::vector<int64_t> want(12);
+  for (int i = 0; i < 12; ++i) want[i] = i + 1;
+  EXPECT_EQ(steps, want);
+}
+
+// kill -9 halfway through writing a checkpoint: the previous one is intact, the temporary file
+// is removed at the next start, and the resumed run is bit-exact.
+TEST_F(Reliability, KillDuringACheckpointWriteKeepsThePreviousOne) {
+  ASSERT_EQ(run(train_args("full")).code, 0);
+  // Atomic writes of a run: checkpoint 4 is the 1st, checkpoint 8 the 2nd.
+  Result killed = run(train_args("run"), "PACKBERT_CRASH_AT=write:2");
+  EXPECT_NE(killed.code, 0);
+  bool stale = false;
+  for (const auto& e : fs::directory_iterator(dir_ / "run"))
+    stale |= e.path().filename().string().find(".tmp.") != std::string::npos;
+  EXPECT_TRUE(stale) << "the crash was to leave a half-written temporary file";
+  io::SafetensorsFile c = io::SafetensorsFile::read(checkpoint("run"));
+  EXPECT_EQ(json::parse(c.metadata().at("packbert"))["step"], 4);
+  Result resumed = run(train_args("run", "--resume"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  for (const auto& e : fs::directory_iterator(dir_ / "run"))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  expect_same_tensors(checkpoint("run"), checkpoint("full"));
+}
+
+// 11. SIGINT and SIGTERM: a checkpoint of the step reached, exit 130 / 143 (so `pretrain &&
+// export` does not export an unfinished model), and --resume continues bit-exactly.
+TEST_F(Reliability, SignalsCheckpointExit130Or143AndResumeBitExactly) {
+  ASSERT_EQ(run(train_args("full", "--skip-outliers 6")).code, 0);
+  std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
+  for (int sig : {SIGINT, SIGTERM}) {
+    const std::string out = sig == SIGINT ? "int" : "term";
+    pid_t pid = spawn(train_args(out, "--skip-outliers 6"));
+    wait_for_step(out, 1 + static_cast<int64_t>(rng() % 9));
+    ::kill(pid, sig);
+    EXPECT_EQ(wait_exit(pid), 128 + sig) << slurp(dir_ / "bg.err");
+    EXPECT_NE(slurp(dir_ / "bg.err").find(sig == SIGINT ? "stopped by SIGINT" : "stopped by SIGTERM"),
+              std::string::npos)
+        << slurp(dir_ / "bg.err");
+    Result resumed = run(train_args(out, "--skip-outliers 6 --resume"));
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    expect_same_tensors(checkpoint(out), checkpoint("full"));
+  }
+}
+
+// 8. Checksums are the published FNV-1a 64; version 1 files (the old basis) are still read.
+TEST_F(Reliability, ChecksumIsPublishedFnv1aAndVersion1FilesStillRead) {
+  EXPECT_EQ(io::fnv1a("a", 1), 0xaf63dc4c8601ec8cULL);  // the FNV-1a 64 test vector
+  EXPECT_EQ(io::fnv1a("foobar", 6), 0x85944171f73967e8ULL);
+  std::string v2 = slurp(seqs_);
+  uint64_t recorded;
+  std::memcpy(&recorded, v2.data() + 56, 8);
+  EXPECT_EQ(recorded, io::fnv1a(v2.data() + 72, v2.size() - 72));
+  // The same data as a version 1 file: 64-byte header, old basis for checksum and vocabulary.
+  data::Vocab vocab = data::Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  std::string v1 = v2.substr(0, 64) + v2.substr(72);
+  const uint32_t one = 1, header = 64;
+  std::memcpy(v1.data() + 8, &one, 4);
+  std::memcpy(v1.data() + 12, &header, 4);
+  const uint64_t fp = vocab.fingerprint(1),
+                 sum = io::fnv1a(v1.data() + 64, v1.size() - 64, io::kFnvOffsetBasisV1);
+  std::memcpy(v1.data() + 48, &fp, 8);
+  std::memcpy(v1.data() + 56, &sum, 8);
+  const fs::path old = write("old.seqs", v1);
+  data::SequencesFile a = data::read_sequences(seqs_), b = data::read_sequences(old.string());
+  EXPECT_EQ(b.format_version, 1u);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_TRUE(b.made_with(vocab));
+  EXPECT_FALSE(b.has_heldout_split());
+  Result ins = run("inspect " + old.string() + " --vocab " + PACKBERT_DEFAULT_VOCAB);
+  EXPECT_EQ(ins.code, 0) << ins.err;
+}
+
+// 10 + 13. Files named wrongly get the real reason.
+TEST_F(Reliability, MessagesNameTheRealProblem) {
+  fs::path other = write("other_vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n");
+  Result ins = run("inspect " + seqs_ + " --vocab " + other.string());
+  EXPECT_EQ(ins.code, 2);
+  EXPECT_NE(ins.err.find("not the vocabulary"), std::string::npos) << ins.err;
+  Result missing = run("inspect " + (dir_ / "nope.seqs").string());
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("nope.seqs: cannot open"), std::string::npos) << missing.err;
+  Result magic_only = run("inspect " + write("m.seqs", slurp(seqs_).substr(0, 8)).string());
+  EXPECT_EQ(magic_only.code, 2);
+  EXPECT_NE(magic_only.err.find("truncated"), std::string::npos) << magic_only.err;
+  Result no_data = run("pretrain --data " + (dir_ / "gone.seqs").string() + " --out " +
+                       (dir_ / "run").string() + " --preset tiny --steps 1");
+  EXPECT_EQ(no_data.code, 2);
+  EXPECT_NE(no_data.err.find("gone.seqs: cannot open"), std::string::npos) << no_data.err;
+}
+
+// 12. Steps count from 1 everywhere; elapsed is training time on one clock and never goes back.
+TEST_F(Reliability, MetricsCountStepsFromOneOnOneClock) {
+  ASSERT_EQ(run(train_args("run")).code, 0);
+  double last = 0;
+  int64_t step = 0;
+  for (const json& r : metrics("run")) {
+    EXPECT_GE(r["elapsed"].get<double>(), last) << r.dump();
+    last = r["elapsed"];
+    if (r["type"] == "step") {
+      EXPECT_EQ(r["step"], ++step);
+    } else {
+      EXPECT_EQ(r["step"], step);  // an evaluation after the step of that number
+    }
+  }
+  EXPECT_EQ(step, 12);
+}
+
+// 14. Google's rule by default: a chunk of one sentence gets a random B, never a cut sentence
+// labelled as its own continuation.
+TEST(Pretraining, OneSentenceChunksGetARandomNextUnlessAskedToSplit) {
+  data::Vocab vocab = data::Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  std::vector<data::Document> docs;
+  for (int d = 0; d < 200; ++d) docs.push_back({{1996, 2103 + d % 50, 2001, 2312, 1012, 2008}});
+  data::PretrainingOptions o;
+  o.max_seq_len = 32;
+  data::SequencesFile google = data::create_pretraining_data(docs, vocab, o);
+  for (size_t i = 0; i < google.size(); ++i) EXPECT_EQ(google.nsp_label[i], 1) << i;
+  o.split_single_sentence = true;
+  data::SequencesFile split = data::create_pretraining_data(docs, vocab, o);
+  int64_t random = 0;
+  for (int8_t y : split.nsp_label) random += y;
+  EXPECT_NEAR(static_cast<double>(random) / static_cast<double>(split.size()), 0.5, 0.1);
+}
+
+// 2. The z-score guard: an outlier against the recent history is skipped; ordinary noise is not.
+TEST(GradNormGuard, SkipsOutliersAgainstRecentHistoryOnly) {
+  train::GradNormGuard g;
+  std::mt19937 rng(1);
+  std::normal_distribution<double> noise(1.9, 0.1);
+  EXPECT_FALSE(g.is_outlier(1e30, 6));  // no history yet: nothing to judge against
+  for (int i = 0; i < 100; ++i) {
+    const double x = noise(rng);
+    EXPECT_FALSE(g.is_outlier(x, 6)) << x;
+    g.accept(x);
+  }
+  EXPECT_TRUE(g.is_outlier(1.948e30, 6));
+  EXPECT_TRUE(g.is_outlier(3.0, 6));
+  EXPECT_FALSE(g.is_outlier(2.3, 6));
+}
+
+}  // namespace
+}  // namespace packbert
