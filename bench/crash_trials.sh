@@ -56,18 +56,22 @@ for ((t = 1; t <= trials; t++)); do
   kind=$((t % 4))
   case $kind in
     0) what="kill -9 in step"; at=$((RANDOM % 15 + 1))
-       code=0; PACKBERT_CRASH_AT=step:$at "$bin" "${args[@]}" --out "$out" >/dev/null 2>&1 || code=$?
+       code=0; (PACKBERT_CRASH_AT=step:$at exec "$bin" "${args[@]}" --out "$out" >/dev/null 2>&1) 2>/dev/null || code=$?
        what="$what $at" ;;
     1) what="kill -9 in ckpt write"; at=$((RANDOM % 3 + 1))
-       code=0; PACKBERT_CRASH_AT=write:$at "$bin" "${args[@]}" --out "$out" >/dev/null 2>&1 || code=$?
+       code=0; (PACKBERT_CRASH_AT=write:$at exec "$bin" "${args[@]}" --out "$out" >/dev/null 2>&1) 2>/dev/null || code=$?
        what="$what $at" ;;
     *) sig=$([[ $kind == 2 ]] && echo INT || echo TERM)
+       at=$((RANDOM % 13 + 1))
        "$bin" "${args[@]}" --out "$out" >/dev/null 2>&1 &
        pid=$!
-       sleep "0.$((RANDOM % 9 + 1))"
+       # Signal once step $at is logged (plus up to 50 ms), so the signal lands mid-run.
+       until grep -q "\"step\":$at,\"type\":\"step\"" "$out/metrics.jsonl" 2>/dev/null ||
+             ! kill -0 "$pid" 2>/dev/null; do sleep 0.005; done
+       sleep "0.0$((RANDOM % 5))"
        kill -s "$sig" "$pid" 2>/dev/null || true
        code=0; wait "$pid" || code=$?
-       what="SIG$sig" ;;
+       what="SIG$sig after $at" ;;
   esac
   resumed=0
   if [[ -f "$out/checkpoint.safetensors" ]]; then

@@ -338,6 +338,9 @@ TEST_F(Reliability, InvalidUtf8IsAnErrorNamingFileLineAndByte) {
   for (const char* s : {"\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"})
     EXPECT_NE(data::invalid_utf8_offset(s), data::kValidUtf8) << s;
   EXPECT_EQ(data::invalid_utf8_offset("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), data::kValidUtf8);
+  // The demo corpus repairs its few Windows-1252 bytes instead (GCIDE's 0x92 for ’).
+  EXPECT_EQ(data::repair_cp1252_bytes("market\x92s caf\xe9"), "market\xe2\x80\x99s caf\xc3\xa9");
+  EXPECT_EQ(data::repair_cp1252_bytes("caf\xc3\xa9"), "caf\xc3\xa9");
 }
 
 // 5. The held-out split is by document, before duplication: no held-out 12-gram occurs in the

@@ -1,7 +1,11 @@
 // `packbert pretrain`, `packbert eval`, `packbert export`.
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <csignal>
+#include <thread>
 #include <iostream>
 #include <memory>
 
@@ -16,13 +20,45 @@ namespace packbert::cli {
 
 namespace {
 
-// The signal that asked training to stop (0: none). Only the handler writes it.
-std::atomic<int> g_signal{0};
-std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int sig) {
-  g_signal = sig;
-  g_stop = true;
-}
+// SIGINT/SIGTERM ask training to stop after the current step. No asynchronous handler runs: the
+// signals are blocked in every thread (the mask is set before any thread exists, and threads
+// inherit it) and one watcher thread takes them with sigwait. So a signal never interrupts a
+// compute thread (no EINTR inside a kernel, no handler on a thread in the middle of a GEMM),
+// and the only shared state is one atomic flag.
+class StopOnSignals {
+ public:
+  StopOnSignals() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1);  // the destructor's wake-up call
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+    watcher_ = std::thread([this] {
+      int sig = 0;
+      while (sigwait(&set_, &sig) == 0) {
+        if (sig == SIGUSR1 && done_) return;
+        if (sig == SIGINT || sig == SIGTERM) {
+          signal_ = sig;
+          stop_ = true;
+        }
+      }
+    });
+  }
+  ~StopOnSignals() {
+    done_ = true;
+    pthread_kill(watcher_.native_handle(), SIGUSR1);
+    watcher_.join();
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  const std::atomic<bool>& stop() const { return stop_; }
+  int signal() const { return signal_; }
+
+ private:
+  sigset_t set_, old_;
+  std::atomic<bool> stop_{false}, done_{false};
+  std::atomic<int> signal_{0};
+  std::thread watcher_;
+};
 
 std::string eta_text(double seconds) {
   int s = static_cast<int>(seconds);
@@ -40,9 +76,8 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
     opt.optimizer.kind = train::OptimizerKind::lamb;
   else
     throw InputError("--optimizer: expected adamw|lamb, got '" + optimizer + "'");
+  StopOnSignals signals;  // before the trainer starts any thread
   train::Trainer trainer(opt, resume);
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
   const bool tty = ::isatty(2);
   const model::BertConfig& c = trainer.config();
   std::cerr << "pretrain: " << c.num_hidden_layers << " layers, hidden " << c.hidden_size << ", "
@@ -51,7 +86,7 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
   double tokens = 0, seconds = 0;
   const int64_t first = trainer.step();
   const train::StopReason reason = trainer.run(
-      g_stop,
+      signals.stop(),
       [&](const train::StepMetrics& s) {
         tokens += static_cast<double>(s.real_tokens);
         seconds += s.seconds;
@@ -76,7 +111,7 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
                   << fixed(e.nsp_acc, 4) << " (" << with_commas(e.mlm_count) << " masked tokens)\n";
       });
   if (tty) std::cerr << '\n';
-  const int sig = g_signal.load();
+  const int sig = signals.signal();
   std::cerr << "pretrain: ";
   if (reason == train::StopReason::requested)
     std::cerr << "stopped by " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << " before --steps; ";

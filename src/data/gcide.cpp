@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "data/corpus.h"
+#include "data/utf8.h"
 #include "error.h"
 
 namespace packbert::data {
@@ -114,7 +115,9 @@ std::string gcide_to_text(const std::string& index_path, const std::string& dict
   std::string out;
   size_t n = 0;
   for (auto [off, len] : spans) {
-    std::string text = clean_entry(data.substr(static_cast<size_t>(off), static_cast<size_t>(len)));
+    // A few entries of Debian's GCIDE hold Windows-1252 bytes (0x92 for ’): repaired to UTF-8.
+    std::string text = repair_cp1252_bytes(
+        clean_entry(data.substr(static_cast<size_t>(off), static_cast<size_t>(len))));
     // Paragraphs are separated by blank lines inside an entry; sentences are split per paragraph.
     std::istringstream in(text);
     std::string paragraph, l, doc;

@@ -50,3 +50,45 @@ void check_utf8(std::string_view s, const std::string& where, size_t base_offset
 }
 
 }  // namespace packbert::data
+
+namespace packbert::data {
+
+namespace {
+
+// Windows-1252's 0x80-0x9f (0 where it defines nothing; those map to U+FFFD).
+constexpr char32_t kCp1252High[32] = {
+    0x20ac, 0,      0x201a, 0x0192, 0x201e, 0x2026, 0x2020, 0x2021, 0x02c6, 0x2030, 0x0160,
+    0x2039, 0x0152, 0,      0x017d, 0,      0,      0x2018, 0x2019, 0x201c, 0x201d, 0x2022,
+    0x2013, 0x2014, 0x02dc, 0x2122, 0x0161, 0x203a, 0x0153, 0,      0x017e, 0x0178};
+
+void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x800) {
+    out += static_cast<char>(0xc0 | (c >> 6));
+  } else {
+    out += static_cast<char>(0xe0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+  }
+  out += static_cast<char>(0x80 | (c & 0x3f));
+}
+
+}  // namespace
+
+std::string repair_cp1252_bytes(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  while (!s.empty()) {
+    const size_t bad = invalid_utf8_offset(s);
+    if (bad == kValidUtf8) {
+      out.append(s);
+      break;
+    }
+    out.append(s.substr(0, bad));
+    const auto b = static_cast<unsigned char>(s[bad]);
+    const char32_t c = b < 0xa0 ? kCp1252High[b - 0x80] : b;  // 0xa0-0xff: Latin-1
+    append_utf8(out, c ? c : 0xfffd);
+    s.remove_prefix(bad + 1);
+  }
+  return out;
+}
+
+}  // namespace packbert::data
