@@ -222,9 +222,9 @@ void register_pretrain(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   number(cmd, "--steps", o->max_steps, "Optimizer steps", 1, kMaxCount);
   number(cmd, "--lr", o->lr,
-         "Peak learning rate. LAMB's step is relative to each tensor's norm: with small batches "
-         "(under ~1k sequences a step) use 5e-3 to 1e-2 for tiny/mini/small, 2e-3 to 5e-3 for "
-         "base/large; AdamW: 1e-3 (tiny/mini), 5e-4 (small/medium), 1e-4 (base/large)",
+         "Peak learning rate. LAMB scales each weight tensor's step by its trust ratio "
+         "||w|| / ||update||, so each tensor moves by lr x its own norm per step: a rate that "
+         "suits AdamW moves LAMB's weights far less",
          1e-12, 10);
   number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
   number(cmd, "--decay-power", o->decay_power, "1 = linear decay to 0 at --steps, 0 = constant",
