@@ -44,8 +44,7 @@ class CliTest : public ::testing::Test {
     std::string cmd = prefix + " " + std::string(PACKBERT_BINARY) + " " + args + " >" +
                       (dir_ / "out").string() + " 2>" + (dir_ / "err").string() + " </dev/null";
     int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir_ / "out"),
-            slurp(dir_ / "err")};
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir_ / "out"), slurp(dir_ / "err")};
   }
   fs::path write(const std::string& name, const std::string& text) {
     fs::path p = dir_ / name;

@@ -44,11 +44,11 @@ constexpr bool kSanitized = false;
 // document, blank lines between documents.
 std::string corpus_text(int documents, unsigned seed) {
   static const char* words[] = {
-      "the",  "of",    "and",   "to",    "in",    "is",    "was",  "for",   "on",   "that",
-      "with", "as",    "by",    "at",    "from",  "his",   "her",  "it",    "an",   "be",
-      "this", "which", "or",    "are",   "were",  "had",   "not",  "but",   "have", "one",
+      "the",  "of",    "and",   "to",    "in",    "is",     "was",  "for",   "on",   "that",
+      "with", "as",    "by",    "at",    "from",  "his",    "her",  "it",    "an",   "be",
+      "this", "which", "or",    "are",   "were",  "had",    "not",  "but",   "have", "one",
       "city", "known", "state", "world", "war",   "people", "name", "first", "new",  "two",
-      "time", "years", "three", "music", "river", "house", "king", "film",  "game", "school"};
+      "time", "years", "three", "music", "river", "house",  "king", "film",  "game", "school"};
   std::mt19937 rng(seed);
   std::string text;
   for (int d = 0; d < documents; ++d) {
@@ -154,7 +154,8 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
     ++compared;
   }
   EXPECT_GT(compared, 40);
-  json sa = json::parse(fa.metadata().at("packbert")), sb = json::parse(fb.metadata().at("packbert"));
+  json sa = json::parse(fa.metadata().at("packbert")),
+       sb = json::parse(fb.metadata().at("packbert"));
   EXPECT_EQ(sa["step"], sb["step"]);
   EXPECT_EQ(sa["cursor_epoch"], sb["cursor_epoch"]);
   EXPECT_EQ(sa["cursor_row"], sb["cursor_row"]);
@@ -199,12 +200,11 @@ TEST_F(Reliability, AbortingRunLeavesTheLastGoodCheckpointByteForByte) {
     EXPECT_THROW(
         {
           try {
-            t.run(
-                stop,
-                [&](const train::StepMetrics& s) {
-                  if (s.step == 5) t.model().params()[0] = NAN;
-                },
-                {});
+            t.run(stop,
+                  [&](const train::StepMetrics& s) {
+                    if (s.step == 5) t.model().params()[0] = NAN;
+                  },
+                  {});
           } catch (const InputError& e) {
             EXPECT_NE(std::string(e.what()).find("non-finite loss for 3 steps"), std::string::npos)
                 << e.what();
@@ -262,8 +262,8 @@ TEST_F(Reliability, FinetuneAndExportOutputsAreWholeOrAbsent) {
   // Export never replaces a directory that holds something other than a model.
   fs::create_directories(dir_ / "notes");
   write("notes/todo.txt", "mine");
-  Result ex = run("export --checkpoint " + checkpoint("run") + " --out " + (dir_ / "notes").string() +
-                  " --overwrite");
+  Result ex = run("export --checkpoint " + checkpoint("run") + " --out " +
+                  (dir_ / "notes").string() + " --overwrite");
   EXPECT_EQ(ex.code, 2);
   EXPECT_NE(ex.err.find("no model"), std::string::npos) << ex.err;
   EXPECT_EQ(slurp(dir_ / "notes" / "todo.txt"), "mine");
@@ -326,9 +326,9 @@ TEST_F(Reliability, InvalidUtf8IsAnErrorNamingFileLineAndByte) {
   EXPECT_EQ(skip.code, 0) << skip.err;
   EXPECT_NE(skip.err.find("skipped 1 lines that are not valid UTF-8"), std::string::npos)
       << skip.err;
-  Result tsv = run("finetune --train " +
-                   write("t.tsv", "label\tsentence\na\tgood\nb\tna\xefve\n").string() +
-                   " --dev x --init y --out " + (dir_ / "ft").string());
+  Result tsv =
+      run("finetune --train " + write("t.tsv", "label\tsentence\na\tgood\nb\tna\xefve\n").string() +
+          " --dev x --init y --out " + (dir_ / "ft").string());
   EXPECT_EQ(tsv.code, 2);
   EXPECT_NE(tsv.err.find("t.tsv:3: invalid UTF-8"), std::string::npos) << tsv.err;
   Result tok = run("tokenize " + bad.string());
@@ -337,7 +337,8 @@ TEST_F(Reliability, InvalidUtf8IsAnErrorNamingFileLineAndByte) {
   // Overlong forms, surrogates and code points past U+10FFFF are ill-formed too.
   for (const char* s : {"\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"})
     EXPECT_NE(data::invalid_utf8_offset(s), data::kValidUtf8) << s;
-  EXPECT_EQ(data::invalid_utf8_offset("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), data::kValidUtf8);
+  EXPECT_EQ(data::invalid_utf8_offset("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            data::kValidUtf8);
   // The demo corpus repairs its few Windows-1252 bytes instead (GCIDE's 0x92 for ’).
   EXPECT_EQ(data::repair_cp1252_bytes("market\x92s caf\xe9"), "market\xe2\x80\x99s caf\xc3\xa9");
   EXPECT_EQ(data::repair_cp1252_bytes("caf\xc3\xa9"), "caf\xc3\xa9");
@@ -444,8 +445,9 @@ TEST_F(Reliability, SignalsCheckpointExit130Or143AndResumeBitExactly) {
     wait_for_step(out, 1 + static_cast<int64_t>(rng() % 9));
     ::kill(pid, sig);
     EXPECT_EQ(wait_exit(pid), 128 + sig) << slurp(dir_ / "bg.err");
-    EXPECT_NE(slurp(dir_ / "bg.err").find(sig == SIGINT ? "stopped by SIGINT" : "stopped by SIGTERM"),
-              std::string::npos)
+    EXPECT_NE(
+        slurp(dir_ / "bg.err").find(sig == SIGINT ? "stopped by SIGINT" : "stopped by SIGTERM"),
+        std::string::npos)
         << slurp(dir_ / "bg.err");
     Result resumed = run(train_args(out, "--skip-outliers 6 --resume"));
     ASSERT_EQ(resumed.code, 0) << resumed.err;

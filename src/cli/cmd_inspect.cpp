@@ -88,10 +88,9 @@ void inspect_sequences(const InspectArgs& a) {
              fixed(100.0 * static_cast<double>(nsp) / std::max<size_t>(f.size(), 1), 2)});
   t.add_row({"vocabulary size", std::to_string(f.vocab_size)});
   t.add_row({"held-out sequences",
-             f.has_heldout_split()
-                 ? with_commas(static_cast<int64_t>(f.size() - f.heldout_begin)) +
-                       " (from held-out documents, the file's last)"
-                 : "none recorded"});
+             f.has_heldout_split() ? with_commas(static_cast<int64_t>(f.size() - f.heldout_begin)) +
+                                         " (from held-out documents, the file's last)"
+                                   : "none recorded"});
   t.add_row({"format version", std::to_string(f.format_version)});
   t.print(std::cout);
   for (int i = 0; i < a.examples && i < static_cast<int>(f.size()); ++i)

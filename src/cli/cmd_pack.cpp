@@ -76,8 +76,7 @@ void run_pack(PackArgs a) {
     bound = pack::packing_lower_bound(h, options);
 
   std::cout << a.input << ": " << with_commas(h.sequences()) << " sequences, "
-            << with_commas(h.tokens()) << " tokens, max length " << max_seq_len
-            << ", max per pack "
+            << with_commas(h.tokens()) << " tokens, max length " << max_seq_len << ", max per pack "
             << (a.max_per_pack ? std::to_string(a.max_per_pack) : std::string("unlimited"))
             << "; LP bound " << fixed(bound.lp_value, 2) << " packs\n";
   plan_table(plans, bound).print(std::cout);

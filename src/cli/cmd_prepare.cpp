@@ -11,9 +11,9 @@
 #include "data/corpus.h"
 #include "data/sequences.h"
 #include "error.h"
-#include "stopwatch.h"
 #include "io/atomic_file.h"
 #include "pack/histogram.h"
+#include "stopwatch.h"
 
 namespace packbert::cli {
 
@@ -107,8 +107,7 @@ void register_prepare(CLI::App& app) {
          8, 65536);
   number(cmd, "--short-seq-prob", a->o.short_seq_prob,
          "Probability of a shorter target length (Google's short_seq_prob)", 0, 1);
-  number(cmd, "--masked-lm-prob", a->o.masked_lm_prob, "Share of tokens masked", 1e-6,
-         1 - 1e-6);
+  number(cmd, "--masked-lm-prob", a->o.masked_lm_prob, "Share of tokens masked", 1e-6, 1 - 1e-6);
   number(cmd, "--max-predictions", a->o.max_predictions_per_seq, "Max masked tokens per sequence",
          1, 65536);
   number(cmd, "--dupe-factor", a->o.dupe_factor, "Passes over the corpus with new masks/pairs", 1,

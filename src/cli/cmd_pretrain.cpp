@@ -1,13 +1,12 @@
 // `packbert pretrain`, `packbert eval`, `packbert export`.
-#include <unistd.h>
-
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
-#include <thread>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -227,8 +226,8 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          "suits AdamW moves LAMB's weights far less",
          1e-12, 10);
   number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
-  number(cmd, "--decay-power", o->decay_power, "1 = linear decay to 0 at --steps, 0 = constant",
-         0, 100);
+  number(cmd, "--decay-power", o->decay_power, "1 = linear decay to 0 at --steps, 0 = constant", 0,
+         100);
   cmd->add_option("--optimizer", *optimizer, "lamb | adamw")->capture_default_str();
   number(cmd, "--weight-decay", o->optimizer.weight_decay,
          "Decoupled weight decay (not on biases and LayerNorm)", 0, 10);
@@ -236,8 +235,8 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   number(cmd, "--seed", o->seed, "Seed for initialisation, order, dropout and masks", 0, kMaxSeed);
   number(cmd, "--checkpoint-every", o->checkpoint_every,
          "Steps between checkpoints (0 = at the end)", 0, kMaxCount);
-  number(cmd, "--eval-every", o->eval_every,
-         "Steps between held-out evaluations (0 = at the end)", 0, kMaxCount);
+  number(cmd, "--eval-every", o->eval_every, "Steps between held-out evaluations (0 = at the end)",
+         0, kMaxCount);
   number(cmd, "--eval-fraction", o->eval_fraction,
          "Only for a sequences file without its own held-out split (prepare --eval-fraction, "
          "which splits by document): the share of its last sequences held out (default 0.02)",
@@ -255,9 +254,8 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "
                 "framework cost)");
-  cmd->callback([o, resume, optimizer, &exit_code] {
-    exit_code = run_pretrain(*o, *resume, *optimizer);
-  });
+  cmd->callback(
+      [o, resume, optimizer, &exit_code] { exit_code = run_pretrain(*o, *resume, *optimizer); });
 
   auto e = std::make_shared<EvalArgs>();
   CLI::App* ev = app.add_subcommand(
@@ -275,8 +273,8 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
   ev->add_option("--vocab", e->vocab, "classify/squad: vocab.txt for tokenising")
       ->capture_default_str();
-  number(ev, "--max-seq-len", e->max_seq_len, "classify/squad: tokens per sequence (default 128 / 384)",
-         8, 65536);
+  number(ev, "--max-seq-len", e->max_seq_len,
+         "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
   ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
   number(ev, "--doc-stride", e->squad.doc_stride, "squad: step between context windows", 1, 65536);
   number(ev, "--max-query-length", e->squad.max_query_length, "squad: question tokens kept", 1,
@@ -331,16 +329,15 @@ void register_finetune(CLI::App& app) {
       ->required();
   cmd->add_flag("--overwrite", o->overwrite, "Replace an --out that already holds a model");
   cmd->add_option("--vocab", o->vocab)->capture_default_str();
-  CLI::Option* len = number(cmd, "--max-seq-len", o->max_seq_len,
-                            "Tokens per sequence and per packed row (default 128; squad 384)", 8,
-                            65536);
+  CLI::Option* len =
+      number(cmd, "--max-seq-len", o->max_seq_len,
+             "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);
   number(cmd, "--batch-rows", o->rows_per_batch, "Packs (or rows) per step", 1, 1e6);
   number(cmd, "--epochs", o->epochs, "Passes over the training data", 1, 1e6);
   number(cmd, "--lr", o->lr, "Peak learning rate (AdamW)", 1e-12, 10);
   number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
   number(cmd, "--seed", o->seed, "Seed for the new head, order and dropout", 0, kMaxSeed);
-  number(cmd, "--doc-stride", o->squad.doc_stride, "squad: step between context windows", 1,
-         65536);
+  number(cmd, "--doc-stride", o->squad.doc_stride, "squad: step between context windows", 1, 65536);
   number(cmd, "--max-query-length", o->squad.max_query_length, "squad: question tokens kept", 1,
          65536);
   number(cmd, "--max-answer-length", o->squad.max_answer_length,

@@ -1,8 +1,8 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
-#include <new>
 #include <iostream>
+#include <new>
 
 #include "cli/commands.h"
 #include "error.h"

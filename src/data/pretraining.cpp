@@ -91,8 +91,7 @@ std::vector<Example> document_examples(const std::vector<Document>& docs, size_t
       std::vector<int32_t> a, b;
       int nsp = 0;
       const bool random_next = rng.uniform() < 0.5;
-      if (o.split_single_sentence && chunk.size() == 1 && !random_next &&
-          chunk[0]->size() >= 2) {
+      if (o.split_single_sentence && chunk.size() == 1 && !random_next && chunk[0]->size() >= 2) {
         // Google forces a random B whenever the chunk is one sentence, which skews the labels on
         // corpora of short documents (two random B in three on GCIDE); this option splits the
         // sentence instead, so B is still the true continuation and the labels stay 50/50.
@@ -184,8 +183,8 @@ SequencesFile create_pretraining_data(const std::vector<Document>& docs, const V
   f.vocab_size = vocab.size();
   f.vocab_fingerprint = vocab.fingerprint();
   // Each part in its own seeded shuffle: training examples first, then the held-out ones.
-  for (auto [begin, end, salt] : {std::tuple<size_t, size_t, uint64_t>{0, n_train_jobs, 0},
-                                  {n_train_jobs, jobs.size(), 1}}) {
+  for (auto [begin, end, salt] :
+       {std::tuple<size_t, size_t, uint64_t>{0, n_train_jobs, 0}, {n_train_jobs, jobs.size(), 1}}) {
     std::vector<std::pair<size_t, int32_t>> order;  // (job, example)
     for (size_t j = begin; j < end; ++j)
       for (size_t k = 0; k < per_job[j].size(); ++k) order.push_back({j, static_cast<int32_t>(k)});

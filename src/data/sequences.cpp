@@ -136,7 +136,7 @@ void write_sequences(const std::string& path, const SequencesFile& f) {
   h.put(f.vocab_fingerprint);
   h.put(io::fnv1a(p.buf.data(), p.buf.size()));
   h.put(f.heldout_begin == SequencesFile::kNoSplit ? static_cast<uint64_t>(f.size())
-                                                    : f.heldout_begin);
+                                                   : f.heldout_begin);
   io::write_file_atomic(path, h.buf + p.buf);
 }
 
@@ -234,8 +234,8 @@ void write_packs(const std::string& path, const PacksFile& f) {
 
 PacksFile read_packs(const std::string& path) {
   std::string buf = io::read_file(path);
-  const uint32_t version =
-      check_magic(buf, path, kPackMagic, [](uint32_t) { return kPackHeader; }, "packs");
+  const uint32_t version = check_magic(
+      buf, path, kPackMagic, [](uint32_t) { return kPackHeader; }, "packs");
   Reader r{buf, 16, path};
   PacksFile f;
   uint64_t n = r.get<uint64_t>(), n_ids = r.get<uint64_t>();
@@ -303,7 +303,8 @@ PacksFile make_packs(const SequencesFile& f, uint64_t checksum, pack::Algo algo,
         pack::run_packer(algo, pack::histogram_of(part, options.max_len), options);
     pack::PackAssignment a = pack::assign_sequences(plan, part, seed);
     p.algo = plan.algo;
-    p.lower_bound = plan.lower_bound < 0 || p.lower_bound < 0 ? -1 : p.lower_bound + plan.lower_bound;
+    p.lower_bound =
+        plan.lower_bound < 0 || p.lower_bound < 0 ? -1 : p.lower_bound + plan.lower_bound;
     const uint64_t base = p.ids.size();
     for (size_t k = 1; k < a.offsets.size(); ++k)
       p.offsets.push_back(base + static_cast<uint64_t>(a.offsets[k]));

@@ -1,10 +1,9 @@
 #include "data/vocab.h"
 
-#include "io/checksum.h"
-
 #include <fstream>
 
 #include "error.h"
+#include "io/checksum.h"
 
 namespace packbert::data {
 
@@ -30,7 +29,7 @@ Vocab Vocab::from_tokens(std::vector<std::string> tokens, const std::string& sou
     const std::string& t = v.tokens_[i];
     h = io::fnv1a(&separator, 1, io::fnv1a(t.data(), t.size(), h));
     h1 = io::fnv1a(&separator, 1, io::fnv1a(t.data(), t.size(), h1));
-    if (t.empty()) continue;            // blank lines keep their id but match nothing
+    if (t.empty()) continue;  // blank lines keep their id but match nothing
     auto [it, fresh] = v.ids_.emplace(t, static_cast<int32_t>(i));
     if (!fresh)
       throw InputError(source + ":" + std::to_string(i + 1) + ": token '" + t + "' repeats line " +

@@ -74,7 +74,8 @@ void make_output_dir(const std::string& dir, const std::string& flag) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw InputError(flag + " " + dir + ": cannot create the directory: " + ec.message());
-  if (!fs::is_directory(dir)) throw InputError(flag + " " + dir + ": exists and is not a directory");
+  if (!fs::is_directory(dir))
+    throw InputError(flag + " " + dir + ": exists and is not a directory");
   if (::access(dir.c_str(), W_OK) != 0)
     throw InputError(flag + " " + dir + ": not writable: " + std::strerror(errno));
 }
@@ -98,16 +99,14 @@ int remove_stale_temporaries(const std::string& dir) {
   return removed;
 }
 
-StagedDirectory::StagedDirectory(const std::string& dir, const std::string& flag,
-                                 bool overwrite)
+StagedDirectory::StagedDirectory(const std::string& dir, const std::string& flag, bool overwrite)
     : dir_(dir) {
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   if (fs::exists(dir_) && !fs::is_directory(dir_))
     throw InputError(flag + " " + dir_ + ": exists and is not a directory");
   if (fs::is_directory(dir_) && !fs::is_empty(dir_)) {
     if (!overwrite)
-      throw InputError(flag + " " + dir_ +
-                       ": already holds files; choose another " + flag +
+      throw InputError(flag + " " + dir_ + ": already holds files; choose another " + flag +
                        " (or --overwrite to replace the model there)");
     if (!fs::exists(dir_ + "/config.json"))
       throw InputError(flag + " " + dir_ +
@@ -134,8 +133,7 @@ void StagedDirectory::publish() {
     std::error_code ec;
     fs::remove_all(staging_, ec);
   } else if (std::rename(staging_.c_str(), dir_.c_str()) != 0) {
-    throw InputError(dir_ + ": cannot rename " + staging_ + " into place: " +
-                     std::strerror(errno));
+    throw InputError(dir_ + ": cannot rename " + staging_ + " into place: " + std::strerror(errno));
   }
   published_ = true;
 }

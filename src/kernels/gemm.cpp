@@ -64,13 +64,13 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 // reference order (each C element summed over k in order), parallel over rows of C.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
           const double* B, int ldb, double beta, double* C, int ldc) {
-#pragma omp parallel for schedule(static) if (static_cast<long>(M) * N * K > 32768)
+#pragma omp parallel for schedule(static) if (static_cast <long>(M) * N * K > 32768)
   for (int i = 0; i < M; ++i) {
     double* c = C + static_cast<long>(i) * ldc;
     for (int j = 0; j < N; ++j) c[j] = beta == 0.0 ? 0.0 : beta * c[j];
     for (int k = 0; k < K; ++k) {
-      const double a = alpha * (trans_a ? A[static_cast<long>(k) * lda + i]
-                                        : A[static_cast<long>(i) * lda + k]);
+      const double a =
+          alpha * (trans_a ? A[static_cast<long>(k) * lda + i] : A[static_cast<long>(i) * lda + k]);
       if (!trans_b) {
         const double* b = B + static_cast<long>(k) * ldb;
         for (int j = 0; j < N; ++j) c[j] += a * b[j];

@@ -167,8 +167,9 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
           throw InputError("the update of step " + std::to_string(res.steps + 1) +
                            " made parameters non-finite (--lr too high?); no model written");
       }
-      nlohmann::json line{{"type", "step"},     {"step", res.steps + 1}, {"epoch", epoch + 1},
-                          {"loss", out.loss()}, {"lr", lr},              {"skipped", !finite}};
+      nlohmann::json line{{"type", "step"},     {"step", res.steps + 1},
+                          {"epoch", epoch + 1}, {"loss", out.loss()},
+                          {"lr", lr},           {"skipped", !finite}};
       if (out.cls_count)
         line["acc"] = static_cast<double>(out.cls_correct) / static_cast<double>(out.cls_count);
       log << line.dump() << std::endl;

@@ -45,7 +45,7 @@ struct FinetuneOptions {
   uint64_t seed = 1;
   bool packed = true;
   bool overwrite = false;  // replace a model directory already at out_dir
-  SquadOptions squad;  // doc stride, query and answer limits (max_seq_len above wins)
+  SquadOptions squad;      // doc stride, query and answer limits (max_seq_len above wins)
 };
 
 struct FinetuneResult {

@@ -105,8 +105,7 @@ std::string Trainer::checkpoint_path() const {
   return opt_.out_dir + "/checkpoint.safetensors";
 }
 
-Trainer::Trainer(const PretrainOptions& options, bool resume)
-    : opt_(options) {
+Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   if (opt_.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
   if (opt_.accumulation < 1) throw InputError("--accumulation must be at least 1");
   if (!(std::isfinite(opt_.lr) && opt_.lr > 0))
@@ -127,8 +126,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
                        ": an earlier run's checkpoint is there; continue it with --resume, or "
                        "start over with another --out (or --overwrite to replace it)");
   }
-  if (!resume && fs::exists(metrics) && (opt_.overwrite || !fs::exists(checkpoint_path())))
-    fs::remove(metrics);  // a new run starts a new log
+  new_log_ = !resume;  // a new run starts a new metrics.jsonl when it starts training
 
   seqs_ = data::read_sequences(opt_.sequences);
   seqs_checksum_ = data::sequences_checksum(opt_.sequences);
@@ -197,9 +195,9 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
     optim_ = std::make_unique<Optimizer>(model_->layout(), oc);
   }
 
-  // Held out: the file's last sequences, evaluated one per row without dropout; the same
-  // sequences whether training is packed or padded. Packed training leaves out the packs that
-  // hold any of them.
+  // Held out: the documents the file records as held out, else the file's last sequences;
+  // evaluated one per row without dropout, the same sequences whether training is packed or
+  // padded. Packed training leaves out the packs that hold any of them.
   const uint64_t n_seq = seqs_.size();
   uint64_t held = 0;
   if (seqs_.has_heldout_split()) {
@@ -328,8 +326,9 @@ EvalMetrics Trainer::evaluate() {
 StopReason Trainer::run(const std::atomic<bool>& stop,
                         const std::function<void(const StepMetrics&)>& on_step,
                         const std::function<void(const EvalMetrics&)>& on_eval) {
-  std::ofstream log(opt_.out_dir + "/metrics.jsonl", std::ios::app);
+  std::ofstream log(opt_.out_dir + "/metrics.jsonl", new_log_ ? std::ios::trunc : std::ios::app);
   if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
+  new_log_ = false;
   int nan_streak = 0;
   auto do_eval = [&] {
     const double e0 = now_seconds();
@@ -337,18 +336,24 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     e.elapsed = elapsed_;
     e.eval_seconds = now_seconds() - e0;
     if (eval_rows_.row_end == 0) return;
-    log << json{{"type", "eval"},           {"step", e.step},         {"mlm_loss", e.mlm_loss},
-                {"mlm_acc", e.mlm_acc},     {"nsp_loss", e.nsp_loss}, {"nsp_acc", e.nsp_acc},
-                {"mlm_count", e.mlm_count}, {"elapsed", e.elapsed},   {"eval_seconds", e.eval_seconds}}
+    log << json{{"type", "eval"},
+                {"step", e.step},
+                {"mlm_loss", e.mlm_loss},
+                {"mlm_acc", e.mlm_acc},
+                {"nsp_loss", e.nsp_loss},
+                {"nsp_acc", e.nsp_acc},
+                {"mlm_count", e.mlm_count},
+                {"elapsed", e.elapsed},
+                {"eval_seconds", e.eval_seconds}}
                .dump()
         << std::endl;
     if (on_eval) on_eval(e);
   };
   auto no_checkpoint = [&] {
-    return saved_step_ >= 0 ? "no checkpoint written; the one of step " +
-                                  std::to_string(saved_step_) + " in " + checkpoint_path() +
-                                  " is unchanged"
-                            : std::string("no checkpoint written");
+    return saved_step_ >= 0
+               ? "no checkpoint written; the one of step " + std::to_string(saved_step_) + " in " +
+                     checkpoint_path() + " is unchanged"
+               : std::string("no checkpoint written");
   };
   StopReason reason = StopReason::finished;
   while (step_ < opt_.max_steps) {
@@ -415,14 +420,22 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     s.seconds = now_seconds() - t0;
     elapsed_ += s.seconds;
     s.elapsed = elapsed_;
-    log << json{{"type", "step"},           {"step", s.step},
-                {"loss", s.loss},           {"mlm_loss", s.mlm_loss},
-                {"nsp_loss", s.nsp_loss},   {"mlm_acc", s.mlm_acc},
-                {"nsp_acc", s.nsp_acc},     {"lr", s.lr},
-                {"grad_norm", s.grad_norm}, {"real_tokens", s.real_tokens},
-                {"sequences", s.sequences}, {"seconds", s.seconds},
-                {"elapsed", s.elapsed},     {"skipped", s.skipped},
-                {"skip_reason", s.skip_reason}, {"outlier_skips", outlier_skips_}}
+    log << json{{"type", "step"},
+                {"step", s.step},
+                {"loss", s.loss},
+                {"mlm_loss", s.mlm_loss},
+                {"nsp_loss", s.nsp_loss},
+                {"mlm_acc", s.mlm_acc},
+                {"nsp_acc", s.nsp_acc},
+                {"lr", s.lr},
+                {"grad_norm", s.grad_norm},
+                {"real_tokens", s.real_tokens},
+                {"sequences", s.sequences},
+                {"seconds", s.seconds},
+                {"elapsed", s.elapsed},
+                {"skipped", s.skipped},
+                {"skip_reason", s.skip_reason},
+                {"outlier_skips", outlier_skips_}}
                .dump()
         << std::endl;
     if (on_step) on_step(s);

@@ -41,7 +41,7 @@ struct PretrainOptions {
   // own (prepare --eval-fraction splits by document, which is what to use): the file's last
   // ones. Unset: 0.02 for such files; set with a file that has a split: an error.
   std::optional<double> eval_fraction;
-  int nan_abort = 5;             // abort after this many non-finite steps in a row
+  int nan_abort = 5;  // abort after this many non-finite steps in a row
   // Skip an update whose gradient norm is an outlier: above mean + z * std of the last
   // GradNormGuard::kWindow accepted norms (GradNormGuard below). 0 = off.
   double outlier_z = 0;
@@ -127,6 +127,7 @@ class Trainer {
   Cursor cursor_;
   double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included
   int64_t saved_step_ = -1;
+  bool new_log_ = false;  // run() replaces metrics.jsonl (a new run) instead of appending
   GradNormGuard guard_;
   int64_t outlier_skips_ = 0;
 };
