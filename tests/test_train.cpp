@@ -290,6 +290,22 @@ TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
       << r.dev_accuracy.back() << " vs majority " << r.majority_baseline;
   EXPECT_TRUE(fs::exists(o.out_dir + "/model.safetensors"));
   EXPECT_TRUE(fs::exists(o.out_dir + "/labels.json"));
+  // The export is what transformers expects for a classifier: its architecture, and the label
+  // names (not LABEL_i) in id2label / label2id.
+  {
+    std::ifstream cf(o.out_dir + "/config.json"), lf(o.out_dir + "/labels.json");
+    nlohmann::json config = nlohmann::json::parse(cf), labels = nlohmann::json::parse(lf);
+    EXPECT_EQ(config["architectures"][0], "BertForSequenceClassification");
+    EXPECT_EQ(config["num_labels"], 2);
+    ASSERT_EQ(labels.size(), 2u);
+    for (auto& [name, id] : labels.items()) {
+      EXPECT_EQ(config["id2label"][std::to_string(id.get<int>())], name);
+      EXPECT_EQ(config["label2id"][name], id);
+    }
+    io::SafetensorsFile st = io::SafetensorsFile::read(o.out_dir + "/model.safetensors");
+    EXPECT_TRUE(st.has("classifier.weight"));
+    EXPECT_FALSE(st.has("cls.predictions.bias"));
+  }
   // `packbert eval --task classify` on the exported model agrees with the last epoch.
   TaskEvalOptions eo;
   eo.task = FinetuneTask::classify;
@@ -484,6 +500,13 @@ TEST(Finetune, SquadSpanHeadLearnsAMarkerWord) {
   nlohmann::json p = nlohmann::json::parse(pj);
   EXPECT_EQ(p.size(), 60u);
   EXPECT_TRUE(p.contains("d0"));
+  {
+    std::ifstream cf(o.out_dir + "/config.json");
+    EXPECT_EQ(nlohmann::json::parse(cf)["architectures"][0], "BertForQuestionAnswering");
+    io::SafetensorsFile st = io::SafetensorsFile::read(o.out_dir + "/model.safetensors");
+    EXPECT_TRUE(st.has("qa_outputs.weight"));
+    EXPECT_TRUE(st.has("qa_outputs.bias"));
+  }
   // `packbert eval --task squad` on the exported model agrees with the last epoch; a model
   // without the span head is refused.
   TaskEvalOptions eo;

@@ -80,13 +80,18 @@ BertConfig config_from_json(const nlohmann::json& j, const std::string& source) 
   return c;
 }
 
-nlohmann::json config_to_json(const BertConfig& c) {
+nlohmann::json config_to_json(const BertConfig& c, const std::string& architecture,
+                              const std::vector<std::string>& label_names) {
   nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
   for (int i = 0; i < c.num_labels; ++i) {
-    id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
-    label2id["LABEL_" + std::to_string(i)] = i;
+    const std::string name = static_cast<size_t>(i) < label_names.size()
+                                 ? label_names[static_cast<size_t>(i)]
+                                 : "LABEL_" + std::to_string(i);
+    id2label[std::to_string(i)] = name;
+    label2id[name] = i;
   }
-  return {{"architectures", {"BertForPreTraining"}},
+  return {{"architectures", {architecture}},
+          {"num_labels", c.num_labels},
           {"model_type", "bert"},
           {"vocab_size", c.vocab_size},
           {"hidden_size", c.hidden_size},

@@ -32,6 +32,11 @@ BertConfig bert_preset(const std::string& name);
 // Hugging Face config.json <-> BertConfig. Unknown keys are ignored; keys that packbert cannot
 // honour (hidden_act other than gelu, position_embedding_type other than absolute) are errors.
 BertConfig config_from_json(const nlohmann::json& j, const std::string& source);
-nlohmann::json config_to_json(const BertConfig& c);
+// `architecture` is what transformers instantiates (BertForPreTraining,
+// BertForSequenceClassification, BertForQuestionAnswering); `label_names`, in id order, name the
+// classifier's outputs in id2label / label2id (LABEL_<i> when empty).
+nlohmann::json config_to_json(const BertConfig& c,
+                              const std::string& architecture = "BertForPreTraining",
+                              const std::vector<std::string>& label_names = {});
 
 }  // namespace packbert::model

@@ -284,7 +284,9 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
                .dump()
         << std::endl;
   });
-  write_model_files(*m, o.out_dir, o.vocab);
+  std::vector<std::string> names(labels.size());
+  for (auto& [name, id] : labels) names[static_cast<size_t>(id)] = name;
+  write_model_files(*m, o.out_dir, o.vocab, names);
   nlohmann::json lj = nlohmann::json::object();
   for (auto& [name, id] : labels) lj[name] = id;
   io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");

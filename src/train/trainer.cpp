@@ -57,9 +57,15 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
 }
 
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,
-                       const std::string& vocab_path) {
+                       const std::string& vocab_path, const std::vector<std::string>& label_names) {
   auto& mm = const_cast<model::BertModel<float>&>(m);
-  io::write_file_atomic(dir + "/config.json", model::config_to_json(m.config()).dump(2) + "\n");
+  const model::Heads& h = m.layout().heads();
+  const char* architecture = h.classifier ? "BertForSequenceClassification"
+                             : h.span     ? "BertForQuestionAnswering"
+                                          : "BertForPreTraining";
+  io::write_file_atomic(
+      dir + "/config.json",
+      model::config_to_json(m.config(), architecture, label_names).dump(2) + "\n");
   io::write_safetensors(dir + "/model.safetensors",
                         model::weight_tensors(m.layout(), mm.params().data()), {{"format", "pt"}});
   if (!vocab_path.empty()) io::write_file_atomic(dir + "/vocab.txt", io::read_file(vocab_path));

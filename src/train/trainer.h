@@ -137,9 +137,12 @@ class Trainer {
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads);
 
 // Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
-// into an existing directory (each file atomically).
+// into an existing directory (each file atomically). The architecture follows the model's head:
+// BertForSequenceClassification (label_names, in id order, go to id2label),
+// BertForQuestionAnswering (qa_outputs.*), else BertForPreTraining.
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,
-                       const std::string& vocab_path);
+                       const std::string& vocab_path,
+                       const std::vector<std::string>& label_names = {});
 // The same as a whole: `dir` appears complete or not at all; an earlier model directory there
 // is replaced only with `overwrite` (io::StagedDirectory).
 void export_model(const model::BertModel<float>& m, const std::string& dir,
