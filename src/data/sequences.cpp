@@ -22,6 +22,10 @@ constexpr char kPackMagic[8] = {'P', 'K', 'B', 'T', 'P', 'C', 'K', '1'};
 constexpr uint32_t kVersion = 2;
 constexpr size_t kSeqHeaderV1 = 64, kSeqHeader = 72, kPackHeader = 80;
 
+constexpr size_t sequences_header(uint32_t version) {
+  return version == 1 ? kSeqHeaderV1 : kSeqHeader;
+}
+
 uint64_t checksum_of(const std::string& buf, size_t header, uint32_t version) {
   return io::fnv1a(buf.data() + header, buf.size() - header, io::fnv_basis_for(version));
 }
@@ -143,10 +147,8 @@ void write_sequences(const std::string& path, const SequencesFile& f) {
 SequencesFile read_sequences(const std::string& path) {
   std::string buf = io::read_file(path);
   SequencesFile f;
-  f.format_version = check_magic(
-      buf, path, kSeqMagic, [](uint32_t v) { return v == 1 ? kSeqHeaderV1 : kSeqHeader; },
-      "sequences");
-  const size_t header = f.format_version == 1 ? kSeqHeaderV1 : kSeqHeader;
+  f.format_version = check_magic(buf, path, kSeqMagic, sequences_header, "sequences");
+  const size_t header = sequences_header(f.format_version);
   Reader r{buf, 16, path};
   uint64_t n = r.get<uint64_t>(), n_tokens = r.get<uint64_t>(), n_mlm = r.get<uint64_t>();
   f.max_seq_len = r.get<int32_t>();

@@ -49,10 +49,6 @@ void check_utf8(std::string_view s, const std::string& where, size_t base_offset
                    byte + ")");
 }
 
-}  // namespace packbert::data
-
-namespace packbert::data {
-
 namespace {
 
 // Windows-1252's 0x80-0x9f (0 where it defines nothing; those map to U+FFFD).

@@ -19,10 +19,6 @@ size_t invalid_utf8_offset(std::string_view s);
 // base_offset is added to the offset reported (the line's offset in its file).
 void check_utf8(std::string_view s, const std::string& where, size_t base_offset = 0);
 
-}  // namespace packbert::data
-
-namespace packbert::data {
-
 // s with every byte that is not part of well-formed UTF-8 read as Windows-1252 (the usual
 // stray encoding in old text, e.g. 0x92 for ’) and re-encoded as UTF-8; valid text is unchanged.
 std::string repair_cp1252_bytes(std::string_view s);

@@ -1,12 +1,14 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -15,6 +17,8 @@
 #include "io/memory.h"
 
 namespace packbert::io {
+
+namespace fs = std::filesystem;
 
 std::string read_file(const std::string& path) {
   AllocationScope scope("reading " + path);
@@ -60,16 +64,6 @@ void write_file_atomic(const std::string& path, std::string_view data) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed");
 }
 
-}  // namespace packbert::io
-
-#include <csignal>
-#include <filesystem>
-#include <system_error>
-
-namespace packbert::io {
-
-namespace fs = std::filesystem;
-
 void make_output_dir(const std::string& dir, const std::string& flag) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -80,21 +74,22 @@ void make_output_dir(const std::string& dir, const std::string& flag) {
     throw InputError(flag + " " + dir + ": not writable: " + std::strerror(errno));
 }
 
-int remove_stale_temporaries(const std::string& dir) {
+int remove_stale_temporaries(const std::string& dir, const std::vector<std::string>& names) {
   int removed = 0;
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    for (const char* tag : {".tmp.", ".partial."}) {
-      const size_t at = name.rfind(tag);
-      if (at == std::string::npos) continue;
-      const std::string pid = name.substr(at + std::strlen(tag));
-      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-      const long p = std::stol(pid);
-      if (p == ::getpid() || ::kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH) continue;
-      std::error_code rm;
-      if (fs::remove_all(e.path(), rm) > 0 && !rm) ++removed;
-    }
+    const std::string entry = e.path().filename().string();
+    for (const std::string& name : names)
+      for (const char* tag : {".tmp.", ".partial."}) {
+        const std::string prefix = name + tag;
+        if (entry.size() <= prefix.size() || entry.compare(0, prefix.size(), prefix) != 0) continue;
+        const std::string pid = entry.substr(prefix.size());
+        if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+        const long p = std::stol(pid);
+        if (p == ::getpid() || ::kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH) continue;
+        std::error_code rm;
+        if (fs::remove_all(e.path(), rm) > 0 && !rm) ++removed;
+      }
   }
   return removed;
 }
@@ -114,7 +109,7 @@ StagedDirectory::StagedDirectory(const std::string& dir, const std::string& flag
   }
   const fs::path parent = fs::absolute(dir_).parent_path();
   make_output_dir(parent.string(), flag);
-  remove_stale_temporaries(parent.string());
+  remove_stale_temporaries(parent.string(), {fs::path(dir_).filename().string()});
   staging_ = dir_ + ".partial." + std::to_string(::getpid());
   fs::remove_all(staging_);
   make_output_dir(staging_, flag);

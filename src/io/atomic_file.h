@@ -4,6 +4,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace packbert::io {
 
@@ -14,17 +15,14 @@ void write_file_atomic(const std::string& path, std::string_view data);
 // The whole file as bytes. Throws InputError naming the path when it cannot be opened or read.
 std::string read_file(const std::string& path);
 
-}  // namespace packbert::io
-
-namespace packbert::io {
-
 // Creates `dir` (and parents) if missing. Throws InputError naming `flag` and the reason when it
 // cannot be created or is not a directory.
 void make_output_dir(const std::string& dir, const std::string& flag);
 
-// Removes `*.tmp.PID` files and `*.partial.PID` directories in `dir` left by a killed packbert
-// (PID no longer running). Returns how many were removed.
-int remove_stale_temporaries(const std::string& dir);
+// Removes `<name>.tmp.PID` files and `<name>.partial.PID` directories in `dir`, for each of
+// `names` (the outputs packbert writes there), left by a killed packbert (PID no longer
+// running). Nothing else in `dir` is touched. Returns how many were removed.
+int remove_stale_temporaries(const std::string& dir, const std::vector<std::string>& names);
 
 // A directory whose contents appear whole or not at all: everything is written under path()
 // (`<dir>.partial.<pid>`), and publish() swaps it into place atomically (an earlier `dir` is

@@ -124,7 +124,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     throw InputError("--packing-adjust: expected none|ga|beta, got '" + opt_.packing_adjust + "'");
   if (opt_.out_dir.empty()) throw InputError("--out is required");
   io::make_output_dir(opt_.out_dir, "--out");
-  io::remove_stale_temporaries(opt_.out_dir);
+  io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl"});
   const std::string metrics = opt_.out_dir + "/metrics.jsonl";
   if (!resume && fs::exists(checkpoint_path())) {
     if (!opt_.overwrite)
