@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     model::PackedBatch q = loader.next();  // what training sees: prefetched while it computed
     wait.push_back(now() - t0);
     t0 = now();
-    m.forward(q, {true, 1, static_cast<uint64_t>(r)});
+    m.forward(q, {true, 1, static_cast<uint64_t>(r), {}});
     m.zero_grads();
     m.backward();
     step.push_back(now() - t0);

@@ -42,7 +42,7 @@ double sgemm_gflops() {
 
 int main(int argc, char** argv) {
   CLI::App app{"train_step_bench: packbert forward+backward step on given sequence lengths"};
-  std::string lengths_text, preset = "base";
+  std::string lengths_text, preset = "base", recompute = "none";
   int max_len = 512, steps = 3, warmup = 1, layers = 0;
   bool padded = false;
   double dropout = 0.1;
@@ -55,7 +55,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->capture_default_str();
   app.add_option("--dropout", dropout)->capture_default_str();
   app.add_flag("--padded", padded, "One sequence per row (the baseline layout)");
+  app.add_option("--recompute", recompute,
+                 "What backward rebuilds: none, gelu, gelu,ln, attention, layer, every:K")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const model::Recompute policy = model::parse_recompute(recompute);
 
   std::vector<int> lengths;
   std::stringstream ss(lengths_text);
@@ -109,7 +113,7 @@ int main(int argc, char** argv) {
     kernels::reset_gemm_counters();
     kernels::enable_gemm_counters(true);
     double t0 = now_seconds();
-    m.forward(b, {true, 1, static_cast<uint64_t>(s)});
+    m.forward(b, {true, 1, static_cast<uint64_t>(s), policy});
     m.zero_grads();
     m.backward();
     double dt = now_seconds() - t0;
@@ -141,7 +145,9 @@ int main(int argc, char** argv) {
                         {"gemm_share", gemm_share[gemm_share.size() / 2]},
                         {"model_gflops", flops / t * 1e-9},
                         {"sgemm_gflops", rate},
-                        {"activation_mib", m.activation_bytes() / 1048576.0}};
+                        {"recompute", policy.name()},
+                        {"activation_mib", m.activation_bytes() / 1048576.0},
+                        {"scratch_mib", m.scratch_bytes() / 1048576.0}};
   std::cout << out.dump() << std::endl;
   return 0;
 }

@@ -85,7 +85,7 @@ TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
   std::normal_distribution<double> noise(0, 0.1);
   for (double& v : m.params()) v += noise(rng);  // break symmetries of the fresh init
   PackedBatch b = make_batch({{5, 3, 4}, {9}, {2, 6}}, 13, c.vocab_size, 5);
-  StepOptions opt{true, 77, 9};
+  StepOptions opt{true, 77, 9, {}};
   Outputs out = m.forward(b, opt);
   ASSERT_GT(out.mlm_count, 0);
   ASSERT_GT(out.nsp_count, 0);
@@ -163,10 +163,10 @@ TEST(ModelDropout, SameSeedAndStepSameLossOtherStepDifferent) {
   BertModel<float> m(c, Heads{});
   init_params(m.layout(), m.params().data(), 1);
   PackedBatch b = make_batch({{6, 5}, {8}}, 12, c.vocab_size, 2);
-  double l1 = m.forward(b, {true, 5, 1}).loss();
-  double l2 = m.forward(b, {true, 5, 1}).loss();
-  double l3 = m.forward(b, {true, 5, 2}).loss();
-  double eval = m.forward(b, {false, 5, 1}).loss();
+  double l1 = m.forward(b, {true, 5, 1, {}}).loss();
+  double l2 = m.forward(b, {true, 5, 1, {}}).loss();
+  double l3 = m.forward(b, {true, 5, 2, {}}).loss();
+  double eval = m.forward(b, {false, 5, 1, {}}).loss();
   EXPECT_EQ(l1, l2);
   EXPECT_NE(l1, l3);
   EXPECT_NE(l1, eval);

@@ -1,5 +1,7 @@
 #include "kernels/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -9,16 +11,22 @@
 
 namespace packbert::kernels {
 
-// Each (sequence, head) block is two GEMMs forward (Q·Kᵀ, P·V) and four backward over strided
-// views of qkv (row stride 3C), run in parallel over blocks; inside a parallel region oneDNN's
-// sgemm runs single-threaded, so the two levels of parallelism do not fight.
+// Each (sequence, head) block is two GEMMs forward (Q·Kᵀ, P·V) and four backward (five when the
+// probabilities are recomputed) over strided views of qkv (row stride 3C), run in parallel over
+// blocks; inside a parallel region oneDNN's sgemm runs single-threaded, so the two levels of
+// parallelism do not fight.
 
-std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH) {
-  std::vector<int64_t> off(n_seq + 1, 0);
+void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64_t* off) {
+  off[0] = 0;
   for (int s = 0; s < n_seq; ++s) {
-    int64_t L = cu_seqlens[s + 1] - cu_seqlens[s];
+    const int64_t L = cu_seqlens[s + 1] - cu_seqlens[s];
     off[s + 1] = off[s] + NH * L * L;
   }
+}
+
+std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH) {
+  std::vector<int64_t> off(n_seq + 1);
+  attention_probs_offsets(cu_seqlens, n_seq, NH, off.data());
   return off;
 }
 
@@ -58,85 +66,135 @@ void softmax_backward_row(T* __restrict d, const T* __restrict p, int L, T scale
 
 }  // namespace
 
+int64_t attention_scratch_elems(int max_len, int threads) {
+  return 3 * static_cast<int64_t>(threads) * max_len * max_len;
+}
+
+namespace {
+
+// The probabilities of one (sequence, head) block: P = softmax(Q Kᵀ / sqrt(hs)) row by row. The
+// forward pass and the recomputing backward pass both call this, so a rebuilt block is the kept
+// one bit for bit.
+template <typename T>
+void probs_block(T* P, const T* Q, int L, int hs, int C, T scale) {
+  const int C3 = 3 * C;
+  gemm(false, true, L, L, hs, scale, Q, C3, Q + C, C3, T(0), P, L);
+  for (int i = 0; i < L; ++i) {
+    const int64_t r = static_cast<int64_t>(i) * L;
+    softmax_row(P + r, P + r, L);
+  }
+}
+
+int max_length(const int32_t* cu_seqlens, int n_seq) {
+  int L = 0;
+  for (int s = 0; s < n_seq; ++s) L = std::max(L, cu_seqlens[s + 1] - cu_seqlens[s]);
+  return L;
+}
+
+// The caller's working memory, or the kernel's own when the caller gave none.
+template <typename T>
+struct Work {
+  std::vector<int64_t> own_offsets;
+  std::vector<T> own_scratch;
+  const int64_t* offsets;
+  T* scratch;
+  int64_t per_thread;
+  Work(AttentionWork<T> w, const int32_t* cu_seqlens, int n_seq, int NH) {
+    const int L = max_length(cu_seqlens, n_seq);
+    per_thread = 3 * static_cast<int64_t>(L) * L;
+    offsets = w.offsets;
+    if (!offsets) {
+      own_offsets = attention_probs_offsets(cu_seqlens, n_seq, NH);
+      offsets = own_offsets.data();
+    }
+    scratch = w.scratch;
+    if (!scratch) {
+      own_scratch.resize(attention_scratch_elems(L, omp_get_max_threads()));
+      scratch = own_scratch.data();
+    }
+  }
+  T* thread_scratch() const { return scratch + per_thread * omp_get_thread_num(); }
+};
+
+}  // namespace
+
 template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
-                       int NH, AttentionDropout dropout) {
+                       int NH, AttentionDropout dropout, AttentionWork<T> work) {
   const int hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
-  std::vector<int64_t> off = attention_probs_offsets(cu_seqlens, n_seq, NH);
-#pragma omp parallel
-  {
-    std::vector<T> buf;  // the dropped probabilities of one block
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int s = 0; s < n_seq; ++s)
-      for (int h = 0; h < NH; ++h) {
-        const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
-        const int64_t first = off[s] + static_cast<int64_t>(h) * L * L;
-        T* P = probs + first;
-        const T* Q = qkv + static_cast<int64_t>(a) * C3 + h * hs;
-        gemm(false, true, L, L, hs, scale, Q, C3, Q + C, C3, T(0), P, L);
-        if (dropout.p > 0) buf.resize(static_cast<size_t>(L) * L);
+  const Work<T> w(work, cu_seqlens, n_seq, NH);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < NH; ++h) {
+      const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
+      const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * L * L;
+      T* mine = w.thread_scratch();
+      T* P = probs ? probs + first : mine;         // the probabilities
+      T* Pd = mine + static_cast<int64_t>(L) * L;  // their dropped copy
+      const T* Q = qkv + static_cast<int64_t>(a) * C3 + h * hs;
+      probs_block(P, Q, L, hs, C, scale);
+      if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
-          softmax_row(P + r, P + r, L);
-          if (dropout.p > 0) drop_row(buf.data() + r, P + r, L, mask, first + r, keep_scale);
+          drop_row(Pd + r, P + r, L, mask, first + r, keep_scale);
         }
-        const T* Pd = dropout.p > 0 ? buf.data() : P;
-        gemm(false, false, L, hs, L, T(1), Pd, L, Q + 2 * C, C3, T(0),
-             out + static_cast<int64_t>(a) * C + h * hs, C);
-      }
-  }
+      gemm(false, false, L, hs, L, T(1), dropout.p > 0 ? Pd : P, L, Q + 2 * C, C3, T(0),
+           out + static_cast<int64_t>(a) * C + h * hs, C);
+    }
 }
 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout) {
+                        AttentionDropout dropout, AttentionWork<T> work) {
   const int hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
-  std::vector<int64_t> off = attention_probs_offsets(cu_seqlens, n_seq, NH);
-#pragma omp parallel
-  {
-    std::vector<T> buf, dP;  // dropped probabilities, their gradient
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int s = 0; s < n_seq; ++s)
-      for (int h = 0; h < NH; ++h) {
-        const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
-        const int64_t first = off[s] + static_cast<int64_t>(h) * L * L;
-        const T* P = probs + first;
-        const T* Q = qkv + static_cast<int64_t>(a) * C3 + h * hs;
-        T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * hs;
-        const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
-        dP.resize(static_cast<size_t>(L) * L);
-        if (dropout.p > 0) buf.resize(static_cast<size_t>(L) * L);
-        gemm(false, true, L, L, hs, T(1), dO, C, Q + 2 * C, C3, T(0), dP.data(), L);  // dO V^T
-        // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
-        for (int i = 0; i < L; ++i) {
-          const int64_t r = static_cast<int64_t>(i) * L;
-          if (dropout.p > 0)
-            drop_rows_backward(buf.data() + r, dP.data() + r, P + r, L, mask, first + r,
-                               keep_scale);
-          softmax_backward_row(dP.data() + r, P + r, L, scale);
-        }
-        const T* Pd = dropout.p > 0 ? buf.data() : P;
-        gemm(true, false, L, hs, L, T(1), Pd, L, dO, C, T(1), dQ + 2 * C, C3);      // dV += Pd^T dO
-        gemm(false, false, L, hs, L, T(1), dP.data(), L, Q + C, C3, T(1), dQ, C3);  // dQ += dS K
-        gemm(true, false, L, hs, L, T(1), dP.data(), L, Q, C3, T(1), dQ + C, C3);   // dK += dS^T Q
+  const Work<T> w(work, cu_seqlens, n_seq, NH);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < NH; ++h) {
+      const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
+      const int64_t LL = static_cast<int64_t>(L) * L;
+      const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * LL;
+      const T* Q = qkv + static_cast<int64_t>(a) * C3 + h * hs;
+      T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * hs;
+      const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
+      T* mine = w.thread_scratch();
+      T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
+      const T* P = probs + first;
+      if (!probs) {
+        probs_block(mine + 2 * LL, Q, L, hs, C, scale);
+        P = mine + 2 * LL;
       }
-  }
+      gemm(false, true, L, L, hs, T(1), dO, C, Q + 2 * C, C3, T(0), dP, L);  // dO V^T
+      // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
+      for (int i = 0; i < L; ++i) {
+        const int64_t r = static_cast<int64_t>(i) * L;
+        if (dropout.p > 0)
+          drop_rows_backward(Pd + r, dP + r, P + r, L, mask, first + r, keep_scale);
+        softmax_backward_row(dP + r, P + r, L, scale);
+      }
+      const T* Pv = dropout.p > 0 ? Pd : P;
+      gemm(true, false, L, hs, L, T(1), Pv, L, dO, C, T(1), dQ + 2 * C, C3);  // dV += Pd^T dO
+      gemm(false, false, L, hs, L, T(1), dP, L, Q + C, C3, T(1), dQ, C3);     // dQ += dS K
+      gemm(true, false, L, hs, L, T(1), dP, L, Q, C3, T(1), dQ + C, C3);      // dK += dS^T Q
+    }
 }
 
 template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int,
-                                       AttentionDropout);
+                                       AttentionDropout, AttentionWork<float>);
 template void attention_forward<double>(double*, double*, const double*, const int32_t*, int, int,
-                                        int, AttentionDropout);
+                                        int, AttentionDropout, AttentionWork<double>);
 template void attention_backward<float>(float*, const float*, const float*, const float*,
-                                        const int32_t*, int, int, int, AttentionDropout);
+                                        const int32_t*, int, int, int, AttentionDropout,
+                                        AttentionWork<float>);
 template void attention_backward<double>(double*, const double*, const double*, const double*,
-                                         const int32_t*, int, int, int, AttentionDropout);
+                                         const int32_t*, int, int, int, AttentionDropout,
+                                         AttentionWork<double>);
 
 }  // namespace packbert::kernels

@@ -13,6 +13,7 @@ namespace packbert::kernels {
 // out: [T, C]. probs: the softmax probabilities kept for backward, NH * sum_s L_s^2 values;
 // sequence s starts at probs_offsets(...)[s], head h of it at that + h * L_s^2.
 std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH);
+void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64_t* out);
 
 // Dropout on the attention probabilities (as BERT does) with probability `dropout` and the
 // counter-based mask of kernels/dropout.h keyed by (seed, key), element = index into probs;
@@ -22,13 +23,26 @@ struct AttentionDropout {
   uint64_t seed = 0, key = 0;
 };
 
+// Working memory of one call, owned by the caller so a training step allocates nothing:
+// offsets = attention_probs_offsets(...) ([n_seq + 1]); scratch = attention_scratch_elems(...)
+// elements. Either may be null, and the kernel then allocates its own (tests, one-off calls).
+template <typename T>
+struct AttentionWork {
+  const int64_t* offsets = nullptr;
+  T* scratch = nullptr;
+};
+// Per-thread room for three L x L blocks of the longest sequence, for `threads` threads.
+int64_t attention_scratch_elems(int max_len, int threads);
+
+// probs may be null: the probabilities are then not kept (recompute policy `attention`), and
+// attention_backward rebuilds each block's from q and k, bit for bit.
 template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
-                       int NH, AttentionDropout dropout = {});
-// Accumulates into dqkv [T, 3C].
+                       int NH, AttentionDropout dropout = {}, AttentionWork<T> work = {});
+// Accumulates into dqkv [T, 3C]. probs: as kept by the forward, or null to recompute them.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout = {});
+                        AttentionDropout dropout = {}, AttentionWork<T> work = {});
 
 }  // namespace packbert::kernels

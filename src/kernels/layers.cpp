@@ -25,6 +25,15 @@ void column_blocks(int C, F body) {
     body(b * kColumnBlock, std::min(kColumnBlock, C - b * kColumnBlock));
 }
 
+// One LayerNorm output row from its statistics: shared by the forward pass and the rebuild, so
+// the two agree bit for bit.
+template <typename T>
+inline void normalize_row(T* __restrict o, const T* __restrict x, T m, T s, const T* weight,
+                          const T* bias, int C) {
+#pragma omp simd
+  for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+}
+
 }  // namespace
 
 template <typename T>
@@ -42,12 +51,19 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
     for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
     v /= C;  // biased variance, as torch's layer_norm
     T s = T(1) / std::sqrt(v + eps);
-    T* o = out + static_cast<int64_t>(n) * C;
-#pragma omp simd
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    normalize_row(out + static_cast<int64_t>(n) * C, x, m, s, weight, bias, C);
     mean[n] = m;
     rstd[n] = s;
   }
+}
+
+template <typename T>
+void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T* weight,
+                     const T* bias, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n)
+    normalize_row(out + static_cast<int64_t>(n) * C, inp + static_cast<int64_t>(n) * C, mean[n],
+                  rstd[n], weight, bias, C);
 }
 
 template <typename T>
@@ -217,8 +233,9 @@ void cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* 
   for (int n = 0; n < N; ++n) {
     const T* z = logits + static_cast<int64_t>(n) * V;
     T* p = probs + static_cast<int64_t>(n) * V;
+    const T zt = targets[n] < 0 ? T(0) : z[targets[n]];  // read before p overwrites z
     const SoftmaxStats<T> st = softmax_row(p, z, V);
-    losses[n] = targets[n] < 0 ? T(0) : -(z[targets[n]] - st.max - std::log(st.sum));
+    losses[n] = targets[n] < 0 ? T(0) : -(zt - st.max - std::log(st.sum));
   }
 }
 
@@ -243,6 +260,82 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+template <typename T>
+void gather_rows_forward(T* out, const T* inp, const int32_t* rows, int n_rows, int C) {
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < n_rows; ++r)
+    std::copy(inp + static_cast<int64_t>(rows[r]) * C, inp + static_cast<int64_t>(rows[r] + 1) * C,
+              out + static_cast<int64_t>(r) * C);
+}
+
+template <typename T>
+void gather_rows_backward(T* dinp, const T* dout, const int32_t* rows, int n_rows, int C) {
+  // Serial over rows: an index may repeat, and += must not race.
+  for (int r = 0; r < n_rows; ++r) {
+    T* d = dinp + static_cast<int64_t>(rows[r]) * C;
+    const T* g = dout + static_cast<int64_t>(r) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) d[c] += g[c];
+  }
+}
+
+template <typename T>
+void tanh_forward(T* out, const T* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(inp[i]);
+}
+
+template <typename T>
+void tanh_backward(T* dinp, const T* out, const T* dout, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dinp[i] += dout[i] * (T(1) - out[i] * out[i]);
+}
+
+template <typename T>
+int64_t count_argmax_hits(const T* scores, const int32_t* targets, int N, int V) {
+  int64_t hits = 0;
+#pragma omp parallel for schedule(static) reduction(+ : hits)
+  for (int n = 0; n < N; ++n) {
+    if (targets[n] < 0) continue;
+    const T* z = scores + static_cast<int64_t>(n) * V;
+    hits += std::max_element(z, z + V) - z == targets[n];
+  }
+  return hits;
+}
+
+template <typename T>
+void span_cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* cu_seqlens,
+                                const int32_t* targets, int n_seq) {
+  for (int s = 0; s < n_seq; ++s) {
+    const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
+    losses[s] = 0;
+    for (int e = 0; e < 2; ++e) {
+      const T* z = logits + 2 * static_cast<int64_t>(a) + e;  // column e, stride 2
+      T* p = probs + 2 * static_cast<int64_t>(a) + e;
+      T mx = -INFINITY;
+      for (int i = 0; i < L; ++i) mx = std::max(mx, z[2 * i]);
+      T sum = 0;
+      for (int i = 0; i < L; ++i) sum += (p[2 * i] = std::exp(z[2 * i] - mx));
+      for (int i = 0; i < L; ++i) p[2 * i] /= sum;
+      const int32_t y = targets[2 * s + e];
+      if (targets[2 * s] >= 0) losses[s] += -std::log(p[2 * y]) / 2;
+    }
+  }
+}
+
+template <typename T>
+void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_seqlens,
+                                 const int32_t* targets, const T* dlosses, int n_seq) {
+  for (int s = 0; s < n_seq; ++s) {
+    if (targets[2 * s] < 0) continue;
+    const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
+    const T g = dlosses[s] / 2;
+    for (int e = 0; e < 2; ++e)
+      for (int i = 0; i < L; ++i) {
+        const int64_t k = 2 * static_cast<int64_t>(a + i) + e;
+        dlogits[k] += (probs[k] - (i == targets[2 * s + e] ? T(1) : T(0))) * g;
+      }
+  }
+}
+
 #define PACKBERT_INSTANTIATE(T)                                                                    \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T);       \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,          \
@@ -257,7 +350,18 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n) {
                                       const int32_t*, int, int);                                   \
   template void cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);              \
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int, int);       \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                              \
+  template void layernorm_apply<T>(T*, const T*, const T*, const T*, const T*, const T*, int,      \
+                                   int);                                                           \
+  template void gather_rows_forward<T>(T*, const T*, const int32_t*, int, int);                    \
+  template void gather_rows_backward<T>(T*, const T*, const int32_t*, int, int);                   \
+  template void tanh_forward<T>(T*, const T*, int64_t);                                            \
+  template void tanh_backward<T>(T*, const T*, const T*, int64_t);                                 \
+  template int64_t count_argmax_hits<T>(const T*, const int32_t*, int, int);                       \
+  template void span_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, const int32_t*,    \
+                                              int);                                                \
+  template void span_cross_entropy_backward<T>(T*, const T*, const int32_t*, const int32_t*,       \
+                                               const T*, int);
 PACKBERT_INSTANTIATE(float)
 PACKBERT_INSTANTIATE(double)
 #undef PACKBERT_INSTANTIATE

@@ -12,6 +12,11 @@ namespace packbert::kernels {
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int N, int C, T eps);
+// Rebuilds layernorm_forward's `out` from its input and the saved mean and rstd, bit for bit
+// (recompute policy `ln`).
+template <typename T>
+void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T* weight,
+                     const T* bias, int N, int C);
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, int N, int C);
@@ -38,8 +43,9 @@ template <typename T>
 void embedding_backward(T* dword, T* dposition, T* dtoken_type, const T* dout, const int32_t* ids,
                         const int32_t* pos, const int32_t* types, int n_tokens, int C);
 
-// Softmax cross-entropy per row. logits, probs: [N, V]; targets: [N] (< 0 = ignored: loss 0,
-// no gradient); losses: [N]. Backward: dlogits += (probs - onehot(target)) * dlosses[n].
+// Softmax cross-entropy per row. logits, probs: [N, V] (probs may be logits itself, overwriting
+// them); targets: [N] (< 0 = ignored: loss 0, no gradient); losses: [N].
+// Backward: dlogits += (probs - onehot(target)) * dlosses[n].
 template <typename T>
 void cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* targets, int N,
                            int V);
@@ -50,5 +56,35 @@ void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, 
 // out = a + b, [n].
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);
+
+// Rows picked by index: out[r] = inp[rows[r]], out: [n_rows, C]. Backward scatters with +=
+// (rows may repeat).
+template <typename T>
+void gather_rows_forward(T* out, const T* inp, const int32_t* rows, int n_rows, int C);
+template <typename T>
+void gather_rows_backward(T* dinp, const T* dout, const int32_t* rows, int n_rows, int C);
+
+// out = tanh(inp), [n]. Backward from the output: dinp += dout * (1 - out^2).
+template <typename T>
+void tanh_forward(T* out, const T* inp, int64_t n);
+template <typename T>
+void tanh_backward(T* dinp, const T* out, const T* dout, int64_t n);
+
+// How many of N rows of scores [N, V] have their largest entry (the first, on ties) at the
+// row's target; rows with target < 0 are not counted.
+template <typename T>
+int64_t count_argmax_hits(const T* scores, const int32_t* targets, int N, int V);
+
+// Span cross-entropy: logits [T, 2] hold a start and an end score per token; each column is a
+// softmax over each sequence's own tokens (cu_seqlens [n_seq + 1]), probs [T, 2]. targets
+// [n_seq, 2]: (start, end) token index within the sequence, < 0 = no answer (no loss, no
+// gradient); callers check targets < length. losses [n_seq]: (start CE + end CE) / 2.
+// Backward: dlogits += (probs - onehot(target)) * dlosses[s] / 2 per column.
+template <typename T>
+void span_cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* cu_seqlens,
+                                const int32_t* targets, int n_seq);
+template <typename T>
+void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_seqlens,
+                                 const int32_t* targets, const T* dlosses, int n_seq);
 
 }  // namespace packbert::kernels

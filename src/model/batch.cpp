@@ -19,7 +19,7 @@ PackedBatch empty_batch(int B, int S, int K, int32_t pad_id) {
   return b;
 }
 
-TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
+void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
   const size_t slots = static_cast<size_t>(b.B) * b.S;
   auto check_size = [&](const std::vector<int32_t>& v, size_t n, const char* name) {
     if (v.size() != n)
@@ -33,8 +33,11 @@ TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
   check_size(b.mlm_labels, slots, "mlm_labels");
   check_size(b.nsp_labels, static_cast<size_t>(b.B) * b.K, "nsp_labels");
 
-  TokenLayout t;
-  t.cu_seqlens.push_back(0);
+  t.slot.clear();
+  t.cu_seqlens.assign(1, 0);
+  t.nsp_label.clear();
+  t.mlm_token.clear();
+  t.mlm_label.clear();
   for (int p = 0; p < b.B; ++p) {
     int current = 0;
     bool padding = false;
@@ -84,6 +87,11 @@ TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
                          std::to_string(k + 1) + ", which it does not hold");
   }
   // cu_seqlens got one push per sequence end; the first entry is the leading 0.
+}
+
+TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
+  TokenLayout t;
+  token_layout(b, c, t);
   return t;
 }
 

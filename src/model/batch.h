@@ -40,5 +40,7 @@ struct TokenLayout {
 // naming the pack and slot of the first problem: sequence ids must run 1, 2, ... in contiguous
 // blocks with padding (0) only at the end of a pack; ids, types and positions must be in range.
 TokenLayout token_layout(const PackedBatch& batch, const BertConfig& config);
+// The same into an existing layout, reusing its capacity (a steady-state step allocates nothing).
+void token_layout(const PackedBatch& batch, const BertConfig& config, TokenLayout& out);
 
 }  // namespace packbert::model

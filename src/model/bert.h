@@ -1,14 +1,17 @@
 // BERT over packed batches: the encoder plus MLM/NSP (pre-training), classification and span
-// heads. Forward keeps exactly the activations backward needs (per-layer records) and counts
-// their bytes; backward accumulates into the gradient arena, whose layout matches the
-// parameters'. Templated on the scalar so whole-model gradients can be checked in double.
+// heads, as a loop over the paired layer functions (model/encoder_layer.h, model/heads.h).
+// Forward fills the step's workspace (model/workspace.h) with what backward needs, as the step's
+// recompute policy decides; backward accumulates into the gradient arena, whose layout matches
+// the parameters'. Templated on the scalar so whole-model gradients can be checked in double.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "model/batch.h"
+#include "model/encoder_layer.h"
 #include "model/params.h"
+#include "model/workspace.h"
 
 namespace packbert::model {
 
@@ -16,6 +19,7 @@ struct StepOptions {
   bool training = false;  // dropout on (with config's probabilities) when true
   uint64_t seed = 0;      // dropout stream seed
   uint64_t step = 0;      // dropout stream step: masks differ per step, repeat per (seed, step)
+  Recompute recompute;    // what backward rebuilds instead of keeping (never `auto` here)
 };
 
 // Loss conventions (docs/FORMATS.md): MLM = mean cross-entropy over the batch's masked tokens;
@@ -44,32 +48,34 @@ class BertModel {
   Outputs forward(const PackedBatch& batch, const StepOptions& options);
   // Gradients of the last forward's total loss, accumulated (+=) into grads().
   void backward();
-  // Bytes of activations the last forward kept for backward.
-  size_t activation_bytes() const;
+  // Bytes of activations the last forward kept for backward, and of its scratch.
+  size_t activation_bytes() const { return ws_.activation_bytes(); }
+  size_t scratch_bytes() const { return ws_.scratch_bytes(); }
   // Per-sequence classifier / span logits from the last forward ([n_seq, num_labels], [T, 2]).
-  const std::vector<T>& class_logits() const { return cls_logits_; }
-  const std::vector<T>& span_logits() const { return span_logits_; }
+  const T* class_logits() const { return ws_.get(Rec::cls_logits); }
+  const T* span_logits() const { return ws_.get(Rec::span_logits); }
   const TokenLayout& tokens() const { return tl_; }
 
  private:
-  struct LayerActs {
-    std::vector<T> qkv, probs, att, r1, ln1_mean, ln1_rstd, h1, inter, gelu, r2, ln2_mean, ln2_rstd;
-  };
+  StepContext<T> context() const;
+  bool kept(int l) const;     // is layer l's input a kept checkpoint (always, unless every:K)
+  T* input_of(int l) const;   // the input of layer l (l = L: the encoder's output)
+  T* output_of(int l) const;  // where layer l writes its output
+  LayerRecord<T> record_of(int l) const;
+
   ParamLayout layout_;
   std::vector<T> params_, grads_;
   ParamView<T> p_, g_;
 
   // State of the last forward (everything backward needs is copied: the batch may be gone).
+  // Vectors keep their capacity, and the workspace its arena, so steady-state steps allocate
+  // nothing.
   StepOptions opt_;
   TokenLayout tl_;
   std::vector<int32_t> ids_, pos_, types_;
-  std::vector<T> emb_sum_, emb_mean_, emb_rstd_, emb_ln_;
-  std::vector<std::vector<T>> hidden_;  // [L+1][T*C]: embeddings output, then each layer's
-  std::vector<LayerActs> acts_;
-  std::vector<T> mlm_in_, mlm_t1_, mlm_t2_, mlm_mean_, mlm_rstd_, mlm_t3_, mlm_probs_;
-  std::vector<T> cls_in_, pooled_, nsp_probs_, cls_drop_, cls_logits_, cls_probs_;
-  std::vector<T> span_logits_, span_probs_;
-  std::vector<int32_t> nsp_targets_, cls_targets_, span_targets_;  // span: (start, end) pairs
+  std::vector<int64_t> probs_offsets_;
+  std::vector<int32_t> cls_targets_, span_targets_;  // span: (start, end) pairs
+  Workspace<T> ws_;
   Outputs out_;
 };
 

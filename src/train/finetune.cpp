@@ -155,7 +155,8 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
            ++r)
         batch_rows.push_back(rows[order[r]]);
       const model::PackedBatch batch = make_batch(seqs, batch_rows, o.max_seq_len);
-      model::Outputs out = m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps)});
+      model::Outputs out =
+          m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps), o.recompute});
       m.zero_grads();
       m.backward();
       double norm = clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
@@ -216,12 +217,12 @@ std::vector<std::string> squad_answers(model::BertModel<float>& m,
   std::vector<std::vector<float>> logits(features.size());
   for_each_batch(m, features, rows, rows_per_batch, S,
                  [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& batch_rows) {
-                   const std::vector<float>& lg = m.span_logits();
+                   const float* lg = m.span_logits();
                    const std::vector<int32_t>& cu = m.tokens().cu_seqlens;
                    size_t s = 0;
                    for (const auto& row : batch_rows)
                      for (int64_t f : row) {
-                       logits[f].assign(lg.begin() + 2 * cu[s], lg.begin() + 2 * cu[s + 1]);
+                       logits[f].assign(lg + 2 * cu[s], lg + 2 * cu[s + 1]);
                        ++s;
                      }
                  });

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,10 @@ struct FinetuneOptions {
   int64_t warmup_steps = 10;
   uint64_t seed = 1;
   bool packed = true;
-  bool overwrite = false;  // replace a model directory already at out_dir
-  SquadOptions squad;      // doc stride, query and answer limits (max_seq_len above wins)
+  bool overwrite = false;      // replace a model directory already at out_dir
+  SquadOptions squad;          // doc stride, query and answer limits (max_seq_len above wins)
+  model::Recompute recompute;  // as PretrainOptions::recompute
+  std::optional<double> memory_limit;
 };
 
 struct FinetuneResult {

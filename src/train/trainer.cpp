@@ -379,7 +379,8 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                                 " rows of " + std::to_string(b.S) + " tokens");
       model::Outputs o = model_->forward(
           b, {true, opt_.seed,
-              static_cast<uint64_t>(step_) * accumulation_ + static_cast<uint64_t>(micro)});
+              static_cast<uint64_t>(step_) * accumulation_ + static_cast<uint64_t>(micro),
+              recompute_});
       model_->backward();
       mlm_sum += o.mlm_loss;
       nsp_sum += o.nsp_loss;

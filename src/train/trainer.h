@@ -48,6 +48,10 @@ struct PretrainOptions {
   bool dynamic_masking = false;
   double max_minutes = 0;        // stop (with a checkpoint) after this long; 0 = no limit
   bool compute_padding = false;  // padded baseline that pays for padding like frameworks do
+  // What backward rebuilds instead of keeping; `auto` picks the cheapest policy whose step fits
+  // memory_limit. A policy predicted not to fit is refused before training starts.
+  model::Recompute recompute;
+  std::optional<double> memory_limit;  // bytes; unset = the memory available when the run starts
 };
 
 struct StepMetrics {
@@ -123,6 +127,7 @@ class Trainer {
   std::unique_ptr<BatchLoader> loader_;
   LoaderOptions train_rows_, eval_rows_;
   int accumulation_ = 1;
+  model::Recompute recompute_;  // the policy the steps use (`auto` resolved)
   int64_t step_ = 0;
   Cursor cursor_;
   double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included

@@ -1,0 +1,157 @@
+#include "model/encoder_layer.h"
+
+#include <algorithm>
+
+#include "kernels/attention.h"
+#include "kernels/dropout.h"
+#include "kernels/layers.h"
+
+namespace packbert::model {
+
+using namespace kernels;
+
+namespace {
+
+template <typename T>
+void zero(T* p, int64_t n) {
+  std::fill(p, p + n, T(0));
+}
+
+// out = dropout(inp) at (layer, site); a copy when dropout is off.
+template <typename T>
+void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
+                  uint32_t site) {
+  if (s.p_hidden > 0)
+    dropout_forward(out, inp, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
+  else
+    std::copy(inp, inp + n, out);
+}
+
+// The gradient through a dropout site: dout itself when dropout is off, else the masked copy in
+// scratch.
+template <typename T>
+const T* dropout_site_backward(const StepContext<T>& s, T* scratch, const T* dout, int64_t n,
+                               uint32_t layer, uint32_t site) {
+  if (s.p_hidden <= 0) return dout;
+  zero(scratch, n);
+  dropout_backward(scratch, dout, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
+  return scratch;
+}
+
+template <typename T>
+AttentionDropout attention_dropout(const StepContext<T>& s, int layer) {
+  return {s.p_attn, s.seed, dropout_key(s.step, static_cast<uint32_t>(layer), kAttnProbs)};
+}
+
+}  // namespace
+
+template <typename T>
+void embeddings_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* ids,
+                        const int32_t* pos, const int32_t* types, T* out) {
+  const int Tn = s.T_(), C = s.config.hidden_size;
+  T* sum = s.ws.get(Rec::emb_sum);
+  T* ln = s.p_hidden > 0 ? s.ws.get(Rec::tmp) : out;
+  embedding_forward(sum, ids, pos, types, p.word, p.position, p.token_type, Tn, C);
+  layernorm_forward(ln, s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), sum, p.emb_ln_w,
+                    p.emb_ln_b, Tn, C, static_cast<T>(s.config.layer_norm_eps));
+  if (s.p_hidden > 0) dropout_site(s, out, ln, static_cast<int64_t>(Tn) * C, kNoLayer, kEmbeddings);
+}
+
+template <typename T>
+void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                         const int32_t* ids, const int32_t* pos, const int32_t* types,
+                         const T* dout) {
+  const int Tn = s.T_(), C = s.config.hidden_size;
+  const int64_t TC = static_cast<int64_t>(Tn) * C;
+  const T* dln = dropout_site_backward(s, s.ws.get(Rec::dtmp), dout, TC, kNoLayer, kEmbeddings);
+  T* dsum = s.ws.get(Rec::dres);
+  zero(dsum, TC);
+  layernorm_backward(dsum, g.emb_ln_w, g.emb_ln_b, dln, s.ws.get(Rec::emb_sum), p.emb_ln_w,
+                     s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), Tn, C);
+  embedding_backward(g.word, g.position, g.token_type, dsum, ids, pos, types, Tn, C);
+}
+
+template <typename T>
+void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T>& w,
+                           const LayerRecord<T>& a, const T* in, T* out) {
+  const BertConfig& c = s.config;
+  const int Tn = s.T_(), C = c.hidden_size, I = c.intermediate_size;
+  const int64_t TC = static_cast<int64_t>(Tn) * C;
+  const T eps = static_cast<T>(c.layer_norm_eps);
+  const uint32_t l = static_cast<uint32_t>(layer);
+  T* tmp = s.ws.get(Rec::tmp);
+
+  linear_forward(a.qkv, in, w.qkv_w, w.qkv_b, Tn, C, 3 * C);
+  attention_forward(a.att, a.probs, a.qkv, s.tokens.cu_seqlens.data(), s.n_seq(), C,
+                    c.num_attention_heads, attention_dropout(s, layer),
+                    AttentionWork<T>{s.probs_offsets, s.ws.get(Rec::attn_work)});
+  linear_forward(tmp, a.att, w.attn_out_w, w.attn_out_b, Tn, C, C);
+  dropout_site(s, a.r1, tmp, TC, l, kAttnOut);
+  residual_forward(a.r1, a.r1, in, TC);
+  layernorm_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, w.ln1_w, w.ln1_b, Tn, C, eps);
+  linear_forward(a.inter, a.h1, w.inter_w, w.inter_b, Tn, C, I);
+  gelu_forward(a.gelu, a.inter, static_cast<int64_t>(Tn) * I);
+  linear_forward(tmp, a.gelu, w.out_w, w.out_b, Tn, I, C);
+  dropout_site(s, a.r2, tmp, TC, l, kFfnOut);
+  residual_forward(a.r2, a.r2, a.h1, TC);
+  layernorm_forward(out, a.ln2_mean, a.ln2_rstd, a.r2, w.ln2_w, w.ln2_b, Tn, C, eps);
+}
+
+template <typename T>
+void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<T>& w,
+                            const LayerView<T>& g, const LayerRecord<T>& a, const T* in,
+                            const T* dout, T* dinp) {
+  const BertConfig& c = s.config;
+  const int Tn = s.T_(), C = c.hidden_size, I = c.intermediate_size;
+  const int64_t TC = static_cast<int64_t>(Tn) * C, TI = static_cast<int64_t>(Tn) * I;
+  const uint32_t l = static_cast<uint32_t>(layer);
+  const Workspace<T>& ws = s.ws;
+  T *dres = ws.get(Rec::dres), *dh1 = ws.get(Rec::dh1), *dtmp = ws.get(Rec::dtmp),
+    *datt = ws.get(Rec::datt), *dqkv = ws.get(Rec::dqkv), *dinter = ws.get(Rec::dinter),
+    *dgelu = ws.get(Rec::dgelu);
+
+  // Rebuild what the policy did not keep (the same kernels on the same inputs: bit for bit).
+  if (s.policy.ln) layernorm_apply(a.h1, a.r1, a.ln1_mean, a.ln1_rstd, w.ln1_w, w.ln1_b, Tn, C);
+  if (s.policy.gelu) gelu_forward(a.gelu, a.inter, TI);
+
+  // out = LN2(r2), r2 = dropout(gelu . Wo) + h1.
+  zero(dres, TC);
+  layernorm_backward(dres, g.ln2_w, g.ln2_b, dout, a.r2, w.ln2_w, a.ln2_mean, a.ln2_rstd, Tn, C);
+  std::copy(dres, dres + TC, dh1);  // the residual branch
+  const T* dffn = dropout_site_backward(s, dtmp, dres, TC, l, kFfnOut);
+  zero(dgelu, TI);
+  linear_backward(dgelu, g.out_w, g.out_b, dffn, a.gelu, w.out_w, Tn, I, C);
+  zero(dinter, TI);
+  gelu_backward(dinter, a.inter, dgelu, TI);
+  linear_backward(dh1, g.inter_w, g.inter_b, dinter, a.h1, w.inter_w, Tn, C, I);
+
+  // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
+  zero(dres, TC);
+  layernorm_backward(dres, g.ln1_w, g.ln1_b, dh1, a.r1, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
+  residual_forward(dinp, dinp, dres, TC);  // the residual branch
+  const T* dproj = dropout_site_backward(s, dtmp, dres, TC, l, kAttnOut);
+  zero(datt, TC);
+  linear_backward(datt, g.attn_out_w, g.attn_out_b, dproj, a.att, w.attn_out_w, Tn, C, C);
+  zero(dqkv, 3 * TC);
+  attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
+                     c.num_attention_heads, attention_dropout(s, layer),
+                     AttentionWork<T>{s.probs_offsets, ws.get(Rec::attn_work)});
+  linear_backward(dinp, g.qkv_w, g.qkv_b, dqkv, in, w.qkv_w, Tn, C, 3 * C);
+}
+
+#define PACKBERT_INSTANTIATE(T)                                                                   \
+  template void embeddings_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*, \
+                                      const int32_t*, const int32_t*, T*);                        \
+  template void embeddings_backward<T>(const StepContext<T>&, const ParamView<T>&,                \
+                                       const ParamView<T>&, const int32_t*, const int32_t*,       \
+                                       const int32_t*, const T*);                                 \
+  template void encoder_layer_forward<T>(const StepContext<T>&, int, const LayerView<T>&,         \
+                                         const LayerRecord<T>&, const T*, T*);                    \
+  template void encoder_layer_backward<T>(const StepContext<T>&, int, const LayerView<T>&,        \
+                                          const LayerView<T>&, const LayerRecord<T>&, const T*,   \
+                                          const T*, T*);
+PACKBERT_INSTANTIATE(float)
+PACKBERT_INSTANTIATE(double)
+#undef PACKBERT_INSTANTIATE
+
+}  // namespace packbert::model

@@ -1,0 +1,55 @@
+// The encoder as paired functions over the step's workspace (llm.c style): embeddings and one
+// post-LN BERT layer, each forward next to its backward. Backward functions accumulate (+=) into
+// parameter gradients and into the gradient of their input.
+#pragma once
+
+#include <cstdint>
+
+#include "model/batch.h"
+#include "model/params.h"
+#include "model/workspace.h"
+
+namespace packbert::model {
+
+// What every function of one step shares: shapes, the batch's sequence boundaries, the dropout
+// stream and the workspace (whose scratch records they use).
+template <typename T>
+struct StepContext {
+  const BertConfig& config;
+  const TokenLayout& tokens;
+  const int64_t* probs_offsets;  // attention_probs_offsets of the batch, [n_seq + 1]
+  const Workspace<T>& ws;
+  Recompute policy;
+  double p_hidden = 0, p_attn = 0;  // dropout probabilities (0 when not training)
+  uint64_t seed = 0, step = 0;      // dropout stream
+  int T_() const { return tokens.tokens(); }
+  int n_seq() const { return tokens.sequences(); }
+};
+
+// Dropout sites: (layer, site) name every dropout so masks are reproducible per step.
+enum Site : uint32_t { kAttnProbs = 0, kAttnOut = 1, kFfnOut = 2, kEmbeddings = 3, kPooled = 4 };
+constexpr uint32_t kNoLayer = 0xffffffffu;
+
+// out = dropout(LayerNorm(word[ids] + position[pos] + type[types])), out: [T, C]; keeps the sum
+// and its LayerNorm statistics (Rec::emb_*).
+template <typename T>
+void embeddings_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* ids,
+                        const int32_t* pos, const int32_t* types, T* out);
+template <typename T>
+void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                         const int32_t* ids, const int32_t* pos, const int32_t* types,
+                         const T* dout);
+
+// One layer: in, out: [T, C]; fills the record a (all fields; those the policy does not keep
+// point to shared slots).
+template <typename T>
+void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T>& w,
+                           const LayerRecord<T>& a, const T* in, T* out);
+// dinp += d loss / d in, given dout = d loss / d out and the record of the forward (rebuilding
+// what the policy did not keep: GELU's output, LN1's output, the attention probabilities).
+template <typename T>
+void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<T>& w,
+                            const LayerView<T>& g, const LayerRecord<T>& a, const T* in,
+                            const T* dout, T* dinp);
+
+}  // namespace packbert::model

@@ -1,0 +1,220 @@
+#include "model/heads.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/dropout.h"
+#include "kernels/layers.h"
+#include "model/bert.h"
+
+namespace packbert::model {
+
+using namespace kernels;
+
+namespace {
+
+template <typename T>
+void zero(T* p, int64_t n) {
+  std::fill(p, p + n, T(0));
+}
+
+// The mean of the first n losses over the `count` rows that have a target.
+template <typename T>
+double mean_loss(const T* losses, int n, int64_t count) {
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += losses[i];
+  return count ? sum / static_cast<double>(count) : 0.0;
+}
+
+int64_t count_targets(const int32_t* targets, int n) {
+  return std::count_if(targets, targets + n, [](int32_t y) { return y >= 0; });
+}
+
+// d loss_i = 1 / count for each row: the gradient of a mean.
+template <typename T>
+T* mean_dloss(const StepContext<T>& s, int n, int64_t count) {
+  T* d = s.ws.get(Rec::head_dloss);
+  std::fill(d, d + n, static_cast<T>(1.0 / static_cast<double>(count)));
+  return d;
+}
+
+}  // namespace
+
+template <typename T>
+void pooler_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top) {
+  const int n = s.n_seq(), C = s.config.hidden_size;
+  T *cls = s.ws.get(Rec::cls_in), *pooled = s.ws.get(Rec::pooled);
+  gather_rows_forward(cls, top, s.tokens.cu_seqlens.data(), n, C);  // each sequence's first token
+  linear_forward(pooled, cls, p.pool_w, p.pool_b, n, C, C);
+  tanh_forward(pooled, pooled, static_cast<int64_t>(n) * C);
+}
+
+template <typename T>
+void pooler_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                     T* dtop) {
+  const int n = s.n_seq(), C = s.config.hidden_size;
+  const int64_t nC = static_cast<int64_t>(n) * C;
+  T *dpre = s.ws.get(Rec::dpre), *dcls = s.ws.get(Rec::dcls);
+  zero(dpre, nC);
+  tanh_backward(dpre, s.ws.get(Rec::pooled), s.ws.get(Rec::dpooled), nC);
+  zero(dcls, nC);
+  linear_backward(dcls, g.pool_w, g.pool_b, dpre, s.ws.get(Rec::cls_in), p.pool_w, n, C, C);
+  gather_rows_backward(dtop, dcls, s.tokens.cu_seqlens.data(), n, C);
+}
+
+template <typename T>
+void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, Outputs& out) {
+  const Workspace<T>& ws = s.ws;
+  const int M = static_cast<int>(s.tokens.mlm_token.size()), C = s.config.hidden_size,
+            V = s.config.vocab_size;
+  const int32_t* labels = s.tokens.mlm_label.data();
+  T *in = ws.get(Rec::mlm_in), *t1 = ws.get(Rec::mlm_t1), *t2 = ws.get(Rec::mlm_t2),
+    *t3 = ws.get(Rec::mlm_t3), *probs = ws.get(Rec::mlm_probs), *losses = ws.get(Rec::head_losses);
+  gather_rows_forward(in, top, s.tokens.mlm_token.data(), M, C);
+  linear_forward(t1, in, p.mlm_w, p.mlm_b, M, C, C);
+  gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
+  layernorm_forward(t3, ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), t2, p.mlm_ln_w, p.mlm_ln_b, M,
+                    C, static_cast<T>(s.config.layer_norm_eps));
+  linear_forward(probs, t3, p.word, p.mlm_bias, M, C, V);  // logits, turned into probs in place
+  cross_entropy_forward(losses, probs, probs, labels, M, V);
+  out.mlm_count = M;
+  out.mlm_loss = mean_loss(losses, M, M);
+  out.mlm_correct = count_argmax_hits(probs, labels, M, V);
+}
+
+template <typename T>
+void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                  const Outputs& out, T* dtop) {
+  const Workspace<T>& ws = s.ws;
+  const int M = static_cast<int>(out.mlm_count), C = s.config.hidden_size, V = s.config.vocab_size;
+  if (M == 0) return;
+  const int64_t MC = static_cast<int64_t>(M) * C;
+  T *dlogits = ws.get(Rec::mlm_dlogits), *d3 = ws.get(Rec::mlm_d3), *d2 = ws.get(Rec::mlm_d2),
+    *d1 = ws.get(Rec::mlm_d1), *din = ws.get(Rec::mlm_din);
+  zero(dlogits, static_cast<int64_t>(M) * V);
+  cross_entropy_backward(dlogits, ws.get(Rec::mlm_probs), s.tokens.mlm_label.data(),
+                         mean_dloss(s, M, M), M, V);
+  zero(d3, MC);
+  linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V);
+  zero(d2, MC);
+  layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
+                     ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), M, C);
+  zero(d1, MC);
+  gelu_backward(d1, ws.get(Rec::mlm_t1), d2, MC);
+  zero(din, MC);
+  linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get(Rec::mlm_in), p.mlm_w, M, C, C);
+  gather_rows_backward(dtop, din, s.tokens.mlm_token.data(), M, C);
+}
+
+template <typename T>
+void nsp_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* targets,
+                 Outputs& out) {
+  const int n = s.n_seq(), C = s.config.hidden_size;
+  T *probs = s.ws.get(Rec::nsp_probs), *losses = s.ws.get(Rec::head_losses);
+  linear_forward(probs, s.ws.get(Rec::pooled), p.nsp_w, p.nsp_b, n, C, 2);
+  cross_entropy_forward(losses, probs, probs, targets, n, 2);
+  out.nsp_count = count_targets(targets, n);
+  out.nsp_loss = mean_loss(losses, n, out.nsp_count);
+  out.nsp_correct = count_argmax_hits(probs, targets, n, 2);
+}
+
+template <typename T>
+void nsp_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                  const int32_t* targets, const Outputs& out) {
+  const int n = s.n_seq(), C = s.config.hidden_size;
+  if (out.nsp_count == 0) return;
+  T* dlogits = s.ws.get(Rec::nsp_dlogits);
+  zero(dlogits, 2 * static_cast<int64_t>(n));
+  cross_entropy_backward(dlogits, s.ws.get(Rec::nsp_probs), targets,
+                         mean_dloss(s, n, out.nsp_count), n, 2);
+  linear_backward(s.ws.get(Rec::dpooled), g.nsp_w, g.nsp_b, dlogits, s.ws.get(Rec::pooled), p.nsp_w,
+                  n, C, 2);
+}
+
+template <typename T>
+void classifier_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* targets,
+                        Outputs& out) {
+  const int n = s.n_seq(), C = s.config.hidden_size, NL = s.config.num_labels;
+  T *in = s.ws.get(Rec::cls_drop), *logits = s.ws.get(Rec::cls_logits),
+    *probs = s.ws.get(Rec::cls_probs), *losses = s.ws.get(Rec::head_losses);
+  const T* pooled = s.ws.get(Rec::pooled);
+  const int64_t nC = static_cast<int64_t>(n) * C;
+  if (s.p_hidden > 0)
+    dropout_forward(in, pooled, nC, s.p_hidden, s.seed, dropout_key(s.step, kNoLayer, kPooled));
+  else
+    std::copy(pooled, pooled + nC, in);
+  linear_forward(logits, in, p.cls_w, p.cls_b, n, C, NL);
+  cross_entropy_forward(losses, probs, logits, targets, n, NL);
+  out.cls_count = count_targets(targets, n);
+  out.cls_loss = mean_loss(losses, n, out.cls_count);
+  out.cls_correct = count_argmax_hits(probs, targets, n, NL);
+}
+
+template <typename T>
+void classifier_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                         const int32_t* targets, const Outputs& out) {
+  const int n = s.n_seq(), C = s.config.hidden_size, NL = s.config.num_labels;
+  if (out.cls_count == 0) return;
+  const int64_t nC = static_cast<int64_t>(n) * C;
+  T *dlogits = s.ws.get(Rec::cls_dlogits), *din = s.ws.get(Rec::cls_ddrop),
+    *dpooled = s.ws.get(Rec::dpooled);
+  zero(dlogits, static_cast<int64_t>(n) * NL);
+  cross_entropy_backward(dlogits, s.ws.get(Rec::cls_probs), targets,
+                         mean_dloss(s, n, out.cls_count), n, NL);
+  zero(din, nC);
+  linear_backward(din, g.cls_w, g.cls_b, dlogits, s.ws.get(Rec::cls_drop), p.cls_w, n, C, NL);
+  if (s.p_hidden > 0)
+    dropout_backward(dpooled, din, nC, s.p_hidden, s.seed, dropout_key(s.step, kNoLayer, kPooled));
+  else
+    for (int64_t i = 0; i < nC; ++i) dpooled[i] += din[i];
+}
+
+template <typename T>
+void span_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top,
+                  const int32_t* targets, Outputs& out) {
+  const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
+  T *logits = s.ws.get(Rec::span_logits), *probs = s.ws.get(Rec::span_probs),
+    *losses = s.ws.get(Rec::head_losses);
+  linear_forward(logits, top, p.span_w, p.span_b, Tn, C, 2);
+  span_cross_entropy_forward(losses, probs, logits, s.tokens.cu_seqlens.data(), targets, n);
+  out.span_count = 0;
+  for (int i = 0; i < n; ++i) out.span_count += targets[2 * i] >= 0;
+  out.span_loss = mean_loss(losses, n, out.span_count);
+}
+
+template <typename T>
+void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                   const T* top, const int32_t* targets, const Outputs& out, T* dtop) {
+  const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
+  if (out.span_count == 0) return;
+  T* dlogits = s.ws.get(Rec::span_dlogits);
+  zero(dlogits, 2 * static_cast<int64_t>(Tn));
+  span_cross_entropy_backward(dlogits, s.ws.get(Rec::span_probs), s.tokens.cu_seqlens.data(),
+                              targets, mean_dloss(s, n, out.span_count), n);
+  linear_backward(dtop, g.span_w, g.span_b, dlogits, top, p.span_w, Tn, C, 2);
+}
+
+#define PACKBERT_INSTANTIATE(T)                                                                   \
+  template void pooler_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*);          \
+  template void pooler_backward<T>(const StepContext<T>&, const ParamView<T>&,                    \
+                                   const ParamView<T>&, T*);                                      \
+  template void mlm_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*, Outputs&);   \
+  template void mlm_backward<T>(const StepContext<T>&, const ParamView<T>&, const ParamView<T>&,  \
+                                const Outputs&, T*);                                              \
+  template void nsp_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*,        \
+                               Outputs&);                                                         \
+  template void nsp_backward<T>(const StepContext<T>&, const ParamView<T>&, const ParamView<T>&,  \
+                                const int32_t*, const Outputs&);                                  \
+  template void classifier_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*, \
+                                      Outputs&);                                                  \
+  template void classifier_backward<T>(const StepContext<T>&, const ParamView<T>&,                \
+                                       const ParamView<T>&, const int32_t*, const Outputs&);      \
+  template void span_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*,             \
+                                const int32_t*, Outputs&);                                        \
+  template void span_backward<T>(const StepContext<T>&, const ParamView<T>&, const ParamView<T>&, \
+                                 const T*, const int32_t*, const Outputs&, T*);
+PACKBERT_INSTANTIATE(float)
+PACKBERT_INSTANTIATE(double)
+#undef PACKBERT_INSTANTIATE
+
+}  // namespace packbert::model

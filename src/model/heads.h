@@ -1,0 +1,50 @@
+// The heads on top of the encoder, each forward next to its backward: the pooler on each
+// sequence's [CLS], MLM (transform, GELU, LayerNorm, decoder tied to the word embeddings) on the
+// masked tokens, NSP and sequence classification on the pooled [CLS], span start/end logits per
+// token. Forwards add their loss terms to Outputs (conventions in model/bert.h); backwards
+// accumulate into parameter gradients and into dtop [T, C] / dpooled [n_seq, C].
+#pragma once
+
+#include "model/encoder_layer.h"
+
+namespace packbert::model {
+
+struct Outputs;
+
+template <typename T>
+void pooler_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top);
+template <typename T>
+void pooler_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                     T* dtop);
+
+template <typename T>
+void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, Outputs& out);
+template <typename T>
+void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                  const Outputs& out, T* dtop);
+
+// targets: [n_seq] NSP labels (< 0 = none).
+template <typename T>
+void nsp_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* targets,
+                 Outputs& out);
+template <typename T>
+void nsp_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                  const int32_t* targets, const Outputs& out);
+
+// targets: [n_seq] class labels (< 0 = none).
+template <typename T>
+void classifier_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* targets,
+                        Outputs& out);
+template <typename T>
+void classifier_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                         const int32_t* targets, const Outputs& out);
+
+// targets: [n_seq, 2] (start, end) within each sequence (< 0 = none; checked < length).
+template <typename T>
+void span_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top,
+                  const int32_t* targets, Outputs& out);
+template <typename T>
+void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+                   const T* top, const int32_t* targets, const Outputs& out, T* dtop);
+
+}  // namespace packbert::model

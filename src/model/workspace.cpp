@@ -1,0 +1,308 @@
+#include "model/workspace.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <sstream>
+
+#include "error.h"
+#include "kernels/attention.h"
+
+namespace packbert::model {
+
+std::string Recompute::name() const {
+  if (automatic) return "auto";
+  std::string s;
+  auto add = [&](const std::string& part) { s += (s.empty() ? "" : ",") + part; };
+  if (every == 1) add("layer");
+  if (every > 1) add("every:" + std::to_string(every));
+  if (gelu) add("gelu");
+  if (ln) add("ln");
+  if (attention) add("attention");
+  return s.empty() ? "none" : s;
+}
+
+Recompute parse_recompute(const std::string& text) {
+  Recompute r;
+  auto bad = [&](const std::string& why) {
+    return InputError("--recompute " + text + ": " + why +
+                      " (expected none, gelu, gelu,ln, attention, layer, every:K or auto, or a "
+                      "comma list of gelu, ln, attention with layer or every:K)");
+  };
+  if (text == "none") return r;
+  if (text == "auto") {
+    r.automatic = true;
+    return r;
+  }
+  std::stringstream ss(text);
+  for (std::string part; std::getline(ss, part, ',');) {
+    if (part == "gelu") {
+      r.gelu = true;
+    } else if (part == "ln") {
+      r.ln = true;
+    } else if (part == "attention") {
+      r.attention = true;
+    } else if (part == "layer" && r.every == 0) {
+      r.every = 1;
+    } else if (part.rfind("every:", 0) == 0 && r.every == 0) {
+      const std::string k = part.substr(6);
+      if (k.empty() || k.size() > 4 || k.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoi(k) < 1)
+        throw bad("every:K needs a whole number K >= 1");
+      r.every = std::stoi(k);
+    } else {
+      throw bad("unknown or repeated part '" + part + "'");
+    }
+  }
+  if (text.empty() || text.back() == ',') throw bad("empty part");
+  return r;
+}
+
+StepShape shape_of(const TokenLayout& tl, int threads) {
+  StepShape s;
+  s.tokens = tl.tokens();
+  s.sequences = tl.sequences();
+  s.masked = static_cast<int64_t>(tl.mlm_token.size());
+  for (int i = 0; i < tl.sequences(); ++i) {
+    const int64_t L = tl.cu_seqlens[i + 1] - tl.cu_seqlens[i];
+    s.attention += L * L;
+    s.max_len = std::max(s.max_len, L);
+  }
+  s.threads = threads;
+  return s;
+}
+
+namespace {
+
+// Which records a policy may move out of the per-layer set.
+enum class Role {
+  model,    // embeddings and heads' records: one copy, kept
+  hidden,   // layer inputs: L + 1 (every:K: the kept checkpoints)
+  layer,    // one copy per layer (every:K: one per layer of a re-run segment, scratch)
+  gelu,     // per layer unless rebuilt (`gelu`)
+  ln,       // per layer unless rebuilt (`ln`)
+  probs,    // per layer unless recomputed (`attention`)
+  scratch,  // one copy, scratch
+  segment,  // every:K's K layer outputs of a re-run segment, scratch
+};
+
+// Which heads a record belongs to (encoder records: all).
+enum class Need { encoder, pooler, pretraining, classifier, span };
+
+struct RecordSpec {
+  Rec id;
+  const char* name;
+  Role role;
+  Need need;
+  int64_t (*elements)(const StepShape&, const BertConfig&);
+};
+
+using S = const StepShape&;
+using B = const BertConfig&;
+// Elements of one [rows, cols] copy.
+constexpr int64_t TC(S s, B c) {
+  return s.tokens * c.hidden_size;
+}
+constexpr int64_t TI(S s, B c) {
+  return s.tokens * c.intermediate_size;
+}
+constexpr int64_t T1(S s, B) {
+  return s.tokens;
+}
+constexpr int64_t NC(S s, B c) {
+  return s.sequences * c.hidden_size;
+}
+constexpr int64_t MC(S s, B c) {
+  return s.masked * c.hidden_size;
+}
+
+// The table. Arena order is table order; the names are what `plan` prints.
+const RecordSpec kRecords[] = {
+    {Rec::emb_sum, "embeddings.sum", Role::model, Need::encoder, TC},
+    {Rec::emb_mean, "embeddings.ln_mean", Role::model, Need::encoder, T1},
+    {Rec::emb_rstd, "embeddings.ln_rstd", Role::model, Need::encoder, T1},
+    {Rec::hidden, "layer.input", Role::hidden, Need::encoder, TC},
+    {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
+    {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
+     [](S s, B c) { return c.num_attention_heads * s.attention; }},
+    {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC},
+    {Rec::r1, "layer.residual1", Role::layer, Need::encoder, TC},
+    {Rec::ln1_mean, "layer.ln1_mean", Role::layer, Need::encoder, T1},
+    {Rec::ln1_rstd, "layer.ln1_rstd", Role::layer, Need::encoder, T1},
+    {Rec::h1, "layer.ln1_out", Role::ln, Need::encoder, TC},
+    {Rec::inter, "layer.gelu_in", Role::layer, Need::encoder, TI},
+    {Rec::gelu, "layer.gelu_out", Role::gelu, Need::encoder, TI},
+    {Rec::r2, "layer.residual2", Role::layer, Need::encoder, TC},
+    {Rec::ln2_mean, "layer.ln2_mean", Role::layer, Need::encoder, T1},
+    {Rec::ln2_rstd, "layer.ln2_rstd", Role::layer, Need::encoder, T1},
+    {Rec::cls_in, "pooler.cls", Role::model, Need::pooler, NC},
+    {Rec::pooled, "pooler.out", Role::model, Need::pooler, NC},
+    {Rec::mlm_in, "mlm.in", Role::model, Need::pretraining, MC},
+    {Rec::mlm_t1, "mlm.gelu_in", Role::model, Need::pretraining, MC},
+    {Rec::mlm_t2, "mlm.ln_in", Role::model, Need::pretraining, MC},
+    {Rec::mlm_mean, "mlm.ln_mean", Role::model, Need::pretraining, [](S s, B) { return s.masked; }},
+    {Rec::mlm_rstd, "mlm.ln_rstd", Role::model, Need::pretraining, [](S s, B) { return s.masked; }},
+    {Rec::mlm_t3, "mlm.ln_out", Role::model, Need::pretraining, MC},
+    {Rec::mlm_probs, "mlm.probs", Role::model, Need::pretraining,
+     [](S s, B c) { return s.masked * c.vocab_size; }},
+    {Rec::nsp_probs, "nsp.probs", Role::model, Need::pretraining,
+     [](S s, B) { return 2 * s.sequences; }},
+    {Rec::cls_drop, "classifier.in", Role::model, Need::classifier, NC},
+    {Rec::cls_logits, "classifier.logits", Role::model, Need::classifier,
+     [](S s, B c) { return s.sequences * c.num_labels; }},
+    {Rec::cls_probs, "classifier.probs", Role::model, Need::classifier,
+     [](S s, B c) { return s.sequences * c.num_labels; }},
+    {Rec::span_logits, "span.logits", Role::model, Need::span, [](S s, B) { return 2 * s.tokens; }},
+    {Rec::span_probs, "span.probs", Role::model, Need::span, [](S s, B) { return 2 * s.tokens; }},
+    // Scratch.
+    {Rec::tmp, "scratch.linear_out", Role::scratch, Need::encoder, TC},
+    {Rec::attn_work, "scratch.attention_blocks", Role::scratch, Need::encoder,
+     [](S s, B) {
+       return kernels::attention_scratch_elems(static_cast<int>(s.max_len), s.threads);
+     }},
+    {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC},
+    {Rec::dh, "grad.layer_out", Role::scratch, Need::encoder, TC},
+    {Rec::dx, "grad.layer_in", Role::scratch, Need::encoder, TC},
+    {Rec::dres, "grad.residual", Role::scratch, Need::encoder, TC},
+    {Rec::dh1, "grad.ln1_out", Role::scratch, Need::encoder, TC},
+    {Rec::dtmp, "grad.linear_out", Role::scratch, Need::encoder, TC},
+    {Rec::datt, "grad.attention_out", Role::scratch, Need::encoder, TC},
+    {Rec::dqkv, "grad.qkv", Role::scratch, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
+    {Rec::dinter, "grad.gelu_in", Role::scratch, Need::encoder, TI},
+    {Rec::dgelu, "grad.gelu_out", Role::scratch, Need::encoder, TI},
+    {Rec::head_dloss, "grad.losses", Role::scratch, Need::encoder,
+     [](S s, B) { return std::max(s.masked, s.sequences); }},
+    {Rec::head_losses, "scratch.losses", Role::scratch, Need::encoder,
+     [](S s, B) { return std::max(s.masked, s.sequences); }},
+    {Rec::dpooled, "grad.pooler_out", Role::scratch, Need::pooler, NC},
+    {Rec::dpre, "grad.pooler_pre", Role::scratch, Need::pooler, NC},
+    {Rec::dcls, "grad.pooler_cls", Role::scratch, Need::pooler, NC},
+    {Rec::mlm_d3, "grad.mlm_ln_out", Role::scratch, Need::pretraining, MC},
+    {Rec::mlm_d2, "grad.mlm_ln_in", Role::scratch, Need::pretraining, MC},
+    {Rec::mlm_d1, "grad.mlm_gelu_in", Role::scratch, Need::pretraining, MC},
+    {Rec::mlm_din, "grad.mlm_in", Role::scratch, Need::pretraining, MC},
+    {Rec::mlm_dlogits, "grad.mlm_logits", Role::scratch, Need::pretraining,
+     [](S s, B c) { return s.masked * c.vocab_size; }},
+    {Rec::nsp_dlogits, "grad.nsp_logits", Role::scratch, Need::pretraining,
+     [](S s, B) { return 2 * s.sequences; }},
+    {Rec::cls_dlogits, "grad.classifier_logits", Role::scratch, Need::classifier,
+     [](S s, B c) { return s.sequences * c.num_labels; }},
+    {Rec::cls_ddrop, "grad.classifier_in", Role::scratch, Need::classifier, NC},
+    {Rec::span_dlogits, "grad.span_logits", Role::scratch, Need::span,
+     [](S s, B) { return 2 * s.tokens; }},
+};
+
+bool needed(Need n, const Heads& h) {
+  switch (n) {
+    case Need::pretraining:
+      return h.pretraining;
+    case Need::classifier:
+      return h.classifier;
+    case Need::span:
+      return h.span;
+    default:
+      return true;
+  }
+}
+
+// Copies and storage of one record under a policy (copies 0: not held at all).
+std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
+                                      const Recompute& p) {
+  const int64_t L = c.num_hidden_layers;
+  const int64_t K = std::min<int64_t>(p.every, L);
+  const Storage layer_storage = p.every ? Storage::scratch : Storage::activation;
+  const int64_t layer_copies = p.every ? K : L;
+  switch (r.role) {
+    case Role::model:
+      return {1, Storage::activation};
+    case Role::hidden:
+      return {p.every ? (L + p.every - 1) / p.every + 1 : L + 1, Storage::activation};
+    case Role::layer:
+      return {layer_copies, layer_storage};
+    case Role::gelu:
+      return p.gelu ? std::pair{int64_t{1}, Storage::scratch}
+                    : std::pair{layer_copies, layer_storage};
+    case Role::ln:
+      return p.ln ? std::pair{int64_t{1}, Storage::scratch}
+                  : std::pair{layer_copies, layer_storage};
+    case Role::probs:
+      return p.attention ? std::pair{int64_t{0}, Storage::scratch}
+                         : std::pair{layer_copies, layer_storage};
+    case Role::segment:
+      return {p.every ? K : 0, Storage::scratch};
+    case Role::scratch:
+      return {1, Storage::scratch};
+  }
+  return {0, Storage::scratch};
+}
+
+// Rounds an element count up to whole 64-byte lines.
+size_t aligned(size_t elements, size_t scalar) {
+  const size_t per_line = 64 / scalar;
+  return (elements + per_line - 1) / per_line * per_line;
+}
+
+}  // namespace
+
+std::vector<RecordSize> workspace_records(const BertConfig& c, const Heads& heads,
+                                          const Recompute& policy, const StepShape& shape) {
+  std::vector<RecordSize> out;
+  for (const RecordSpec& r : kRecords) {
+    if (!needed(r.need, heads)) continue;
+    auto [copies, storage] = placement(r, c, policy);
+    if (copies == 0) continue;
+    out.push_back({r.name, storage, copies, r.elements(shape, c)});
+  }
+  return out;
+}
+
+template <typename T>
+void Workspace<T>::Freer::operator()(T* p) const {
+  std::free(p);
+}
+
+template <typename T>
+void Workspace<T>::prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
+                           const StepShape& shape) {
+  size_t total = 0;
+  activation_bytes_ = scratch_bytes_ = 0;
+  for (const RecordSpec& r : kRecords) {
+    const int i = static_cast<int>(r.id);
+    auto [copies, storage] = placement(r, c, policy);
+    if (!needed(r.need, heads)) copies = 0;
+    const int64_t n = copies ? r.elements(shape, c) : 0;
+    copies_[i] = copies;
+    stride_[i] = static_cast<int64_t>(aligned(static_cast<size_t>(n), sizeof(T)));
+    offset_[i] = total;
+    total += static_cast<size_t>(stride_[i] * copies);
+    (storage == Storage::activation ? activation_bytes_ : scratch_bytes_) +=
+        static_cast<size_t>(n * copies) * sizeof(T);
+  }
+  if (total > capacity_) {
+    void* p = std::aligned_alloc(64, aligned(total, sizeof(T)) * sizeof(T));
+    if (!p) throw std::bad_alloc();
+    arena_.reset(static_cast<T*>(p));
+    capacity_ = total;
+  }
+}
+
+template <typename T>
+T* Workspace<T>::get(Rec r, int64_t copy) const {
+  const int i = static_cast<int>(r);
+  if (copies_[i] == 0) return nullptr;
+  return arena_.get() + offset_[i] +
+         static_cast<size_t>(stride_[i] * std::min(copy, copies_[i] - 1));
+}
+
+template <typename T>
+LayerRecord<T> Workspace<T>::layer(int64_t copy) const {
+  return {get(Rec::qkv, copy), get(Rec::probs, copy),    get(Rec::att, copy),
+          get(Rec::r1, copy),  get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
+          get(Rec::h1, copy),  get(Rec::inter, copy),    get(Rec::gelu, copy),
+          get(Rec::r2, copy),  get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy)};
+}
+
+template class Workspace<float>;
+template class Workspace<double>;
+
+}  // namespace packbert::model

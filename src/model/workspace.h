@@ -1,0 +1,165 @@
+// The per-step workspace: every tensor a training step holds between forward and backward (an
+// activation record) or only while it computes (scratch) is declared once, in the table of
+// workspace.cpp, with its shape as a function of the step's shape and the config. The arena's
+// size, its layout, the bytes the engine reports and `packbert plan`'s prediction all come from
+// that table, and a recompute policy only decides where each record lives: kept per layer, in
+// one shared slot rebuilt in backward, or in the scratch of a re-run segment.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/batch.h"
+#include "model/params.h"
+
+namespace packbert::model {
+
+// What backward rebuilds instead of keeping (docs/DESIGN.md §7). The flags combine; `every`
+// re-runs whole layers: the input of every K-th layer is kept, and backward re-runs each
+// segment of K layers from it (K = 1 is the policy `layer`). Gradients do not depend on it.
+struct Recompute {
+  bool gelu = false;       // keep GELU's input, rebuild its output
+  bool ln = false;         // rebuild LayerNorm outputs from input + saved mean/rstd
+  bool attention = false;  // rebuild the attention probabilities per (sequence, head) block
+  int every = 0;           // 0 = keep every layer's records
+  bool automatic = false;  // `auto`: the cheapest policy that fits, resolved by the planner
+  std::string name() const;
+  bool operator==(const Recompute&) const = default;
+};
+
+// "none", "gelu", "gelu,ln", "attention", "layer", "every:K", "auto", or a comma list of the
+// flags (e.g. "gelu,ln,attention", "layer,attention"). Throws InputError naming the text.
+Recompute parse_recompute(const std::string& text);
+
+// The sizes a step's records are functions of.
+struct StepShape {
+  int64_t tokens = 0;     // real tokens T
+  int64_t sequences = 0;  // n_seq
+  int64_t masked = 0;     // MLM positions M
+  int64_t attention = 0;  // sum over sequences of L^2
+  int64_t max_len = 0;    // longest sequence
+  int threads = 1;        // OpenMP threads (attention scratch is per thread)
+};
+StepShape shape_of(const TokenLayout& tl, int threads);
+
+// Where a record lives.
+enum class Storage { activation, scratch };
+
+// One declared tensor at its size for a shape and policy: copies x elements each.
+struct RecordSize {
+  const char* name;
+  Storage storage;
+  int64_t copies, elements;
+  size_t bytes(size_t scalar) const { return static_cast<size_t>(copies * elements) * scalar; }
+};
+
+// Every record of the model under a policy, in arena order.
+std::vector<RecordSize> workspace_records(const BertConfig& c, const Heads& heads,
+                                          const Recompute& policy, const StepShape& shape);
+
+// Records by id, for the engine (the names in workspace.cpp's table).
+enum class Rec : uint8_t {
+  // embeddings and layer inputs
+  emb_sum,
+  emb_mean,
+  emb_rstd,
+  hidden,
+  // per layer
+  qkv,
+  probs,
+  att,
+  r1,
+  ln1_mean,
+  ln1_rstd,
+  h1,
+  inter,
+  gelu,
+  r2,
+  ln2_mean,
+  ln2_rstd,
+  // heads
+  cls_in,
+  pooled,
+  mlm_in,
+  mlm_t1,
+  mlm_t2,
+  mlm_mean,
+  mlm_rstd,
+  mlm_probs,
+  mlm_t3,
+  nsp_probs,
+  cls_drop,
+  cls_logits,
+  cls_probs,
+  span_logits,
+  span_probs,
+  // scratch: forward temporaries and gradients
+  tmp,
+  attn_work,
+  dh,
+  dx,
+  dres,
+  dh1,
+  dtmp,
+  datt,
+  dqkv,
+  dinter,
+  dgelu,
+  head_dloss,
+  head_losses,
+  seg_hidden,
+  dpooled,
+  dpre,
+  dcls,
+  mlm_d3,
+  mlm_d2,
+  mlm_d1,
+  mlm_din,
+  mlm_dlogits,
+  nsp_dlogits,
+  cls_dlogits,
+  cls_ddrop,
+  span_dlogits,
+  count
+};
+
+// One layer's records (a record a policy does not keep points to the shared slot the backward
+// rebuilds it into; probs is null when the attention probabilities are recomputed).
+template <typename T>
+struct LayerRecord {
+  T *qkv, *probs, *att, *r1, *ln1_mean, *ln1_rstd, *h1, *inter, *gelu, *r2, *ln2_mean, *ln2_rstd;
+};
+
+// The arena: one 64-byte-aligned allocation, grown to the largest step seen and never shrunk, so
+// a steady-state step allocates nothing.
+template <typename T>
+class Workspace {
+ public:
+  // Lays the records out for this step; reallocates only when the step needs more than the arena
+  // holds.
+  void prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
+               const StepShape& shape);
+  // Record id, copy (a layer index, a segment slot, or 0).
+  T* get(Rec r, int64_t copy = 0) const;
+  int64_t copies(Rec r) const { return copies_[static_cast<int>(r)]; }
+  LayerRecord<T> layer(int64_t copy) const;
+  size_t activation_bytes() const { return activation_bytes_; }
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  size_t capacity_bytes() const { return capacity_ * sizeof(T); }
+
+ private:
+  struct Freer {
+    void operator()(T* p) const;
+  };
+  std::unique_ptr<T[], Freer> arena_;
+  size_t capacity_ = 0;
+  size_t offset_[static_cast<int>(Rec::count)] = {};
+  int64_t stride_[static_cast<int>(Rec::count)] = {};  // elements between copies
+  int64_t copies_[static_cast<int>(Rec::count)] = {};
+  size_t activation_bytes_ = 0, scratch_bytes_ = 0;
+};
+
+}  // namespace packbert::model
