@@ -2,6 +2,7 @@
 // one-sequence-per-row, dropout determinism, heads, and safetensors robustness.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -111,6 +112,59 @@ TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
     }
   }
   EXPECT_GT(checked, 500);
+}
+
+// Every recompute policy gives the same loss and bit-for-bit the same gradients as keeping
+// everything (fp32, the oneDNN path, dropout on, all four heads, 5 layers so every:2 and every:3
+// end on a short segment), while keeping fewer activation bytes.
+TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
+  BertConfig c = tiny_config();
+  c.num_hidden_layers = 5;
+  c.hidden_size = 16;
+  c.intermediate_size = 40;
+  c.max_position_embeddings = 32;
+  c.hidden_dropout_prob = 0.1;
+  c.attention_probs_dropout_prob = 0.1;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel<float> m(c, heads);
+  init_params(m.layout(), m.params().data(), 8);
+  PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
+  auto run = [&](const std::string& policy) {
+    m.zero_grads();
+    Outputs out = m.forward(b, {true, 41, 3, parse_recompute(policy)});
+    m.backward();
+    return std::pair{out.loss(), m.grads()};
+  };
+  const auto [loss0, grads0] = run("none");
+  const size_t bytes0 = m.activation_bytes();
+  for (const std::string policy : {"gelu", "gelu,ln", "attention", "gelu,ln,attention", "layer",
+                                   "every:2", "every:3", "every:9", "layer,gelu,ln,attention"}) {
+    const auto [loss, grads] = run(policy);
+    EXPECT_EQ(loss, loss0) << policy;
+    ASSERT_EQ(grads.size(), grads0.size());
+    EXPECT_EQ(std::memcmp(grads.data(), grads0.data(), grads.size() * sizeof(float)), 0)
+        << policy << ": gradients differ from the policy none";
+    EXPECT_LT(m.activation_bytes(), bytes0) << policy << " keeps no less than none";
+  }
+}
+
+TEST(ModelRecompute, PolicyNamesParseAndBadOnesAreRefused) {
+  EXPECT_EQ(parse_recompute("none").name(), "none");
+  EXPECT_EQ(parse_recompute("gelu,ln").name(), "gelu,ln");
+  EXPECT_EQ(parse_recompute("attention").name(), "attention");
+  EXPECT_EQ(parse_recompute("layer").every, 1);
+  EXPECT_EQ(parse_recompute("every:4").every, 4);
+  EXPECT_TRUE(parse_recompute("auto").automatic);
+  for (const std::string bad : {"every:0", "every:", "every:x", "gelu,,ln", "gelu,", "fast",
+                                "layer,every:2", "gelu,gelu2", ""}) {
+    try {
+      parse_recompute(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--recompute " + bad), std::string::npos) << e.what();
+    }
+  }
 }
 
 // The same sequences packed three to a row, or one per row, give the same losses and

@@ -16,10 +16,11 @@ struct GoldenArgs {
   std::string file;
   double rtol_loss = 1e-5, rtol_grad = 1e-4;
   bool all = false;
+  model::Recompute recompute;
 };
 
 int run_check_golden(const GoldenArgs& a) {
-  model::GoldenReport report = model::check_golden(a.file, a.rtol_loss, a.rtol_grad);
+  model::GoldenReport report = model::check_golden(a.file, a.rtol_loss, a.rtol_grad, a.recompute);
   Table t({"quantity", "rel. error", "tolerance", "ok"});
   auto add = [&](const model::GoldenRow& r) {
     char err[32], tol[32];
@@ -54,6 +55,7 @@ void register_check_golden(CLI::App& app, int& exit_code) {
   number(cmd, "--rtol-grad", args->rtol_grad,
          "Tolerance on gradients: max |ours - theirs| / max |theirs| per tensor", 0, 1);
   cmd->add_flag("--all", args->all, "List every gradient tensor, not only the worst");
+  recompute_flags(cmd, args->recompute, nullptr);
   cmd->callback([args, &exit_code] { exit_code = run_check_golden(*args); });
 }
 

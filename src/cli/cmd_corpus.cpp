@@ -38,9 +38,7 @@ void run_gcide(const GcideArgs& a) {
   }
   std::cout << "wrote " << a.out << ": " << with_commas(static_cast<int64_t>(entries))
             << " entries (documents), " << with_commas(static_cast<int64_t>(words)) << " words in "
-            << fixed(clock.seconds(),
-                     2)
-            << " s\n";
+            << fixed(clock.seconds(), 2) << " s\n";
 }
 
 }  // namespace

@@ -97,9 +97,9 @@ void pretrain_comparison(const DemoArgs& a, const std::string& seqs, const std::
         [&](const train::StepMetrics& s) {
           last = s.elapsed;
           if (tty || s.step % 20 == 0 || s.step == a.steps)  // steps count from 1
-            std::cerr << (tty ? "\r  " : "  ") << run.name << ": step " << s.step << "/"
-                      << a.steps << ", loss " << fixed(s.loss, 3) << ", " << fixed(s.elapsed, 0)
-                      << " s" << (tty ? "\033[K" : "\n") << std::flush;
+            std::cerr << (tty ? "\r  " : "  ") << run.name << ": step " << s.step << "/" << a.steps
+                      << ", loss " << fixed(s.loss, 3) << ", " << fixed(s.elapsed, 0) << " s"
+                      << (tty ? "\033[K" : "\n") << std::flush;
         },
         [&](const train::EvalMetrics& e) {
           run.curve.push_back({last, e.mlm_acc});

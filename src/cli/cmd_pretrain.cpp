@@ -258,15 +258,15 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   number(cmd, "--max-minutes", o->max_minutes,
          "Stop (with a checkpoint) after this much training time (0 = no limit)", 0, 1e9);
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
+  recompute_flags(cmd, o->recompute, &o->memory_limit);
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "
                 "framework cost)");
-  cmd->callback(
-      [o, resume, optimizer, lr_given, &exit_code] {
-        train::PretrainOptions opt = *o;
-        if ((*lr_given)->count() == 0) opt.lr = *optimizer == "lamb" ? 5e-3 : 1e-3;
-        exit_code = run_pretrain(opt, *resume, *optimizer);
-      });
+  cmd->callback([o, resume, optimizer, lr_given, &exit_code] {
+    train::PretrainOptions opt = *o;
+    if ((*lr_given)->count() == 0) opt.lr = *optimizer == "lamb" ? 5e-3 : 1e-3;
+    exit_code = run_pretrain(opt, *resume, *optimizer);
+  });
 
   auto e = std::make_shared<EvalArgs>();
   CLI::App* ev = app.add_subcommand(
@@ -354,6 +354,7 @@ void register_finetune(CLI::App& app) {
   number(cmd, "--max-answer-length", o->squad.max_answer_length,
          "squad: longest predicted answer, tokens", 1, 65536);
   cmd->add_flag("--no-pack", *no_pack, "One example per row");
+  recompute_flags(cmd, o->recompute, &o->memory_limit);
   cmd->callback([o, task, no_pack, len] {
     train::FinetuneOptions opt = *o;
     opt.packed = !*no_pack;

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "train/memory_plan.h"
+
 namespace packbert::cli {
 
 namespace {
@@ -36,6 +38,21 @@ CLI::Validator in_range(double lo, double hi, bool integral) {
         return "";
       },
       "in " + range);
+}
+
+void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<double>* limit) {
+  cmd->add_option_function<std::string>(
+         "--recompute",
+         [&policy](const std::string& text) { policy = model::parse_recompute(text); },
+         "What backward rebuilds instead of keeping: none, gelu, gelu,ln, attention, layer, "
+         "every:K, or auto (the cheapest that fits --memory-limit); results are bit-identical")
+      ->default_str("none");
+  if (!limit) return;
+  cmd->add_option_function<std::string>(
+      "--memory-limit",
+      [limit](const std::string& text) { *limit = train::parse_bytes(text, "--memory-limit"); },
+      "Memory a step may use (20G, 512M, ...); default: what the system has available. A step "
+      "predicted to need more is refused before training starts");
 }
 
 }  // namespace packbert::cli

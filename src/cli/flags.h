@@ -10,6 +10,8 @@
 #include <string>
 #include <type_traits>
 
+#include "model/workspace.h"
+
 namespace packbert::cli {
 
 // The validator behind number(): [lo, hi] for T. Shown in --help as "in [lo, hi]".
@@ -32,6 +34,10 @@ CLI::Option* number(CLI::App* cmd, const std::string& name, std::optional<T>& va
   static_assert(std::is_arithmetic_v<T>);
   return cmd->add_option(name, value, help)->check(in_range(lo, hi, std::is_integral_v<T>));
 }
+
+// --recompute POLICY (into `policy`) and, when `limit` is given, --memory-limit SIZE: both
+// checked at parse time (a bad value is a one-line error, exit 2).
+void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<double>* limit);
 
 constexpr double kMaxCount = 1e12;  // upper bound for counts that have no natural one
 constexpr double kMaxSeed = 18446744073709551615.0;  // seeds are unsigned 64-bit

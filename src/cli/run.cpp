@@ -23,6 +23,7 @@ int run(int argc, char** argv) {
   int exit_code = 0;
   register_pretrain(app, exit_code);
   register_finetune(app);
+  register_plan(app);
   register_check_golden(app, exit_code);
   try {
     app.parse(argc, argv);

@@ -22,7 +22,8 @@ const GoldenRow& GoldenReport::worst_grad() const {
   return worst ? *worst : rows.front();
 }
 
-GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad) {
+GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
+                          const Recompute& recompute) {
   io::SafetensorsFile f = io::SafetensorsFile::read(path);
   auto meta = f.metadata().find("config");
   if (meta == f.metadata().end()) throw InputError(path + ": no 'config' in the metadata");
@@ -57,7 +58,9 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
   b.mlm_labels = f.ints("mlm_labels");
   b.nsp_labels = f.ints("nsp_labels");
 
-  Outputs out = model.forward(b, StepOptions{});
+  if (recompute.automatic)
+    throw InputError("check-golden: --recompute auto has no memory to fit; name a policy");
+  Outputs out = model.forward(b, StepOptions{false, 0, 0, recompute});
   model.zero_grads();
   model.backward();
 

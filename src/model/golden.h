@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "model/workspace.h"
+
 namespace packbert::model {
 
 struct GoldenRow {
@@ -20,12 +22,14 @@ struct GoldenReport {
   const GoldenRow& worst_grad() const;
 };
 
-// Loads the golden file, runs packbert's forward and backward on its batch (dropout off) and
+// Loads the golden file, runs packbert's forward and backward on its batch (dropout off, under
+// the recompute policy given) and
 // compares. Loss error: |ours - expected| / |expected|. Gradient error per tensor, normwise:
 // max_i |ours_i - expected_i| / max(max_i |expected_i|, 1e-3 * largest expected gradient of
 // the model) (element-wise relative error is meaningless for entries near zero, and so is a
 // tensor-relative one for a tensor whose true gradient is zero). Throws InputError for a malformed
 // or inconsistent golden file.
-GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad);
+GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
+                          const Recompute& recompute = {});
 
 }  // namespace packbert::model

@@ -1,5 +1,7 @@
 #include "train/finetune.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include "io/safetensors.h"
 #include "pack/assign.h"
 #include "pack/plan.h"
+#include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
 
@@ -142,6 +145,10 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   const int64_t total = batches * o.epochs;
   OptimizerConfig oc;
   oc.kind = OptimizerKind::adamw;
+  PlanRequest plan{m.config(), m.layout().heads(), oc.kind, {}};
+  plan.shape = uniform_shape(static_cast<int64_t>(o.rows_per_batch) * o.max_seq_len,
+                             o.rows_per_batch, omp_get_max_threads());
+  const model::Recompute recompute = check_step_fits(plan, o.recompute, o.memory_limit);
   Optimizer opt(m.layout(), oc);
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     std::vector<size_t> order(rows.size());
@@ -156,7 +163,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
         batch_rows.push_back(rows[order[r]]);
       const model::PackedBatch batch = make_batch(seqs, batch_rows, o.max_seq_len);
       model::Outputs out =
-          m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps), o.recompute});
+          m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps), recompute});
       m.zero_grads();
       m.backward();
       double norm = clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);

@@ -6,7 +6,11 @@
 namespace packbert::train {
 
 Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config)
-    : layout_(layout), cfg_(config), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {}
+    : layout_(layout), cfg_(config), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {
+  size_t largest = 0;
+  for (const model::TensorSpec& t : layout.tensors()) largest = std::max(largest, t.numel);
+  if (cfg_.kind == OptimizerKind::lamb) u_.resize(largest);
+}
 
 namespace {
 
@@ -49,7 +53,7 @@ void Optimizer::step(float* params, const float* grads, double lr) {
       continue;
     }
     // LAMB: first the update direction and both norms, then the trust-scaled step.
-    std::vector<double> u(static_cast<size_t>(n));
+    double* u = u_.data();
     double pn = 0, un = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pn, un)
     for (int64_t i = 0; i < n; ++i) {

@@ -38,6 +38,7 @@ class Optimizer {
   const model::ParamLayout& layout_;
   OptimizerConfig cfg_;
   std::vector<float> m_, v_;
+  std::vector<double> u_;  // LAMB's update direction of one tensor (the largest fits)
   int64_t t_ = 0;
 };
 

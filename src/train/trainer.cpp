@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,7 @@
 #include "io/safetensors.h"
 #include "model/weights.h"
 #include "stopwatch.h"
+#include "train/memory_plan.h"
 
 namespace packbert::train {
 
@@ -196,6 +199,15 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     accumulation_ = std::max(1, static_cast<int>(std::lround(opt_.accumulation / pf)));
   if (opt_.packing_adjust == "beta")
     oc.beta1 = std::pow(oc.beta1, pf), oc.beta2 = std::pow(oc.beta2, pf);
+  {
+    // The largest micro-batch the data can make: every row full, one sequence per row (the most
+    // attention), a fifth of the tokens masked.
+    PlanRequest plan{c, heads, oc.kind, {}};
+    const int64_t tokens = static_cast<int64_t>(opt_.rows_per_batch) * row_len;
+    plan.shape = uniform_shape(tokens, opt_.rows_per_batch, omp_get_max_threads());
+    plan.shape.masked = (tokens + 4) / 5;
+    recompute_ = check_step_fits(plan, opt_.recompute, opt_.memory_limit);
+  }
   {
     io::AllocationScope scope("the optimizer's moments");
     optim_ = std::make_unique<Optimizer>(model_->layout(), oc);

@@ -1,0 +1,174 @@
+// `packbert plan`: what one training step holds and costs for a model and micro-batch, under
+// each recompute policy, against a memory limit: the numbers come from the same record
+// declarations the engine allocates from (model/workspace.cpp), not from a second formula.
+#include <omp.h>
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/table.h"
+#include "error.h"
+#include "model/config.h"
+#include "train/memory_plan.h"
+
+namespace packbert::cli {
+
+namespace {
+
+struct PlanArgs {
+  std::string preset, config, optimizer = "lamb", head = "pretraining";
+  int64_t tokens = 0, sequences = 0;
+  model::Recompute recompute;
+  bool recompute_given = false;
+  std::optional<double> memory_limit;
+  bool json = false;
+};
+
+std::string gib(size_t bytes) {
+  return fixed(static_cast<double>(bytes) / (1024.0 * 1024 * 1024), 2);
+}
+
+void run_plan(const PlanArgs& a) {
+  if (a.preset.empty() == a.config.empty())
+    throw InputError("plan: give exactly one of --preset and --config");
+  train::PlanRequest r;
+  if (!a.preset.empty()) {
+    r.config = model::bert_preset(a.preset);
+  } else {
+    std::ifstream in(a.config);
+    if (!in) throw InputError(a.config + ": cannot open");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const std::exception&) {
+      throw InputError(a.config + ": not valid JSON");
+    }
+    r.config = model::config_from_json(j, a.config);
+  }
+  r.config.validate(a.preset.empty() ? a.config : "preset " + a.preset);
+  if (a.head == "classify")
+    r.heads = model::Heads{false, true, false};
+  else if (a.head == "squad")
+    r.heads = model::Heads{false, false, true};
+  else if (a.head != "pretraining")
+    throw InputError("--head: expected pretraining|classify|squad");
+  if (a.optimizer != "lamb" && a.optimizer != "adamw")
+    throw InputError("--optimizer: expected lamb|adamw, got '" + a.optimizer + "'");
+  r.optimizer = a.optimizer == "lamb" ? train::OptimizerKind::lamb : train::OptimizerKind::adamw;
+  if (a.sequences > a.tokens) throw InputError("--sequences cannot exceed --tokens");
+  if (a.tokens / a.sequences > r.config.max_position_embeddings)
+    throw InputError("--tokens / --sequences = " + std::to_string(a.tokens / a.sequences) +
+                     " tokens per sequence, more than the model's " +
+                     std::to_string(r.config.max_position_embeddings) + " positions");
+  r.shape = train::uniform_shape(a.tokens, a.sequences, omp_get_max_threads());
+  const double limit = a.memory_limit.value_or(train::available_memory());
+  const std::string limit_text =
+      train::format_bytes(limit) + (a.memory_limit ? " (--memory-limit)" : " (available now)");
+
+  const train::StepPlan fixed_part = train::plan_step(r, model::Recompute{});
+  if (static_cast<double>(fixed_part.params_bytes + fixed_part.grads_bytes +
+                          fixed_part.optimizer_bytes) > limit)
+    throw InputError(
+        "--memory-limit " + train::format_bytes(limit) +
+        " is smaller than the parameters, gradients and optimizer state alone (" +
+        train::format_bytes(static_cast<double>(fixed_part.params_bytes + fixed_part.grads_bytes +
+                                                fixed_part.optimizer_bytes)) +
+        ")");
+
+  std::vector<model::Recompute> policies = train::auto_candidates();
+  policies.push_back(model::parse_recompute("every:4"));
+  if (a.recompute_given && !a.recompute.automatic &&
+      std::find(policies.begin(), policies.end(), a.recompute) == policies.end())
+    policies.push_back(a.recompute);
+  const std::optional<train::StepPlan> chosen = train::choose_policy(r, limit);
+  const train::StepPlan asked = a.recompute.automatic
+                                    ? (chosen ? *chosen : train::plan_step(r, policies.back()))
+                                    : train::plan_step(r, a.recompute);
+
+  nlohmann::json out = {{"model", a.preset.empty() ? a.config : "bert-" + a.preset},
+                        {"tokens", a.tokens},
+                        {"sequences", a.sequences},
+                        {"optimizer", a.optimizer},
+                        {"threads", r.shape.threads},
+                        {"memory_limit_bytes", limit},
+                        {"recompute", asked.policy.name()},
+                        {"params_bytes", asked.params_bytes},
+                        {"grads_bytes", asked.grads_bytes},
+                        {"optimizer_bytes", asked.optimizer_bytes},
+                        {"activation_bytes", asked.activation_bytes},
+                        {"workspace_bytes", asked.workspace_bytes},
+                        {"runtime_bytes", asked.runtime_bytes},
+                        {"total_bytes", asked.total_bytes},
+                        {"flops_per_step", asked.flops_per_step},
+                        {"fits", static_cast<double>(asked.total_bytes) <= limit},
+                        {"auto", chosen ? nlohmann::json(chosen->policy.name()) : nullptr}};
+  Table t({"recompute", "activations GiB", "workspace GiB", "total GiB", "fits",
+           "max tokens that fit", "TFLOP/step"});
+  for (const model::Recompute& p : policies) {
+    const train::StepPlan s = train::plan_step(r, p);
+    const bool fits = static_cast<double>(s.total_bytes) <= limit;
+    const int64_t most = train::max_tokens_that_fit(r, p, limit);
+    out["policies"].push_back({{"recompute", p.name()},
+                               {"activation_bytes", s.activation_bytes},
+                               {"workspace_bytes", s.workspace_bytes},
+                               {"total_bytes", s.total_bytes},
+                               {"flops_per_step", s.flops_per_step},
+                               {"fits", fits},
+                               {"max_tokens", most}});
+    t.add_row({p.name(), gib(s.activation_bytes), gib(s.workspace_bytes), gib(s.total_bytes),
+               fits ? "yes" : "no", with_commas(most), fixed(s.flops_per_step * 1e-12, 2)});
+  }
+  if (a.json) {
+    std::cout << out.dump() << '\n';
+    return;
+  }
+  std::cout << out["model"].get<std::string>() << ": " << with_commas(a.tokens) << " tokens in "
+            << a.sequences << " sequences per micro-batch, " << a.optimizer << ", "
+            << r.shape.threads << " threads; limit " << limit_text << "\n"
+            << "parameters " << gib(asked.params_bytes) << " GiB, gradients "
+            << gib(asked.grads_bytes) << " GiB, optimizer state " << gib(asked.optimizer_bytes)
+            << " GiB, runtime " << gib(asked.runtime_bytes) << " GiB (in every total)\n\n";
+  t.print(std::cout);
+  std::cout << "\nauto picks: "
+            << (chosen ? chosen->policy.name() : std::string("nothing (no policy fits)")) << '\n';
+  if (a.recompute_given) {
+    std::cout << "\n--recompute " << asked.policy.name() << ": " << gib(asked.total_bytes)
+              << " GiB in all, "
+              << (static_cast<double>(asked.total_bytes) <= limit ? "fits" : "does NOT fit")
+              << "; its records:\n";
+    Table rt({"record", "kept/scratch", "copies", "MiB"});
+    for (const model::RecordSize& rec : asked.records)
+      rt.add_row({rec.name, rec.storage == model::Storage::activation ? "kept" : "scratch",
+                  std::to_string(rec.copies),
+                  fixed(static_cast<double>(rec.bytes(sizeof(float))) / 1048576.0, 1)});
+    rt.print(std::cout);
+  }
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "What a training step holds and costs under each recompute policy, and what fits");
+  cmd->add_option("--preset", a->preset, "Model shape: tiny|mini|small|medium|base|large");
+  cmd->add_option("--config", a->config, "Hugging Face config.json instead of a preset");
+  number(cmd, "--tokens", a->tokens, "Real tokens per micro-batch", 1, 1e9)->required();
+  number(cmd, "--sequences", a->sequences, "Sequences per micro-batch (equal lengths)", 1, 1e9)
+      ->required();
+  cmd->add_option("--optimizer", a->optimizer, "lamb | adamw")->capture_default_str();
+  cmd->add_option("--head", a->head, "pretraining (MLM + NSP) | classify | squad")
+      ->capture_default_str();
+  recompute_flags(cmd, a->recompute, &a->memory_limit);
+  cmd->add_flag("--json", a->json, "One JSON object instead of the tables");
+  cmd->callback([a, cmd] {
+    a->recompute_given = cmd->count("--recompute") > 0;
+    run_plan(*a);
+  });
+}
+
+}  // namespace packbert::cli

@@ -1,0 +1,201 @@
+#include "train/memory_plan.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "error.h"
+#include "model/params.h"
+
+namespace packbert::train {
+
+namespace {
+
+// The process without the model: code and libraries, OpenMP thread stacks, oneDNN's kernels,
+// batch buffers. Measured as the peak RSS of a tiny-model run (docs/BENCHMARKS.md).
+constexpr size_t kRuntimeBytes = 64ull << 20;
+
+// Forward FLOPs of one step (matmuls only), and those a policy re-runs in backward.
+struct Flops {
+  double forward = 0, recompute = 0;
+};
+
+Flops step_flops(const model::BertConfig& c, const model::Heads& h, const model::StepShape& s,
+                 const model::Recompute& p) {
+  const double T = static_cast<double>(s.tokens), C = c.hidden_size, I = c.intermediate_size;
+  const double n = static_cast<double>(s.sequences), M = static_cast<double>(s.masked);
+  const double attn_scores = 2.0 * static_cast<double>(s.attention) * C;  // Q Kᵀ, all heads
+  const double layer = 2 * T * C * (3 * C + C + 2 * I) + 2 * attn_scores;
+  Flops f;
+  f.forward = c.num_hidden_layers * layer + 2 * n * C * C;
+  if (h.pretraining) f.forward += 2 * M * C * (C + c.vocab_size) + 2 * n * C * 2;
+  if (h.classifier) f.forward += 2 * n * C * c.num_labels;
+  if (h.span) f.forward += 2 * T * C * 2;
+  if (p.every > 0)
+    f.recompute = c.num_hidden_layers * layer;
+  else if (p.attention)
+    f.recompute = c.num_hidden_layers * attn_scores;
+  return f;
+}
+
+}  // namespace
+
+model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads) {
+  model::StepShape s;
+  sequences = std::max<int64_t>(1, std::min(sequences, tokens));
+  const int64_t len = (tokens + sequences - 1) / sequences;
+  s.tokens = tokens;
+  s.sequences = sequences;
+  s.masked = static_cast<int64_t>(std::llround(0.15 * static_cast<double>(tokens)));
+  s.attention = 0;
+  for (int64_t i = 0, left = tokens; i < sequences; ++i) {
+    const int64_t L = std::min(len, left - (sequences - 1 - i));  // every sequence >= 1 token
+    s.attention += L * L;
+    left -= L;
+  }
+  s.max_len = len;
+  s.threads = threads;
+  return s;
+}
+
+StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
+  StepPlan p;
+  p.policy = policy;
+  const model::ParamLayout layout(r.config, r.heads);
+  const size_t n = layout.total();
+  p.params_bytes = p.grads_bytes = n * sizeof(float);
+  size_t largest = 0;  // LAMB's per-tensor update direction, in double
+  for (const model::TensorSpec& t : layout.tensors()) largest = std::max(largest, t.numel);
+  p.optimizer_bytes =
+      2 * n * sizeof(float) + (r.optimizer == OptimizerKind::lamb ? largest * sizeof(double) : 0);
+  p.records = model::workspace_records(r.config, r.heads, policy, r.shape);
+  for (const model::RecordSize& rec : p.records)
+    (rec.storage == model::Storage::activation ? p.activation_bytes : p.workspace_bytes) +=
+        rec.bytes(sizeof(float));
+  p.runtime_bytes = kRuntimeBytes;
+  p.total_bytes = p.params_bytes + p.grads_bytes + p.optimizer_bytes + p.activation_bytes +
+                  p.workspace_bytes + p.runtime_bytes;
+  const Flops f = step_flops(r.config, r.heads, r.shape, policy);
+  p.flops_per_step = 3 * f.forward + f.recompute;
+  return p;
+}
+
+std::vector<model::Recompute> auto_candidates() {
+  std::vector<model::Recompute> out;
+  for (const char* name : {"none", "gelu", "gelu,ln", "attention", "gelu,ln,attention", "layer",
+                           "layer,gelu,ln,attention"})
+    out.push_back(model::parse_recompute(name));
+  return out;
+}
+
+std::optional<StepPlan> choose_policy(const PlanRequest& request, double limit) {
+  for (const model::Recompute& p : auto_candidates()) {
+    StepPlan plan = plan_step(request, p);
+    if (static_cast<double>(plan.total_bytes) <= limit) return plan;
+  }
+  return std::nullopt;
+}
+
+int64_t max_tokens_that_fit(const PlanRequest& request, const model::Recompute& policy,
+                            double limit) {
+  const double per_seq = static_cast<double>(request.shape.tokens) /
+                         static_cast<double>(std::max<int64_t>(1, request.shape.sequences));
+  auto fits = [&](int64_t tokens) {
+    PlanRequest r = request;
+    const int64_t seqs = std::max<int64_t>(1, std::llround(static_cast<double>(tokens) / per_seq));
+    r.shape = uniform_shape(tokens, seqs, request.shape.threads);
+    return static_cast<double>(plan_step(r, policy).total_bytes) <= limit;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;
+  while (fits(hi) && hi < (int64_t{1} << 40)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+double available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024.0;
+  return 0;
+}
+
+double parse_bytes(const std::string& text, const std::string& flag) {
+  auto bad = [&] {
+    return InputError(flag + " " + text +
+                      ": expected a size such as 20G, 512M, 1.5GiB or a number of bytes");
+  };
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  std::string unit = text.substr(used);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
+  double scale = 1;
+  if (unit.empty() || unit == "B")
+    scale = 1;
+  else if (unit == "K")
+    scale = 1024.0;
+  else if (unit == "M")
+    scale = 1024.0 * 1024;
+  else if (unit == "G")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw bad();
+  if (!std::isfinite(v) || v <= 0) throw bad();
+  return v * scale;
+}
+
+std::string format_bytes(double bytes) {
+  char buf[32];
+  if (bytes >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
+  return buf;
+}
+
+model::Recompute check_step_fits(const PlanRequest& request, const model::Recompute& policy,
+                                 std::optional<double> limit) {
+  const double available = limit.value_or(available_memory());
+  const std::string where = limit ? "the --memory-limit of " : "the available memory of ";
+  StepPlan fixed = plan_step(request, model::Recompute{});
+  if (static_cast<double>(fixed.params_bytes + fixed.grads_bytes + fixed.optimizer_bytes +
+                          fixed.runtime_bytes) > available)
+    throw InputError("the parameters, gradients and optimizer state alone need " +
+                     format_bytes(static_cast<double>(fixed.params_bytes + fixed.grads_bytes +
+                                                      fixed.optimizer_bytes)) +
+                     ", more than " + where + format_bytes(available));
+  if (policy.automatic) {
+    std::optional<StepPlan> p = choose_policy(request, available);
+    if (!p)
+      throw InputError("no recompute policy fits a step of " +
+                       std::to_string(request.shape.tokens) + " tokens in " + where +
+                       format_bytes(available) + "; use fewer --batch-rows");
+    return p->policy;
+  }
+  const StepPlan p = plan_step(request, policy);
+  if (static_cast<double>(p.total_bytes) > available)
+    throw InputError("a step of " + std::to_string(request.shape.tokens) +
+                     " tokens with --recompute " + policy.name() + " needs " +
+                     format_bytes(static_cast<double>(p.total_bytes)) + ", more than " + where +
+                     format_bytes(available) + " (packbert plan shows what fits; try " +
+                     "--recompute auto)");
+  return policy;
+}
+
+}  // namespace packbert::train

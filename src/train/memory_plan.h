@@ -1,0 +1,66 @@
+// What a training step holds and costs, from the same declarations the engine allocates from
+// (model/workspace.h, model/params.h): parameters, gradients, optimizer state, kept activations
+// and scratch, FLOPs; which recompute policy fits a memory limit, and the largest micro-batch
+// that does. `packbert plan` prints it; pretrain and finetune check their step against it
+// before training starts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/workspace.h"
+#include "train/optimizer.h"
+
+namespace packbert::train {
+
+struct StepPlan {
+  model::Recompute policy;
+  size_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
+  size_t activation_bytes = 0, workspace_bytes = 0;
+  size_t runtime_bytes = 0;  // the process itself: code, libraries, threads, batch buffers
+  size_t total_bytes = 0;
+  double flops_per_step = 0;  // forward + backward + what the policy recomputes
+  std::vector<model::RecordSize> records;
+};
+
+struct PlanRequest {
+  model::BertConfig config;
+  model::Heads heads;
+  OptimizerKind optimizer = OptimizerKind::lamb;
+  model::StepShape shape;
+};
+
+StepPlan plan_step(const PlanRequest& request, const model::Recompute& policy);
+
+// A micro-batch of `tokens` tokens in `sequences` equal-length sequences, 15% of tokens masked.
+model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads);
+
+// The policies `auto` chooses among, cheapest in time first.
+std::vector<model::Recompute> auto_candidates();
+
+// The first of auto_candidates() whose step fits `limit` bytes; none if even the last does not.
+std::optional<StepPlan> choose_policy(const PlanRequest& request, double limit);
+
+// The largest number of tokens per micro-batch (same tokens per sequence as request.shape) whose
+// step fits `limit` under `policy`; 0 if none does.
+int64_t max_tokens_that_fit(const PlanRequest& request, const model::Recompute& policy,
+                            double limit);
+
+// Memory the system says is available now (/proc/meminfo MemAvailable), in bytes.
+double available_memory();
+
+// "20G", "512M", "1.5GiB", "3000000000": bytes. Throws InputError naming `flag` and the text.
+double parse_bytes(const std::string& text, const std::string& flag);
+
+// "1.23 GiB" / "456.0 MiB".
+std::string format_bytes(double bytes);
+
+// The step of `request` under `policy` (resolving `auto`) against `limit` (unset: available
+// memory): the policy to run with, or an InputError naming the predicted and available bytes.
+model::Recompute check_step_fits(const PlanRequest& request, const model::Recompute& policy,
+                                 std::optional<double> limit);
+
+}  // namespace packbert::train
