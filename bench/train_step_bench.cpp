@@ -9,14 +9,18 @@
 #include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 
+#include "error.h"
 #include "kernels/gemm.h"
 #include "model/bert.h"
 #include "pack/assign.h"
 #include "pack/plan.h"
 #include "stopwatch.h"
+#include "train/memory_plan.h"
+#include "train/optimizer.h"
 
 using namespace packbert;
 
@@ -42,7 +46,8 @@ double sgemm_gflops() {
 
 int main(int argc, char** argv) {
   CLI::App app{"train_step_bench: packbert forward+backward step on given sequence lengths"};
-  std::string lengths_text, preset = "base", recompute = "none";
+  std::string lengths_text, preset = "base", recompute = "none", memory_limit;
+  bool optimizer_step = false;
   int max_len = 512, steps = 3, warmup = 1, layers = 0;
   bool padded = false;
   double dropout = 0.1;
@@ -58,8 +63,48 @@ int main(int argc, char** argv) {
   app.add_option("--recompute", recompute,
                  "What backward rebuilds: none, gelu, gelu,ln, attention, layer, every:K")
       ->capture_default_str();
+  app.add_option("--memory-limit", memory_limit,
+                 "Refuse (exit 2) a step predicted to need more (default: available memory); "
+                 "`--recompute auto` picks the cheapest policy that fits it");
+  app.add_flag("--optimizer-step", optimizer_step,
+               "Also run a LAMB update after each backward (its state counts in the plan)");
   CLI11_PARSE(app, argc, argv);
-  const model::Recompute policy = model::parse_recompute(recompute);
+  model::Recompute policy;
+  try {
+    policy = model::parse_recompute(recompute);
+    std::optional<double> limit;
+    if (!memory_limit.empty()) limit = train::parse_bytes(memory_limit, "--memory-limit");
+    // The plan for this exact step, checked before anything large is allocated.
+    model::BertConfig pc = model::bert_preset(preset);
+    if (layers > 0) pc.num_hidden_layers = layers;
+    pc.max_position_embeddings = std::max(pc.max_position_embeddings, max_len);
+    train::PlanRequest req{pc, model::Heads{}, train::OptimizerKind::lamb, {}};
+    int64_t tokens = 0, sum_sq = 0, longest = 0;
+    for (const std::string& part : [&] {
+           std::vector<std::string> v;
+           std::stringstream in(lengths_text);
+           for (std::string t; std::getline(in, t, ',');) v.push_back(t);
+           return v;
+         }()) {
+      const int64_t L = std::stoll(part);
+      tokens += L, sum_sq += L * L, longest = std::max(longest, L);
+    }
+    req.shape = train::uniform_shape(tokens, 1, omp_get_max_threads());
+    req.shape.sequences =
+        static_cast<int64_t>(std::count(lengths_text.begin(), lengths_text.end(), ',')) + 1;
+    req.shape.attention = sum_sq;
+    req.shape.max_len = longest;
+    const model::Recompute resolved = train::check_step_fits(req, policy, limit);
+    if (policy.automatic) std::cerr << "--recompute auto: " << resolved.name() << '\n';
+    policy = resolved;
+    const train::StepPlan plan = train::plan_step(req, policy);
+    std::cerr << "plan: " << train::format_bytes(static_cast<double>(plan.total_bytes))
+              << " in all, activations "
+              << train::format_bytes(static_cast<double>(plan.activation_bytes)) << '\n';
+  } catch (const InputError& e) {
+    std::cerr << "train_step_bench: error: " << e.what() << '\n';
+    return 2;
+  }
 
   std::vector<int> lengths;
   std::stringstream ss(lengths_text);
@@ -106,6 +151,8 @@ int main(int argc, char** argv) {
 
   model::BertModel<float> m(c, model::Heads{});
   model::init_params(m.layout(), m.params().data(), 1);
+  std::optional<train::Optimizer> optimizer;
+  if (optimizer_step) optimizer.emplace(m.layout(), train::OptimizerConfig{});
   double rate = sgemm_gflops();
   std::vector<double> times, gemm_share;
   double flops = 0;
@@ -116,6 +163,10 @@ int main(int argc, char** argv) {
     m.forward(b, {true, 1, static_cast<uint64_t>(s), policy});
     m.zero_grads();
     m.backward();
+    if (optimizer) {
+      train::clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
+      optimizer->step(m.params().data(), m.grads().data(), 1e-4);
+    }
     double dt = now_seconds() - t0;
     kernels::enable_gemm_counters(false);
     if (s >= warmup) {
@@ -146,6 +197,7 @@ int main(int argc, char** argv) {
                         {"model_gflops", flops / t * 1e-9},
                         {"sgemm_gflops", rate},
                         {"recompute", policy.name()},
+                        {"optimizer_step", optimizer_step},
                         {"activation_mib", m.activation_bytes() / 1048576.0},
                         {"scratch_mib", m.scratch_bytes() / 1048576.0}};
   std::cout << out.dump() << std::endl;

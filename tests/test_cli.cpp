@@ -23,7 +23,7 @@ const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_51
 
 TEST_F(Cli, HelpOnEverySubcommand) {
   for (const char* sub : {"", "pack", "demo", "check-golden", "tokenize", "prepare", "inspect",
-                          "gcide-text", "pretrain", "eval", "export", "finetune"}) {
+                          "gcide-text", "pretrain", "eval", "export", "finetune", "plan"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -175,6 +175,41 @@ TEST_F(Cli, CheckGoldenPassesFailsAndRejectsBadFiles) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("cut.safetensors: tensor '"), std::string::npos) << bad.err;
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
+// The held-out parity holds under every recompute policy, at the same tolerances.
+TEST_F(Cli, CheckGoldenPassesUnderEveryRecomputePolicy) {
+  const std::string golden =
+      std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h64.safetensors";
+  for (const char* policy :
+       {"none", "gelu", "gelu,ln", "attention", "layer", "every:2", "layer,gelu,ln,attention"}) {
+    Result r = run("check-golden " + golden + " --recompute " + policy);
+    EXPECT_EQ(r.code, 0) << policy << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("46 gradient tensors (0 outside tolerance)"), std::string::npos) << policy << r.out;
+  }
+}
+
+// plan: the table, the JSON keys, what auto picks, and bad values refused on one line.
+TEST_F(Cli, PlanPredictsWhatFitsAndRefusesBadValues) {
+  Result t = run("plan --preset large --tokens 8192 --sequences 16 --memory-limit 16G");
+  EXPECT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("auto picks: gelu,ln,attention"), std::string::npos) << t.out;
+  Result j = run("plan --preset base --tokens 2048 --sequences 4 --recompute layer --json");
+  EXPECT_EQ(j.code, 0) << j.err;
+  for (const char* key : {"params_bytes", "grads_bytes", "optimizer_bytes", "activation_bytes",
+                          "workspace_bytes", "total_bytes", "flops_per_step"})
+    EXPECT_NE(j.out.find(std::string("\"") + key + "\":"), std::string::npos) << key;
+  EXPECT_NE(j.out.find("\"recompute\":\"layer\""), std::string::npos) << j.out;
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--recompute every:0", "--recompute every:0: every:K needs a whole number K >= 1"},
+           {"--recompute sometimes", "--recompute sometimes: unknown"},
+           {"--memory-limit lots", "--memory-limit lots: expected a size"},
+           {"--memory-limit 1G", "smaller than the parameters, gradients and optimizer state"}}) {
+    Result r = run("plan --preset base --tokens 2048 --sequences 4 " + args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
 }
 
 }  // namespace
