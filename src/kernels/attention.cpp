@@ -166,11 +166,11 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
       const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
       T* mine = w.thread_scratch();
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
-      const T* P = probs + first;
-      if (!probs) {
+      const T* P = mine + 2 * LL;  // the kept probabilities, or rebuilt ones in scratch
+      if (probs)
+        P = probs + first;
+      else
         probs_block(mine + 2 * LL, Q, L, hs, C, scale);
-        P = mine + 2 * LL;
-      }
       gemm(false, true, L, L, hs, T(1), dO, C, Q + 2 * C, C3, T(0), dP, L);  // dO V^T
       // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
       for (int i = 0; i < L; ++i) {
