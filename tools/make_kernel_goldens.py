@@ -2,8 +2,8 @@
 """Kernel goldens from the PyTorch peer: inputs, outputs and gradients of each kernel in fp32.
 
 Run with Debian's torch:  /usr/bin/python3 tools/make_kernel_goldens.py > tests/golden/kernels.json
-The test (tests/test_kernels.cpp, KernelGolden.*) runs packbert's float kernels on the same
-inputs and compares. Every backward is driven by a fixed upstream gradient `dout`.
+The kernel harness (tests/test_kernels.cpp, KernelHarness.*) runs packbert's float kernels on
+the same inputs and compares. Every backward is driven by a fixed upstream gradient `dout`.
 """
 import json
 import math
@@ -102,7 +102,53 @@ def embedding():
                 dtoken_type=t(typ.grad))
 
 
+def tanh():
+    x = leaf(40, scale=2.0)
+    out = torch.tanh(x)
+    dout = torch.randn(40)
+    out.backward(dout)
+    return dict(n=40, inp=t(x), dout=t(dout), out=t(out), dinp=t(x.grad))
+
+
+def gather_rows():
+    # Rows picked by index, repeats included (the MLM head's masked tokens, the pooler's [CLS]).
+    N, C = 7, 5
+    x = leaf(N, C)
+    rows = torch.tensor([3, 0, 3, 6])
+    out = x[rows]
+    dout = torch.randn(len(rows), C)
+    out.backward(dout)
+    return dict(N=N, C=C, rows=rows.tolist(), inp=t(x), dout=t(dout), out=t(out),
+                dinp=t(x.grad))
+
+
+def span_cross_entropy():
+    # Start and end logits per token; each sequence's softmax runs over its own tokens;
+    # loss = (CE(start) + CE(end)) / 2, 0 for a sequence without an answer (targets -1).
+    lengths = [4, 6, 3]
+    cu = [0]
+    for L in lengths:
+        cu.append(cu[-1] + L)
+    targets = [[1, 3], [-1, -1], [0, 2]]
+    logits = leaf(cu[-1], 2, scale=2.0)
+    losses = []
+    for s, L in enumerate(lengths):
+        if targets[s][0] < 0:
+            losses.append(logits.sum() * 0)
+            continue
+        block = logits[cu[s]:cu[s + 1]]
+        ce = sum(F.cross_entropy(block[:, e].unsqueeze(0), torch.tensor([targets[s][e]]))
+                 for e in range(2))
+        losses.append(ce / 2)
+    losses = torch.stack(losses)
+    dlosses = torch.randn(len(lengths))
+    losses.backward(dlosses)
+    return dict(cu_seqlens=cu, targets=[y for pair in targets for y in pair], logits=t(logits),
+                dlosses=t(dlosses), losses=t(losses), dlogits=t(logits.grad))
+
+
 goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu(),
                linear=linear(), cross_entropy=cross_entropy(), attention=attention(),
-               embedding=embedding())
+               embedding=embedding(), tanh=tanh(), gather_rows=gather_rows(),
+               span_cross_entropy=span_cross_entropy())
 print(json.dumps(goldens))
