@@ -185,7 +185,8 @@ TEST_F(Cli, CheckGoldenPassesUnderEveryRecomputePolicy) {
        {"none", "gelu", "gelu,ln", "attention", "layer", "every:2", "layer,gelu,ln,attention"}) {
     Result r = run("check-golden " + golden + " --recompute " + policy);
     EXPECT_EQ(r.code, 0) << policy << "\n" << r.out << r.err;
-    EXPECT_NE(r.out.find("46 gradient tensors (0 outside tolerance)"), std::string::npos) << policy << r.out;
+    EXPECT_NE(r.out.find("46 gradient tensors (0 outside tolerance)"), std::string::npos)
+        << policy << r.out;
   }
 }
 

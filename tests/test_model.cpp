@@ -138,8 +138,9 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
   };
   const auto [loss0, grads0] = run("none");
   const size_t bytes0 = m.activation_bytes();
-  for (const std::string policy : {"gelu", "gelu,ln", "attention", "gelu,ln,attention", "layer",
-                                   "every:2", "every:3", "every:9", "layer,gelu,ln,attention"}) {
+  for (const std::string policy :
+       {"gelu", "gelu,ln", "residual", "gelu,ln,residual", "attention", "gelu,ln,attention",
+        "layer", "every:2", "every:3", "every:9", "layer,gelu,ln,residual,attention"}) {
     const auto [loss, grads] = run(policy);
     EXPECT_EQ(loss, loss0) << policy;
     ASSERT_EQ(grads.size(), grads0.size());
@@ -152,6 +153,7 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
 TEST(ModelRecompute, PolicyNamesParseAndBadOnesAreRefused) {
   EXPECT_EQ(parse_recompute("none").name(), "none");
   EXPECT_EQ(parse_recompute("gelu,ln").name(), "gelu,ln");
+  EXPECT_EQ(parse_recompute("residual,ln,gelu").name(), "gelu,ln,residual");
   EXPECT_EQ(parse_recompute("attention").name(), "attention");
   EXPECT_EQ(parse_recompute("layer").every, 1);
   EXPECT_EQ(parse_recompute("every:4").every, 4);

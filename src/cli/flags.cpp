@@ -44,8 +44,9 @@ void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<doub
   cmd->add_option_function<std::string>(
          "--recompute",
          [&policy](const std::string& text) { policy = model::parse_recompute(text); },
-         "What backward rebuilds instead of keeping: none, gelu, gelu,ln, attention, layer, "
-         "every:K, or auto (the cheapest that fits --memory-limit); results are bit-identical")
+         "What backward rebuilds instead of keeping: none, or a comma list of gelu, ln, "
+         "residual, attention and layer or every:K; or auto (the cheapest that fits "
+         "--memory-limit). Gradients are bit-identical under every policy")
       ->default_str("none");
   if (!limit) return;
   cmd->add_option_function<std::string>(

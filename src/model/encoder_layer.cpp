@@ -111,6 +111,12 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
     *dgelu = ws.get(Rec::dgelu);
 
   // Rebuild what the policy did not keep (the same kernels on the same inputs: bit for bit).
+  if (s.policy.residual) {  // r1 = dropout(att . Wao + b) + in
+    T* tmp = ws.get(Rec::tmp);
+    linear_forward(tmp, a.att, w.attn_out_w, w.attn_out_b, Tn, C, C);
+    dropout_site(s, a.r1, tmp, TC, l, kAttnOut);
+    residual_forward(a.r1, a.r1, in, TC);
+  }
   if (s.policy.ln) layernorm_apply(a.h1, a.r1, a.ln1_mean, a.ln1_rstd, w.ln1_w, w.ln1_b, Tn, C);
   if (s.policy.gelu) gelu_forward(a.gelu, a.inter, TI);
 

@@ -18,6 +18,7 @@ std::string Recompute::name() const {
   if (every > 1) add("every:" + std::to_string(every));
   if (gelu) add("gelu");
   if (ln) add("ln");
+  if (residual) add("residual");
   if (attention) add("attention");
   return s.empty() ? "none" : s;
 }
@@ -27,7 +28,7 @@ Recompute parse_recompute(const std::string& text) {
   auto bad = [&](const std::string& why) {
     return InputError("--recompute " + text + ": " + why +
                       " (expected none, gelu, gelu,ln, attention, layer, every:K or auto, or a "
-                      "comma list of gelu, ln, attention with layer or every:K)");
+                      "comma list of gelu, ln, residual, attention with layer or every:K)");
   };
   if (text == "none") return r;
   if (text == "auto") {
@@ -42,6 +43,8 @@ Recompute parse_recompute(const std::string& text) {
       r.ln = true;
     } else if (part == "attention") {
       r.attention = true;
+    } else if (part == "residual") {
+      r.residual = true;
     } else if (part == "layer" && r.every == 0) {
       r.every = 1;
     } else if (part.rfind("every:", 0) == 0 && r.every == 0) {
@@ -76,14 +79,15 @@ namespace {
 
 // Which records a policy may move out of the per-layer set.
 enum class Role {
-  model,    // embeddings and heads' records: one copy, kept
-  hidden,   // layer inputs: L + 1 (every:K: the kept checkpoints)
-  layer,    // one copy per layer (every:K: one per layer of a re-run segment, scratch)
-  gelu,     // per layer unless rebuilt (`gelu`)
-  ln,       // per layer unless rebuilt (`ln`)
-  probs,    // per layer unless recomputed (`attention`)
-  scratch,  // one copy, scratch
-  segment,  // every:K's K layer outputs of a re-run segment, scratch
+  model,     // embeddings and heads' records: one copy, kept
+  hidden,    // layer inputs: L + 1 (every:K: the kept checkpoints)
+  layer,     // one copy per layer (every:K: one per layer of a re-run segment, scratch)
+  gelu,      // per layer unless rebuilt (`gelu`)
+  ln,        // per layer unless rebuilt (`ln`)
+  residual,  // per layer unless rebuilt (`residual`)
+  probs,     // per layer unless recomputed (`attention`)
+  scratch,   // one copy, scratch
+  segment,   // every:K's K layer outputs of a re-run segment, scratch
 };
 
 // Which heads a record belongs to (encoder records: all).
@@ -126,7 +130,7 @@ const RecordSpec kRecords[] = {
     {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
      [](S s, B c) { return c.num_attention_heads * s.attention; }},
     {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC},
-    {Rec::r1, "layer.residual1", Role::layer, Need::encoder, TC},
+    {Rec::r1, "layer.residual1", Role::residual, Need::encoder, TC},
     {Rec::ln1_mean, "layer.ln1_mean", Role::layer, Need::encoder, T1},
     {Rec::ln1_rstd, "layer.ln1_rstd", Role::layer, Need::encoder, T1},
     {Rec::h1, "layer.ln1_out", Role::ln, Need::encoder, TC},
@@ -225,6 +229,9 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
     case Role::ln:
       return p.ln ? std::pair{int64_t{1}, Storage::scratch}
                   : std::pair{layer_copies, layer_storage};
+    case Role::residual:
+      return p.residual ? std::pair{int64_t{1}, Storage::scratch}
+                        : std::pair{layer_copies, layer_storage};
     case Role::probs:
       return p.attention ? std::pair{int64_t{0}, Storage::scratch}
                          : std::pair{layer_copies, layer_storage};

@@ -24,6 +24,7 @@ struct Recompute {
   bool gelu = false;       // keep GELU's input, rebuild its output
   bool ln = false;         // rebuild LayerNorm outputs from input + saved mean/rstd
   bool attention = false;  // rebuild the attention probabilities per (sequence, head) block
+  bool residual = false;   // rebuild the attention block's residual sum (one C x C GEMM)
   int every = 0;           // 0 = keep every layer's records
   bool automatic = false;  // `auto`: the cheapest policy that fits, resolved by the planner
   std::string name() const;
@@ -31,7 +32,8 @@ struct Recompute {
 };
 
 // "none", "gelu", "gelu,ln", "attention", "layer", "every:K", "auto", or a comma list of the
-// flags (e.g. "gelu,ln,attention", "layer,attention"). Throws InputError naming the text.
+// flags gelu, ln, residual, attention with at most one of layer / every:K (e.g.
+// "gelu,ln,attention", "layer,attention"). Throws InputError naming the text.
 Recompute parse_recompute(const std::string& text);
 
 // The sizes a step's records are functions of.

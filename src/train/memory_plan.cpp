@@ -32,10 +32,12 @@ Flops step_flops(const model::BertConfig& c, const model::Heads& h, const model:
   if (h.pretraining) f.forward += 2 * M * C * (C + c.vocab_size) + 2 * n * C * 2;
   if (h.classifier) f.forward += 2 * n * C * c.num_labels;
   if (h.span) f.forward += 2 * T * C * 2;
-  if (p.every > 0)
+  if (p.every > 0) {
     f.recompute = c.num_hidden_layers * layer;
-  else if (p.attention)
-    f.recompute = c.num_hidden_layers * attn_scores;
+  } else {
+    if (p.attention) f.recompute += c.num_hidden_layers * attn_scores;
+    if (p.residual) f.recompute += c.num_hidden_layers * 2 * T * C * C;
+  }
   return f;
 }
 
@@ -83,8 +85,9 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
 
 std::vector<model::Recompute> auto_candidates() {
   std::vector<model::Recompute> out;
-  for (const char* name : {"none", "gelu", "gelu,ln", "attention", "gelu,ln,attention", "layer",
-                           "layer,gelu,ln,attention"})
+  for (const char* name :
+       {"none", "gelu", "gelu,ln", "gelu,ln,residual", "attention", "gelu,ln,attention",
+        "gelu,ln,residual,attention", "layer", "layer,gelu,ln,residual,attention"})
     out.push_back(model::parse_recompute(name));
   return out;
 }
