@@ -181,6 +181,25 @@ TEST_F(Reliability, ExistingRunIsRefusedWithoutResumeOrOverwrite) {
             2);
 }
 
+// Recompute policies do not change training: the same run under `layer,attention` writes the
+// same weights and optimizer moments bit for bit (dropout on). A step predicted not to fit is
+// refused up front.
+TEST_F(Reliability, RecomputeLeavesTrainingBitIdenticalAndTooSmallLimitsAreRefused) {
+  ASSERT_EQ(run(train_args("none", "--steps 3 --checkpoint-every 0")).code, 0);
+  Result r = run(train_args("layer", "--steps 3 --checkpoint-every 0 --recompute layer,attention"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_same_tensors(checkpoint("layer"), checkpoint("none"));
+  Result small = run(train_args("small", "--recompute none --memory-limit 64M"));
+  EXPECT_EQ(small.code, 2);
+  EXPECT_NE(small.err.find("more than the --memory-limit of 64.0 MiB"), std::string::npos)
+      << small.err;
+  EXPECT_EQ(std::count(small.err.begin(), small.err.end(), '\n'), 1) << small.err;
+  EXPECT_FALSE(fs::exists(checkpoint("small")));
+  Result bad = run(train_args("bad", "--recompute every:0"));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--recompute every:0"), std::string::npos) << bad.err;
+}
+
 // 1b. A run that aborts writes nothing over the last good checkpoint.
 TEST_F(Reliability, AbortingRunLeavesTheLastGoodCheckpointByteForByte) {
   ASSERT_EQ(run(train_args("run", "--steps 4")).code, 0);
