@@ -14,35 +14,12 @@ adds the step's working memory (gradient buffers and the re-run layers' records)
 import argparse
 import json
 import os
-import platform
-import random
 import statistics
 import subprocess
+import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def wiki_lengths(n, seed):
-    hist = []
-    with open(os.path.join(ROOT, "data", "wikipedia_512.hist")) as f:
-        for line in f:
-            line = line.split("#")[0].split()
-            if len(line) == 2:
-                hist.append((int(line[0]), int(line[1])))
-    rng = random.Random(seed)
-    return rng.choices([l for l, _ in hist], weights=[c for _, c in hist], k=n)
-
-
-def cpu():
-    model, flags = platform.processor(), ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and model in ("", "x86_64"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = line
-    isa = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {x}" in flags]
-    return model, "+".join(isa)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, cpu, wiki_lengths  # noqa: E402
 
 
 def main():

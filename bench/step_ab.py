@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recompute_bench import cpu, wiki_lengths  # noqa: E402
+from benchlib import cpu, wiki_lengths  # noqa: E402
 
 
 def main():

@@ -13,23 +13,12 @@ torch.set_num_threads) and the faster one is used.
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def wiki_lengths(n, seed):
-    hist = []
-    with open(os.path.join(ROOT, "data", "wikipedia_512.hist")) as f:
-        for line in f:
-            line = line.split("#")[0].split()
-            if len(line) == 2:
-                hist.append((int(line[0]), int(line[1])))
-    rng = random.Random(seed)
-    return rng.choices([l for l, _ in hist], weights=[c for _, c in hist], k=n)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, cpu, wiki_lengths  # noqa: E402
 
 
 def run(cmd, env_threads, coretype=""):
@@ -54,6 +43,8 @@ def main():
     ap.add_argument("--cases", default="wiki,full")
     ap.add_argument("--markdown", default="")
     a = ap.parse_args()
+    model, isa = cpu()
+    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}")
     common = ["--steps", str(a.steps), "--warmup", "1"] + (["--layers", str(a.layers)] if a.layers else [])
     rows = []
     for case in a.cases.split(","):

@@ -8,9 +8,9 @@
 #include <omp.h>
 
 #include <atomic>
-#include <random>
 
 #include "model/bert.h"
+#include "model_batches.h"
 #include "train/optimizer.h"
 
 // Defined with the replaced operator new in tests/counting_new.cpp (its own translation unit, so
@@ -20,29 +20,6 @@ extern std::atomic<int64_t> allocations;
 
 namespace packbert::model {
 namespace {
-
-PackedBatch batch_of(const std::vector<std::vector<int>>& packs, int S, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  int K = 0;
-  for (auto& p : packs) K = std::max(K, static_cast<int>(p.size()));
-  PackedBatch b = empty_batch(static_cast<int>(packs.size()), S, K);
-  for (int p = 0; p < b.B; ++p) {
-    int o = 0;
-    for (size_t k = 0; k < packs[p].size(); ++k) {
-      const int L = packs[p][k];
-      for (int i = 0; i < L; ++i) {
-        const size_t s = static_cast<size_t>(p) * S + o + i;
-        b.input_ids[s] = 1 + static_cast<int>(rng() % (vocab - 1));
-        b.position_ids[s] = i;
-        b.sequence_ids[s] = static_cast<int>(k) + 1;
-        if (i > 0 && rng() % 5 == 0) b.mlm_labels[s] = static_cast<int>(rng() % vocab);
-      }
-      b.nsp_labels[static_cast<size_t>(p) * b.K + k] = static_cast<int>(rng() % 2);
-      o += L;
-    }
-  }
-  return b;
-}
 
 class SteadyState : public ::testing::TestWithParam<const char*> {};
 
@@ -61,9 +38,9 @@ TEST_P(SteadyState, TrainingStepsMakeNoHeapAllocation) {
   const Recompute policy = parse_recompute(GetParam());
   // Steps of different shapes (tokens, sequences, masked positions, longest sequence); each is
   // seen once before counting, as the arena is sized for the largest step seen.
-  std::vector<PackedBatch> batches = {batch_of({{64}, {30, 34}, {60}}, 64, c.vocab_size, 1),
-                                      batch_of({{10, 20, 30}, {40}}, 64, c.vocab_size, 2),
-                                      batch_of({{5, 5, 5, 5}, {64}}, 64, c.vocab_size, 3)};
+  std::vector<PackedBatch> batches = {make_batch({{64}, {30, 34}, {60}}, 64, c.vocab_size, 1),
+                                      make_batch({{10, 20, 30}, {40}}, 64, c.vocab_size, 2),
+                                      make_batch({{5, 5, 5, 5}, {64}}, 64, c.vocab_size, 3)};
   auto step = [&](int i) {
     m.forward(batches[i % batches.size()], {true, 9, static_cast<uint64_t>(i), policy});
     m.zero_grads();

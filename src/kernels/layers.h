@@ -53,6 +53,12 @@ template <typename T>
 void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, const T* dlosses,
                             int N, int V);
 
+// out = 0, [n]: gradient buffers before a backward accumulates into them.
+template <typename T>
+inline void zero_fill(T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = T(0);
+}
+
 // out = a + b, [n].
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);

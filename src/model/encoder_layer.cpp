@@ -12,11 +12,6 @@ using namespace kernels;
 
 namespace {
 
-template <typename T>
-void zero(T* p, int64_t n) {
-  std::fill(p, p + n, T(0));
-}
-
 // out = dropout(inp) at (layer, site); a copy when dropout is off.
 template <typename T>
 void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
@@ -33,7 +28,7 @@ template <typename T>
 const T* dropout_site_backward(const StepContext<T>& s, T* scratch, const T* dout, int64_t n,
                                uint32_t layer, uint32_t site) {
   if (s.p_hidden <= 0) return dout;
-  zero(scratch, n);
+  zero_fill(scratch, n);
   dropout_backward(scratch, dout, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
   return scratch;
 }
@@ -65,7 +60,7 @@ void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const P
   const int64_t TC = static_cast<int64_t>(Tn) * C;
   const T* dln = dropout_site_backward(s, s.ws.get(Rec::dtmp), dout, TC, kNoLayer, kEmbeddings);
   T* dsum = s.ws.get(Rec::dres);
-  zero(dsum, TC);
+  zero_fill(dsum, TC);
   layernorm_backward(dsum, g.emb_ln_w, g.emb_ln_b, dln, s.ws.get(Rec::emb_sum), p.emb_ln_w,
                      s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), Tn, C);
   embedding_backward(g.word, g.position, g.token_type, dsum, ids, pos, types, Tn, C);
@@ -121,24 +116,24 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   if (s.policy.gelu) gelu_forward(a.gelu, a.inter, TI);
 
   // out = LN2(r2), r2 = dropout(gelu . Wo) + h1.
-  zero(dres, TC);
+  zero_fill(dres, TC);
   layernorm_backward(dres, g.ln2_w, g.ln2_b, dout, a.r2, w.ln2_w, a.ln2_mean, a.ln2_rstd, Tn, C);
   std::copy(dres, dres + TC, dh1);  // the residual branch
   const T* dffn = dropout_site_backward(s, dtmp, dres, TC, l, kFfnOut);
-  zero(dgelu, TI);
+  zero_fill(dgelu, TI);
   linear_backward(dgelu, g.out_w, g.out_b, dffn, a.gelu, w.out_w, Tn, I, C);
-  zero(dinter, TI);
+  zero_fill(dinter, TI);
   gelu_backward(dinter, a.inter, dgelu, TI);
   linear_backward(dh1, g.inter_w, g.inter_b, dinter, a.h1, w.inter_w, Tn, C, I);
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
-  zero(dres, TC);
+  zero_fill(dres, TC);
   layernorm_backward(dres, g.ln1_w, g.ln1_b, dh1, a.r1, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
   residual_forward(dinp, dinp, dres, TC);  // the residual branch
   const T* dproj = dropout_site_backward(s, dtmp, dres, TC, l, kAttnOut);
-  zero(datt, TC);
+  zero_fill(datt, TC);
   linear_backward(datt, g.attn_out_w, g.attn_out_b, dproj, a.att, w.attn_out_w, Tn, C, C);
-  zero(dqkv, 3 * TC);
+  zero_fill(dqkv, 3 * TC);
   attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
                      c.num_attention_heads, attention_dropout(s, layer),
                      AttentionWork<T>{s.probs_offsets, ws.get(Rec::attn_work)});

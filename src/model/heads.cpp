@@ -13,11 +13,6 @@ using namespace kernels;
 
 namespace {
 
-template <typename T>
-void zero(T* p, int64_t n) {
-  std::fill(p, p + n, T(0));
-}
-
 // The mean of the first n losses over the `count` rows that have a target.
 template <typename T>
 double mean_loss(const T* losses, int n, int64_t count) {
@@ -55,9 +50,9 @@ void pooler_backward(const StepContext<T>& s, const ParamView<T>& p, const Param
   const int n = s.n_seq(), C = s.config.hidden_size;
   const int64_t nC = static_cast<int64_t>(n) * C;
   T *dpre = s.ws.get(Rec::dpre), *dcls = s.ws.get(Rec::dcls);
-  zero(dpre, nC);
+  zero_fill(dpre, nC);
   tanh_backward(dpre, s.ws.get(Rec::pooled), s.ws.get(Rec::dpooled), nC);
-  zero(dcls, nC);
+  zero_fill(dcls, nC);
   linear_backward(dcls, g.pool_w, g.pool_b, dpre, s.ws.get(Rec::cls_in), p.pool_w, n, C, C);
   gather_rows_backward(dtop, dcls, s.tokens.cu_seqlens.data(), n, C);
 }
@@ -91,17 +86,17 @@ void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
   const int64_t MC = static_cast<int64_t>(M) * C;
   T *dlogits = ws.get(Rec::mlm_dlogits), *d3 = ws.get(Rec::mlm_d3), *d2 = ws.get(Rec::mlm_d2),
     *d1 = ws.get(Rec::mlm_d1), *din = ws.get(Rec::mlm_din);
-  zero(dlogits, static_cast<int64_t>(M) * V);
+  zero_fill(dlogits, static_cast<int64_t>(M) * V);
   cross_entropy_backward(dlogits, ws.get(Rec::mlm_probs), s.tokens.mlm_label.data(),
                          mean_dloss(s, M, M), M, V);
-  zero(d3, MC);
+  zero_fill(d3, MC);
   linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V);
-  zero(d2, MC);
+  zero_fill(d2, MC);
   layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
                      ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), M, C);
-  zero(d1, MC);
+  zero_fill(d1, MC);
   gelu_backward(d1, ws.get(Rec::mlm_t1), d2, MC);
-  zero(din, MC);
+  zero_fill(din, MC);
   linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get(Rec::mlm_in), p.mlm_w, M, C, C);
   gather_rows_backward(dtop, din, s.tokens.mlm_token.data(), M, C);
 }
@@ -124,7 +119,7 @@ void nsp_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
   const int n = s.n_seq(), C = s.config.hidden_size;
   if (out.nsp_count == 0) return;
   T* dlogits = s.ws.get(Rec::nsp_dlogits);
-  zero(dlogits, 2 * static_cast<int64_t>(n));
+  zero_fill(dlogits, 2 * static_cast<int64_t>(n));
   cross_entropy_backward(dlogits, s.ws.get(Rec::nsp_probs), targets,
                          mean_dloss(s, n, out.nsp_count), n, 2);
   linear_backward(s.ws.get(Rec::dpooled), g.nsp_w, g.nsp_b, dlogits, s.ws.get(Rec::pooled), p.nsp_w,
@@ -158,10 +153,10 @@ void classifier_backward(const StepContext<T>& s, const ParamView<T>& p, const P
   const int64_t nC = static_cast<int64_t>(n) * C;
   T *dlogits = s.ws.get(Rec::cls_dlogits), *din = s.ws.get(Rec::cls_ddrop),
     *dpooled = s.ws.get(Rec::dpooled);
-  zero(dlogits, static_cast<int64_t>(n) * NL);
+  zero_fill(dlogits, static_cast<int64_t>(n) * NL);
   cross_entropy_backward(dlogits, s.ws.get(Rec::cls_probs), targets,
                          mean_dloss(s, n, out.cls_count), n, NL);
-  zero(din, nC);
+  zero_fill(din, nC);
   linear_backward(din, g.cls_w, g.cls_b, dlogits, s.ws.get(Rec::cls_drop), p.cls_w, n, C, NL);
   if (s.p_hidden > 0)
     dropout_backward(dpooled, din, nC, s.p_hidden, s.seed, dropout_key(s.step, kNoLayer, kPooled));
@@ -188,7 +183,7 @@ void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVi
   const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
   if (out.span_count == 0) return;
   T* dlogits = s.ws.get(Rec::span_dlogits);
-  zero(dlogits, 2 * static_cast<int64_t>(Tn));
+  zero_fill(dlogits, 2 * static_cast<int64_t>(Tn));
   span_cross_entropy_backward(dlogits, s.ws.get(Rec::span_probs), s.tokens.cu_seqlens.data(),
                               targets, mean_dloss(s, n, out.span_count), n);
   linear_backward(dtop, g.span_w, g.span_b, dlogits, top, p.span_w, Tn, C, 2);

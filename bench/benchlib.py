@@ -1,0 +1,31 @@
+"""Helpers the bench scripts share: Wikipedia-like sequence lengths and the CPU they ran on."""
+import os
+import platform
+import random
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wiki_lengths(n, seed):
+    """n sequence lengths drawn (seeded) from data/wikipedia_512.hist."""
+    hist = []
+    with open(os.path.join(ROOT, "data", "wikipedia_512.hist")) as f:
+        for line in f:
+            line = line.split("#")[0].split()
+            if len(line) == 2:
+                hist.append((int(line[0]), int(line[1])))
+    rng = random.Random(seed)
+    return rng.choices([l for l, _ in hist], weights=[c for _, c in hist], k=n)
+
+
+def cpu():
+    """(model name, the SIMD instruction sets present) from /proc/cpuinfo."""
+    model, flags = platform.processor(), ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model in ("", "x86_64"):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = line
+    isa = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {x}" in flags]
+    return model, "+".join(isa)
