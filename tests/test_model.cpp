@@ -1,6 +1,7 @@
 // The model: parity with PyTorch goldens, whole-model finite differences in double, packed ==
 // one-sequence-per-row, dropout determinism, heads, and safetensors robustness.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstring>
 #include <filesystem>
@@ -119,6 +120,30 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
     EXPECT_EQ(std::memcmp(grads.data(), grads0.data(), grads.size() * sizeof(float)), 0)
         << policy << ": gradients differ from the policy none";
     EXPECT_LT(m.activation_bytes(), bytes0) << policy << " keeps no less than none";
+  }
+}
+
+// What `plan` predicts is what the engine holds: the same record declarations, summed for the
+// step's shape, give the engine's activation and scratch bytes exactly, under every policy.
+TEST(ModelRecompute, PlanBytesAreTheEnginesBytes) {
+  BertConfig c = tiny_config();
+  c.num_hidden_layers = 5;
+  c.max_position_embeddings = 32;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel<float> m(c, heads);
+  init_params(m.layout(), m.params().data(), 8);
+  PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
+  for (const char* policy : {"none", "gelu,ln", "attention", "layer", "every:2"}) {
+    const Recompute r = parse_recompute(policy);
+    m.forward(b, {true, 1, 1, r});
+    size_t act = 0, scratch = 0;
+    for (const RecordSize& rec :
+         workspace_records(c, heads, r, shape_of(m.tokens(), omp_get_max_threads())))
+      (rec.storage == Storage::activation ? act : scratch) += rec.bytes(sizeof(float));
+    EXPECT_EQ(act, m.activation_bytes()) << policy;
+    EXPECT_EQ(scratch, m.scratch_bytes()) << policy;
+    EXPECT_GT(act, 0u);
   }
 }
 
