@@ -9,6 +9,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "cli/flags.h"
 #include "cli/table.h"
 #include "data/corpus.h"
 #include "data/gcide.h"
@@ -34,9 +35,9 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{"data_bench: tokenizer, prepare and loader speed on the demo corpus"};
   int runs = 3;
-  std::string vocab_path = PACKBERT_DEFAULT_VOCAB;
+  std::string vocab_path;
   app.add_option("--runs", runs)->capture_default_str();
-  app.add_option("--vocab", vocab_path)->capture_default_str();
+  cli::vocab_option(&app, vocab_path, "vocab.txt");
   CLI11_PARSE(app, argc, argv);
 
   std::string text =

@@ -213,4 +213,35 @@ TEST_F(Cli, PlanPredictsWhatFitsAndRefusesBadValues) {
   }
 }
 
+// `cmake --install` gives a binary that finds its vocabulary next to itself, wherever the
+// prefix is moved, without the source tree's copy (--help says where it was found).
+TEST_F(Cli, InstalledBinaryFindsItsVocabularyWhereverThePrefixMoves) {
+  const fs::path build = fs::path(PACKBERT_BINARY).parent_path();
+  const fs::path prefix = dir_ / "prefix", moved = dir_ / "moved";
+  const std::string install = "cmake --install " + build.string() + " --prefix " + prefix.string() +
+                              " >" + (dir_ / "install.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(install.c_str()), 0) << slurp(dir_ / "install.log");
+  fs::rename(prefix, moved);
+  const std::string bin = "env -u PACKBERT_VOCAB " + (moved / "bin" / "packbert").string();
+  auto shell = [&](const std::string& cmd) {
+    const int status = std::system((cmd + " >" + (dir_ / "o").string() + " 2>&1").c_str());
+    return std::pair{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir_ / "o")};
+  };
+  const fs::path vocab = moved / "share" / "packbert" / "bert-base-uncased-vocab.txt";
+  auto [help_code, help] = shell(bin + " tokenize --help");
+  EXPECT_EQ(help_code, 0);
+  EXPECT_NE(help.find("installed with the executable: " + vocab.string()), std::string::npos)
+      << help;
+  auto [code, ids] = shell("echo 'Hello world' | " + bin + " tokenize");
+  EXPECT_EQ(code, 0) << ids;
+  EXPECT_EQ(ids, "7592 2088\n");
+  const fs::path corpus = write("corpus.txt",
+                                "The cat sat on the mat.\nIt was warm.\n\n"
+                                "Dogs bark at night.\nThe moon is up.\n");
+  auto [prep_code, prep] = shell(bin + " prepare " + corpus.string() + " --out " +
+                                 (dir_ / "c.seqs").string() + " --max-seq-len 32");
+  EXPECT_EQ(prep_code, 0) << prep;
+  EXPECT_TRUE(fs::exists(dir_ / "c.seqs"));
+}
+
 }  // namespace

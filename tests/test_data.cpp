@@ -21,7 +21,7 @@ namespace packbert::data {
 namespace {
 
 const Vocab& base_vocab() {
-  static const Vocab v = Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  static const Vocab v = Vocab::load(PACKBERT_SOURCE_VOCAB);
   return v;
 }
 

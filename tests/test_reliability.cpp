@@ -207,7 +207,7 @@ TEST_F(Reliability, AbortingRunLeavesTheLastGoodCheckpointByteForByte) {
   train::PretrainOptions o;
   o.sequences = seqs_;
   o.packs = packs_;
-  o.vocab = PACKBERT_DEFAULT_VOCAB;
+  o.vocab = PACKBERT_SOURCE_VOCAB;
   o.out_dir = (dir_ / "run").string();
   o.rows_per_batch = 8;
   o.max_steps = 12;
@@ -488,7 +488,7 @@ TEST_F(Reliability, ChecksumIsPublishedFnv1aAndVersion1FilesStillRead) {
   std::memcpy(&recorded, v2.data() + 56, 8);
   EXPECT_EQ(recorded, io::fnv1a(v2.data() + 72, v2.size() - 72));
   // The same data as a version 1 file: 64-byte header, old basis for checksum and vocabulary.
-  data::Vocab vocab = data::Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  data::Vocab vocab = data::Vocab::load(PACKBERT_SOURCE_VOCAB);
   std::string v1 = v2.substr(0, 64) + v2.substr(72);
   const uint32_t one = 1, header = 64;
   std::memcpy(v1.data() + 8, &one, 4);
@@ -503,7 +503,7 @@ TEST_F(Reliability, ChecksumIsPublishedFnv1aAndVersion1FilesStillRead) {
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_TRUE(b.made_with(vocab));
   EXPECT_FALSE(b.has_heldout_split());
-  Result ins = run("inspect " + old.string() + " --vocab " + PACKBERT_DEFAULT_VOCAB);
+  Result ins = run("inspect " + old.string() + " --vocab " + PACKBERT_SOURCE_VOCAB);
   EXPECT_EQ(ins.code, 0) << ins.err;
 }
 
@@ -545,7 +545,7 @@ TEST_F(Reliability, MetricsCountStepsFromOneOnOneClock) {
 // 14. Google's rule by default: a chunk of one sentence gets a random B, never a cut sentence
 // labelled as its own continuation.
 TEST(Pretraining, OneSentenceChunksGetARandomNextUnlessAskedToSplit) {
-  data::Vocab vocab = data::Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  data::Vocab vocab = data::Vocab::load(PACKBERT_SOURCE_VOCAB);
   std::vector<data::Document> docs;
   for (int d = 0; d < 200; ++d) docs.push_back({{1996, 2103 + d % 50, 2001, 2312, 1012, 2008}});
   data::PretrainingOptions o;

@@ -225,7 +225,7 @@ TEST(Trainer, BadInputIsAnInputError) {
   EXPECT_THROW(Trainer(o, true), InputError);  // nothing to resume
   o.packs = w.packs;
   o.sequences = w.seqs;
-  o.vocab = PACKBERT_DEFAULT_VOCAB;  // another vocabulary than the data's
+  o.vocab = PACKBERT_SOURCE_VOCAB;  // another vocabulary than the data's
   EXPECT_THROW(Trainer(o, false), InputError);
   o = w.options("bad");
   o.init = (w.dir / "missing").string();
@@ -352,7 +352,7 @@ TEST(Squad, OfficialNormalisationExactMatchAndF1) {
 }
 
 TEST(Squad, WindowsCoverTheContextAndLocateAnswers) {
-  data::Vocab vocab = data::Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  data::Vocab vocab = data::Vocab::load(PACKBERT_SOURCE_VOCAB);
   data::Tokenizer tok(vocab, true);
   std::vector<SquadExample> ex = read_squad(kSquadTiny);
   ASSERT_EQ(ex.size(), 6u);
@@ -396,7 +396,7 @@ TEST(Squad, WindowsCoverTheContextAndLocateAnswers) {
 }
 
 TEST(Squad, PredictionsMapBackToTheOriginalText) {
-  data::Vocab vocab = data::Vocab::load(PACKBERT_DEFAULT_VOCAB);
+  data::Vocab vocab = data::Vocab::load(PACKBERT_SOURCE_VOCAB);
   data::Tokenizer tok(vocab, true);
   std::vector<SquadExample> ex = read_squad(kSquadTiny);
   SquadOptions o;

@@ -29,7 +29,7 @@ namespace packbert::cli {
 namespace {
 
 struct DemoArgs {
-  std::string workdir = "out/demo", vocab = PACKBERT_DEFAULT_VOCAB, preset = "mini";
+  std::string workdir = "out/demo", vocab, preset = "mini";
   int64_t steps = 250;
   int sequences_per_step = 64;
   double lr = 1e-3;
@@ -199,7 +199,7 @@ void register_demo(CLI::App& app) {
       "demo", "Run the embedded default job: packing comparison, then the demo corpus pipeline");
   cmd->add_option("--workdir", a->workdir, "Where the demo writes its files")
       ->capture_default_str();
-  cmd->add_option("--vocab", a->vocab)->capture_default_str();
+  vocab_option(cmd, a->vocab, "vocab.txt for the demo corpus");
   cmd->add_option("--preset", a->preset, "Model for the pre-training comparison")
       ->capture_default_str();
   number(cmd, "--steps", a->steps, "Optimizer steps of each pre-training run (0 = skip)", 0,

@@ -15,7 +15,7 @@ namespace packbert::cli {
 namespace {
 
 struct InspectArgs {
-  std::string file, vocab = PACKBERT_DEFAULT_VOCAB, sequences;
+  std::string file, vocab, sequences;
   bool vocab_given = false;  // --vocab named on the command line (not the default)
   int examples = 3;
 };
@@ -143,8 +143,7 @@ void register_inspect(CLI::App& app) {
       "inspect", "Summarise a sequences or packs file and decode a few examples");
   cmd->add_option("file", a->file, "Sequences (.seqs) or packs (.packs) file")->required();
   CLI::Option* vocab =
-      cmd->add_option("--vocab", a->vocab, "vocab.txt the file was made with, for decoding")
-          ->capture_default_str();
+      vocab_option(cmd, a->vocab, "vocab.txt the file was made with, for decoding");
   number(cmd, "--examples", a->examples, "How many to show", 0, kMaxCount);
   cmd->add_option("--sequences", a->sequences,
                   "For a packs file: its sequences file (shows lengths)");

@@ -21,7 +21,7 @@ namespace {
 
 struct PrepareArgs {
   std::vector<std::string> inputs;
-  std::string out, vocab = PACKBERT_DEFAULT_VOCAB, pack_algo;
+  std::string out, vocab, pack_algo;
   bool cased = false, split = false, skip_invalid_utf8 = false;
   int max_per_pack = 0;
   uint64_t pack_seed = 1;
@@ -99,7 +99,7 @@ void register_prepare(CLI::App& app) {
   cmd->add_option("inputs", a->inputs, "Text: one sentence per line, blank line between documents")
       ->required();
   cmd->add_option("--out", a->out, "Sequences file to write (e.g. data.seqs)")->required();
-  cmd->add_option("--vocab", a->vocab, "vocab.txt")->capture_default_str();
+  vocab_option(cmd, a->vocab, "vocab.txt to tokenise with");
   cmd->add_flag("--cased", a->cased, "Keep case and accents (cased models)");
   cmd->add_flag("--split-sentences", a->split,
                 "Input is raw text: split documents (blank-line separated) into sentences");

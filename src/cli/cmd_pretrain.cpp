@@ -123,7 +123,7 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
 }
 
 struct EvalArgs {
-  std::string task = "mlm", model, data, packs, vocab = PACKBERT_DEFAULT_VOCAB, predictions;
+  std::string task = "mlm", model, data, packs, vocab, predictions;
   int rows = 16;
   std::optional<int> max_seq_len;  // unset: the task's default
   train::SquadOptions squad;
@@ -194,7 +194,6 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<train::PretrainOptions>();
   auto resume = std::make_shared<bool>(false);
   auto optimizer = std::make_shared<std::string>("lamb");
-  o->vocab = PACKBERT_DEFAULT_VOCAB;
   CLI::App* cmd = app.add_subcommand(
       "pretrain",
       "Pre-train BERT (MLM + NSP) on a sequences file, packed or padded. Exit status: 0 when "
@@ -209,7 +208,7 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   cmd->add_flag("--overwrite", o->overwrite,
                 "Start over in an --out that holds an earlier run (its checkpoint and metrics "
                 "are replaced)");
-  cmd->add_option("--vocab", o->vocab, "vocab.txt the data was made with")->capture_default_str();
+  vocab_option(cmd, o->vocab, "vocab.txt the data was made with");
   cmd->add_option("--init", o->init, "Start from a Hugging Face-layout directory or a checkpoint");
   cmd->add_option("--preset", o->preset, "Model shape: tiny|mini|small|medium|base|large")
       ->capture_default_str();
@@ -282,8 +281,7 @@ void register_pretrain(CLI::App& app, int& exit_code) {
       ->required();
   ev->add_option("--packs", e->packs, "mlm: the sequences file's packs file (faster; same result)");
   number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
-  ev->add_option("--vocab", e->vocab, "classify/squad: vocab.txt for tokenising")
-      ->capture_default_str();
+  vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
   number(ev, "--max-seq-len", e->max_seq_len,
          "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
   ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
@@ -295,12 +293,12 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   ev->callback([e] { run_eval(*e); });
 
   auto x = std::make_shared<std::pair<std::string, std::string>>();
-  auto xv = std::make_shared<std::string>(PACKBERT_DEFAULT_VOCAB);
+  auto xv = std::make_shared<std::string>();
   CLI::App* ex = app.add_subcommand(
       "export", "Write config.json + model.safetensors + vocab.txt (Hugging Face layout)");
   ex->add_option("--checkpoint", x->first, "packbert checkpoint (or HF directory)")->required();
   ex->add_option("--out", x->second, "Directory to write")->required();
-  ex->add_option("--vocab", *xv, "vocab.txt to include")->capture_default_str();
+  vocab_option(ex, *xv, "vocab.txt to include");
   auto xo = std::make_shared<bool>(false);
   ex->add_flag("--overwrite", *xo, "Replace a model directory already at --out");
   ex->callback([x, xv, xo] {
@@ -318,7 +316,6 @@ void register_finetune(CLI::App& app) {
   auto o = std::make_shared<train::FinetuneOptions>();
   auto task = std::make_shared<std::string>("classify");
   auto no_pack = std::make_shared<bool>(false);
-  o->vocab = PACKBERT_DEFAULT_VOCAB;
   CLI::App* cmd = app.add_subcommand(
       "finetune",
       "Fine-tune a classifier on TSV data or a span extractor on SQuAD v1.1 JSON (packed), "
@@ -339,7 +336,7 @@ void register_finetune(CLI::App& app) {
                   "fine-tuning has finished, whole (written as <out>.partial.PID until then)")
       ->required();
   cmd->add_flag("--overwrite", o->overwrite, "Replace an --out that already holds a model");
-  cmd->add_option("--vocab", o->vocab)->capture_default_str();
+  vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
   CLI::Option* len =
       number(cmd, "--max-seq-len", o->max_seq_len,
              "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "error.h"
@@ -13,7 +14,7 @@ namespace packbert::cli {
 namespace {
 
 struct TokenizeArgs {
-  std::string vocab = PACKBERT_DEFAULT_VOCAB;
+  std::string vocab;
   std::string input;
   bool cased = false, tokens = false;
 };
@@ -56,8 +57,7 @@ void register_tokenize(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "WordPiece-tokenize text, one output line per input line (ids or pieces)");
   cmd->add_option("input", args->input, "Text file (default: standard input)");
-  cmd->add_option("--vocab", args->vocab, "vocab.txt (default: bert-base-uncased from set-up)")
-      ->capture_default_str();
+  vocab_option(cmd, args->vocab, "vocab.txt");
   cmd->add_flag("--cased", args->cased, "Keep case and accents (cased models)");
   cmd->add_flag("--tokens", args->tokens, "Print the pieces instead of ids");
   cmd->callback([args] { run_tokenize(*args); });

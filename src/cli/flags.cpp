@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include "train/memory_plan.h"
@@ -54,6 +55,34 @@ void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<doub
       [limit](const std::string& text) { *limit = train::parse_bytes(text, "--memory-limit"); },
       "Memory a step may use (20G, 512M, ...); default: what the system has available. A step "
       "predicted to need more is refused before training starts");
+}
+
+const DefaultVocab& default_vocab() {
+  static const DefaultVocab v = [] {
+    namespace fs = std::filesystem;
+    const std::string name = "bert-base-uncased-vocab.txt";
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+      const fs::path installed = exe.parent_path().parent_path() / "share" / "packbert" / name;
+      if (fs::exists(installed))
+        return DefaultVocab{installed.string(), "installed with the executable"};
+    }
+    if (const char* env = std::getenv("PACKBERT_VOCAB"); env && *env)
+      return DefaultVocab{env, "PACKBERT_VOCAB"};
+    if (fs::exists(PACKBERT_SOURCE_VOCAB))
+      return DefaultVocab{PACKBERT_SOURCE_VOCAB, "source tree"};
+    return DefaultVocab{(exe.parent_path().parent_path() / "share" / "packbert" / name).string(),
+                        "not found"};
+  }();
+  return v;
+}
+
+CLI::Option* vocab_option(CLI::App* cmd, std::string& value, const std::string& help) {
+  const DefaultVocab& d = default_vocab();
+  value = d.path;
+  return cmd->add_option("--vocab", value,
+                         help + " (default: bert-base-uncased, " + d.found + ": " + d.path + ")");
 }
 
 }  // namespace packbert::cli

@@ -39,6 +39,19 @@ CLI::Option* number(CLI::App* cmd, const std::string& name, std::optional<T>& va
 // checked at parse time (a bad value is a one-line error, exit 2).
 void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<double>* limit);
 
+// The bundled vocabulary (bert-base-uncased) and where it was found: next to the executable
+// (<bin>/../share/packbert/, as `cmake --install` lays it out), else $PACKBERT_VOCAB, else the
+// source tree of a build. Never an absolute path baked into an installed binary's only choice.
+struct DefaultVocab {
+  std::string path;
+  std::string found;  // "installed with the executable", "PACKBERT_VOCAB", "source tree", or
+                      // "not found"
+};
+const DefaultVocab& default_vocab();
+
+// --vocab bound to `value` (set to the default vocabulary); --help says where that was found.
+CLI::Option* vocab_option(CLI::App* cmd, std::string& value, const std::string& help);
+
 constexpr double kMaxCount = 1e12;  // upper bound for counts that have no natural one
 constexpr double kMaxSeed = 18446744073709551615.0;  // seeds are unsigned 64-bit
 
