@@ -11,7 +11,7 @@ namespace packbert::data {
 namespace {
 
 uint64_t stream_seed(uint64_t seed, uint64_t a, uint64_t b) {
-  pack::SplitMix64 m(seed ^ (a * 0x9e3779b97f4a7c15ULL) ^ (b * 0xc2b2ae3d27d4eb4fULL));
+  SplitMix64 m(seed ^ (a * 0x9e3779b97f4a7c15ULL) ^ (b * 0xc2b2ae3d27d4eb4fULL));
   m.next();
   return m.next();
 }
@@ -158,8 +158,8 @@ SequencesFile create_pretraining_data(const std::vector<Document>& docs, const V
     if (n_docs < 2) throw InputError("--eval-fraction needs at least two documents");
     std::vector<size_t> order(n_docs);
     for (size_t i = 0; i < n_docs; ++i) order[i] = i;
-    pack::SplitMix64 pick_rng(stream_seed(o.seed, 0x5e1d, 0));
-    pack::shuffle(order, pick_rng);
+    SplitMix64 pick_rng(stream_seed(o.seed, 0x5e1d, 0));
+    shuffle(order, pick_rng);
     const size_t n_held = std::clamp<size_t>(
         static_cast<size_t>(std::llround(o.heldout_fraction * static_cast<double>(n_docs))), 1,
         n_docs - 1);
@@ -188,8 +188,8 @@ SequencesFile create_pretraining_data(const std::vector<Document>& docs, const V
     std::vector<std::pair<size_t, int32_t>> order;  // (job, example)
     for (size_t j = begin; j < end; ++j)
       for (size_t k = 0; k < per_job[j].size(); ++k) order.push_back({j, static_cast<int32_t>(k)});
-    pack::SplitMix64 shuffle_rng(stream_seed(o.seed, 0xfeed, salt));
-    pack::shuffle(order, shuffle_rng);
+    SplitMix64 shuffle_rng(stream_seed(o.seed, 0xfeed, salt));
+    shuffle(order, shuffle_rng);
     if (salt == 1) f.heldout_begin = f.size();
     for (auto [j, k] : order) f.append(per_job[j][k]);
   }

@@ -16,7 +16,7 @@
 
 #include "data/sequences.h"
 #include "data/vocab.h"
-#include "pack/assign.h"
+#include "rng.h"
 
 namespace packbert::data {
 
@@ -37,7 +37,7 @@ using Document = std::vector<Sentence>;
 
 // Deterministic uniform draws for example creation.
 struct Rng {
-  pack::SplitMix64 g;
+  SplitMix64 g;
   explicit Rng(uint64_t seed) : g(seed) {}
   double uniform() { return static_cast<double>(g.next() >> 11) * 0x1.0p-53; }
   int64_t randint(int64_t lo, int64_t hi) {  // inclusive, as Python's random.randint

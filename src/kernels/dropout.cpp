@@ -3,7 +3,7 @@
 namespace packbert::kernels {
 
 uint64_t dropout_key(uint64_t step, uint32_t layer, uint32_t site) {
-  return dropout_mix(step * 0x9e3779b97f4a7c15ULL ^ (static_cast<uint64_t>(layer) << 32 | site));
+  return mix64(step * kGolden64 ^ (static_cast<uint64_t>(layer) << 32 | site));
 }
 
 template <typename T>

@@ -6,14 +6,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace packbert::kernels {
+#include "rng.h"
 
-// splitmix64's finaliser: a strong 64-bit bijection.
-inline uint64_t dropout_mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+namespace packbert::kernels {
 
 // A key naming one dropout site at one training step.
 uint64_t dropout_key(uint64_t step, uint32_t layer, uint32_t site);
@@ -21,7 +16,7 @@ uint64_t dropout_key(uint64_t step, uint32_t layer, uint32_t site);
 // Uniform in [0, 1) for element i of stream (seed, key): the top 53 bits of
 // mix(mix(seed ^ key) + i * golden) scaled by 2^-53.
 inline double dropout_uniform(uint64_t seed, uint64_t key, uint64_t i) {
-  const uint64_t h = dropout_mix(dropout_mix(seed ^ key) + i * 0x9e3779b97f4a7c15ULL);
+  const uint64_t h = counter_bits(seed, key, i);
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
@@ -31,10 +26,9 @@ inline double dropout_uniform(uint64_t seed, uint64_t key, uint64_t i) {
 struct DropoutMask {
   uint64_t base, threshold;
   DropoutMask(uint64_t seed, uint64_t key, double p)
-      : base(dropout_mix(seed ^ key)),
-        threshold(static_cast<uint64_t>(std::ceil(std::ldexp(p, 53)))) {}
+      : base(mix64(seed ^ key)), threshold(static_cast<uint64_t>(std::ceil(std::ldexp(p, 53)))) {}
   bool keep(uint64_t i) const {
-    return (dropout_mix(base + i * 0x9e3779b97f4a7c15ULL) >> 11) >= threshold;
+    return (mix64(base + i * kGolden64) >> 11) >= threshold;  // == counter_bits(...) >> 11
   }
 };
 

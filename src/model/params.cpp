@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "pack/assign.h"
+#include "rng.h"
 
 namespace packbert::model {
 
@@ -117,7 +117,7 @@ ParamView<T>::ParamView(const ParamLayout& layout, T* base) {
 
 template <typename T>
 void init_params(const ParamLayout& layout, T* params, uint64_t seed) {
-  pack::SplitMix64 rng(seed);
+  SplitMix64 rng(seed);
   const double std = layout.config().initializer_range;
   for (const TensorSpec& t : layout.tensors()) {
     T* p = params + t.offset;

@@ -4,27 +4,6 @@
 
 namespace packbert::pack {
 
-uint64_t SplitMix64::next() {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-uint64_t SplitMix64::below(uint64_t n) {
-  // Lemire's multiply-shift with rejection: exact uniformity.
-  unsigned __int128 m = static_cast<unsigned __int128>(next()) * n;
-  uint64_t low = static_cast<uint64_t>(m);
-  if (low < n) {
-    uint64_t threshold = -n % n;
-    while (low < threshold) {
-      m = static_cast<unsigned __int128>(next()) * n;
-      low = static_cast<uint64_t>(m);
-    }
-  }
-  return static_cast<uint64_t>(m >> 64);
-}
-
 PackAssignment assign_sequences(const PackPlan& plan, const std::vector<int>& lengths,
                                 uint64_t seed) {
   const int S = plan.options.max_len;

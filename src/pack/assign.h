@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "pack/plan.h"
+#include "rng.h"
 
 namespace packbert::pack {
 
@@ -21,18 +22,5 @@ struct PackAssignment {
 // InputError if the lengths' histogram differs from the one the plan was made for.
 PackAssignment assign_sequences(const PackPlan& plan, const std::vector<int>& lengths,
                                 uint64_t seed);
-
-// splitmix64-based generator with an unbiased bounded draw; the project's portable shuffle.
-struct SplitMix64 {
-  uint64_t state;
-  explicit SplitMix64(uint64_t seed) : state(seed) {}
-  uint64_t next();
-  uint64_t below(uint64_t n);  // uniform in [0, n), n > 0
-};
-
-template <typename T>
-void shuffle(std::vector<T>& v, SplitMix64& rng) {
-  for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng.below(i)]);
-}
 
 }  // namespace packbert::pack

@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "pack/assign.h"
 #include "pack/plan.h"
+#include "rng.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
@@ -153,8 +154,8 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     std::vector<size_t> order(rows.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    pack::SplitMix64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(epoch));
-    pack::shuffle(order, rng);
+    SplitMix64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(epoch));
+    shuffle(order, rng);
     for (int64_t b = 0; b < batches; ++b) {
       std::vector<std::vector<int64_t>> batch_rows;
       for (int64_t r = b * o.rows_per_batch;

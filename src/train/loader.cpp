@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "error.h"
-#include "pack/assign.h"
+#include "rng.h"
 
 namespace packbert::train {
 
@@ -70,8 +70,8 @@ std::vector<uint64_t> BatchLoader::epoch_order(uint64_t epoch) const {
   else
     for (uint64_t i = 0; i < rows_; ++i) order[i] = opt_.row_begin + i;
   if (!opt_.shuffle) return order;
-  pack::SplitMix64 rng(opt_.seed * 0x9e3779b97f4a7c15ULL + epoch);
-  pack::shuffle(order, rng);
+  SplitMix64 rng(opt_.seed * 0x9e3779b97f4a7c15ULL + epoch);
+  shuffle(order, rng);
   return order;
 }
 
