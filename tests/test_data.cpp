@@ -280,16 +280,28 @@ TEST(Loader, EpochCoversEverySequenceOnceAndResumesExactly) {
   train::Cursor mid;
   {
     train::BatchLoader loader(f, 42, &p, &base_vocab(), lo, {});
-    std::multiset<int> seen_lengths;
-    size_t sequences = 0;
+    // Every served sequence, as its original token ids (a masked slot's label is its original
+    // token), must be one of the file's, and each of the file's served exactly once.
+    std::multiset<std::vector<int32_t>> expected, served;
+    for (size_t i = 0; i < f.size(); ++i)
+      expected.insert(std::vector<int32_t>(f.tokens.begin() + f.token_offsets[i],
+                                           f.tokens.begin() + f.token_offsets[i + 1]));
     while (loader.cursor().epoch == 0) {
       model::PackedBatch b = loader.next();
       model::TokenLayout t = model::token_layout(b, cfg);  // valid for the engine
-      sequences += static_cast<size_t>(t.sequences());
+      for (int q = 0; q < t.sequences(); ++q) {
+        std::vector<int32_t> ids;
+        for (int k = t.cu_seqlens[q]; k < t.cu_seqlens[q + 1]; ++k) {
+          const int32_t slot = t.slot[k];
+          ids.push_back(b.mlm_labels[slot] != -100 ? b.mlm_labels[slot] : b.input_ids[slot]);
+        }
+        served.insert(std::move(ids));
+      }
       first.push_back(b);
       if (first.size() == 3) mid = loader.cursor();
     }
-    EXPECT_EQ(sequences, f.size());
+    EXPECT_EQ(served.size(), f.size());
+    EXPECT_TRUE(served == expected) << "an epoch must serve each sequence of the file once";
   }
   train::BatchLoader resumed(f, 42, &p, &base_vocab(), lo, mid);
   for (size_t i = 3; i < 6; ++i) {

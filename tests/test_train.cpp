@@ -216,20 +216,29 @@ TEST(Trainer, LearnsTheSyntheticCorpus) {
             << before.mlm_acc << " -> " << after.mlm_acc << "\n";
 }
 
-TEST(Trainer, BadInputIsAnInputError) {
+// Each bad input is an InputError whose message names the problem (and where it is).
+TEST(Trainer, BadInputIsAnInputErrorNamingTheProblem) {
   World w;
+  auto expect_error = [](const PretrainOptions& o, bool resume, const std::string& needle) {
+    try {
+      Trainer t(o, resume);
+      ADD_FAILURE() << "accepted; expected an error with '" << needle << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
   PretrainOptions o = w.options("bad");
   o.lr = std::nan("");
-  EXPECT_THROW(Trainer(o, false), InputError);
+  expect_error(o, false, "--lr must be a positive finite number");
   o = w.options("bad");
-  EXPECT_THROW(Trainer(o, true), InputError);  // nothing to resume
+  expect_error(o, true, "checkpoint.safetensors: no checkpoint to resume from");
   o.packs = w.packs;
   o.sequences = w.seqs;
   o.vocab = PACKBERT_SOURCE_VOCAB;  // another vocabulary than the data's
-  EXPECT_THROW(Trainer(o, false), InputError);
+  expect_error(o, false, std::string(PACKBERT_SOURCE_VOCAB) + ": not the vocabulary " + w.seqs);
   o = w.options("bad");
   o.init = (w.dir / "missing").string();
-  EXPECT_THROW(Trainer(o, false), InputError);
+  expect_error(o, false, (w.dir / "missing").string());
 }
 
 TEST(Export, RoundTripsThroughTheHuggingFaceLayout) {
