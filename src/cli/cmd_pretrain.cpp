@@ -1,4 +1,4 @@
-// `packbert pretrain`, `packbert eval`, `packbert export`.
+// `packbert pretrain`: progress line, metrics, SIGINT/SIGTERM handling, exit codes.
 #include <pthread.h>
 #include <unistd.h>
 
@@ -12,7 +12,6 @@
 #include "cli/flags.h"
 #include "cli/table.h"
 #include "error.h"
-#include "train/finetune.h"
 #include "train/trainer.h"
 
 namespace packbert::cli {
@@ -122,72 +121,6 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
   return reason == train::StopReason::requested ? 128 + sig : 0;
 }
 
-struct EvalArgs {
-  std::string task = "mlm", model, data, packs, vocab, predictions;
-  int rows = 16;
-  std::optional<int> max_seq_len;  // unset: the task's default
-  train::SquadOptions squad;
-};
-
-void run_task_eval(const EvalArgs& a) {
-  train::TaskEvalOptions o;
-  o.task = a.task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
-  o.model = a.model;
-  o.data = a.data;
-  o.vocab = a.vocab;
-  o.predictions = a.predictions;
-  o.rows_per_batch = a.rows;
-  o.max_seq_len = a.max_seq_len.value_or(a.task == "squad" ? 384 : 128);
-  o.squad = a.squad;
-  train::TaskEvalResult r = train::evaluate_task(o);
-  Table t({"metric", "value"});
-  if (o.task == train::FinetuneTask::squad) {
-    t.add_row({"exact match %", fixed(r.squad.exact_match, 2)});
-    t.add_row({"F1 %", fixed(r.squad.f1, 2)});
-    t.add_row({"questions", with_commas(r.examples)});
-    t.add_row({"windows", with_commas(r.sequences)});
-  } else {
-    t.add_row({"accuracy", fixed(r.accuracy, 4)});
-    t.add_row({"examples", with_commas(r.examples)});
-  }
-  t.print(std::cout);
-  if (!a.predictions.empty()) std::cout << "answers in " << a.predictions << '\n';
-}
-
-void run_eval(const EvalArgs& a) {
-  if (a.task != "mlm") return run_task_eval(a);
-  auto m = train::load_model(a.model, model::Heads{});
-  data::SequencesFile f = data::read_sequences(a.data);
-  if (m->config().vocab_size != f.vocab_size)
-    throw InputError(a.model + ": vocab_size " + std::to_string(m->config().vocab_size) +
-                     " does not match " + a.data + "'s vocabulary of " +
-                     std::to_string(f.vocab_size));
-  std::optional<data::PacksFile> packs;
-  if (!a.packs.empty()) packs = data::read_packs(a.packs);
-  train::LoaderOptions lo;
-  lo.rows_per_batch = a.rows;
-  lo.shuffle = false;
-  train::BatchLoader loader(f, data::sequences_checksum(a.data), packs ? &*packs : nullptr, nullptr,
-                            lo, {});
-  double mlm = 0, nsp = 0;
-  int64_t mlm_n = 0, nsp_n = 0, mlm_ok = 0, nsp_ok = 0;
-  while (loader.cursor().epoch == 0) {
-    model::Outputs out = m->forward(loader.next(), model::StepOptions{});
-    mlm += out.mlm_loss * static_cast<double>(out.mlm_count);
-    nsp += out.nsp_loss * static_cast<double>(out.nsp_count);
-    mlm_n += out.mlm_count, nsp_n += out.nsp_count, mlm_ok += out.mlm_correct,
-        nsp_ok += out.nsp_correct;
-  }
-  Table t({"metric", "value"});
-  t.add_row({"MLM loss", fixed(mlm / std::max<int64_t>(mlm_n, 1), 4)});
-  t.add_row({"MLM accuracy", fixed(static_cast<double>(mlm_ok) / std::max<int64_t>(mlm_n, 1), 4)});
-  t.add_row({"NSP loss", fixed(nsp / std::max<int64_t>(nsp_n, 1), 4)});
-  t.add_row({"NSP accuracy", fixed(static_cast<double>(nsp_ok) / std::max<int64_t>(nsp_n, 1), 4)});
-  t.add_row({"masked tokens", with_commas(mlm_n)});
-  t.add_row({"sequences", with_commas(nsp_n)});
-  t.print(std::cout);
-}
-
 }  // namespace
 
 void register_pretrain(CLI::App& app, int& exit_code) {
@@ -265,117 +198,6 @@ void register_pretrain(CLI::App& app, int& exit_code) {
     train::PretrainOptions opt = *o;
     if ((*lr_given)->count() == 0) opt.lr = *optimizer == "lamb" ? 5e-3 : 1e-3;
     exit_code = run_pretrain(opt, *resume, *optimizer);
-  });
-
-  auto e = std::make_shared<EvalArgs>();
-  CLI::App* ev = app.add_subcommand(
-      "eval",
-      "Evaluate a model over a whole file: MLM/NSP loss and accuracy (sequences file), or a "
-      "fine-tuned model's accuracy (TSV) or SQuAD exact match/F1 (JSON)");
-  ev->add_option("--task", e->task, "mlm (pre-training metrics) | classify | squad")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"mlm", "classify", "squad"}));
-  ev->add_option("--model", e->model, "Hugging Face-layout directory or packbert checkpoint")
-      ->required();
-  ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV; squad: SQuAD v1.1 JSON")
-      ->required();
-  ev->add_option("--packs", e->packs, "mlm: the sequences file's packs file (faster; same result)");
-  number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
-  vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
-  number(ev, "--max-seq-len", e->max_seq_len,
-         "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
-  ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
-  number(ev, "--doc-stride", e->squad.doc_stride, "squad: step between context windows", 1, 65536);
-  number(ev, "--max-query-length", e->squad.max_query_length, "squad: question tokens kept", 1,
-         65536);
-  number(ev, "--max-answer-length", e->squad.max_answer_length,
-         "squad: longest predicted answer, tokens", 1, 65536);
-  ev->callback([e] { run_eval(*e); });
-
-  auto x = std::make_shared<std::pair<std::string, std::string>>();
-  auto xv = std::make_shared<std::string>();
-  CLI::App* ex = app.add_subcommand(
-      "export", "Write config.json + model.safetensors + vocab.txt (Hugging Face layout)");
-  ex->add_option("--checkpoint", x->first, "packbert checkpoint (or HF directory)")->required();
-  ex->add_option("--out", x->second, "Directory to write")->required();
-  vocab_option(ex, *xv, "vocab.txt to include");
-  auto xo = std::make_shared<bool>(false);
-  ex->add_flag("--overwrite", *xo, "Replace a model directory already at --out");
-  ex->callback([x, xv, xo] {
-    auto m = train::load_model(x->first, model::Heads{});
-    train::export_model(*m, x->second, *xv, *xo);
-    std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt}\n";
-  });
-}
-
-}  // namespace packbert::cli
-
-namespace packbert::cli {
-
-void register_finetune(CLI::App& app) {
-  auto o = std::make_shared<train::FinetuneOptions>();
-  auto task = std::make_shared<std::string>("classify");
-  auto no_pack = std::make_shared<bool>(false);
-  CLI::App* cmd = app.add_subcommand(
-      "finetune",
-      "Fine-tune a classifier on TSV data or a span extractor on SQuAD v1.1 JSON (packed), "
-      "report dev accuracy or exact match / F1");
-  cmd->add_option("--task", *task,
-                  "classify (sequence or pair classification, TSV) | squad (SQuAD v1.1 JSON)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"classify", "squad"}));
-  cmd->add_option("--train", o->train,
-                  "classify: TSV with a header (label, sentence[, sentence2]); squad: JSON")
-      ->required();
-  cmd->add_option("--dev", o->dev, "The same format; squad writes its answers to predictions.json")
-      ->required();
-  cmd->add_option("--init", o->init, "Pre-trained model: HF directory or packbert checkpoint")
-      ->required();
-  cmd->add_option("--out", o->out_dir,
-                  "Directory for the fine-tuned model (HF layout) and metrics; it appears when "
-                  "fine-tuning has finished, whole (written as <out>.partial.PID until then)")
-      ->required();
-  cmd->add_flag("--overwrite", o->overwrite, "Replace an --out that already holds a model");
-  vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
-  CLI::Option* len =
-      number(cmd, "--max-seq-len", o->max_seq_len,
-             "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);
-  number(cmd, "--batch-rows", o->rows_per_batch, "Packs (or rows) per step", 1, 1e6);
-  number(cmd, "--epochs", o->epochs, "Passes over the training data", 1, 1e6);
-  number(cmd, "--lr", o->lr, "Peak learning rate (AdamW)", 1e-12, 10);
-  number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
-  number(cmd, "--seed", o->seed, "Seed for the new head, order and dropout", 0, kMaxSeed);
-  number(cmd, "--doc-stride", o->squad.doc_stride, "squad: step between context windows", 1, 65536);
-  number(cmd, "--max-query-length", o->squad.max_query_length, "squad: question tokens kept", 1,
-         65536);
-  number(cmd, "--max-answer-length", o->squad.max_answer_length,
-         "squad: longest predicted answer, tokens", 1, 65536);
-  cmd->add_flag("--no-pack", *no_pack, "One example per row");
-  recompute_flags(cmd, o->recompute, &o->memory_limit);
-  cmd->callback([o, task, no_pack, len] {
-    train::FinetuneOptions opt = *o;
-    opt.packed = !*no_pack;
-    opt.task = *task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
-    if (opt.task == train::FinetuneTask::squad && len->count() == 0) opt.max_seq_len = 384;
-    train::FinetuneResult r = train::finetune(opt);
-    if (opt.task == train::FinetuneTask::squad) {
-      Table t({"epoch", "dev exact match %", "dev F1 %"});
-      for (size_t e = 0; e < r.dev_squad.size(); ++e)
-        t.add_row({std::to_string(e + 1), fixed(r.dev_squad[e].exact_match, 2),
-                   fixed(r.dev_squad[e].f1, 2)});
-      t.print(std::cout);
-      std::cout << r.train_sequences << " training windows in " << r.train_rows << " rows";
-      if (r.skipped) std::cout << " (" << r.skipped << " questions skipped: answer not found)";
-    } else {
-      Table t({"epoch", "dev accuracy", "majority baseline"});
-      for (size_t e = 0; e < r.dev_accuracy.size(); ++e)
-        t.add_row(
-            {std::to_string(e + 1), fixed(r.dev_accuracy[e], 4), fixed(r.majority_baseline, 4)});
-      t.print(std::cout);
-      std::cout << r.num_labels << " labels, " << r.train_sequences << " examples in "
-                << r.train_rows << " rows";
-    }
-    std::cout << ", " << r.steps << " steps; model in " << opt.out_dir << '\n';
   });
 }
 

@@ -16,7 +16,9 @@ void register_finetune(CLI::App& app);
 void register_plan(CLI::App& app);
 // Commands whose success is not just "no exception" set exit_code (check-golden: 1 = checked
 // and failed; pretrain: 128 + signal when stopped by SIGINT/SIGTERM).
-void register_pretrain(CLI::App& app, int& exit_code);  // also eval and export
+void register_pretrain(CLI::App& app, int& exit_code);
+void register_eval(CLI::App& app);
+void register_export(CLI::App& app);
 void register_check_golden(CLI::App& app, int& exit_code);
 
 // Runs the CLI on argv; returns the process exit code (0 ok, 2 bad input, 1 internal error).

@@ -22,6 +22,8 @@ int run(int argc, char** argv) {
   register_gcide(app);
   int exit_code = 0;
   register_pretrain(app, exit_code);
+  register_eval(app);
+  register_export(app);
   register_finetune(app);
   register_plan(app);
   register_check_golden(app, exit_code);

@@ -316,28 +316,33 @@ void Trainer::save_checkpoint() {
   saved_step_ = step_;
 }
 
-EvalMetrics Trainer::evaluate() {
+EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader) {
   EvalMetrics e;
-  e.step = step_;
-  if (eval_rows_.row_end == 0) return e;
-  BatchLoader loader(seqs_, seqs_checksum_, nullptr, vocab_ ? &*vocab_ : nullptr, eval_rows_, {});
   double mlm_sum = 0, nsp_sum = 0;
   int64_t nsp_n = 0, mlm_correct = 0, nsp_correct = 0;
   while (loader.cursor().epoch == 0) {
     model::PackedBatch b = loader.next();
-    model::Outputs o = model_->forward(b, model::StepOptions{});
+    model::Outputs o = m.forward(b, model::StepOptions{});
     mlm_sum += o.mlm_loss * static_cast<double>(o.mlm_count);
     nsp_sum += o.nsp_loss * static_cast<double>(o.nsp_count);
     e.mlm_count += o.mlm_count;
     nsp_n += o.nsp_count;
     mlm_correct += o.mlm_correct;
     nsp_correct += o.nsp_correct;
-    for (int32_t y : model_->tokens().nsp_label) e.sequences += y != -100;
+    for (int32_t y : m.tokens().nsp_label) e.sequences += y != -100;
   }
   e.mlm_loss = e.mlm_count ? mlm_sum / static_cast<double>(e.mlm_count) : 0;
   e.mlm_acc = e.mlm_count ? static_cast<double>(mlm_correct) / static_cast<double>(e.mlm_count) : 0;
   e.nsp_loss = nsp_n ? nsp_sum / static_cast<double>(nsp_n) : 0;
   e.nsp_acc = nsp_n ? static_cast<double>(nsp_correct) / static_cast<double>(nsp_n) : 0;
+  return e;
+}
+
+EvalMetrics Trainer::evaluate() {
+  if (eval_rows_.row_end == 0) return EvalMetrics{step_};
+  BatchLoader loader(seqs_, seqs_checksum_, nullptr, vocab_ ? &*vocab_ : nullptr, eval_rows_, {});
+  EvalMetrics e = evaluate_mlm(*model_, loader);
+  e.step = step_;
   return e;
 }
 

@@ -85,6 +85,10 @@ struct EvalMetrics {
   double eval_seconds = 0;  // how long the evaluation took
 };
 
+// Pre-training metrics over one epoch of `loader` (dropout off): what pretrain reports on its
+// held-out split and `packbert eval` over a whole file. step, elapsed and eval_seconds are left 0.
+EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader);
+
 // Why Trainer::run returned.
 enum class StopReason { finished, requested, time_limit };
 

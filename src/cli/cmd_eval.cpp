@@ -1,0 +1,105 @@
+// `packbert eval`: pre-training metrics over a sequences file (the same evaluation pretrain runs
+// on its held-out split), or a fine-tuned model's accuracy / SQuAD exact match and F1.
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/table.h"
+#include "error.h"
+#include "train/finetune.h"
+#include "train/trainer.h"
+
+namespace packbert::cli {
+
+namespace {
+
+struct EvalArgs {
+  std::string task = "mlm", model, data, packs, vocab, predictions;
+  int rows = 16;
+  std::optional<int> max_seq_len;  // unset: the task's default
+  train::SquadOptions squad;
+};
+
+void run_task_eval(const EvalArgs& a) {
+  train::TaskEvalOptions o;
+  o.task = a.task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
+  o.model = a.model;
+  o.data = a.data;
+  o.vocab = a.vocab;
+  o.predictions = a.predictions;
+  o.rows_per_batch = a.rows;
+  o.max_seq_len = a.max_seq_len.value_or(a.task == "squad" ? 384 : 128);
+  o.squad = a.squad;
+  train::TaskEvalResult r = train::evaluate_task(o);
+  Table t({"metric", "value"});
+  if (o.task == train::FinetuneTask::squad) {
+    t.add_row({"exact match %", fixed(r.squad.exact_match, 2)});
+    t.add_row({"F1 %", fixed(r.squad.f1, 2)});
+    t.add_row({"questions", with_commas(r.examples)});
+    t.add_row({"windows", with_commas(r.sequences)});
+  } else {
+    t.add_row({"accuracy", fixed(r.accuracy, 4)});
+    t.add_row({"examples", with_commas(r.examples)});
+  }
+  t.print(std::cout);
+  if (!a.predictions.empty()) std::cout << "answers in " << a.predictions << '\n';
+}
+
+void run_eval(const EvalArgs& a) {
+  if (a.task != "mlm") return run_task_eval(a);
+  auto m = train::load_model(a.model, model::Heads{});
+  data::SequencesFile f = data::read_sequences(a.data);
+  if (m->config().vocab_size != f.vocab_size)
+    throw InputError(a.model + ": vocab_size " + std::to_string(m->config().vocab_size) +
+                     " does not match " + a.data + "'s vocabulary of " +
+                     std::to_string(f.vocab_size));
+  std::optional<data::PacksFile> packs;
+  if (!a.packs.empty()) packs = data::read_packs(a.packs);
+  train::LoaderOptions lo;
+  lo.rows_per_batch = a.rows;
+  lo.shuffle = false;
+  train::BatchLoader loader(f, data::sequences_checksum(a.data), packs ? &*packs : nullptr, nullptr,
+                            lo, {});
+  const train::EvalMetrics e = train::evaluate_mlm(*m, loader);
+  Table t({"metric", "value"});
+  t.add_row({"MLM loss", fixed(e.mlm_loss, 4)});
+  t.add_row({"MLM accuracy", fixed(e.mlm_acc, 4)});
+  t.add_row({"NSP loss", fixed(e.nsp_loss, 4)});
+  t.add_row({"NSP accuracy", fixed(e.nsp_acc, 4)});
+  t.add_row({"masked tokens", with_commas(e.mlm_count)});
+  t.add_row({"sequences", with_commas(e.sequences)});
+  t.print(std::cout);
+}
+
+}  // namespace
+
+void register_eval(CLI::App& app) {
+  auto e = std::make_shared<EvalArgs>();
+  CLI::App* ev = app.add_subcommand(
+      "eval",
+      "Evaluate a model over a whole file: MLM/NSP loss and accuracy (sequences file), or a "
+      "fine-tuned model's accuracy (TSV) or SQuAD exact match/F1 (JSON)");
+  ev->add_option("--task", e->task, "mlm (pre-training metrics) | classify | squad")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mlm", "classify", "squad"}));
+  ev->add_option("--model", e->model, "Hugging Face-layout directory or packbert checkpoint")
+      ->required();
+  ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV; squad: SQuAD v1.1 JSON")
+      ->required();
+  ev->add_option("--packs", e->packs, "mlm: the sequences file's packs file (faster; same result)");
+  number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
+  vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
+  number(ev, "--max-seq-len", e->max_seq_len,
+         "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
+  ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
+  number(ev, "--doc-stride", e->squad.doc_stride, "squad: step between context windows", 1, 65536);
+  number(ev, "--max-query-length", e->squad.max_query_length, "squad: question tokens kept", 1,
+         65536);
+  number(ev, "--max-answer-length", e->squad.max_answer_length,
+         "squad: longest predicted answer, tokens", 1, 65536);
+  ev->callback([e] { run_eval(*e); });
+}
+
+}  // namespace packbert::cli

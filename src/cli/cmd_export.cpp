@@ -1,0 +1,28 @@
+// `packbert export`: a checkpoint to the Hugging Face layout.
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "train/trainer.h"
+
+namespace packbert::cli {
+
+void register_export(CLI::App& app) {
+  auto x = std::make_shared<std::pair<std::string, std::string>>();
+  auto xv = std::make_shared<std::string>();
+  CLI::App* ex = app.add_subcommand(
+      "export", "Write config.json + model.safetensors + vocab.txt (Hugging Face layout)");
+  ex->add_option("--checkpoint", x->first, "packbert checkpoint (or HF directory)")->required();
+  ex->add_option("--out", x->second, "Directory to write")->required();
+  vocab_option(ex, *xv, "vocab.txt to include");
+  auto xo = std::make_shared<bool>(false);
+  ex->add_flag("--overwrite", *xo, "Replace a model directory already at --out");
+  ex->callback([x, xv, xo] {
+    auto m = train::load_model(x->first, model::Heads{});
+    train::export_model(*m, x->second, *xv, *xo);
+    std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt}\n";
+  });
+}
+
+}  // namespace packbert::cli

@@ -1,0 +1,79 @@
+// `packbert finetune`: sequence classification (TSV) or SQuAD span extraction.
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/table.h"
+#include "train/finetune.h"
+
+namespace packbert::cli {
+
+void register_finetune(CLI::App& app) {
+  auto o = std::make_shared<train::FinetuneOptions>();
+  auto task = std::make_shared<std::string>("classify");
+  auto no_pack = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand(
+      "finetune",
+      "Fine-tune a classifier on TSV data or a span extractor on SQuAD v1.1 JSON (packed), "
+      "report dev accuracy or exact match / F1");
+  cmd->add_option("--task", *task,
+                  "classify (sequence or pair classification, TSV) | squad (SQuAD v1.1 JSON)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"classify", "squad"}));
+  cmd->add_option("--train", o->train,
+                  "classify: TSV with a header (label, sentence[, sentence2]); squad: JSON")
+      ->required();
+  cmd->add_option("--dev", o->dev, "The same format; squad writes its answers to predictions.json")
+      ->required();
+  cmd->add_option("--init", o->init, "Pre-trained model: HF directory or packbert checkpoint")
+      ->required();
+  cmd->add_option("--out", o->out_dir,
+                  "Directory for the fine-tuned model (HF layout) and metrics; it appears when "
+                  "fine-tuning has finished, whole (written as <out>.partial.PID until then)")
+      ->required();
+  cmd->add_flag("--overwrite", o->overwrite, "Replace an --out that already holds a model");
+  vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
+  CLI::Option* len =
+      number(cmd, "--max-seq-len", o->max_seq_len,
+             "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);
+  number(cmd, "--batch-rows", o->rows_per_batch, "Packs (or rows) per step", 1, 1e6);
+  number(cmd, "--epochs", o->epochs, "Passes over the training data", 1, 1e6);
+  number(cmd, "--lr", o->lr, "Peak learning rate (AdamW)", 1e-12, 10);
+  number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
+  number(cmd, "--seed", o->seed, "Seed for the new head, order and dropout", 0, kMaxSeed);
+  number(cmd, "--doc-stride", o->squad.doc_stride, "squad: step between context windows", 1, 65536);
+  number(cmd, "--max-query-length", o->squad.max_query_length, "squad: question tokens kept", 1,
+         65536);
+  number(cmd, "--max-answer-length", o->squad.max_answer_length,
+         "squad: longest predicted answer, tokens", 1, 65536);
+  cmd->add_flag("--no-pack", *no_pack, "One example per row");
+  recompute_flags(cmd, o->recompute, &o->memory_limit);
+  cmd->callback([o, task, no_pack, len] {
+    train::FinetuneOptions opt = *o;
+    opt.packed = !*no_pack;
+    opt.task = *task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
+    if (opt.task == train::FinetuneTask::squad && len->count() == 0) opt.max_seq_len = 384;
+    train::FinetuneResult r = train::finetune(opt);
+    if (opt.task == train::FinetuneTask::squad) {
+      Table t({"epoch", "dev exact match %", "dev F1 %"});
+      for (size_t e = 0; e < r.dev_squad.size(); ++e)
+        t.add_row({std::to_string(e + 1), fixed(r.dev_squad[e].exact_match, 2),
+                   fixed(r.dev_squad[e].f1, 2)});
+      t.print(std::cout);
+      std::cout << r.train_sequences << " training windows in " << r.train_rows << " rows";
+      if (r.skipped) std::cout << " (" << r.skipped << " questions skipped: answer not found)";
+    } else {
+      Table t({"epoch", "dev accuracy", "majority baseline"});
+      for (size_t e = 0; e < r.dev_accuracy.size(); ++e)
+        t.add_row(
+            {std::to_string(e + 1), fixed(r.dev_accuracy[e], 4), fixed(r.majority_baseline, 4)});
+      t.print(std::cout);
+      std::cout << r.num_labels << " labels, " << r.train_sequences << " examples in "
+                << r.train_rows << " rows";
+    }
+    std::cout << ", " << r.steps << " steps; model in " << opt.out_dir << '\n';
+  });
+}
+
+}  // namespace packbert::cli
