@@ -337,7 +337,7 @@ TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
 }  // namespace
 }  // namespace packbert::train
 
-#include "train/squad.h"
+#include "data/squad.h"
 
 namespace packbert::train {
 namespace {
@@ -345,17 +345,17 @@ namespace {
 const std::string kSquadTiny = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
 
 TEST(Squad, OfficialNormalisationExactMatchAndF1) {
-  EXPECT_EQ(squad_normalize("The  Denver Broncos!"), "denver broncos");
-  EXPECT_EQ(squad_normalize("an (apple), a pear"), "apple pear");
-  EXPECT_EQ(squad_exact_match("the Broncos", "Broncos."), 1.0);
-  EXPECT_EQ(squad_exact_match("Denver", "Broncos"), 0.0);
-  EXPECT_NEAR(squad_f1("Denver Broncos", "Broncos of Denver"), 0.8, 1e-12);  // p 1, r 2/3
-  EXPECT_NEAR(squad_f1("a b b", "b c"), 0.5, 1e-12);  // "a" is an article; one b in common
-  EXPECT_EQ(squad_f1("", "Denver"), 0.0);
-  std::vector<SquadExample> ex(2);
+  EXPECT_EQ(data::squad_normalize("The  Denver Broncos!"), "denver broncos");
+  EXPECT_EQ(data::squad_normalize("an (apple), a pear"), "apple pear");
+  EXPECT_EQ(data::squad_exact_match("the Broncos", "Broncos."), 1.0);
+  EXPECT_EQ(data::squad_exact_match("Denver", "Broncos"), 0.0);
+  EXPECT_NEAR(data::squad_f1("Denver Broncos", "Broncos of Denver"), 0.8, 1e-12);  // p 1, r 2/3
+  EXPECT_NEAR(data::squad_f1("a b b", "b c"), 0.5, 1e-12);  // "a" is an article; one b in common
+  EXPECT_EQ(data::squad_f1("", "Denver"), 0.0);
+  std::vector<data::SquadExample> ex(2);
   ex[0].answers = {{"2026", 0}, {"in 2026", 0}};
   ex[1].answers = {{"three", 0}};
-  SquadScore s = squad_score(ex, {"In 2026", "four"});
+  data::SquadScore s = data::squad_score(ex, {"In 2026", "four"});
   EXPECT_DOUBLE_EQ(s.exact_match, 50.0);  // max over references, then mean, in %
   EXPECT_DOUBLE_EQ(s.f1, 50.0);
 }
@@ -363,19 +363,19 @@ TEST(Squad, OfficialNormalisationExactMatchAndF1) {
 TEST(Squad, WindowsCoverTheContextAndLocateAnswers) {
   data::Vocab vocab = data::Vocab::load(PACKBERT_SOURCE_VOCAB);
   data::Tokenizer tok(vocab, true);
-  std::vector<SquadExample> ex = read_squad(kSquadTiny);
+  std::vector<data::SquadExample> ex = data::read_squad(kSquadTiny);
   ASSERT_EQ(ex.size(), 6u);
   EXPECT_EQ(ex[1].id, "q2");
   EXPECT_EQ(ex[1].answers.size(), 2u);
-  SquadOptions o;
+  data::SquadOptions o;
   o.max_seq_len = 40;
   o.doc_stride = 8;
   o.max_query_length = 6;
-  SquadFeatures f = squad_features(ex, tok, o, true);
+  data::SquadFeatures f = data::squad_features(ex, tok, o, true);
   EXPECT_EQ(f.unanswerable, 0);
   std::vector<int> windows(ex.size(), 0), with_answer(ex.size(), 0);
-  for (const SquadFeature& ft : f.features) {
-    const SquadExample& e = ex[ft.example];
+  for (const data::SquadFeature& ft : f.features) {
+    const data::SquadExample& e = ex[ft.example];
     ++windows[ft.example];
     ASSERT_LE(ft.tokens.size(), 40u);
     EXPECT_EQ(ft.tokens.front(), vocab.cls());
@@ -396,7 +396,7 @@ TEST(Squad, WindowsCoverTheContextAndLocateAnswers) {
     EXPECT_GE(with_answer[i], 1) << ex[i].id;
     // Every context piece is "max context" in exactly one window.
     std::vector<int> owners(ex[i].pieces.size(), 0);
-    for (const SquadFeature& ft : f.features)
+    for (const data::SquadFeature& ft : f.features)
       if (ft.example == static_cast<int64_t>(i))
         for (size_t k = 0; k < ft.max_context.size(); ++k)
           owners[ft.doc_first + k] += ft.max_context[k];
@@ -407,12 +407,12 @@ TEST(Squad, WindowsCoverTheContextAndLocateAnswers) {
 TEST(Squad, PredictionsMapBackToTheOriginalText) {
   data::Vocab vocab = data::Vocab::load(PACKBERT_SOURCE_VOCAB);
   data::Tokenizer tok(vocab, true);
-  std::vector<SquadExample> ex = read_squad(kSquadTiny);
-  SquadOptions o;
+  std::vector<data::SquadExample> ex = data::read_squad(kSquadTiny);
+  data::SquadOptions o;
   o.max_seq_len = 48;
   o.doc_stride = 16;
-  SquadFeatures train = squad_features(ex, tok, o, true);
-  SquadFeatures dev = squad_features(ex, tok, o, false);
+  data::SquadFeatures train = data::squad_features(ex, tok, o, true);
+  data::SquadFeatures dev = data::squad_features(ex, tok, o, false);
   ASSERT_EQ(train.features.size(), dev.features.size());
   // Logits that peak on the located span of each window holding the answer.
   std::vector<std::vector<float>> logits(dev.features.size());
@@ -424,16 +424,16 @@ TEST(Squad, PredictionsMapBackToTheOriginalText) {
       logits[f][2 * train.features[f].end + 1] = 5.0f;
     }
   }
-  std::vector<std::string> pred = squad_predictions(ex, dev.features, logits, tok, o);
+  std::vector<std::string> pred = data::squad_predictions(ex, dev.features, logits, tok, o);
   EXPECT_EQ(pred[0], "2026");  // not "(in 2026)" nor "2026)"
   EXPECT_EQ(pred[2], "BERT encoders");
   EXPECT_EQ(pred[3], "attend to each other");
-  SquadScore s = squad_score(ex, pred);
+  data::SquadScore s = data::squad_score(ex, pred);
   EXPECT_DOUBLE_EQ(s.exact_match, 100.0);
   EXPECT_DOUBLE_EQ(s.f1, 100.0);
   // Spans longer than max_answer_length are never predicted.
   o.max_answer_length = 1;
-  pred = squad_predictions(ex, dev.features, logits, tok, o);
+  pred = data::squad_predictions(ex, dev.features, logits, tok, o);
   EXPECT_NE(pred[3], "attend to each other");
 }
 
@@ -443,7 +443,7 @@ TEST(Squad, BadFilesNameTheProblem) {
     const std::string path = (w.dir / "bad.json").string();
     std::ofstream(path) << text;
     try {
-      read_squad(path);
+      data::read_squad(path);
       ADD_FAILURE() << "no error for " << text;
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();

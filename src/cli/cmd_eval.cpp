@@ -19,7 +19,7 @@ struct EvalArgs {
   std::string task = "mlm", model, data, packs, vocab, predictions;
   int rows = 16;
   std::optional<int> max_seq_len;  // unset: the task's default
-  train::SquadOptions squad;
+  data::SquadOptions squad;
 };
 
 void run_task_eval(const EvalArgs& a) {

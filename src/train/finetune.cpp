@@ -24,19 +24,6 @@ namespace packbert::train {
 
 namespace {
 
-std::vector<std::string> split_tabs(const std::string& line) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : line) {
-    if (c == '\t')
-      out.push_back(std::move(cur)), cur.clear();
-    else if (c != '\r')
-      cur += c;
-  }
-  out.push_back(std::move(cur));
-  return out;
-}
-
 // Model for fine-tuning: weights from `init` (HF directory or checkpoint); the task's head is
 // initialised fresh when the source has none.
 std::unique_ptr<model::BertModel<float>> model_from(const std::string& init, model::Heads heads,
@@ -96,16 +83,16 @@ std::vector<int> lengths_of(const std::vector<Seq>& seqs) {
 }
 
 // Where segment B (token type 1) starts, and the labels each kind of sequence carries.
-int32_t segment_b(const ClassifyExample& e) {
+int32_t segment_b(const data::ClassifyExample& e) {
   return e.b_start;
 }
-int32_t segment_b(const SquadFeature& f) {
+int32_t segment_b(const data::SquadFeature& f) {
   return f.doc_offset;
 }
-void add_labels(model::PackedBatch& b, const ClassifyExample& e) {
+void add_labels(model::PackedBatch& b, const data::ClassifyExample& e) {
   b.class_labels.push_back(e.label);
 }
-void add_labels(model::PackedBatch& b, const SquadFeature& f) {
+void add_labels(model::PackedBatch& b, const data::SquadFeature& f) {
   b.span_starts.push_back(f.start);
   b.span_ends.push_back(f.end);
 }
@@ -204,7 +191,7 @@ void for_each_batch(model::BertModel<float>& m, const std::vector<Seq>& seqs,
 }
 
 // Classification accuracy over rows of examples.
-double accuracy(model::BertModel<float>& m, const std::vector<ClassifyExample>& ex,
+double accuracy(model::BertModel<float>& m, const std::vector<data::ClassifyExample>& ex,
                 const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S) {
   int64_t ok = 0, n = 0;
   for_each_batch(m, ex, rows, rows_per_batch, S,
@@ -217,11 +204,11 @@ double accuracy(model::BertModel<float>& m, const std::vector<ClassifyExample>& 
 
 // Each SQuAD example's predicted answer: span logits of every window, then n-best decoding.
 std::vector<std::string> squad_answers(model::BertModel<float>& m,
-                                       const std::vector<SquadExample>& examples,
-                                       const std::vector<SquadFeature>& features,
+                                       const std::vector<data::SquadExample>& examples,
+                                       const std::vector<data::SquadFeature>& features,
                                        const std::vector<std::vector<int64_t>>& rows,
                                        int rows_per_batch, int S, const data::Tokenizer& tok,
-                                       const SquadOptions& so) {
+                                       const data::SquadOptions& so) {
   std::vector<std::vector<float>> logits(features.size());
   for_each_batch(m, features, rows, rows_per_batch, S,
                  [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& batch_rows) {
@@ -234,11 +221,11 @@ std::vector<std::string> squad_answers(model::BertModel<float>& m,
                        ++s;
                      }
                  });
-  return squad_predictions(examples, features, logits, tok, so);
+  return data::squad_predictions(examples, features, logits, tok, so);
 }
 
 // {question id: answer} as the official evaluation script reads it, written atomically.
-void write_predictions(const std::string& path, const std::vector<SquadExample>& examples,
+void write_predictions(const std::string& path, const std::vector<data::SquadExample>& examples,
                        const std::vector<std::string>& predictions) {
   nlohmann::json pj = nlohmann::json::object();
   for (size_t i = 0; i < examples.size(); ++i) pj[examples[i].id] = predictions[i];
@@ -258,10 +245,10 @@ void check_model(const model::BertModel<float>& m, const data::Vocab& vocab,
 FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokenizer& tok,
                                    std::ofstream& log) {
   std::map<std::string, int32_t> labels;
-  std::vector<ClassifyExample> train =
-      read_classification_tsv(o.train, tok, o.max_seq_len, labels, true);
-  std::vector<ClassifyExample> dev =
-      read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false);
+  std::vector<data::ClassifyExample> train =
+      data::read_classification_tsv(o.train, tok, o.max_seq_len, labels, true);
+  std::vector<data::ClassifyExample> dev =
+      data::read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false);
   FinetuneResult res;
   res.num_labels = static_cast<int>(labels.size());
   if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
@@ -302,7 +289,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   return res;
 }
 
-SquadOptions squad_options(SquadOptions so, int max_seq_len) {
+data::SquadOptions squad_options(data::SquadOptions so, int max_seq_len) {
   so.max_seq_len = max_seq_len;
   if (so.doc_stride < 1 || so.max_query_length < 1 || so.max_answer_length < 1)
     throw InputError("--doc-stride, --max-query-length and --max-answer-length must be positive");
@@ -311,10 +298,10 @@ SquadOptions squad_options(SquadOptions so, int max_seq_len) {
 
 FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& tok,
                               std::ofstream& log) {
-  const SquadOptions so = squad_options(o.squad, o.max_seq_len);
-  std::vector<SquadExample> train = read_squad(o.train), dev = read_squad(o.dev);
-  SquadFeatures tf = squad_features(train, tok, so, true);
-  SquadFeatures df = squad_features(dev, tok, so, false);
+  const data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
+  std::vector<data::SquadExample> train = data::read_squad(o.train), dev = data::read_squad(o.dev);
+  data::SquadFeatures tf = data::squad_features(train, tok, so, true);
+  data::SquadFeatures df = data::squad_features(dev, tok, so, false);
   if (tf.features.empty()) throw InputError(o.train + ": no answerable question");
   FinetuneResult res;
   res.skipped = tf.unanswerable;
@@ -331,7 +318,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch) {
     std::vector<std::string> pred =
         squad_answers(*m, dev, df.features, dv, o.rows_per_batch, o.max_seq_len, tok, so);
-    res.dev_squad.push_back(squad_score(dev, pred));
+    res.dev_squad.push_back(data::squad_score(dev, pred));
     write_predictions(o.out_dir + "/predictions.json", dev, pred);
     log << nlohmann::json{{"type", "eval"},
                           {"epoch", epoch},
@@ -346,68 +333,6 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
 }
 
 }  // namespace
-
-std::vector<ClassifyExample> read_classification_tsv(const std::string& path,
-                                                     const data::Tokenizer& tok, int max_seq_len,
-                                                     std::map<std::string, int32_t>& labels,
-                                                     bool grow_labels) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open for reading");
-  std::string line;
-  if (!std::getline(in, line)) throw InputError(path + ": empty file (expected a header line)");
-  size_t offset = line.size() + 1;  // of the next line in the file
-  data::check_utf8(line, path + ":1");
-  std::vector<std::string> head = split_tabs(line);
-  auto col = [&](std::initializer_list<const char*> names) {
-    for (const char* n : names)
-      for (size_t i = 0; i < head.size(); ++i)
-        if (head[i] == n) return static_cast<int>(i);
-    return -1;
-  };
-  const int c_label = col({"label"}), c_a = col({"sentence", "sentence1", "text", "text_a"}),
-            c_b = col({"sentence2", "text_b"});
-  if (c_label < 0 || c_a < 0)
-    throw InputError(
-        path + ":1: header needs a 'label' and a 'sentence' (or sentence1/text/text_a) column");
-  std::vector<ClassifyExample> out;
-  int line_no = 1;
-  const data::Vocab& v = tok.vocab();
-  while (std::getline(in, line)) {
-    ++line_no;
-    data::check_utf8(line, path + ":" + std::to_string(line_no), offset);
-    offset += line.size() + 1;
-    if (line.empty() || line == "\r") continue;
-    std::vector<std::string> f = split_tabs(line);
-    const int need = std::max({c_label, c_a, c_b});
-    if (static_cast<int>(f.size()) <= need)
-      throw InputError(path + ":" + std::to_string(line_no) + ": " + std::to_string(f.size()) +
-                       " columns, the header has " + std::to_string(head.size()));
-    auto it = labels.find(f[c_label]);
-    if (it == labels.end()) {
-      if (!grow_labels)
-        throw InputError(path + ":" + std::to_string(line_no) + ": label '" + f[c_label] +
-                         "' not seen in training");
-      it = labels.emplace(f[c_label], static_cast<int32_t>(labels.size())).first;
-    }
-    std::vector<int32_t> a = tok.encode(f[c_a]), b;
-    if (c_b >= 0) b = tok.encode(f[c_b]);
-    const size_t budget = static_cast<size_t>(max_seq_len) - (c_b >= 0 ? 3 : 2);
-    while (a.size() + b.size() > budget) (a.size() > b.size() ? a : b).pop_back();
-    ClassifyExample e;
-    e.label = it->second;
-    e.tokens.push_back(v.cls());
-    e.tokens.insert(e.tokens.end(), a.begin(), a.end());
-    e.tokens.push_back(v.sep());
-    e.b_start = static_cast<int32_t>(e.tokens.size());
-    if (c_b >= 0) {
-      e.tokens.insert(e.tokens.end(), b.begin(), b.end());
-      e.tokens.push_back(v.sep());
-    }
-    out.push_back(std::move(e));
-  }
-  if (out.empty()) throw InputError(path + ": no examples");
-  return out;
-}
 
 FinetuneResult finetune(const FinetuneOptions& o) {
   if (o.epochs < 1) throw InputError("--epochs must be at least 1");
@@ -439,16 +364,16 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   model::Heads heads;
   heads.pretraining = false;
   if (o.task == FinetuneTask::squad) {
-    const SquadOptions so = squad_options(o.squad, o.max_seq_len);
-    std::vector<SquadExample> ex = read_squad(o.data);
-    SquadFeatures f = squad_features(ex, tok, so, false);
+    const data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
+    std::vector<data::SquadExample> ex = data::read_squad(o.data);
+    data::SquadFeatures f = data::squad_features(ex, tok, so, false);
     heads.span = true;
     auto m = load_model(o.model, heads);
     check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
     std::vector<std::string> pred =
         squad_answers(*m, ex, f.features, rows, o.rows_per_batch, o.max_seq_len, tok, so);
-    r.squad = squad_score(ex, pred);
+    r.squad = data::squad_score(ex, pred);
     r.examples = static_cast<int64_t>(ex.size());
     r.sequences = static_cast<int64_t>(f.features.size());
     if (!o.predictions.empty()) write_predictions(o.predictions, ex, pred);
@@ -470,8 +395,8 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
       throw InputError(labels_path + ": label '" + name + "' has no valid id");
     labels[name] = id.get<int32_t>();
   }
-  std::vector<ClassifyExample> ex =
-      read_classification_tsv(o.data, tok, o.max_seq_len, labels, false);
+  std::vector<data::ClassifyExample> ex =
+      data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false);
   heads.classifier = true;
   auto m = load_model(o.model, heads);
   if (m->config().num_labels != static_cast<int>(labels.size()))

@@ -1,5 +1,5 @@
 // Fine-tuning with packing: sequence (or sentence-pair) classification from TSV and SQuAD v1.1
-// span extraction (train/squad.h). Examples (SQuAD: question + context windows) are packed into
+// span extraction (data/squad.h). Examples (SQuAD: question + context windows) are packed into
 // rows like pre-training sequences; the classifier reads each sequence's pooled [CLS] and the
 // span head's softmax runs over each sequence's own tokens, so packing changes nothing but the
 // cost.
@@ -11,27 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "data/classify_tsv.h"
+#include "data/squad.h"
 #include "data/tokenizer.h"
 #include "model/bert.h"
-#include "train/squad.h"
 
 namespace packbert::train {
-
-struct ClassifyExample {
-  std::vector<int32_t> tokens;  // [CLS] a [SEP] (b [SEP])
-  int32_t b_start = 0;          // first token of segment 1 (= size when there is no b)
-  int32_t label = 0;
-};
-
-// Reads a TSV whose first line is a header naming the columns: `label`, and `sentence` (or
-// `sentence1`/`text`/`text_a`), optionally `sentence2` (or `text_b`). Labels are strings mapped
-// to ids in order of first appearance unless `labels` already holds them (dev/test sets reuse
-// the training set's map). Texts are truncated to max_seq_len like Google BERT (longer segment
-// first). Throws InputError with file:line for a missing column, a short row or an unknown label.
-std::vector<ClassifyExample> read_classification_tsv(const std::string& path,
-                                                     const data::Tokenizer& tok, int max_seq_len,
-                                                     std::map<std::string, int32_t>& labels,
-                                                     bool grow_labels);
 
 enum class FinetuneTask { classify, squad };
 
@@ -46,15 +31,15 @@ struct FinetuneOptions {
   uint64_t seed = 1;
   bool packed = true;
   bool overwrite = false;      // replace a model directory already at out_dir
-  SquadOptions squad;          // doc stride, query and answer limits (max_seq_len above wins)
+  data::SquadOptions squad;    // doc stride, query and answer limits (max_seq_len above wins)
   model::Recompute recompute;  // as PretrainOptions::recompute
   std::optional<double> memory_limit;
 };
 
 struct FinetuneResult {
-  std::vector<double> dev_accuracy;   // classify: after each epoch
-  double majority_baseline = 0;       // accuracy of always predicting the most frequent train label
-  std::vector<SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
+  std::vector<double> dev_accuracy;  // classify: after each epoch
+  double majority_baseline = 0;      // accuracy of always predicting the most frequent train label
+  std::vector<data::SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
   int64_t steps = 0;
   int num_labels = 0;
   int64_t train_sequences = 0, dev_sequences = 0;  // examples (classify) or windows (squad)
@@ -76,12 +61,12 @@ struct TaskEvalOptions {
   std::string predictions;  // squad: write {id: answer} here when not empty
   int max_seq_len = 384;
   int rows_per_batch = 8;
-  SquadOptions squad;
+  data::SquadOptions squad;
 };
 
 struct TaskEvalResult {
   double accuracy = 0;                  // classify
-  SquadScore squad;                     // squad (%)
+  data::SquadScore squad;               // squad (%)
   int64_t examples = 0, sequences = 0;  // questions/examples and the windows they became
 };
 

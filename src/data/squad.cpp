@@ -1,4 +1,4 @@
-#include "train/squad.h"
+#include "data/squad.h"
 
 #include <algorithm>
 #include <fstream>
@@ -7,7 +7,7 @@
 
 #include "error.h"
 
-namespace packbert::train {
+namespace packbert::data {
 
 using json = nlohmann::json;
 
@@ -188,9 +188,9 @@ std::vector<SquadExample> read_squad(const std::string& path) {
   return out;
 }
 
-SquadFeatures squad_features(std::vector<SquadExample>& examples, const data::Tokenizer& tok,
+SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenizer& tok,
                              const SquadOptions& o, bool training) {
-  const data::Vocab& v = tok.vocab();
+  const Vocab& v = tok.vocab();
   SquadFeatures out;
   for (size_t i = 0; i < examples.size(); ++i) {
     SquadExample& e = examples[i];
@@ -280,7 +280,7 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const data::To
 std::vector<std::string> squad_predictions(const std::vector<SquadExample>& examples,
                                            const std::vector<SquadFeature>& features,
                                            const std::vector<std::vector<float>>& logits,
-                                           const data::Tokenizer& tok, const SquadOptions& o) {
+                                           const Tokenizer& tok, const SquadOptions& o) {
   struct Best {
     double score = -1e300;
     int64_t feature = -1;
@@ -376,4 +376,4 @@ SquadScore squad_score(const std::vector<SquadExample>& examples,
   return s;
 }
 
-}  // namespace packbert::train
+}  // namespace packbert::data

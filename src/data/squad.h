@@ -14,7 +14,7 @@
 
 #include "data/tokenizer.h"
 
-namespace packbert::train {
+namespace packbert::data {
 
 struct SquadAnswer {
   std::string text;
@@ -57,7 +57,7 @@ struct SquadFeatures {
 // Builds the windows of every example (and tokenises its context into examples[i].words /
 // pieces / piece_word). With `training`, answer spans are located (the first answer) and
 // examples whose answer cannot be found in the context are skipped and counted.
-SquadFeatures squad_features(std::vector<SquadExample>& examples, const data::Tokenizer& tok,
+SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenizer& tok,
                              const SquadOptions& options, bool training);
 
 // The best answer text of each example from span logits: logits[f] holds feature f's
@@ -66,7 +66,7 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const data::To
 std::vector<std::string> squad_predictions(const std::vector<SquadExample>& examples,
                                            const std::vector<SquadFeature>& features,
                                            const std::vector<std::vector<float>>& logits,
-                                           const data::Tokenizer& tok, const SquadOptions& options);
+                                           const Tokenizer& tok, const SquadOptions& options);
 
 // The official v1.1 normalisation: lower case, drop ASCII punctuation, drop the articles
 // a/an/the, collapse whitespace.
@@ -80,4 +80,4 @@ struct SquadScore {
 SquadScore squad_score(const std::vector<SquadExample>& examples,
                        const std::vector<std::string>& predictions);
 
-}  // namespace packbert::train
+}  // namespace packbert::data
