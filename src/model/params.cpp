@@ -62,7 +62,9 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool 
   t.shape = std::move(shape);
   t.numel = 1;
   for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
-  // Tensors start 64-byte aligned (16 floats) unless they continue a fused group.
+  // Tensors start at a multiple of 16 elements from the arena's start (64 bytes of floats)
+  // unless they continue a fused group; their addresses are 64-byte aligned only as far as the
+  // arena's own storage is (a std::vector's: 16 bytes guaranteed).
   t.offset = align ? (total_ + 15) / 16 * 16 : total_;
   total_ = t.offset + t.numel;
   bool is_ln = name.find("LayerNorm") != std::string::npos;
