@@ -21,12 +21,25 @@ using Cli = packbert::testing::CliTest;
 
 const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_512.hist";
 
-TEST_F(Cli, HelpOnEverySubcommand) {
+// --help on every subcommand, and every option in it has a description (CLI11 prints it after
+// the option on the same line, from column 30, or on the next line indented 30 columns).
+TEST_F(Cli, HelpOnEverySubcommandDescribesEveryOption) {
   for (const char* sub : {"", "pack", "demo", "check-golden", "tokenize", "prepare", "inspect",
                           "gcide-text", "pretrain", "eval", "export", "finetune", "plan"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
+    std::vector<std::string> lines;
+    std::istringstream in(r.out);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const std::string& l = lines[i];
+      if (l.rfind("  -", 0) != 0) continue;  // option lines start "  -" / "  --"
+      const bool same_line = l.size() > 30 && l.compare(28, 2, "  ") == 0;
+      const bool next_line =
+          i + 1 < lines.size() && lines[i + 1].rfind(std::string(30, ' '), 0) == 0;
+      EXPECT_TRUE(same_line || next_line) << sub << ": no description for '" << l << "'";
+    }
   }
 }
 

@@ -52,8 +52,10 @@ void register_gcide(CLI::App& app) {
   cmd->add_option(
       "--pos-tsv", a->pos,
       "Also write PREFIX.train.tsv / PREFIX.dev.tsv: part of speech from the definition");
-  cmd->add_option("--index", a->index)->capture_default_str();
-  cmd->add_option("--dict", a->dict)->capture_default_str();
+  cmd->add_option("--index", a->index, "The dictd index of GCIDE (Debian package dict-gcide)")
+      ->capture_default_str();
+  cmd->add_option("--dict", a->dict, "The dictzip-compressed GCIDE text it indexes")
+      ->capture_default_str();
   cmd->callback([a] { run_gcide(*a); });
 }
 
