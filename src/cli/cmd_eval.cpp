@@ -88,7 +88,9 @@ void register_eval(CLI::App& app) {
       ->required();
   ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV; squad: SQuAD v1.1 JSON")
       ->required();
-  ev->add_option("--packs", e->packs, "mlm: the sequences file's packs file (faster; same result)");
+  ev->add_option("--packs", e->packs,
+                 "mlm: the sequences file's packs file (same result; about as fast, since one "
+                 "sequence per row computes no padding either)");
   number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
   vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
   number(ev, "--max-seq-len", e->max_seq_len,
