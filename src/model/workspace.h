@@ -22,7 +22,7 @@ namespace packbert::model {
 // segment of K layers from it (K = 1 is the policy `layer`). Gradients do not depend on it.
 struct Recompute {
   bool gelu = false;       // keep GELU's input, rebuild its output
-  bool ln = false;         // rebuild LayerNorm outputs from input + saved mean/rstd
+  bool ln = false;         // rebuild LN1's output from its input + saved mean/rstd
   bool attention = false;  // rebuild the attention probabilities per (sequence, head) block
   bool residual = false;   // rebuild the attention block's residual sum (one C x C GEMM)
   int every = 0;           // 0 = keep every layer's records
