@@ -209,6 +209,13 @@ bool needed(Need n, const Heads& h) {
   }
 }
 
+// Whether the policy's flag moves a per-layer record of this role into one shared slot that
+// backward rebuilds.
+bool rebuilt(Role role, const Recompute& p) {
+  return (role == Role::gelu && p.gelu) || (role == Role::ln && p.ln) ||
+         (role == Role::residual && p.residual);
+}
+
 // Copies and storage of one record under a policy (copies 0: not held at all).
 std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
                                       const Recompute& p) {
@@ -224,14 +231,10 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
     case Role::layer:
       return {layer_copies, layer_storage};
     case Role::gelu:
-      return p.gelu ? std::pair{int64_t{1}, Storage::scratch}
-                    : std::pair{layer_copies, layer_storage};
     case Role::ln:
-      return p.ln ? std::pair{int64_t{1}, Storage::scratch}
-                  : std::pair{layer_copies, layer_storage};
     case Role::residual:
-      return p.residual ? std::pair{int64_t{1}, Storage::scratch}
-                        : std::pair{layer_copies, layer_storage};
+      return rebuilt(r.role, p) ? std::pair{int64_t{1}, Storage::scratch}
+                                : std::pair{layer_copies, layer_storage};
     case Role::probs:
       return p.attention ? std::pair{int64_t{0}, Storage::scratch}
                          : std::pair{layer_copies, layer_storage};
@@ -241,6 +244,19 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
       return {1, Storage::scratch};
   }
   return {0, Storage::scratch};
+}
+
+// Visits every record with its placement for this model, policy and step: visit(spec, copies,
+// storage, elements per copy), copies 0 for a record not held (a head the model lacks, the
+// probabilities under `attention`). The arena's layout and `plan`'s records both walk this.
+template <typename F>
+void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& policy,
+                     const StepShape& shape, F visit) {
+  for (const RecordSpec& r : kRecords) {
+    auto [copies, storage] = placement(r, c, policy);
+    if (!needed(r.need, heads)) copies = 0;
+    visit(r, copies, storage, copies ? r.elements(shape, c) : 0);
+  }
 }
 
 // Rounds an element count up to whole 64-byte lines.
@@ -254,12 +270,10 @@ size_t aligned(size_t elements, size_t scalar) {
 std::vector<RecordSize> workspace_records(const BertConfig& c, const Heads& heads,
                                           const Recompute& policy, const StepShape& shape) {
   std::vector<RecordSize> out;
-  for (const RecordSpec& r : kRecords) {
-    if (!needed(r.need, heads)) continue;
-    auto [copies, storage] = placement(r, c, policy);
-    if (copies == 0) continue;
-    out.push_back({r.name, storage, copies, r.elements(shape, c)});
-  }
+  for_each_record(c, heads, policy, shape,
+                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n) {
+                    if (copies > 0) out.push_back({r.name, storage, copies, n});
+                  });
   return out;
 }
 
@@ -273,18 +287,16 @@ void Workspace<T>::prepare(const BertConfig& c, const Heads& heads, const Recomp
                            const StepShape& shape) {
   size_t total = 0;
   activation_bytes_ = scratch_bytes_ = 0;
-  for (const RecordSpec& r : kRecords) {
-    const int i = static_cast<int>(r.id);
-    auto [copies, storage] = placement(r, c, policy);
-    if (!needed(r.need, heads)) copies = 0;
-    const int64_t n = copies ? r.elements(shape, c) : 0;
-    copies_[i] = copies;
-    stride_[i] = static_cast<int64_t>(aligned(static_cast<size_t>(n), sizeof(T)));
-    offset_[i] = total;
-    total += static_cast<size_t>(stride_[i] * copies);
-    (storage == Storage::activation ? activation_bytes_ : scratch_bytes_) +=
-        static_cast<size_t>(n * copies) * sizeof(T);
-  }
+  for_each_record(c, heads, policy, shape,
+                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n) {
+                    const int i = static_cast<int>(r.id);
+                    copies_[i] = copies;
+                    stride_[i] = static_cast<int64_t>(aligned(static_cast<size_t>(n), sizeof(T)));
+                    offset_[i] = total;
+                    total += static_cast<size_t>(stride_[i] * copies);
+                    (storage == Storage::activation ? activation_bytes_ : scratch_bytes_) +=
+                        static_cast<size_t>(n * copies) * sizeof(T);
+                  });
   if (total > capacity_) {
     void* p = std::aligned_alloc(64, aligned(total, sizeof(T)) * sizeof(T));
     if (!p) throw std::bad_alloc();
