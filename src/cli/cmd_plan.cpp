@@ -70,14 +70,10 @@ void run_plan(const PlanArgs& a) {
       train::format_bytes(limit) + (a.memory_limit ? " (--memory-limit)" : " (available now)");
 
   const train::StepPlan fixed_part = train::plan_step(r, model::Recompute{});
-  if (static_cast<double>(fixed_part.params_bytes + fixed_part.grads_bytes +
-                          fixed_part.optimizer_bytes) > limit)
-    throw InputError(
-        "--memory-limit " + train::format_bytes(limit) +
-        " is smaller than the parameters, gradients and optimizer state alone (" +
-        train::format_bytes(static_cast<double>(fixed_part.params_bytes + fixed_part.grads_bytes +
-                                                fixed_part.optimizer_bytes)) +
-        ")");
+  if (static_cast<double>(fixed_part.state_bytes()) > limit)
+    throw InputError("--memory-limit " + train::format_bytes(limit) +
+                     " is smaller than the parameters, gradients and optimizer state alone (" +
+                     train::format_bytes(static_cast<double>(fixed_part.state_bytes())) + ")");
 
   std::vector<model::Recompute> policies = train::auto_candidates();
   policies.push_back(model::parse_recompute("every:4"));

@@ -76,8 +76,7 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
     (rec.storage == model::Storage::activation ? p.activation_bytes : p.workspace_bytes) +=
         rec.bytes(sizeof(float));
   p.runtime_bytes = kRuntimeBytes;
-  p.total_bytes = p.params_bytes + p.grads_bytes + p.optimizer_bytes + p.activation_bytes +
-                  p.workspace_bytes + p.runtime_bytes;
+  p.total_bytes = p.state_bytes() + p.activation_bytes + p.workspace_bytes + p.runtime_bytes;
   const Flops f = step_flops(r.config, r.heads, r.shape, policy);
   p.flops_per_step = 3 * f.forward + f.recompute;
   return p;
@@ -176,13 +175,11 @@ model::Recompute check_step_fits(const PlanRequest& request, const model::Recomp
                                  std::optional<double> limit) {
   const double available = limit.value_or(available_memory());
   const std::string where = limit ? "the --memory-limit of " : "the available memory of ";
-  StepPlan fixed = plan_step(request, model::Recompute{});
-  if (static_cast<double>(fixed.params_bytes + fixed.grads_bytes + fixed.optimizer_bytes +
-                          fixed.runtime_bytes) > available)
+  const StepPlan fixed = plan_step(request, model::Recompute{});
+  if (static_cast<double>(fixed.state_bytes() + fixed.runtime_bytes) > available)
     throw InputError("the parameters, gradients and optimizer state alone need " +
-                     format_bytes(static_cast<double>(fixed.params_bytes + fixed.grads_bytes +
-                                                      fixed.optimizer_bytes)) +
-                     ", more than " + where + format_bytes(available));
+                     format_bytes(static_cast<double>(fixed.state_bytes())) + ", more than " +
+                     where + format_bytes(available));
   if (policy.automatic) {
     std::optional<StepPlan> p = choose_policy(request, available);
     if (!p)

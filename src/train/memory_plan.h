@@ -22,6 +22,8 @@ struct StepPlan {
   size_t activation_bytes = 0, workspace_bytes = 0;
   size_t runtime_bytes = 0;  // the process itself: code, libraries, threads, batch buffers
   size_t total_bytes = 0;
+  // What training holds whatever the batch: parameters, gradients and optimizer state.
+  size_t state_bytes() const { return params_bytes + grads_bytes + optimizer_bytes; }
   double flops_per_step = 0;  // forward + backward + what the policy recomputes
   std::vector<model::RecordSize> records;
 };
