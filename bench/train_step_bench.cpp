@@ -69,29 +69,27 @@ int main(int argc, char** argv) {
   app.add_flag("--optimizer-step", optimizer_step,
                "Also run a LAMB update after each backward (its state counts in the plan)");
   CLI11_PARSE(app, argc, argv);
+
+  std::vector<int> lengths;
+  std::stringstream ss(lengths_text);
+  for (std::string tok; std::getline(ss, tok, ',');) lengths.push_back(std::stoi(tok));
+
+  model::BertConfig c = model::bert_preset(preset);
+  if (layers > 0) c.num_hidden_layers = layers;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
+  c.max_position_embeddings = std::max(c.max_position_embeddings, max_len);
+
+  // The plan for this exact step, checked before anything large is allocated.
   model::Recompute policy;
   try {
     policy = model::parse_recompute(recompute);
     std::optional<double> limit;
     if (!memory_limit.empty()) limit = train::parse_bytes(memory_limit, "--memory-limit");
-    // The plan for this exact step, checked before anything large is allocated.
-    model::BertConfig pc = model::bert_preset(preset);
-    if (layers > 0) pc.num_hidden_layers = layers;
-    pc.max_position_embeddings = std::max(pc.max_position_embeddings, max_len);
-    train::PlanRequest req{pc, model::Heads{}, train::OptimizerKind::lamb, {}};
+    train::PlanRequest req{c, model::Heads{}, train::OptimizerKind::lamb, {}};
     int64_t tokens = 0, sum_sq = 0, longest = 0;
-    for (const std::string& part : [&] {
-           std::vector<std::string> v;
-           std::stringstream in(lengths_text);
-           for (std::string t; std::getline(in, t, ',');) v.push_back(t);
-           return v;
-         }()) {
-      const int64_t L = std::stoll(part);
-      tokens += L, sum_sq += L * L, longest = std::max(longest, L);
-    }
+    for (const int64_t L : lengths) tokens += L, sum_sq += L * L, longest = std::max(longest, L);
     req.shape = train::uniform_shape(tokens, 1, omp_get_max_threads());
-    req.shape.sequences =
-        static_cast<int64_t>(std::count(lengths_text.begin(), lengths_text.end(), ',')) + 1;
+    req.shape.sequences = static_cast<int64_t>(lengths.size());
     req.shape.attention = sum_sq;
     req.shape.max_len = longest;
     const model::Recompute resolved = train::check_step_fits(req, policy, limit);
@@ -105,15 +103,6 @@ int main(int argc, char** argv) {
     std::cerr << "train_step_bench: error: " << e.what() << '\n';
     return 2;
   }
-
-  std::vector<int> lengths;
-  std::stringstream ss(lengths_text);
-  for (std::string tok; std::getline(ss, tok, ',');) lengths.push_back(std::stoi(tok));
-
-  model::BertConfig c = model::bert_preset(preset);
-  if (layers > 0) c.num_hidden_layers = layers;
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
-  c.max_position_embeddings = std::max(c.max_position_embeddings, max_len);
 
   // Rows: packs from the optimal packer, or one sequence per row.
   pack::PackOptions po;
