@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "kernels/attention.h"
+#include "kernels/layers.h"
 #include "model/heads.h"
 
 namespace packbert::model {
@@ -141,8 +142,8 @@ void BertModel<T>::backward() {
   const StepContext<T> s = context();
   T *dh = ws_.get(Rec::dh), *dx = ws_.get(Rec::dx);  // d loss / d layer output, / d layer input
   T* dpooled = ws_.get(Rec::dpooled);
-  std::fill(dh, dh + TC, T(0));
-  std::fill(dpooled, dpooled + static_cast<int64_t>(n_seq) * c.hidden_size, T(0));
+  kernels::zero_fill(dh, TC);
+  kernels::zero_fill(dpooled, static_cast<int64_t>(n_seq) * c.hidden_size);
   const T* top = input_of(L);
 
   if (heads.pretraining) {
@@ -154,7 +155,7 @@ void BertModel<T>::backward() {
   pooler_backward(s, p_, g_, dh);
 
   auto layer_backward = [&](int l) {
-    std::fill(dx, dx + TC, T(0));
+    kernels::zero_fill(dx, TC);
     encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of(l), input_of(l), dh, dx);
     std::swap(dh, dx);
   };
