@@ -12,16 +12,6 @@ using namespace kernels;
 
 namespace {
 
-// out = dropout(inp) at (layer, site); a copy when dropout is off.
-template <typename T>
-void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
-                  uint32_t site) {
-  if (s.p_hidden > 0)
-    dropout_forward(out, inp, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
-  else
-    std::copy(inp, inp + n, out);
-}
-
 // The gradient through a dropout site: dout itself when dropout is off, else the masked copy in
 // scratch.
 template <typename T>
@@ -39,6 +29,15 @@ AttentionDropout attention_dropout(const StepContext<T>& s, int layer) {
 }
 
 }  // namespace
+
+template <typename T>
+void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
+                  uint32_t site) {
+  if (s.p_hidden > 0)
+    dropout_forward(out, inp, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
+  else
+    std::copy(inp, inp + n, out);
+}
 
 template <typename T>
 void embeddings_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* ids,
@@ -140,16 +139,17 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   linear_backward(dinp, g.qkv_w, g.qkv_b, dqkv, in, w.qkv_w, Tn, C, 3 * C);
 }
 
-#define PACKBERT_INSTANTIATE(T)                                                                   \
-  template void embeddings_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*, \
-                                      const int32_t*, const int32_t*, T*);                        \
-  template void embeddings_backward<T>(const StepContext<T>&, const ParamView<T>&,                \
-                                       const ParamView<T>&, const int32_t*, const int32_t*,       \
-                                       const int32_t*, const T*);                                 \
-  template void encoder_layer_forward<T>(const StepContext<T>&, int, const LayerView<T>&,         \
-                                         const LayerRecord<T>&, const T*, T*);                    \
-  template void encoder_layer_backward<T>(const StepContext<T>&, int, const LayerView<T>&,        \
-                                          const LayerView<T>&, const LayerRecord<T>&, const T*,   \
+#define PACKBERT_INSTANTIATE(T)                                                                    \
+  template void dropout_site<T>(const StepContext<T>&, T*, const T*, int64_t, uint32_t, uint32_t); \
+  template void embeddings_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*,  \
+                                      const int32_t*, const int32_t*, T*);                         \
+  template void embeddings_backward<T>(const StepContext<T>&, const ParamView<T>&,                 \
+                                       const ParamView<T>&, const int32_t*, const int32_t*,        \
+                                       const int32_t*, const T*);                                  \
+  template void encoder_layer_forward<T>(const StepContext<T>&, int, const LayerView<T>&,          \
+                                         const LayerRecord<T>&, const T*, T*);                     \
+  template void encoder_layer_backward<T>(const StepContext<T>&, int, const LayerView<T>&,         \
+                                          const LayerView<T>&, const LayerRecord<T>&, const T*,    \
                                           const T*, T*);
 PACKBERT_INSTANTIATE(float)
 PACKBERT_INSTANTIATE(double)

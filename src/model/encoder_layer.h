@@ -30,6 +30,12 @@ struct StepContext {
 enum Site : uint32_t { kAttnProbs = 0, kAttnOut = 1, kFfnOut = 2, kEmbeddings = 3, kPooled = 4 };
 constexpr uint32_t kNoLayer = 0xffffffffu;
 
+// out = dropout(inp) with the hidden dropout probability at (layer, site); a copy when dropout is
+// off (not training).
+template <typename T>
+void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
+                  uint32_t site);
+
 // out = dropout(LayerNorm(word[ids] + position[pos] + type[types])), out: [T, C]; keeps the sum
 // and its LayerNorm statistics (Rec::emb_*).
 template <typename T>

@@ -134,10 +134,7 @@ void classifier_forward(const StepContext<T>& s, const ParamView<T>& p, const in
     *probs = s.ws.get(Rec::cls_probs), *losses = s.ws.get(Rec::head_losses);
   const T* pooled = s.ws.get(Rec::pooled);
   const int64_t nC = static_cast<int64_t>(n) * C;
-  if (s.p_hidden > 0)
-    dropout_forward(in, pooled, nC, s.p_hidden, s.seed, dropout_key(s.step, kNoLayer, kPooled));
-  else
-    std::copy(pooled, pooled + nC, in);
+  dropout_site(s, in, pooled, nC, kNoLayer, kPooled);
   linear_forward(logits, in, p.cls_w, p.cls_b, n, C, NL);
   cross_entropy_forward(losses, probs, logits, targets, n, NL);
   out.cls_count = count_targets(targets, n);
