@@ -101,7 +101,7 @@ struct Work {
   int64_t per_thread;
   Work(AttentionWork<T> w, const int32_t* cu_seqlens, int n_seq, int NH) {
     const int L = max_length(cu_seqlens, n_seq);
-    per_thread = 3 * static_cast<int64_t>(L) * L;
+    per_thread = attention_scratch_elems(L, 1);
     offsets = w.offsets;
     if (!offsets) {
       own_offsets = attention_probs_offsets(cu_seqlens, n_seq, NH);
