@@ -11,7 +11,7 @@ namespace packbert::data {
 namespace {
 
 uint64_t stream_seed(uint64_t seed, uint64_t a, uint64_t b) {
-  SplitMix64 m(seed ^ (a * 0x9e3779b97f4a7c15ULL) ^ (b * 0xc2b2ae3d27d4eb4fULL));
+  SplitMix64 m(seed ^ (a * kGolden64) ^ (b * 0xc2b2ae3d27d4eb4fULL));
   m.next();
   return m.next();
 }

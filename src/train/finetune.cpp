@@ -141,7 +141,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     std::vector<size_t> order(rows.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    SplitMix64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(epoch));
+    SplitMix64 rng(o.seed * kGolden64 + static_cast<uint64_t>(epoch));
     shuffle(order, rng);
     for (int64_t b = 0; b < batches; ++b) {
       std::vector<std::vector<int64_t>> batch_rows;

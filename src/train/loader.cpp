@@ -70,7 +70,7 @@ std::vector<uint64_t> BatchLoader::epoch_order(uint64_t epoch) const {
   else
     for (uint64_t i = 0; i < rows_; ++i) order[i] = opt_.row_begin + i;
   if (!opt_.shuffle) return order;
-  SplitMix64 rng(opt_.seed * 0x9e3779b97f4a7c15ULL + epoch);
+  SplitMix64 rng(opt_.seed * kGolden64 + epoch);
   shuffle(order, rng);
   return order;
 }
@@ -113,7 +113,7 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
       if (opt_.dynamic_masking) {
         data::Example e;
         e.tokens.assign(tok, tok + L);
-        data::Rng rng(opt_.seed ^ (at.epoch * 0xc2b2ae3d27d4eb4fULL) ^ (s * 0x9e3779b97f4a7c15ULL));
+        data::Rng rng(opt_.seed ^ (at.epoch * 0xc2b2ae3d27d4eb4fULL) ^ (s * kGolden64));
         data::mask_example(e, *vocab_, opt_.masking, rng);
         for (size_t m = 0; m < e.mlm_positions.size(); ++m) {
           b.input_ids[base + e.mlm_positions[m]] = e.mlm_inputs[m];
