@@ -328,6 +328,53 @@ TEST(Loader, PaddedBaselineAndDynamicMasking) {
   EXPECT_NE(e0.mlm_labels, e1.mlm_labels);  // new masks (and order) next epoch
 }
 
+// The padded side of a paired comparison: the same packs, each sequence in a row of its own with
+// computed padding, serve the packed loader's sequences in the same order, step for step.
+TEST(Loader, OnePerRowServesThePackedSequencesInOrder) {
+  SequencesFile f =
+      create_pretraining_data(synthetic_corpus(300, 4), base_vocab(), PretrainingOptions{});
+  pack::PackOptions po;
+  po.max_len = 128;
+  PacksFile p = make_packs(f, 42, pack::Algo::optimal, po, 1, nullptr);
+  model::BertConfig cfg;
+  cfg.max_position_embeddings = 128;
+  train::LoaderOptions lo;
+  lo.rows_per_batch = 5;
+  lo.seed = 3;
+  train::LoaderOptions lr = lo;
+  lr.one_per_row = lr.compute_padding = true;
+  train::BatchLoader packed(f, 42, &p, &base_vocab(), lo, {}), rows(f, 42, &p, &base_vocab(), lr, {});
+  // A real sequence's tokens, NSP label and MLM labels, in layout order.
+  auto sequences = [&](const model::PackedBatch& b) {
+    model::TokenLayout t = model::token_layout(b, cfg);
+    std::vector<std::vector<int32_t>> out;
+    for (int q = 0; q < t.sequences(); ++q) {
+      if (t.nsp_label[q] == -100) continue;  // computed padding
+      std::vector<int32_t> seq = {t.nsp_label[q]};
+      for (int k = t.cu_seqlens[q]; k < t.cu_seqlens[q + 1]; ++k)
+        seq.insert(seq.end(), {b.input_ids[t.slot[k]], b.mlm_labels[t.slot[k]]});
+      out.push_back(std::move(seq));
+    }
+    return std::pair{out, t};
+  };
+  for (int step = 0; step < 8; ++step) {
+    model::PackedBatch a = packed.next(), b = rows.next();
+    EXPECT_EQ(b.S, 128);
+    EXPECT_EQ(b.K, 1);
+    auto [sa, ta] = sequences(a);
+    auto [sb, tb] = sequences(b);
+    EXPECT_EQ(b.B, static_cast<int>(sa.size())) << "one row per sequence";
+    EXPECT_EQ(sa, sb) << "step " << step;
+    // Every slot of the padded rows is computed, real tokens first, at the packed indices.
+    EXPECT_EQ(tb.tokens(), b.B * b.S);
+    EXPECT_EQ(tb.cu_seqlens[sa.size()], ta.tokens());
+  }
+  EXPECT_EQ(packed.cursor(), rows.cursor());
+  lr.compute_padding = true;
+  lr.one_per_row = false;
+  EXPECT_THROW(train::BatchLoader(f, 42, &p, &base_vocab(), lr, {}), InputError);
+}
+
 TEST(Gcide, ConvertsDictdIndexAndDictzip) {
   auto d = temp_dir("gcide");
   std::string text =

@@ -112,7 +112,7 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
   const auto [loss0, grads0] = run("none");
   const size_t bytes0 = m.activation_bytes();
   for (const std::string policy :
-       {"gelu", "gelu,ln", "residual", "gelu,ln,residual", "attention", "gelu,ln,attention",
+       {"gelu", "ln", "gelu,ln", "residual", "gelu,ln,residual", "attention", "gelu,ln,attention",
         "layer", "every:2", "every:3", "every:9", "layer,gelu,ln,residual,attention"}) {
     const auto [loss, grads] = run(policy);
     EXPECT_EQ(loss, loss0) << policy;
@@ -147,6 +147,27 @@ TEST(ModelRecompute, PlanBytesAreTheEnginesBytes) {
   }
 }
 
+// `ln` drops LN1's output of every layer and the inputs of the inner layers (LN2's outputs of the
+// layer below): 2L - 1 copies of [T, C]. The first input and the encoder's output stay kept.
+TEST(ModelRecompute, LnDropsLn1OutputsAndInnerLayerInputs) {
+  BertConfig c = tiny_config();
+  c.num_hidden_layers = 5;
+  c.max_position_embeddings = 32;
+  BertModel<float> m(c, Heads{});
+  init_params(m.layout(), m.params().data(), 8);
+  PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
+  m.forward(b, {true, 1, 1, parse_recompute("gelu")});
+  const size_t gelu = m.activation_bytes();
+  m.forward(b, {true, 1, 1, parse_recompute("gelu,ln")});
+  const size_t tc = static_cast<size_t>(m.tokens().tokens()) * c.hidden_size * sizeof(float);
+  EXPECT_EQ(gelu - m.activation_bytes(), (2 * 5 - 1) * tc);
+  // Under every:K the kept checkpoints are the layer inputs; `ln` leaves them alone.
+  m.forward(b, {true, 1, 1, parse_recompute("every:2")});
+  const size_t every = m.activation_bytes();
+  m.forward(b, {true, 1, 1, parse_recompute("every:2,ln")});
+  EXPECT_EQ(m.activation_bytes(), every);
+}
+
 TEST(ModelRecompute, PolicyNamesParseAndBadOnesAreRefused) {
   EXPECT_EQ(parse_recompute("none").name(), "none");
   EXPECT_EQ(parse_recompute("gelu,ln").name(), "gelu,ln");
@@ -168,39 +189,86 @@ TEST(ModelRecompute, PolicyNamesParseAndBadOnesAreRefused) {
 
 // The same sequences packed three to a row, or one per row, give the same losses and
 // gradients to fp32 round-off.
-TEST(ModelPacking, PackedEqualsOnePerRow) {
-  BertConfig c = tiny_config();
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  BertModel<float> m(c, Heads{});
-  init_params(m.layout(), m.params().data(), 11);
-  std::vector<int> lengths = {5, 3, 7, 2, 6, 4};
-  PackedBatch packed = make_batch({{5, 3, 7}, {2, 6, 4}}, 16, c.vocab_size, 21);
-  // One per row: copy each sequence into its own row of length 7.
-  PackedBatch rows = empty_batch(6, 7, 1);
+// The sequences of `packed` one per row of S slots, in order; computed_padding fills the rest of
+// each row with framework-style padding (kComputedPadding) instead of free padding slots.
+PackedBatch one_per_row(const PackedBatch& packed, const std::vector<std::vector<int>>& packs,
+                        int S, bool computed_padding) {
+  int n = 0;
+  for (auto& p : packs) n += static_cast<int>(p.size());
+  PackedBatch rows = empty_batch(n, S, 1);
   rows.nsp_labels.clear();  // filled in sequence order below
   int r = 0;
-  for (int p = 0; p < 2; ++p) {
+  for (size_t p = 0; p < packs.size(); ++p) {
     int o = 0;
-    for (int k = 0; k < 3; ++k, ++r) {
-      int L = lengths[r];
-      for (int i = 0; i < L; ++i) {
-        size_t src = static_cast<size_t>(p) * 16 + o + i, dst = static_cast<size_t>(r) * 7 + i;
+    for (size_t k = 0; k < packs[p].size(); ++k, ++r) {
+      const int L = packs[p][k];
+      for (int i = 0; i < S; ++i) {
+        const size_t src = p * packed.S + o + i, dst = static_cast<size_t>(r) * S + i;
+        if (i >= L) {
+          if (computed_padding) rows.sequence_ids[dst] = kComputedPadding;
+          rows.position_ids[dst] = i;
+          continue;
+        }
         rows.input_ids[dst] = packed.input_ids[src];
         rows.token_type_ids[dst] = packed.token_type_ids[src];
         rows.position_ids[dst] = packed.position_ids[src];
         rows.sequence_ids[dst] = 1;
         rows.mlm_labels[dst] = packed.mlm_labels[src];
       }
-      rows.nsp_labels.push_back(packed.nsp_labels[static_cast<size_t>(p) * 3 + k]);
+      rows.nsp_labels.push_back(packed.nsp_labels[p * packed.K + k]);
       o += L;
     }
   }
+  return rows;
+}
+
+TEST(ModelPacking, PackedEqualsOnePerRow) {
+  BertConfig c = tiny_config();
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  BertModel<float> m(c, Heads{});
+  init_params(m.layout(), m.params().data(), 11);
+  const std::vector<std::vector<int>> packs = {{5, 3, 7}, {2, 6, 4}};
+  PackedBatch packed = make_batch(packs, 16, c.vocab_size, 21);
+  PackedBatch rows = one_per_row(packed, packs, 7, false);
   Outputs a = m.forward(packed, StepOptions{});
   m.zero_grads();
   m.backward();
   std::vector<float> ga = m.grads();
   Outputs b = m.forward(rows, StepOptions{});
+  m.zero_grads();
+  m.backward();
+  EXPECT_EQ(a.mlm_count, b.mlm_count);
+  EXPECT_NEAR(a.mlm_loss, b.mlm_loss, 1e-6 * a.mlm_loss);
+  EXPECT_NEAR(a.nsp_loss, b.nsp_loss, 1e-6 * a.nsp_loss);
+  float scale = 0;
+  for (float g : ga) scale = std::max(scale, std::abs(g));
+  for (size_t i = 0; i < ga.size(); ++i) ASSERT_NEAR(m.grads()[i], ga[i], 1e-5f * scale) << i;
+}
+
+// The padded baseline of a paired comparison: the same sequences one per row with the padding
+// computed, in training mode (dropout on), gives the packed step's losses and gradients, because
+// computed padding is laid out after the real tokens and every dropout draw is keyed by a real
+// token's place in the step, not by its slot.
+TEST(ModelPacking, ComputedPaddingOnePerRowEqualsPackedWithDropout) {
+  BertConfig c = tiny_config();
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.hidden_dropout_prob = 0.2;
+  c.attention_probs_dropout_prob = 0.2;
+  BertModel<float> m(c, Heads{});
+  init_params(m.layout(), m.params().data(), 11);
+  const std::vector<std::vector<int>> packs = {{5, 3, 7}, {2, 6, 4}};
+  PackedBatch packed = make_batch(packs, 16, c.vocab_size, 21);
+  PackedBatch rows = one_per_row(packed, packs, 9, true);
+  const StepOptions train{true, 5, 2, {}};
+  Outputs a = m.forward(packed, train);
+  m.zero_grads();
+  m.backward();
+  std::vector<float> ga = m.grads();
+  Outputs b = m.forward(rows, train);
+  EXPECT_EQ(m.tokens().tokens(), 6 * 9);  // every slot computed
+  EXPECT_EQ(m.tokens().sequences(), 12);            // 6 sequences and 6 runs of padding
   m.zero_grads();
   m.backward();
   EXPECT_EQ(a.mlm_count, b.mlm_count);

@@ -90,6 +90,7 @@ namespace fs = std::filesystem;
 struct World {
   fs::path dir;
   std::string vocab, seqs, packs, init;
+  std::string seqs64;  // the same corpus in sequences of up to 64 tokens (a second phase)
   World() {
     dir = fs::temp_directory_path() /
           ("packbert_train_" + std::to_string(::getpid()) + "_" +
@@ -122,6 +123,9 @@ struct World {
     seqs = (dir / "d.seqs").string();
     packs = (dir / "d.packs").string();
     data::write_sequences(seqs, f);
+    o.max_seq_len = 64;
+    seqs64 = (dir / "d64.seqs").string();
+    data::write_sequences(seqs64, data::create_pretraining_data(docs, vb, o));
     pack::PackOptions po;
     po.max_len = 32;
     data::write_packs(packs, data::make_packs(f, data::sequences_checksum(seqs),
@@ -216,6 +220,101 @@ TEST(Trainer, LearnsTheSyntheticCorpus) {
             << before.mlm_acc << " -> " << after.mlm_acc << "\n";
 }
 
+// MLPerf's rule: training stops at the first evaluation that reaches the target, writes its
+// checkpoint, and does not evaluate that step twice.
+TEST(Trainer, StopsAtTheFirstEvaluationThatReachesTheTarget) {
+  World w;
+  PretrainOptions o = w.options("target");
+  o.max_steps = 120;
+  o.lr = 1e-2;
+  o.optimizer.kind = OptimizerKind::adamw;
+  o.warmup_steps = 10;
+  o.checkpoint_every = 0;
+  o.eval_every = 2;
+  double start = 0;
+  {
+    Trainer probe(o, false);
+    start = probe.evaluate().mlm_acc;
+  }
+  o.target_accuracy = start + 0.15;
+  o.overwrite = true;
+  Trainer t(o, false);
+  std::vector<EvalMetrics> evals;
+  std::atomic<bool> stop{false};
+  const StopReason reason = t.run(stop, {}, [&](const EvalMetrics& e) { evals.push_back(e); });
+  EXPECT_EQ(reason, StopReason::target_reached);
+  ASSERT_GE(evals.size(), 2u);
+  EXPECT_LT(t.step(), 120);
+  EXPECT_EQ(evals.back().step, t.step());
+  EXPECT_GE(evals.back().mlm_acc, o.target_accuracy);
+  for (size_t i = 0; i + 1 < evals.size(); ++i) EXPECT_LT(evals[i].mlm_acc, o.target_accuracy);
+  EXPECT_TRUE(fs::exists(t.checkpoint_path()));
+  o.target_accuracy = 1.5;
+  EXPECT_THROW(Trainer(o, false), InputError);
+}
+
+// The padded side of a paired comparison (--one-per-row --compute-padding) trains on the packed
+// run's sequences with the same dropout draws: the two runs' losses agree step by step.
+TEST(Trainer, OnePerRowWithComputedPaddingTrainsLikePacked) {
+  World w;
+  auto losses = [&](bool padded) {
+    PretrainOptions o = w.options(padded ? "padded" : "packed");
+    o.checkpoint_every = 0;
+    o.max_steps = 4;
+    o.one_per_row = o.compute_padding = padded;
+    Trainer t(o, false);
+    return losses_of(t, 4);
+  };
+  const std::vector<double> packed = losses(false), padded = losses(true);
+  ASSERT_EQ(packed.size(), 4u);
+  ASSERT_EQ(padded.size(), 4u);
+  for (size_t i = 0; i < packed.size(); ++i)
+    EXPECT_NEAR(padded[i], packed[i], 1e-5 * packed[i]) << "step " << i + 1;
+}
+
+// Two-phase pre-training: phase 1 on short sequences from a preset (position embeddings sized
+// for 512 from the start), phase 2 on longer ones from phase 1's checkpoint, its optimizer state
+// carried over or reset.
+TEST(Trainer, TwoPhasePretrainingCarriesOrResetsTheOptimizer) {
+  World w;
+  PretrainOptions p1 = w.options("phase1");
+  p1.init.clear();
+  p1.preset = "tiny";
+  p1.max_steps = 4;
+  p1.checkpoint_every = 0;
+  std::vector<float> m1;
+  {
+    Trainer t(p1, false);
+    EXPECT_EQ(t.config().max_position_embeddings, 512);
+    losses_of(t, 4);
+    m1 = t.optimizer().m();
+  }
+  for (bool carry : {true, false}) {
+    PretrainOptions p2 = w.options(carry ? "phase2_carry" : "phase2_reset");
+    p2.sequences = w.seqs64;
+    p2.packs.clear();
+    p2.init = p1.out_dir + "/checkpoint.safetensors";
+    p2.carry_optimizer = carry;
+    p2.max_steps = 3;
+    p2.checkpoint_every = 0;
+    Trainer t(p2, false);
+    EXPECT_EQ(t.step(), 0);
+    EXPECT_EQ(t.optimizer().steps(), carry ? 4 : 0);
+    if (carry)
+      EXPECT_EQ(t.optimizer().m(), m1);
+    else
+      EXPECT_TRUE(std::all_of(t.optimizer().m().begin(), t.optimizer().m().end(),
+                              [](float x) { return x == 0; }));
+    const std::vector<double> losses = losses_of(t, 3);
+    ASSERT_EQ(losses.size(), 3u);
+    for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+    EXPECT_EQ(t.optimizer().steps(), carry ? 7 : 3);
+  }
+  PretrainOptions bad = w.options("phase2_bad");
+  bad.carry_optimizer = true;  // --init is an HF directory: no optimizer state to carry
+  EXPECT_THROW(Trainer(bad, false), InputError);
+}
+
 // Each bad input is an InputError whose message names the problem (and where it is).
 TEST(Trainer, BadInputIsAnInputErrorNamingTheProblem) {
   World w;
@@ -239,6 +338,16 @@ TEST(Trainer, BadInputIsAnInputErrorNamingTheProblem) {
   o = w.options("bad");
   o.init = (w.dir / "missing").string();
   expect_error(o, false, (w.dir / "missing").string());
+  o = w.options("bad");
+  o.packs.clear();
+  o.one_per_row = true;
+  expect_error(o, false, "--one-per-row lays out the packs of --packs");
+  o = w.options("bad");
+  o.compute_padding = true;  // packs laid out packed have no padding to compute
+  expect_error(o, false, "--compute-padding applies to padded rows");
+  o = w.options("bad");
+  o.target_accuracy = -0.1;
+  expect_error(o, false, "--target-accuracy must be in [0, 1]");
 }
 
 TEST(Export, RoundTripsThroughTheHuggingFaceLayout) {

@@ -79,7 +79,7 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
   const bool tty = ::isatty(2);
   const model::BertConfig& c = trainer.config();
   std::cerr << "pretrain: " << c.num_hidden_layers << " layers, hidden " << c.hidden_size << ", "
-            << (opt.packs.empty() ? "padded rows" : "packs") << ", from step " << trainer.step()
+            << (opt.packs.empty() ? "padded rows" : opt.one_per_row ? "the packs' sequences one per row" : "packs") << ", from step " << trainer.step()
             << " to " << opt.max_steps << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
   double tokens = 0, seconds = 0;
   const int64_t first = trainer.step();
@@ -114,6 +114,9 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
   if (reason == train::StopReason::requested)
     std::cerr << "stopped by " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << " before --steps; ";
   if (reason == train::StopReason::time_limit) std::cerr << "stopped at --max-minutes; ";
+  if (reason == train::StopReason::target_reached)
+    std::cerr << "stopped at step " << trainer.step() << ": held-out accuracy reached "
+              << "--target-accuracy " << opt.target_accuracy << "; ";
   std::cerr << "checkpoint at step " << trainer.step() << " in " << trainer.checkpoint_path();
   if (trainer.outlier_skips())
     std::cerr << " (" << trainer.outlier_skips() << " updates skipped as outliers)";
@@ -130,7 +133,7 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "pretrain",
       "Pre-train BERT (MLM + NSP) on a sequences file, packed or padded. Exit status: 0 when "
-      "--steps (or --max-minutes) is reached, 2 for bad input or a run that cannot go on (the "
+      "--steps (or --max-minutes, or --target-accuracy) is reached, 2 for bad input or a run that cannot go on (the "
       "last good checkpoint is kept as it was), 130/143 when stopped by SIGINT/SIGTERM (a "
       "checkpoint of the step reached is written first; continue with --resume).");
   cmd->add_option("--data", o->sequences, "Sequences file (packbert prepare)")->required();
@@ -143,6 +146,12 @@ void register_pretrain(CLI::App& app, int& exit_code) {
                 "are replaced)");
   vocab_option(cmd, o->vocab, "vocab.txt the data was made with");
   cmd->add_option("--init", o->init, "Start from a Hugging Face-layout directory or a checkpoint");
+  auto carry = std::make_shared<std::string>("reset");
+  cmd->add_option("--init-optimizer", *carry,
+                  "With --init a training checkpoint (phase 2 of two-phase pre-training): reset "
+                  "the optimizer moments, or carry them (and its step count) over")
+      ->check(CLI::IsMember({"reset", "carry"}))
+      ->capture_default_str();
   cmd->add_option("--preset", o->preset, "Model shape: tiny|mini|small|medium|base|large")
       ->capture_default_str();
   number(cmd, "--batch-rows", o->rows_per_batch, "Packs (or padded rows) per micro-batch", 1, 1e6);
@@ -189,13 +198,22 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   cmd->add_flag("--dynamic-masking", o->dynamic_masking, "New masks every epoch (RoBERTa style)");
   number(cmd, "--max-minutes", o->max_minutes,
          "Stop (with a checkpoint) after this much training time (0 = no limit)", 0, 1e9);
+  number(cmd, "--target-accuracy", o->target_accuracy,
+         "Stop (with a checkpoint) at the first evaluation (--eval-every) whose held-out MLM "
+         "accuracy reaches this: time to train, as MLPerf measures it (0 = off)",
+         0, 1);
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
   recompute_flags(cmd, o->recompute, &o->memory_limit);
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "
                 "framework cost)");
-  cmd->callback([o, resume, optimizer, lr_given, &exit_code] {
+  cmd->add_flag("--one-per-row", o->one_per_row,
+                "With --packs: put each pack's sequences in rows of their own (padded): the same "
+                "sequences per step, in the same order, as the packed run; --batch-rows still "
+                "counts packs");
+  cmd->callback([o, resume, optimizer, lr_given, carry, &exit_code] {
     train::PretrainOptions opt = *o;
+    opt.carry_optimizer = *carry == "carry";
     if ((*lr_given)->count() == 0) opt.lr = *optimizer == "lamb" ? 5e-3 : 1e-3;
     exit_code = run_pretrain(opt, *resume, *optimizer);
   });

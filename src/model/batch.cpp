@@ -48,7 +48,7 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
                          what);
       };
       int seq = b.sequence_ids[i];
-      if (seq == 0) {
+      if (seq == 0 || seq == kComputedPadding) {
         padding = true;
         if (b.mlm_labels[i] != -100) fail("padding slot carries an MLM label");
         continue;
@@ -87,6 +87,25 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
                          std::to_string(k + 1) + ", which it does not hold");
   }
   // cu_seqlens got one push per sequence end; the first entry is the leading 0.
+
+  // Computed padding: each pack's run becomes one more sequence, after all real tokens.
+  for (int p = 0; p < b.B; ++p) {
+    const int before = t.tokens();
+    for (int s = 0; s < b.S; ++s) {
+      const size_t i = static_cast<size_t>(p) * b.S + s;
+      if (b.sequence_ids[i] != kComputedPadding) continue;
+      if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size ||
+          b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size ||
+          b.position_ids[i] < 0 || b.position_ids[i] >= c.max_position_embeddings)
+        throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) +
+                         ": computed padding slot has an id, type or position out of range");
+      t.slot.push_back(static_cast<int32_t>(i));
+    }
+    if (t.tokens() > before) {
+      t.cu_seqlens.push_back(t.tokens());
+      t.nsp_label.push_back(-100);
+    }
+  }
 }
 
 TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {

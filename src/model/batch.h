@@ -2,7 +2,10 @@
 // id, token type, position (reset to 0 at each sequence start), sequence id (0 = padding slot,
 // 1..k = which sequence of the pack; Graphcore's convention) and MLM label (-100 = not masked).
 // Per pack and sequence: NSP label [B, K] (-100 = no such sequence). The padded baseline is the
-// same structure with one sequence per pack.
+// same structure with one sequence per pack. Sequence id -1 (kComputedPadding) marks padding
+// that a framework-style baseline computes: those slots follow the pack's sequences, form one
+// unlabelled sequence of their own, and are laid out after every real token of the batch, so the
+// real tokens keep the indices (and dropout draws) they have when packed.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,8 @@
 #include "model/config.h"
 
 namespace packbert::model {
+
+constexpr int32_t kComputedPadding = -1;
 
 struct PackedBatch {
   int B = 0, S = 0, K = 0;

@@ -40,6 +40,9 @@ StepContext<T> BertModel<T>::context() const {
 
 // Under every:K the inputs of layers 0, K, 2K, ... and the encoder's output are kept; the other
 // layer inputs live in the segment scratch, slot j holding the output of the segment's layer j.
+// Under `ln` (without every:K) the first input and the encoder's output are kept and the inner
+// inputs alternate between two shared slots, so a layer never writes the slot it reads; backward
+// rebuilds each from the layer below's LN2 input and statistics.
 template <typename T>
 bool BertModel<T>::kept(int l) const {
   const int K = opt_.recompute.every;
@@ -49,6 +52,10 @@ bool BertModel<T>::kept(int l) const {
 template <typename T>
 T* BertModel<T>::input_of(int l) const {
   const int K = opt_.recompute.every, L = config().num_hidden_layers;
+  if (K == 0 && rebuilds_layer_inputs(opt_.recompute)) {
+    if (l == 0 || l == L) return ws_.get(Rec::hidden, l == 0 ? 0 : 1);
+    return ws_.get(Rec::hidden_rebuilt, l % 2);
+  }
   if (K == 0) return ws_.get(Rec::hidden, l);
   if (l % K == 0) return ws_.get(Rec::hidden, l / K);
   if (l == L) return ws_.get(Rec::hidden, (L + K - 1) / K);
@@ -155,6 +162,11 @@ void BertModel<T>::backward() {
   pooler_backward(s, p_, g_, dh);
 
   auto layer_backward = [&](int l) {
+    if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
+      const LayerRecord<T> below = record_of(l - 1);
+      kernels::layernorm_apply(input_of(l), below.r2, below.ln2_mean, below.ln2_rstd,
+                               p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size);
+    }
     kernels::zero_fill(dx, TC);
     encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of(l), input_of(l), dh, dx);
     std::swap(dh, dx);

@@ -80,7 +80,8 @@ namespace {
 // Which records a policy may move out of the per-layer set.
 enum class Role {
   model,     // embeddings and heads' records: one copy, kept
-  hidden,    // layer inputs: L + 1 (every:K: the kept checkpoints)
+  hidden,    // layer inputs: L + 1 (every:K: the kept checkpoints; `ln`: the first and the last)
+  rebuilt_input,  // `ln` without every:K: the inner layer inputs' two shared slots
   layer,     // one copy per layer (every:K: one per layer of a re-run segment, scratch)
   gelu,      // per layer unless rebuilt (`gelu`)
   ln,        // per layer unless rebuilt (`ln`)
@@ -126,6 +127,7 @@ const RecordSpec kRecords[] = {
     {Rec::emb_mean, "embeddings.ln_mean", Role::model, Need::encoder, T1},
     {Rec::emb_rstd, "embeddings.ln_rstd", Role::model, Need::encoder, T1},
     {Rec::hidden, "layer.input", Role::hidden, Need::encoder, TC},
+    {Rec::hidden_rebuilt, "layer.input_rebuilt", Role::rebuilt_input, Need::encoder, TC},
     {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
     {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
      [](S s, B c) { return c.num_attention_heads * s.attention; }},
@@ -227,7 +229,10 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
     case Role::model:
       return {1, Storage::activation};
     case Role::hidden:
+      if (rebuilds_layer_inputs(p)) return {std::min<int64_t>(L + 1, 2), Storage::activation};
       return {p.every ? (L + p.every - 1) / p.every + 1 : L + 1, Storage::activation};
+    case Role::rebuilt_input:
+      return {rebuilds_layer_inputs(p) ? 2 : 0, Storage::scratch};
     case Role::layer:
       return {layer_copies, layer_storage};
     case Role::gelu:

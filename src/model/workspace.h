@@ -22,7 +22,8 @@ namespace packbert::model {
 // segment of K layers from it (K = 1 is the policy `layer`). Gradients do not depend on it.
 struct Recompute {
   bool gelu = false;       // keep GELU's input, rebuild its output
-  bool ln = false;         // rebuild LN1's output from its input + saved mean/rstd
+  bool ln = false;         // rebuild LayerNorm outputs from their inputs + saved mean/rstd:
+                           // LN1's, and LN2's where it is the next layer's input
   bool attention = false;  // rebuild the attention probabilities per (sequence, head) block
   bool residual = false;   // rebuild the attention block's residual sum (one C x C GEMM)
   int every = 0;           // 0 = keep every layer's records
@@ -30,6 +31,13 @@ struct Recompute {
   std::string name() const;
   bool operator==(const Recompute&) const = default;
 };
+
+// Whether the inner layers' inputs (LN2's outputs of the layer below) are rebuilt rather than
+// kept: under `ln` when whole layers are not re-run (every:K keeps its checkpoints as they are).
+// The first layer's input (the embeddings' dropout output) and the encoder's output stay kept.
+inline bool rebuilds_layer_inputs(const Recompute& p) {
+  return p.ln && p.every == 0;
+}
 
 // "none", "gelu", "gelu,ln", "attention", "layer", "every:K", "auto", or a comma list of the
 // flags gelu, ln, residual, attention with at most one of layer / every:K (e.g.
@@ -69,6 +77,7 @@ enum class Rec : uint8_t {
   emb_mean,
   emb_rstd,
   hidden,
+  hidden_rebuilt,
   // per layer
   qkv,
   probs,

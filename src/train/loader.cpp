@@ -25,7 +25,7 @@ BatchLoader::BatchLoader(const data::SequencesFile& seqs, uint64_t seqs_checksum
         throw InputError("the packs file names sequence " + std::to_string(id) +
                          ", beyond the file");
     rows_ = packs_->packs();
-    slots_ = packs_->max_seq_len;
+    slots_ = opt_.one_per_row ? seqs_.max_seq_len : packs_->max_seq_len;
   } else {
     rows_ = seqs_.size();
     slots_ = seqs_.max_seq_len;
@@ -46,8 +46,9 @@ BatchLoader::BatchLoader(const data::SequencesFile& seqs, uint64_t seqs_checksum
     rows_ = opt_.row_list.size();
   }
   if (opt_.dynamic_masking && !vocab_) throw InputError("dynamic masking needs the vocabulary");
-  if (opt_.compute_padding && packs_)
+  if (opt_.compute_padding && packs_ && !opt_.one_per_row)
     throw InputError("--compute-padding applies to the padded baseline only");
+  if (opt_.one_per_row && !packs_) throw InputError("one sequence per row of packs needs packs");
   if (vocab_ && !seqs_.made_with(*vocab_))
     throw InputError("the vocabulary differs from the one the sequences file was made with");
   if (cursor_.row > rows_) throw InputError("cursor row beyond the epoch");
@@ -86,15 +87,17 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
   int K = 1;
   for (uint64_t r = at.row; r < end; ++r) {
     uint64_t row = order[r];
-    if (packs_)
+    if (packs_ && opt_.one_per_row)
+      for (uint64_t k = packs_->offsets[row]; k < packs_->offsets[row + 1]; ++k)
+        rows.push_back({packs_->ids[k]});
+    else if (packs_)
       rows.emplace_back(packs_->ids.begin() + static_cast<long>(packs_->offsets[row]),
                         packs_->ids.begin() + static_cast<long>(packs_->offsets[row + 1]));
     else
       rows.push_back({row});
     K = std::max(K, static_cast<int>(rows.back().size()));
   }
-  const bool pad_compute = opt_.compute_padding && !packs_;
-  if (pad_compute) K = 2;
+  const bool pad_compute = opt_.compute_padding && (!packs_ || opt_.one_per_row);
   model::PackedBatch b =
       model::empty_batch(static_cast<int>(rows.size()), slots_, K, vocab_ ? vocab_->pad() : 0);
   for (int p = 0; p < b.B; ++p) {
@@ -131,7 +134,7 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
     if (pad_compute)
       for (int i = o; i < b.S; ++i) {
         const size_t slot = static_cast<size_t>(p) * b.S + i;
-        b.sequence_ids[slot] = 2;
+        b.sequence_ids[slot] = model::kComputedPadding;
         b.position_ids[slot] = i;
       }
   }

@@ -36,9 +36,13 @@ struct LoaderOptions {
   std::vector<uint64_t> row_list;
   bool shuffle = true;  // evaluation reads its rows in file order
   // Padded baseline only: fill each row's padding slots with [PAD] tokens that are computed
-  // like real ones (as frameworks do) but form their own unlabelled sequence, so results are
-  // unchanged and only the cost of padding is reproduced (framework-style baseline).
+  // like real ones (as frameworks do) but form their own unlabelled sequence (kComputedPadding),
+  // so results are unchanged and only the cost of padding is reproduced.
   bool compute_padding = false;
+  // With packs: serve each pack's sequences one per row (padded), the same sequences in the same
+  // order as the packed loader with the same seed; the padded side of a paired comparison.
+  // rows_per_batch still counts packs.
+  bool one_per_row = false;
 };
 
 class BatchLoader {

@@ -31,6 +31,8 @@ class Optimizer {
   int64_t steps() const { return t_; }
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
+  const std::vector<float>& m() const { return m_; }
+  const std::vector<float>& v() const { return v_; }
   void set_steps(int64_t t) { t_ = t; }
   const OptimizerConfig& config() const { return cfg_; }
 

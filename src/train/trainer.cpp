@@ -33,6 +33,10 @@ model::BertConfig config_of(const io::SafetensorsFile& f) {
   }
 }
 
+const char* optimizer_name(OptimizerKind k) {
+  return k == OptimizerKind::lamb ? "lamb" : "adamw";
+}
+
 }  // namespace
 
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads) {
@@ -122,9 +126,15 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   if (opt_.max_steps < 1) throw InputError("--steps must be at least 1");
   if (opt_.eval_fraction && !(*opt_.eval_fraction >= 0 && *opt_.eval_fraction < 0.5))
     throw InputError("--eval-fraction must be in [0, 0.5)");
+  if (!(opt_.target_accuracy >= 0 && opt_.target_accuracy <= 1))
+    throw InputError("--target-accuracy must be in [0, 1] (0 = off)");
   if (!(opt_.outlier_z >= 0)) throw InputError("--skip-outliers must be 0 (off) or positive");
   if (opt_.packing_adjust != "none" && opt_.packing_adjust != "ga" && opt_.packing_adjust != "beta")
     throw InputError("--packing-adjust: expected none|ga|beta, got '" + opt_.packing_adjust + "'");
+  if (opt_.one_per_row && opt_.packs.empty())
+    throw InputError("--one-per-row lays out the packs of --packs: give --packs");
+  if (opt_.compute_padding && !opt_.packs.empty() && !opt_.one_per_row)
+    throw InputError("--compute-padding applies to padded rows: drop --packs or add --one-per-row");
   if (opt_.out_dir.empty()) throw InputError("--out is required");
   io::make_output_dir(opt_.out_dir, "--out");
   io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl"});
@@ -163,10 +173,11 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
       throw InputError(checkpoint_path() + ": was trained on another sequences file than " +
                        opt_.sequences);
     if (state.value("packed", false) != packs_.has_value() ||
+        state.value("one_per_row", false) != opt_.one_per_row ||
         state.value("rows_per_batch", 0) != opt_.rows_per_batch)
-      throw InputError(
-          checkpoint_path() +
-          ": resume needs the same layout (--packs) and --batch-rows as the run that wrote it");
+      throw InputError(checkpoint_path() +
+                       ": resume needs the same layout (--packs, --one-per-row) and --batch-rows "
+                       "as the run that wrote it");
     model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads);
     model::load_weights(model_->layout(), model_->params().data(), *ckpt);
   } else if (!opt_.init.empty()) {
@@ -203,8 +214,15 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
     PlanRequest plan{c, heads, oc.kind, {}};
-    const int64_t tokens = static_cast<int64_t>(opt_.rows_per_batch) * row_len;
-    plan.shape = uniform_shape(tokens, opt_.rows_per_batch, omp_get_max_threads());
+    int64_t rows = opt_.rows_per_batch;
+    if (opt_.one_per_row) {  // a pack's sequences become rows of their own
+      uint64_t most = 1;
+      for (uint64_t p = 0; p < packs_->packs(); ++p)
+        most = std::max(most, packs_->offsets[p + 1] - packs_->offsets[p]);
+      rows *= static_cast<int64_t>(most);
+    }
+    const int64_t tokens = rows * (opt_.one_per_row ? seqs_.max_seq_len : row_len);
+    plan.shape = uniform_shape(tokens, rows, omp_get_max_threads());
     plan.shape.masked = (tokens + 4) / 5;
     recompute_ = check_step_fits(plan, opt_.recompute, opt_.memory_limit);
   }
@@ -235,6 +253,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   train_rows_.seed = opt_.seed;
   train_rows_.dynamic_masking = opt_.dynamic_masking;
   train_rows_.compute_padding = opt_.compute_padding;
+  train_rows_.one_per_row = opt_.one_per_row;
   if (packs_) {
     for (uint64_t p = 0; p < packs_->packs(); ++p) {
       bool holds_eval = false;
@@ -252,14 +271,35 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   eval_rows_.row_begin = n_seq - held;
   eval_rows_.row_end = held ? n_seq : 0;
 
-  if (resume) {
+  // The moments and step count of a training checkpoint: this run's own (resume), or the one
+  // --init names (carried into a new phase).
+  auto load_optimizer = [&](const io::SafetensorsFile& f, const json& st) {
     for (const model::TensorSpec& t : model_->layout().tensors()) {
-      auto m = ckpt->floats("optimizer.m." + t.name, &t.shape),
-           v = ckpt->floats("optimizer.v." + t.name, &t.shape);
+      auto m = f.floats("optimizer.m." + t.name, &t.shape),
+           v = f.floats("optimizer.v." + t.name, &t.shape);
       std::copy(m.begin(), m.end(), optim_->m().begin() + static_cast<long>(t.offset));
       std::copy(v.begin(), v.end(), optim_->v().begin() + static_cast<long>(t.offset));
     }
-    optim_->set_steps(state.at("optimizer_steps").get<int64_t>());
+    optim_->set_steps(st.at("optimizer_steps").get<int64_t>());
+  };
+  if (!resume && opt_.carry_optimizer) {
+    if (opt_.init.empty() || fs::is_directory(opt_.init))
+      throw InputError("--init-optimizer carry needs --init to name a packbert training "
+                       "checkpoint (checkpoint.safetensors), which holds the optimizer state");
+    io::SafetensorsFile f = io::SafetensorsFile::read(opt_.init);
+    json st;
+    try {
+      st = json::parse(f.metadata().at("packbert"));
+    } catch (const std::exception&) {
+      throw InputError(opt_.init + ": not a packbert training checkpoint (no optimizer state)");
+    }
+    const std::string was = st.value("optimizer", std::string()), now = optimizer_name(oc.kind);
+    if (!was.empty() && was != now)  // (checkpoints before this field was written: unchecked)
+      throw InputError(opt_.init + ": its optimizer state is " + was + "'s, this run uses " + now);
+    load_optimizer(f, st);
+  }
+  if (resume) {
+    load_optimizer(*ckpt, state);
     step_ = state.at("step").get<int64_t>();
     cursor_ = {state.at("cursor_epoch").get<uint64_t>(), state.at("cursor_row").get<uint64_t>()};
     elapsed_ = state.value("elapsed", 0.0);
@@ -300,10 +340,12 @@ void Trainer::save_checkpoint() {
                 {"version", 1},
                 {"step", step_},
                 {"optimizer_steps", optim_->steps()},
+                {"optimizer", optimizer_name(opt_.optimizer.kind)},
                 {"cursor_epoch", cursor_.epoch},
                 {"cursor_row", cursor_.row},
                 {"sequences_checksum", seqs_checksum_},
                 {"packed", packs_.has_value()},
+                {"one_per_row", opt_.one_per_row},
                 {"rows_per_batch", opt_.rows_per_batch},
                 {"seed", opt_.seed},
                 {"elapsed", elapsed_},
@@ -353,7 +395,10 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
   if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
   new_log_ = false;
   int nan_streak = 0;
+  int64_t evaluated_at = -1;
+  bool reached = false;  // an evaluation met opt_.target_accuracy
   auto do_eval = [&] {
+    evaluated_at = step_;
     const double e0 = now_seconds();
     EvalMetrics e = evaluate();
     e.elapsed = elapsed_;
@@ -371,6 +416,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                .dump()
         << std::endl;
     if (on_eval) on_eval(e);
+    reached = opt_.target_accuracy > 0 && e.mlm_acc >= opt_.target_accuracy;
   };
   auto no_checkpoint = [&] {
     return saved_step_ >= 0
@@ -466,12 +512,16 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     io::crash_point("step");
     if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) do_eval();
     if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0) save_checkpoint();
+    if (reached) {
+      reason = StopReason::target_reached;
+      break;
+    }
     if (opt_.max_minutes > 0 && elapsed_ > opt_.max_minutes * 60) {
       reason = StopReason::time_limit;
       break;
     }
   }
-  do_eval();
+  if (evaluated_at != step_) do_eval();  // a stop right after an evaluation needs no second one
   if (saved_step_ != step_) save_checkpoint();
   return reason;
 }

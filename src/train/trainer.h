@@ -24,6 +24,10 @@ struct PretrainOptions {
   bool overwrite = false;       // start over in an out_dir that holds an earlier run's checkpoint
   std::string vocab;            // needed for dynamic masking and the vocab check
   std::string init;             // optional: HF-layout dir or checkpoint to start from
+  // With init a packbert training checkpoint (two-phase pre-training): carry its optimizer
+  // moments and step count into this run instead of starting them at zero. The learning-rate
+  // schedule, data order and step counter start over either way.
+  bool carry_optimizer = false;
   std::string preset = "mini";  // model shape when not initialised from a checkpoint
   int rows_per_batch = 16;      // packs (or padded rows) per micro-batch
   int accumulation = 1;         // micro-batches per optimizer step
@@ -47,7 +51,13 @@ struct PretrainOptions {
   double outlier_z = 0;
   bool dynamic_masking = false;
   double max_minutes = 0;        // stop (with a checkpoint) after this long; 0 = no limit
+  // Stop (with a checkpoint) at the first evaluation whose held-out MLM accuracy reaches this
+  // (MLPerf's time-to-train rule); 0 = off. Needs evaluations (eval_every) to act before the end.
+  double target_accuracy = 0;
   bool compute_padding = false;  // padded baseline that pays for padding like frameworks do
+  // With packs: the packs' sequences one per row (padded), the same sequences per step and in the
+  // same order as packed training with the same seed: the padded side of a paired comparison.
+  bool one_per_row = false;
   // What backward rebuilds instead of keeping; `auto` picks the cheapest policy whose step fits
   // memory_limit. A policy predicted not to fit is refused before training starts.
   model::Recompute recompute;
@@ -90,7 +100,7 @@ struct EvalMetrics {
 EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader);
 
 // Why Trainer::run returned.
-enum class StopReason { finished, requested, time_limit };
+enum class StopReason { finished, requested, time_limit, target_reached };
 
 class Trainer {
  public:
@@ -115,6 +125,7 @@ class Trainer {
   void save_checkpoint();
   int64_t step() const { return step_; }
   model::BertModel<float>& model() { return *model_; }
+  const Optimizer& optimizer() const { return *optim_; }
   const model::BertConfig& config() const { return model_->config(); }
   std::string checkpoint_path() const;
   int64_t saved_step() const { return saved_step_; }  // step of the checkpoint on disk; -1: none
