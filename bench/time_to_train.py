@@ -86,10 +86,10 @@ def main():
     ap.add_argument("--adjust-accumulation", type=int, default=2)
     ap.add_argument("--preset", default="mini")
     ap.add_argument("--packs-per-step", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--warmup", type=int, default=40)
-    ap.add_argument("--max-steps", type=int, default=3000)
-    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--max-steps", type=int, default=4000)
+    ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--data", default=os.path.join(ROOT, "out", "demo"))
     ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "time_to_train"))
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -101,13 +101,13 @@ def main():
                        stdout=subprocess.DEVNULL)
     os.makedirs(a.workdir, exist_ok=True)
     model, isa = cpu()
-    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, fp32, AdamW "
+    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, fp32, LAMB "
           f"lr {a.lr}, {a.packs_per_step} packs a step, target {a.target} held-out MLM accuracy "
           f"(evaluated every {a.eval_every} steps), cap {a.max_steps} steps", flush=True)
 
     common = ["--data", seqs, "--packs", packs, "--preset", a.preset, "--steps",
               str(a.max_steps), "--lr", str(a.lr), "--warmup", str(a.warmup), "--optimizer",
-              "adamw", "--eval-every", str(a.eval_every), "--eval-fraction", "0.005",
+              "lamb", "--eval-every", str(a.eval_every), "--eval-fraction", "0.005",
               "--target-accuracy", str(a.target), "--overwrite"]
     plan = []
     for seed in range(1, a.seeds + 1):

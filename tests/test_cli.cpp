@@ -158,6 +158,32 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
   EXPECT_EQ(std::count(cut.err.begin(), cut.err.end(), '\n'), 1) << cut.err;
 }
 
+// The demo end to end on its real corpus, cut short: both runs stop at the step cap without
+// reaching an unreachable target, the table and summary.json say so (nulls, no conclusion), and
+// the two runs' first losses are the same number (the same sequences and dropout draws).
+TEST_F(Cli, DemoRunsBothLayoutsToTheTargetOrCapAndWritesTheSummary) {
+  if (!fs::exists("/usr/share/dictd/gcide.index")) GTEST_SKIP() << "dict-gcide not installed";
+  const std::string work = (dir_ / "demo").string();
+  Result r = run("demo --workdir " + work +
+                 " --preset tiny --packs-per-step 4 --max-steps 2 --eval-every 1 --target 0.99");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("not in 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Conclusion: none"), std::string::npos) << r.out;
+  const size_t at = r.out.find("step-1 loss ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::istringstream losses(r.out.substr(at + 12));
+  std::string packed, word, padded;
+  losses >> packed >> word >> padded;
+  EXPECT_EQ(word, "packed,");
+  EXPECT_EQ(packed, padded) << "the paired runs' first losses differ";
+  auto summary = nlohmann::json::parse(slurp(work + "/summary.json"));
+  EXPECT_EQ(summary.at("target_accuracy").get<double>(), 0.99);
+  EXPECT_TRUE(summary.at("packed_seconds_to_target").is_null());
+  EXPECT_TRUE(summary.at("padded_seconds_to_target").is_null());
+  EXPECT_TRUE(summary.at("ratio").is_null());
+  EXPECT_TRUE(fs::exists(work + "/pretrain.svg"));
+}
+
 TEST_F(Cli, SquadBadInputIsOneLineErrorExit2) {
   const std::string tiny = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
   fs::path bad = write("bad.json", "{\"data\": [{\"paragraphs\": [{\"context\": \"x\"}]}]}");

@@ -343,7 +343,8 @@ TEST(Loader, OnePerRowServesThePackedSequencesInOrder) {
   lo.seed = 3;
   train::LoaderOptions lr = lo;
   lr.one_per_row = lr.compute_padding = true;
-  train::BatchLoader packed(f, 42, &p, &base_vocab(), lo, {}), rows(f, 42, &p, &base_vocab(), lr, {});
+  train::BatchLoader packed(f, 42, &p, &base_vocab(), lo, {}),
+      rows(f, 42, &p, &base_vocab(), lr, {});
   // A real sequence's tokens, NSP label and MLM labels, in layout order.
   auto sequences = [&](const model::PackedBatch& b) {
     model::TokenLayout t = model::token_layout(b, cfg);

@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -34,9 +33,9 @@ namespace {
 struct DemoArgs {
   std::string workdir = "out/demo", vocab, preset = "mini";
   int packs_per_step = 16;
-  int64_t max_steps = 1000;  // the cap; 0 skips pre-training
-  int64_t warmup = 40, eval_every = 25;
-  double lr = 2e-3, target = 0.20;
+  int64_t max_steps = 2000;  // the cap; 0 skips pre-training
+  int64_t warmup = 40, eval_every = 100;
+  double lr = 5e-3, target = 0.20;
   uint64_t seed = 1;
 };
 
@@ -87,7 +86,7 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
   o.max_steps = a.max_steps;
   o.lr = a.lr;
   o.warmup_steps = std::min(a.warmup, a.max_steps);
-  o.optimizer.kind = train::OptimizerKind::adamw;
+  o.optimizer.kind = train::OptimizerKind::lamb;
   o.eval_every = a.eval_every;
   o.eval_fraction = 0.005;  // ~1,100 sequences, the same for both runs
   o.seed = a.seed;
@@ -125,7 +124,8 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
   if (tty) std::cerr << '\n';
   run.seconds = last;
   // rows per step: packs when packed; sequences (one per row) when padded.
-  run.rows = run.packed ? a.packs_per_step : row_sum / static_cast<double>(std::max<int64_t>(run.steps, 1));
+  run.rows = run.packed ? a.packs_per_step
+                        : row_sum / static_cast<double>(std::max<int64_t>(run.steps, 1));
 }
 
 void pretrain_comparison(const DemoArgs& a, const std::string& seqs, const std::string& packs) {
@@ -197,8 +197,9 @@ void pretrain_comparison(const DemoArgs& a, const std::string& seqs, const std::
   io::write_file_atomic(svg,
                         svg_plot(series, "bert-" + a.preset + " on GCIDE: held-out MLM accuracy",
                                  "training time (s)", "masked-LM accuracy"));
-  std::cout << "plot: " << svg << "; summary: " << a.workdir << "/summary.json; metrics: "
-            << a.workdir << "/pretrain_{packed,padded}/metrics.jsonl\n";
+  std::cout << "plot: " << svg << "; summary: " << a.workdir
+            << "/summary.json; metrics: " << a.workdir
+            << "/pretrain_{packed,padded}/metrics.jsonl\n";
 }
 
 void demo_corpus(const DemoArgs& a) {
@@ -257,7 +258,7 @@ void register_demo(CLI::App& app) {
          "Cap on each pre-training run's optimizer steps (0 = skip pre-training)", 0, kMaxCount);
   number(cmd, "--packs-per-step", a->packs_per_step,
          "Packs per optimizer step (the padded run takes the same packs' sequences)", 1, 1e6);
-  number(cmd, "--lr", a->lr, "Peak learning rate (AdamW)", 1e-12, 10);
+  number(cmd, "--lr", a->lr, "Peak learning rate (LAMB)", 1e-12, 10);
   number(cmd, "--warmup", a->warmup, "Warmup steps", 0, kMaxCount);
   number(cmd, "--target", a->target, "Held-out MLM accuracy each run trains to", 1e-6, 1);
   number(cmd, "--eval-every", a->eval_every, "Steps between held-out evaluations", 1, kMaxCount);

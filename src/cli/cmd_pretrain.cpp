@@ -79,8 +79,11 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
   const bool tty = ::isatty(2);
   const model::BertConfig& c = trainer.config();
   std::cerr << "pretrain: " << c.num_hidden_layers << " layers, hidden " << c.hidden_size << ", "
-            << (opt.packs.empty() ? "padded rows" : opt.one_per_row ? "the packs' sequences one per row" : "packs") << ", from step " << trainer.step()
-            << " to " << opt.max_steps << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
+            << (opt.packs.empty() ? "padded rows"
+                : opt.one_per_row ? "the packs' sequences one per row"
+                                  : "packs")
+            << ", from step " << trainer.step() << " to " << opt.max_steps << "; metrics in "
+            << opt.out_dir << "/metrics.jsonl\n";
   double tokens = 0, seconds = 0;
   const int64_t first = trainer.step();
   const train::StopReason reason = trainer.run(
@@ -133,7 +136,8 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "pretrain",
       "Pre-train BERT (MLM + NSP) on a sequences file, packed or padded. Exit status: 0 when "
-      "--steps (or --max-minutes, or --target-accuracy) is reached, 2 for bad input or a run that cannot go on (the "
+      "--steps (or --max-minutes, or --target-accuracy) is reached, 2 for bad input or a run that "
+      "cannot go on (the "
       "last good checkpoint is kept as it was), 130/143 when stopped by SIGINT/SIGTERM (a "
       "checkpoint of the step reached is written first; continue with --resume).");
   cmd->add_option("--data", o->sequences, "Sequences file (packbert prepare)")->required();

@@ -94,9 +94,9 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
     for (int s = 0; s < b.S; ++s) {
       const size_t i = static_cast<size_t>(p) * b.S + s;
       if (b.sequence_ids[i] != kComputedPadding) continue;
-      if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size ||
-          b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size ||
-          b.position_ids[i] < 0 || b.position_ids[i] >= c.max_position_embeddings)
+      if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size || b.token_type_ids[i] < 0 ||
+          b.token_type_ids[i] >= c.type_vocab_size || b.position_ids[i] < 0 ||
+          b.position_ids[i] >= c.max_position_embeddings)
         throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) +
                          ": computed padding slot has an id, type or position out of range");
       t.slot.push_back(static_cast<int32_t>(i));

@@ -81,7 +81,6 @@ namespace {
 enum class Role {
   model,     // embeddings and heads' records: one copy, kept
   hidden,    // layer inputs: L + 1 (every:K: the kept checkpoints; `ln`: the first and the last)
-  rebuilt_input,  // `ln` without every:K: the inner layer inputs' two shared slots
   layer,     // one copy per layer (every:K: one per layer of a re-run segment, scratch)
   gelu,      // per layer unless rebuilt (`gelu`)
   ln,        // per layer unless rebuilt (`ln`)
@@ -89,6 +88,8 @@ enum class Role {
   probs,     // per layer unless recomputed (`attention`)
   scratch,   // one copy, scratch
   segment,   // every:K's K layer outputs of a re-run segment, scratch
+  // `ln` without every:K: two shared slots the inner layers' inputs alternate between
+  rebuilt_input,
 };
 
 // Which heads a record belongs to (encoder records: all).

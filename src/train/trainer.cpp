@@ -284,8 +284,9 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   };
   if (!resume && opt_.carry_optimizer) {
     if (opt_.init.empty() || fs::is_directory(opt_.init))
-      throw InputError("--init-optimizer carry needs --init to name a packbert training "
-                       "checkpoint (checkpoint.safetensors), which holds the optimizer state");
+      throw InputError(
+          "--init-optimizer carry needs --init to name a packbert training "
+          "checkpoint (checkpoint.safetensors), which holds the optimizer state");
     io::SafetensorsFile f = io::SafetensorsFile::read(opt_.init);
     json st;
     try {
@@ -461,8 +462,12 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     s.mlm_acc = mlm_n ? static_cast<double>(mlm_ok) / static_cast<double>(mlm_n) : 0;
     s.nsp_acc = nsp_n ? static_cast<double>(nsp_ok) / static_cast<double>(nsp_n) : 0;
     std::vector<float>& g = model_->grads();
-    const float inv = 1.0f / static_cast<float>(accumulation_);
-    for (float& x : g) x *= inv;
+    if (accumulation_ > 1) {  // (a pass over every gradient: skipped when it would multiply by 1)
+      const float inv = 1.0f / static_cast<float>(accumulation_);
+      const int64_t n = static_cast<int64_t>(g.size());
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) g[i] *= inv;
+    }
     s.grad_norm = clip_grad_norm(g.data(), g.size(), opt_.clip_norm);
     s.lr = learning_rate(opt_.lr, step_, opt_.warmup_steps, opt_.max_steps, opt_.decay_power);
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {

@@ -18,19 +18,19 @@
 namespace packbert::train {
 
 struct PretrainOptions {
-  std::string sequences;        // .seqs file
-  std::string packs;            // .packs file; empty = padded baseline (one sequence per row)
-  std::string out_dir;          // checkpoint.safetensors and metrics.jsonl go here
-  bool overwrite = false;       // start over in an out_dir that holds an earlier run's checkpoint
-  std::string vocab;            // needed for dynamic masking and the vocab check
-  std::string init;             // optional: HF-layout dir or checkpoint to start from
+  std::string sequences;   // .seqs file
+  std::string packs;       // .packs file; empty = padded baseline (one sequence per row)
+  std::string out_dir;     // checkpoint.safetensors and metrics.jsonl go here
+  bool overwrite = false;  // start over in an out_dir that holds an earlier run's checkpoint
+  std::string vocab;       // needed for dynamic masking and the vocab check
+  std::string init;        // optional: HF-layout dir or checkpoint to start from
   // With init a packbert training checkpoint (two-phase pre-training): carry its optimizer
   // moments and step count into this run instead of starting them at zero. The learning-rate
   // schedule, data order and step counter start over either way.
   bool carry_optimizer = false;
-  std::string preset = "mini";  // model shape when not initialised from a checkpoint
-  int rows_per_batch = 16;      // packs (or padded rows) per micro-batch
-  int accumulation = 1;         // micro-batches per optimizer step
+  std::string preset = "mini";          // model shape when not initialised from a checkpoint
+  int rows_per_batch = 16;              // packs (or padded rows) per micro-batch
+  int accumulation = 1;                 // micro-batches per optimizer step
   std::string packing_adjust = "none";  // none | ga | beta (Graphcore)
   int64_t max_steps = 100;
   double lr = 1e-3;
@@ -50,7 +50,7 @@ struct PretrainOptions {
   // GradNormGuard::kWindow accepted norms (GradNormGuard below). 0 = off.
   double outlier_z = 0;
   bool dynamic_masking = false;
-  double max_minutes = 0;        // stop (with a checkpoint) after this long; 0 = no limit
+  double max_minutes = 0;  // stop (with a checkpoint) after this long; 0 = no limit
   // Stop (with a checkpoint) at the first evaluation whose held-out MLM accuracy reaches this
   // (MLPerf's time-to-train rule); 0 = off. Needs evaluations (eval_every) to act before the end.
   double target_accuracy = 0;
