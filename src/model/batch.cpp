@@ -38,15 +38,29 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
   t.nsp_label.clear();
   t.mlm_token.clear();
   t.mlm_label.clear();
+  auto fail_at = [](int p, int s, const std::string& what) {
+    throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) + ": " +
+                     what);
+  };
+  // The id, token type and position of a slot the engine computes, real or computed padding.
+  auto check_computed = [&](int p, int s, size_t i) {
+    if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size)
+      fail_at(p, s,
+              "input id " + std::to_string(b.input_ids[i]) + " outside the vocabulary of " +
+                  std::to_string(c.vocab_size));
+    if (b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size)
+      fail_at(p, s, "token type " + std::to_string(b.token_type_ids[i]) + " out of range");
+    if (b.position_ids[i] < 0 || b.position_ids[i] >= c.max_position_embeddings)
+      fail_at(p, s,
+              "position " + std::to_string(b.position_ids[i]) + " outside [0, " +
+                  std::to_string(c.max_position_embeddings) + ")");
+  };
   for (int p = 0; p < b.B; ++p) {
     int current = 0;
     bool padding = false;
     for (int s = 0; s < b.S; ++s) {
       const size_t i = static_cast<size_t>(p) * b.S + s;
-      auto fail = [&](const std::string& what) {
-        throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) + ": " +
-                         what);
-      };
+      auto fail = [&](const std::string& what) { fail_at(p, s, what); };
       int seq = b.sequence_ids[i];
       if (seq == 0 || seq == kComputedPadding) {
         padding = true;
@@ -64,14 +78,7 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
         current = seq;
         t.nsp_label.push_back(b.nsp_labels[static_cast<size_t>(p) * b.K + seq - 1]);
       }
-      if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size)
-        fail("input id " + std::to_string(b.input_ids[i]) + " outside the vocabulary of " +
-             std::to_string(c.vocab_size));
-      if (b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size)
-        fail("token type " + std::to_string(b.token_type_ids[i]) + " out of range");
-      if (b.position_ids[i] < 0 || b.position_ids[i] >= c.max_position_embeddings)
-        fail("position " + std::to_string(b.position_ids[i]) + " outside [0, " +
-             std::to_string(c.max_position_embeddings) + ")");
+      check_computed(p, s, i);
       if (b.mlm_labels[i] != -100) {
         if (b.mlm_labels[i] < 0 || b.mlm_labels[i] >= c.vocab_size)
           fail("MLM label " + std::to_string(b.mlm_labels[i]) + " outside the vocabulary");
@@ -94,11 +101,7 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
     for (int s = 0; s < b.S; ++s) {
       const size_t i = static_cast<size_t>(p) * b.S + s;
       if (b.sequence_ids[i] != kComputedPadding) continue;
-      if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size || b.token_type_ids[i] < 0 ||
-          b.token_type_ids[i] >= c.type_vocab_size || b.position_ids[i] < 0 ||
-          b.position_ids[i] >= c.max_position_embeddings)
-        throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) +
-                         ": computed padding slot has an id, type or position out of range");
+      check_computed(p, s, i);
       t.slot.push_back(static_cast<int32_t>(i));
     }
     if (t.tokens() > before) {

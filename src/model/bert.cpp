@@ -52,7 +52,7 @@ bool BertModel<T>::kept(int l) const {
 template <typename T>
 T* BertModel<T>::input_of(int l) const {
   const int K = opt_.recompute.every, L = config().num_hidden_layers;
-  if (K == 0 && rebuilds_layer_inputs(opt_.recompute)) {
+  if (rebuilds_layer_inputs(opt_.recompute)) {  // (implies K == 0)
     if (l == 0 || l == L) return ws_.get(Rec::hidden, l == 0 ? 0 : 1);
     return ws_.get(Rec::hidden_rebuilt, l % 2);
   }
