@@ -182,6 +182,17 @@ TEST_F(Cli, DemoRunsBothLayoutsToTheTargetOrCapAndWritesTheSummary) {
   EXPECT_TRUE(summary.at("padded_seconds_to_target").is_null());
   EXPECT_TRUE(summary.at("ratio").is_null());
   EXPECT_TRUE(fs::exists(work + "/pretrain.svg"));
+
+  // A target the frequent-token level passes: both runs stop at the same evaluation.
+  r = run("demo --workdir " + work +
+          " --preset tiny --packs-per-step 4 --max-steps 60 --eval-every 10 --target 0.05");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Conclusion: packing reached the target in "), std::string::npos) << r.out;
+  summary = nlohmann::json::parse(slurp(work + "/summary.json"));
+  ASSERT_FALSE(summary.at("packed_steps_to_target").is_null()) << summary.dump();
+  EXPECT_EQ(summary.at("packed_steps_to_target"), summary.at("padded_steps_to_target"));
+  EXPECT_LT(summary.at("packed_steps_to_target").get<int>(), 60);
+  EXPECT_GT(summary.at("ratio").get<double>(), 0);
 }
 
 TEST_F(Cli, SquadBadInputIsOneLineErrorExit2) {

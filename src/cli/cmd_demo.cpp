@@ -97,7 +97,8 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
   const std::atomic<bool> stop{false};
   const bool tty = ::isatty(2);
   double last = 0, acc = run.curve.back().second, row_sum = 0;
-  t.run(
+  train::EvalMetrics final_eval;
+  const train::StopReason reason = t.run(
       stop,
       [&](const train::StepMetrics& s) {
         if (s.step == 1) run.first_loss = s.loss;
@@ -115,13 +116,14 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
         acc = e.mlm_acc;
         run.curve.push_back({last, e.mlm_acc});
         run.masked = e.mlm_count;
-        if (e.mlm_acc >= a.target && run.steps_to_target < 0) {
-          run.steps_to_target = e.step;
-          run.seconds_to_target = e.elapsed;
-          run.acc_at_target = e.mlm_acc;
-        }
+        final_eval = e;
       });
   if (tty) std::cerr << '\n';
+  if (reason == train::StopReason::target_reached) {  // the trainer stopped at that evaluation
+    run.steps_to_target = final_eval.step;
+    run.seconds_to_target = final_eval.elapsed;
+    run.acc_at_target = final_eval.mlm_acc;
+  }
   run.seconds = last;
   // rows per step: packs when packed; sequences (one per row) when padded.
   run.rows = run.packed ? a.packs_per_step

@@ -527,6 +527,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     }
   }
   if (evaluated_at != step_) do_eval();  // a stop right after an evaluation needs no second one
+  if (reached && reason == StopReason::finished) reason = StopReason::target_reached;  // at the end
   if (saved_step_ != step_) save_checkpoint();
   return reason;
 }

@@ -99,7 +99,8 @@ struct EvalMetrics {
 // held-out split and `packbert eval` over a whole file. step, elapsed and eval_seconds are left 0.
 EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader);
 
-// Why Trainer::run returned.
+// Why Trainer::run returned. target_reached: an evaluation (the last one included) reached
+// target_accuracy.
 enum class StopReason { finished, requested, time_limit, target_reached };
 
 class Trainer {
