@@ -56,9 +56,7 @@ void run_plan(const PlanArgs& a) {
     r.heads = model::Heads{false, false, true};
   else if (a.head != "pretraining")
     throw InputError("--head: expected pretraining|classify|squad");
-  if (a.optimizer != "lamb" && a.optimizer != "adamw")
-    throw InputError("--optimizer: expected lamb|adamw, got '" + a.optimizer + "'");
-  r.optimizer = a.optimizer == "lamb" ? train::OptimizerKind::lamb : train::OptimizerKind::adamw;
+  r.optimizer = train::parse_optimizer(a.optimizer, "--optimizer");
   if (a.sequences > a.tokens) throw InputError("--sequences cannot exceed --tokens");
   if (a.tokens / a.sequences > r.config.max_position_embeddings)
     throw InputError("--tokens / --sequences = " + std::to_string(a.tokens / a.sequences) +

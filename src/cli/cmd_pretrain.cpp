@@ -68,12 +68,7 @@ std::string eta_text(double seconds) {
 // Returns the exit code: 0, or 128 + the signal that stopped the run (130 SIGINT, 143 SIGTERM).
 int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string& optimizer) {
   train::PretrainOptions opt = o;
-  if (optimizer == "adamw")
-    opt.optimizer.kind = train::OptimizerKind::adamw;
-  else if (optimizer == "lamb")
-    opt.optimizer.kind = train::OptimizerKind::lamb;
-  else
-    throw InputError("--optimizer: expected adamw|lamb, got '" + optimizer + "'");
+  opt.optimizer.kind = train::parse_optimizer(optimizer, "--optimizer");
   StopOnSignals signals;  // before the trainer starts any thread
   train::Trainer trainer(opt, resume);
   const bool tty = ::isatty(2);

@@ -3,7 +3,19 @@
 #include <algorithm>
 #include <cmath>
 
+#include "error.h"
+
 namespace packbert::train {
+
+const char* optimizer_name(OptimizerKind kind) {
+  return kind == OptimizerKind::lamb ? "lamb" : "adamw";
+}
+
+OptimizerKind parse_optimizer(const std::string& name, const std::string& flag) {
+  if (name == "adamw") return OptimizerKind::adamw;
+  if (name == "lamb") return OptimizerKind::lamb;
+  throw InputError(flag + ": expected adamw|lamb, got '" + name + "'");
+}
 
 Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config)
     : layout_(layout), cfg_(config), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {

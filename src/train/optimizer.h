@@ -13,6 +13,11 @@ namespace packbert::train {
 
 enum class OptimizerKind { adamw, lamb };
 
+// "adamw" or "lamb": the names flags and checkpoints use.
+const char* optimizer_name(OptimizerKind kind);
+// The kind a name stands for; InputError naming `flag` for any other name.
+OptimizerKind parse_optimizer(const std::string& name, const std::string& flag);
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::lamb;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-6, weight_decay = 0.01;

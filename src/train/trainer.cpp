@@ -33,10 +33,6 @@ model::BertConfig config_of(const io::SafetensorsFile& f) {
   }
 }
 
-const char* optimizer_name(OptimizerKind k) {
-  return k == OptimizerKind::lamb ? "lamb" : "adamw";
-}
-
 }  // namespace
 
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads) {
