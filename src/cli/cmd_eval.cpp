@@ -96,11 +96,7 @@ void register_eval(CLI::App& app) {
   number(ev, "--max-seq-len", e->max_seq_len,
          "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
   ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
-  number(ev, "--doc-stride", e->squad.doc_stride, "squad: step between context windows", 1, 65536);
-  number(ev, "--max-query-length", e->squad.max_query_length, "squad: question tokens kept", 1,
-         65536);
-  number(ev, "--max-answer-length", e->squad.max_answer_length,
-         "squad: longest predicted answer, tokens", 1, 65536);
+  squad_flags(ev, e->squad);
   ev->callback([e] { run_eval(*e); });
 }
 

@@ -42,11 +42,7 @@ void register_finetune(CLI::App& app) {
   number(cmd, "--lr", o->lr, "Peak learning rate (AdamW)", 1e-12, 10);
   number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
   number(cmd, "--seed", o->seed, "Seed for the new head, order and dropout", 0, kMaxSeed);
-  number(cmd, "--doc-stride", o->squad.doc_stride, "squad: step between context windows", 1, 65536);
-  number(cmd, "--max-query-length", o->squad.max_query_length, "squad: question tokens kept", 1,
-         65536);
-  number(cmd, "--max-answer-length", o->squad.max_answer_length,
-         "squad: longest predicted answer, tokens", 1, 65536);
+  squad_flags(cmd, o->squad);
   cmd->add_flag("--no-pack", *no_pack, "One example per row");
   recompute_flags(cmd, o->recompute, &o->memory_limit);
   cmd->callback([o, task, no_pack, len] {

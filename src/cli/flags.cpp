@@ -41,6 +41,14 @@ CLI::Validator in_range(double lo, double hi, bool integral) {
       "in " + range);
 }
 
+void squad_flags(CLI::App* cmd, data::SquadOptions& squad) {
+  number(cmd, "--doc-stride", squad.doc_stride, "squad: step between context windows", 1, 65536);
+  number(cmd, "--max-query-length", squad.max_query_length, "squad: question tokens kept", 1,
+         65536);
+  number(cmd, "--max-answer-length", squad.max_answer_length,
+         "squad: longest predicted answer, tokens", 1, 65536);
+}
+
 void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<double>* limit) {
   cmd->add_option_function<std::string>(
          "--recompute",

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "data/squad.h"
 #include "model/workspace.h"
 
 namespace packbert::cli {
@@ -38,6 +39,10 @@ CLI::Option* number(CLI::App* cmd, const std::string& name, std::optional<T>& va
 // --recompute POLICY (into `policy`) and, when `limit` is given, --memory-limit SIZE: both
 // checked at parse time (a bad value is a one-line error, exit 2).
 void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<double>* limit);
+
+// --doc-stride, --max-query-length, --max-answer-length: SQuAD's windowing and answer limits
+// (finetune and eval --task squad).
+void squad_flags(CLI::App* cmd, data::SquadOptions& squad);
 
 // The bundled vocabulary (bert-base-uncased) and where it was found: next to the executable
 // (<bin>/../share/packbert/, as `cmake --install` lays it out), else $PACKBERT_VOCAB, else the
