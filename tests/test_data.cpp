@@ -266,12 +266,18 @@ TEST(Files, SequencesAndPacksRoundTripAndRejectDamage) {
   std::filesystem::remove_all(d);
 }
 
-TEST(Loader, EpochCoversEverySequenceOnceAndResumesExactly) {
+// The synthetic corpus as sequences of up to 128 tokens and their optimal packs (checksum 42).
+std::pair<SequencesFile, PacksFile> packed_synthetic_corpus() {
   SequencesFile f =
       create_pretraining_data(synthetic_corpus(300, 4), base_vocab(), PretrainingOptions{});
   pack::PackOptions po;
   po.max_len = 128;
   PacksFile p = make_packs(f, 42, pack::Algo::optimal, po, 1, nullptr);
+  return {std::move(f), std::move(p)};
+}
+
+TEST(Loader, EpochCoversEverySequenceOnceAndResumesExactly) {
+  const auto [f, p] = packed_synthetic_corpus();
   train::LoaderOptions lo;
   lo.rows_per_batch = 7;
   model::BertConfig cfg;
@@ -331,11 +337,7 @@ TEST(Loader, PaddedBaselineAndDynamicMasking) {
 // The padded side of a paired comparison: the same packs, each sequence in a row of its own with
 // computed padding, serve the packed loader's sequences in the same order, step for step.
 TEST(Loader, OnePerRowServesThePackedSequencesInOrder) {
-  SequencesFile f =
-      create_pretraining_data(synthetic_corpus(300, 4), base_vocab(), PretrainingOptions{});
-  pack::PackOptions po;
-  po.max_len = 128;
-  PacksFile p = make_packs(f, 42, pack::Algo::optimal, po, 1, nullptr);
+  const auto [f, p] = packed_synthetic_corpus();
   model::BertConfig cfg;
   cfg.max_position_embeddings = 128;
   train::LoaderOptions lo;

@@ -158,6 +158,16 @@ struct World {
     o.checkpoint_every = 3;
     return o;
   }
+  // A run long and fast enough to learn the corpus: 120 AdamW steps at 1e-2, no checkpoints.
+  PretrainOptions learning_options(const std::string& run) const {
+    PretrainOptions o = options(run);
+    o.max_steps = 120;
+    o.lr = 1e-2;
+    o.optimizer.kind = OptimizerKind::adamw;
+    o.warmup_steps = 10;
+    o.checkpoint_every = 0;
+    return o;
+  }
 };
 
 std::vector<double> losses_of(Trainer& t, int64_t stop_after,
@@ -203,12 +213,7 @@ TEST(Trainer, KilledRunResumesBitExactly) {
 
 TEST(Trainer, LearnsTheSyntheticCorpus) {
   World w;
-  PretrainOptions o = w.options("learn");
-  o.max_steps = 120;
-  o.lr = 1e-2;
-  o.optimizer.kind = OptimizerKind::adamw;
-  o.warmup_steps = 10;
-  o.checkpoint_every = 0;
+  PretrainOptions o = w.learning_options("learn");
   Trainer t(o, false);
   EvalMetrics before = t.evaluate();
   std::atomic<bool> stop{false};
@@ -224,12 +229,7 @@ TEST(Trainer, LearnsTheSyntheticCorpus) {
 // checkpoint, and does not evaluate that step twice.
 TEST(Trainer, StopsAtTheFirstEvaluationThatReachesTheTarget) {
   World w;
-  PretrainOptions o = w.options("target");
-  o.max_steps = 120;
-  o.lr = 1e-2;
-  o.optimizer.kind = OptimizerKind::adamw;
-  o.warmup_steps = 10;
-  o.checkpoint_every = 0;
+  PretrainOptions o = w.learning_options("target");
   o.eval_every = 2;
   double start = 0;
   {
