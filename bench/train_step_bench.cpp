@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "error.h"
+#include "kernels/cpu.h"
 #include "kernels/gemm.h"
 #include "model/bert.h"
 #include "pack/assign.h"
@@ -42,11 +43,29 @@ double sgemm_gflops() {
   return 2.0 * M * N * K / *std::min_element(t.begin(), t.end()) * 1e-9;
 }
 
+// Peak bf16 matmul rate (oneDNN's matmul primitive, bf16 operands, fp32 output) at the same
+// shape, through the GEMM seam the engine uses.
+double bf16_gflops() {
+  const int M = 2048, N = 3072, K = 768;
+  std::vector<kernels::bf16> A(static_cast<size_t>(M) * K, kernels::to_bf16(0.01f)),
+      B(static_cast<size_t>(K) * N, kernels::to_bf16(0.02f));
+  std::vector<float> C(static_cast<size_t>(M) * N);
+  kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    double t0 = now_seconds();
+    kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    t.push_back(now_seconds() - t0);
+  }
+  return 2.0 * M * N * K / *std::min_element(t.begin(), t.end()) * 1e-9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"train_step_bench: packbert forward+backward step on given sequence lengths"};
-  std::string lengths_text, preset = "base", recompute = "none", memory_limit;
+  std::string lengths_text, preset = "base", recompute = "none", memory_limit,
+      precision_text = "fp32";
   bool optimizer_step = false;
   int max_len = 512, steps = 3, warmup = 1, layers = 0;
   bool padded = false;
@@ -68,6 +87,8 @@ int main(int argc, char** argv) {
                  "`--recompute auto` picks the cheapest policy that fits it");
   app.add_flag("--optimizer-step", optimizer_step,
                "Also run a LAMB update after each backward (its state counts in the plan)");
+  app.add_option("--precision", precision_text, "fp32 or bf16 (bf16 GEMM operands)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<int> lengths;
@@ -81,11 +102,17 @@ int main(int argc, char** argv) {
 
   // The plan for this exact step, checked before anything large is allocated.
   model::Recompute policy;
+  model::Precision precision = model::Precision::fp32;
   try {
+    precision = model::parse_precision(precision_text);
+    if (precision == model::Precision::bf16) {
+      const std::string why = kernels::bf16_unavailable_reason();
+      if (!why.empty()) throw InputError(why);
+    }
     policy = model::parse_recompute(recompute);
     std::optional<double> limit;
     if (!memory_limit.empty()) limit = train::parse_bytes(memory_limit, "--memory-limit");
-    train::PlanRequest req{c, model::Heads{}, train::OptimizerKind::lamb, {}};
+    train::PlanRequest req{c, model::Heads{}, train::OptimizerKind::lamb, {}, precision};
     int64_t tokens = 0, sum_sq = 0, longest = 0;
     for (const int64_t L : lengths) tokens += L, sum_sq += L * L, longest = std::max(longest, L);
     req.shape = train::uniform_shape(tokens, 1, omp_get_max_threads());
@@ -143,18 +170,22 @@ int main(int argc, char** argv) {
   std::optional<train::Optimizer> optimizer;
   if (optimizer_step) optimizer.emplace(m.layout(), train::OptimizerConfig{});
   double rate = sgemm_gflops();
+  const double rate16 = precision == model::Precision::bf16 ? bf16_gflops() : 0.0;
   std::vector<double> times, gemm_share;
   double flops = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     kernels::reset_gemm_counters();
     kernels::enable_gemm_counters(true);
     double t0 = now_seconds();
-    m.forward(b, {true, 1, static_cast<uint64_t>(s), policy});
+    m.forward(b, {true, 1, static_cast<uint64_t>(s), policy, precision});
     m.zero_grads();
     m.backward();
     if (optimizer) {
       train::clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
-      optimizer->step(m.params().data(), m.grads().data(), 1e-4);
+      float* params = m.params().data();
+      optimizer->step(params, m.grads().data(), 1e-4,
+                      precision == model::Precision::bf16 ? m.weights16() : nullptr);
+      if (precision == model::Precision::bf16) m.weights16_written();
     }
     double dt = now_seconds() - t0;
     kernels::enable_gemm_counters(false);
@@ -185,6 +216,10 @@ int main(int argc, char** argv) {
                         {"gemm_share", gemm_share[gemm_share.size() / 2]},
                         {"model_gflops", flops / t * 1e-9},
                         {"sgemm_gflops", rate},
+                        {"precision", model::precision_name(precision)},
+                        {"bf16_matmul_gflops", rate16},
+                        {"cpu", kernels::cpu_features().model},
+                        {"isa", kernels::cpu_features().isa()},
                         {"recompute", policy.name()},
                         {"optimizer_step", optimizer_step},
                         {"activation_mib", m.activation_bytes() / 1048576.0},

@@ -141,7 +141,7 @@ TEST(ModelRecompute, PlanBytesAreTheEnginesBytes) {
     size_t act = 0, scratch = 0;
     for (const RecordSize& rec :
          workspace_records(c, heads, r, shape_of(m.tokens(), omp_get_max_threads())))
-      (rec.storage == Storage::activation ? act : scratch) += rec.bytes(sizeof(float));
+      (rec.storage == Storage::activation ? act : scratch) += rec.bytes();
     EXPECT_EQ(act, m.activation_bytes()) << policy;
     EXPECT_EQ(scratch, m.scratch_bytes()) << policy;
     EXPECT_GT(act, 0u);

@@ -17,10 +17,12 @@ struct GoldenArgs {
   double rtol_loss = 1e-5, rtol_grad = 1e-4;
   bool all = false;
   model::Recompute recompute;
+  model::Precision precision = model::Precision::fp32;
 };
 
 int run_check_golden(const GoldenArgs& a) {
-  model::GoldenReport report = model::check_golden(a.file, a.rtol_loss, a.rtol_grad, a.recompute);
+  model::GoldenReport report =
+      model::check_golden(a.file, a.rtol_loss, a.rtol_grad, a.recompute, a.precision);
   Table t({"quantity", "rel. error", "tolerance", "ok"});
   auto add = [&](const model::GoldenRow& r) {
     char err[32], tol[32];
@@ -51,12 +53,22 @@ void register_check_golden(CLI::App& app, int& exit_code) {
       "check-golden", "Compare packbert's losses and gradients with a PyTorch golden file");
   cmd->add_option("file", args->file, "Golden safetensors file (tools/make_model_golden.py)")
       ->required();
-  number(cmd, "--rtol-loss", args->rtol_loss, "Relative tolerance on losses", 0, 1);
+  number(cmd, "--rtol-loss", args->rtol_loss,
+         "Relative tolerance on losses (default 1e-5; 1e-2 under --precision bf16)", 0, 1);
   number(cmd, "--rtol-grad", args->rtol_grad,
-         "Tolerance on gradients: max |ours - theirs| / max |theirs| per tensor", 0, 1);
+         "Tolerance on gradients per tensor: max |ours - theirs| / max |theirs| (default 1e-4); "
+         "under --precision bf16 ||ours - theirs|| / ||theirs|| (default 5e-2)",
+         0, 1);
   cmd->add_flag("--all", args->all, "List every gradient tensor, not only the worst");
   recompute_flags(cmd, args->recompute, nullptr);
-  cmd->callback([args, &exit_code] { exit_code = run_check_golden(*args); });
+  precision_flag(cmd, args->precision);
+  cmd->callback([args, cmd, &exit_code] {
+    if (args->precision == model::Precision::bf16) {  // bf16's documented tolerances
+      if (cmd->count("--rtol-loss") == 0) args->rtol_loss = 1e-2;
+      if (cmd->count("--rtol-grad") == 0) args->rtol_grad = 5e-2;
+    }
+    exit_code = run_check_golden(*args);
+  });
 }
 
 }  // namespace packbert::cli

@@ -138,7 +138,7 @@ void run_plan(const PlanArgs& a) {
     for (const model::RecordSize& rec : asked.records)
       rt.add_row({rec.name, rec.storage == model::Storage::activation ? "kept" : "scratch",
                   std::to_string(rec.copies),
-                  fixed(static_cast<double>(rec.bytes(sizeof(float))) / 1048576.0, 1)});
+                  fixed(static_cast<double>(rec.bytes()) / 1048576.0, 1)});
     rt.print(std::cout);
   }
 }

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include "error.h"
+#include "kernels/cpu.h"
 #include "train/memory_plan.h"
 
 namespace packbert::cli {
@@ -63,6 +65,22 @@ void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<doub
       [limit](const std::string& text) { *limit = train::parse_bytes(text, "--memory-limit"); },
       "Memory a step may use (20G, 512M, ...); default: what the system has available. A step "
       "predicted to need more is refused before training starts");
+}
+
+void precision_flag(CLI::App* cmd, model::Precision& precision) {
+  cmd->add_option_function<std::string>(
+         "--precision",
+         [&precision](const std::string& text) {
+           precision = model::parse_precision(text);
+           if (precision == model::Precision::bf16) {
+             const std::string why = kernels::bf16_unavailable_reason();
+             if (!why.empty()) throw InputError(why);
+           }
+         },
+         "fp32, or bf16: GEMMs with bf16 operands and fp32 accumulation (needs AVX512-BF16 or "
+         "AMX-BF16); master weights, optimizer moments, LayerNorm statistics, softmax, losses and "
+         "gradients stay fp32")
+      ->default_str("fp32");
 }
 
 const DefaultVocab& default_vocab() {

@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <type_traits>
+
 #include <algorithm>
 #include <cmath>
 
@@ -66,8 +68,8 @@ void softmax_backward_row(T* __restrict d, const T* __restrict p, int L, T scale
 
 }  // namespace
 
-int64_t attention_scratch_elems(int max_len, int threads) {
-  return 3 * static_cast<int64_t>(threads) * max_len * max_len;
+int64_t attention_scratch_elems(int max_len, int threads, int head_size) {
+  return static_cast<int64_t>(threads) * max_len * (3 * static_cast<int64_t>(max_len) + head_size);
 }
 
 namespace {
@@ -99,9 +101,9 @@ struct Work {
   const int64_t* offsets;
   T* scratch;
   int64_t per_thread;
-  Work(AttentionWork<T> w, const int32_t* cu_seqlens, int n_seq, int NH) {
+  Work(AttentionWork<T> w, const int32_t* cu_seqlens, int n_seq, int C, int NH) {
     const int L = max_length(cu_seqlens, n_seq);
-    per_thread = attention_scratch_elems(L, 1);
+    per_thread = attention_scratch_elems(L, 1, C / NH);
     offsets = w.offsets;
     if (!offsets) {
       own_offsets = attention_probs_offsets(cu_seqlens, n_seq, NH);
@@ -109,7 +111,7 @@ struct Work {
     }
     scratch = w.scratch;
     if (!scratch) {
-      own_scratch.resize(attention_scratch_elems(L, omp_get_max_threads()));
+      own_scratch.resize(attention_scratch_elems(L, omp_get_max_threads(), C / NH));
       scratch = own_scratch.data();
     }
   }
@@ -118,14 +120,18 @@ struct Work {
 
 }  // namespace
 
-template <typename T>
-void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
-                       int NH, AttentionDropout dropout, AttentionWork<T> work) {
+namespace {
+
+// O = T writes each (sequence, head) block of the output in place; O = bf16 computes it in the
+// thread's scratch and rounds it into the output (its only reader is a bf16 GEMM).
+template <typename T, typename O>
+void attention_forward_to(O* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq,
+                          int C, int NH, AttentionDropout dropout, AttentionWork<T> work) {
   const int hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
-  const Work<T> w(work, cu_seqlens, n_seq, NH);
+  const Work<T> w(work, cu_seqlens, n_seq, C, NH);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {
@@ -141,9 +147,33 @@ void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens
           const int64_t r = static_cast<int64_t>(i) * L;
           drop_row(Pd + r, P + r, L, mask, first + r, keep_scale);
         }
-      gemm(false, false, L, hs, L, T(1), dropout.p > 0 ? Pd : P, L, Q + 2 * C, C3, T(0),
-           out + static_cast<int64_t>(a) * C + h * hs, C);
+      const T* Pv = dropout.p > 0 ? Pd : P;
+      if constexpr (std::is_same_v<O, T>) {
+        gemm(false, false, L, hs, L, T(1), Pv, L, Q + 2 * C, C3, T(0),
+             out + static_cast<int64_t>(a) * C + h * hs, C);
+      } else {
+        T* block = mine + 2 * static_cast<int64_t>(L) * L;  // [L, hs]
+        gemm(false, false, L, hs, L, T(1), Pv, L, Q + 2 * C, C3, T(0), block, hs);
+        for (int i = 0; i < L; ++i) {
+          O* o = out + static_cast<int64_t>(a + i) * C + h * hs;
+          for (int j = 0; j < hs; ++j) o[j] = to_bf16(block[static_cast<int64_t>(i) * hs + j]);
+        }
+      }
     }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
+                       int NH, AttentionDropout dropout, AttentionWork<T> work) {
+  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
+}
+
+void attention_forward(bf16* out, float* probs, const float* qkv, const int32_t* cu_seqlens,
+                       int n_seq, int C, int NH, AttentionDropout dropout,
+                       AttentionWork<float> work) {
+  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
 }
 
 template <typename T>
@@ -154,7 +184,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
-  const Work<T> w(work, cu_seqlens, n_seq, NH);
+  const Work<T> w(work, cu_seqlens, n_seq, C, NH);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/bf16.h"
+
 namespace packbert::kernels {
 
 // qkv: [T, 3C], per token q | k | v, head h owning channels [h*hs, (h+1)*hs) of each (hs = C/NH).
@@ -31,14 +33,20 @@ struct AttentionWork {
   const int64_t* offsets = nullptr;
   T* scratch = nullptr;
 };
-// Per-thread room for three L x L blocks of the longest sequence, for `threads` threads.
-int64_t attention_scratch_elems(int max_len, int threads);
+// Per-thread room for three L x L blocks of the longest sequence and one L x head_size block, for
+// `threads` threads.
+int64_t attention_scratch_elems(int max_len, int threads, int head_size);
 
 // probs may be null: the probabilities are then not kept (recompute policy `attention`), and
 // attention_backward rebuilds each block's from q and k, bit for bit.
 template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
                        int NH, AttentionDropout dropout = {}, AttentionWork<T> work = {});
+// The same with a bf16 output (`--precision bf16`: its only reader is a bf16 GEMM), each block
+// computed in fp32 and rounded once.
+void attention_forward(bf16* out, float* probs, const float* qkv, const int32_t* cu_seqlens,
+                       int n_seq, int C, int NH, AttentionDropout dropout = {},
+                       AttentionWork<float> work = {});
 // Accumulates into dqkv [T, 3C]. probs: as kept by the forward, or null to recompute them.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,

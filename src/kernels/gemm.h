@@ -1,7 +1,9 @@
 // The GEMM seam: every matrix product in the engine goes through here, so the backend is chosen
-// in one place: fp32 through oneDNN's sgemm, fp64 (finite-difference tests only) through a plain
-// loop nest; bf16 through oneDNN later. No BLAS library is loaded.
+// in one place: fp32 through oneDNN's sgemm, bf16 operands through oneDNN's matmul primitive,
+// fp64 (finite-difference tests only) through a plain loop nest. No BLAS library is loaded.
 #pragma once
+
+#include "kernels/bf16.h"
 
 namespace packbert::kernels {
 
@@ -11,6 +13,15 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
           const float* B, int ldb, float beta, float* C, int ldc);
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
           const double* B, int ldb, double beta, double* C, int ldc);
+
+// bf16 operands, fp32 accumulation and fp32 C (same contract as above; beta 0 or 1). oneDNN has
+// no public bf16 gemm call, so this runs a matmul primitive: one per (transposes, N, strides,
+// alpha, beta), with M and K given at run time, built once and cached (weights change every
+// step, so they stay in their plain layout: nothing is pre-packed). Must not be called inside an
+// OpenMP parallel region (the primitive runs on the whole team). Needs a CPU oneDNN runs bf16
+// on; callers check kernels::bf16_unavailable_reason() first.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf16* A, int lda,
+          const bf16* B, int ldb, float beta, float* C, int ldc);
 
 // Profiling counters of the seam (benchmarks only): floating-point operations (2*M*N*K) and
 // wall-clock nanoseconds spent inside gemm() since the last reset. Updated atomically; calls

@@ -34,11 +34,18 @@ inline void normalize_row(T* __restrict o, const T* __restrict x, T m, T s, cons
   for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
 }
 
+// out16 = to_bf16(row), [C].
+template <typename T>
+void mirror_row(bf16* __restrict out16, const T* __restrict row, int C) {
+#pragma omp simd
+  for (int c = 0; c < C; ++c) out16[c] = to_bf16(static_cast<float>(row[c]));
+}
+
 }  // namespace
 
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int N, int C, T eps) {
+                       int N, int C, T eps, bf16* out16) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const T* x = inp + static_cast<int64_t>(n) * C;
@@ -52,6 +59,7 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
     v /= C;  // biased variance, as torch's layer_norm
     T s = T(1) / std::sqrt(v + eps);
     normalize_row(out + static_cast<int64_t>(n) * C, x, m, s, weight, bias, C);
+    if (out16) mirror_row(out16 + static_cast<int64_t>(n) * C, out + static_cast<int64_t>(n) * C, C);
     mean[n] = m;
     rstd[n] = s;
   }
@@ -59,11 +67,13 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 
 template <typename T>
 void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T* weight,
-                     const T* bias, int N, int C) {
+                     const T* bias, int N, int C, bf16* out16) {
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n)
+  for (int n = 0; n < N; ++n) {
     normalize_row(out + static_cast<int64_t>(n) * C, inp + static_cast<int64_t>(n) * C, mean[n],
                   rstd[n], weight, bias, C);
+    if (out16) mirror_row(out16 + static_cast<int64_t>(n) * C, out + static_cast<int64_t>(n) * C, C);
+  }
 }
 
 template <typename T>
@@ -129,6 +139,11 @@ void gelu_forward_block(float* __restrict out, const float* __restrict inp, int6
   for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + erf_fast(inp[i] * kInvSqrt2));
 }
 
+void gelu_forward_block(bf16* __restrict out, const float* __restrict inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = to_bf16(0.5f * inp[i] * (1.0f + erf_fast(inp[i] * kInvSqrt2)));
+}
+
 void gelu_backward_block(float* __restrict dinp, const float* __restrict inp,
                          const float* __restrict dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -173,6 +188,19 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
   }
 }
 
+// dbias += column sums of dout [N, OC].
+template <typename T>
+void bias_backward(T* dbias, const T* dout, int N, int OC) {
+  column_blocks(OC, [&](int c0, int w) {
+    T acc[kColumnBlock] = {};
+    for (int n = 0; n < N; ++n) {
+      const T* g = dout + static_cast<int64_t>(n) * OC + c0;
+      for (int j = 0; j < w; ++j) acc[j] += g[j];
+    }
+    for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
+  });
+}
+
 template <typename T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC) {
   gemm(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
@@ -187,15 +215,28 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      int N, int C, int OC) {
   if (dinp) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
   gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
-  if (!dbias) return;
-  column_blocks(OC, [&](int c0, int w) {
-    T acc[kColumnBlock] = {};
-    for (int n = 0; n < N; ++n) {
-      const T* g = dout + static_cast<int64_t>(n) * OC + c0;
-      for (int j = 0; j < w; ++j) acc[j] += g[j];
-    }
-    for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
-  });
+  if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+void gelu_forward(bf16* out, const float* inp, int64_t n) {
+  parallel_blocks(n, [&](int64_t a, int64_t b) { gelu_forward_block(out + a, inp + a, b - a); });
+}
+
+void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int N,
+                    int C, int OC) {
+  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+  if (!bias) return;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) out[static_cast<int64_t>(n) * OC + o] += bias[o];
+}
+
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
+                     const bf16* inp, const bf16* weight, int N, int C, int OC) {
+  to_bf16(dout16, dout, static_cast<int64_t>(N) * OC);
+  if (dinp) gemm(false, false, N, C, OC, 1.0f, dout16, OC, weight, C, 1.0f, dinp, C);
+  gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C);
+  if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
 template <typename T>
@@ -268,6 +309,10 @@ void gather_rows_forward(T* out, const T* inp, const int32_t* rows, int n_rows, 
               out + static_cast<int64_t>(r) * C);
 }
 
+void gather_rows_forward(bf16* out, const bf16* inp, const int32_t* rows, int n_rows, int C) {
+  gather_rows_forward<bf16>(out, inp, rows, n_rows, C);
+}
+
 template <typename T>
 void gather_rows_backward(T* dinp, const T* dout, const int32_t* rows, int n_rows, int C) {
   // Serial over rows: an index may repeat, and += must not race.
@@ -337,7 +382,8 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
 }
 
 #define PACKBERT_INSTANTIATE(T)                                                                    \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T);       \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T,        \
+                                     bf16*);                                                       \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,          \
                                       const T*, int, int);                                         \
   template void gelu_forward<T>(T*, const T*, int64_t);                                            \
@@ -352,7 +398,7 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int, int);       \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                              \
   template void layernorm_apply<T>(T*, const T*, const T*, const T*, const T*, const T*, int,      \
-                                   int);                                                           \
+                                   int, bf16*);                                                    \
   template void gather_rows_forward<T>(T*, const T*, const int32_t*, int, int);                    \
   template void gather_rows_backward<T>(T*, const T*, const int32_t*, int, int);                   \
   template void tanh_forward<T>(T*, const T*, int64_t);                                            \

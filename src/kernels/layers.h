@@ -6,17 +6,21 @@
 
 #include <cstdint>
 
+#include "kernels/bf16.h"
+
 namespace packbert::kernels {
 
 // LayerNorm over rows. inp, out: [N, C]; weight, bias: [C]; mean, rstd: [N] (saved for backward).
+// out16, when given, receives to_bf16(out) too, written row by row while the row is in cache:
+// the bf16 operand of the GEMM that reads the output under `--precision bf16`.
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int N, int C, T eps);
-// Rebuilds layernorm_forward's `out` from its input and the saved mean and rstd, bit for bit
-// (recompute policy `ln`).
+                       int N, int C, T eps, bf16* out16 = nullptr);
+// Rebuilds layernorm_forward's `out` (and out16) from its input and the saved mean and rstd, bit
+// for bit (recompute policy `ln`).
 template <typename T>
 void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T* weight,
-                     const T* bias, int N, int C);
+                     const T* bias, int N, int C, bf16* out16 = nullptr);
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, int N, int C);
@@ -26,6 +30,8 @@ template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n);
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
+// bf16 output (its only reader is a bf16 GEMM): to_bf16 of the fp32 forward's value.
+void gelu_forward(bf16* out, const float* inp, int64_t n);
 
 // Linear layer with PyTorch's weight layout: out[N, OC] = inp[N, C] . weight[OC, C]^T + bias.
 // bias may be null.
@@ -34,6 +40,13 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
 template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int N, int C, int OC);
+// The same with bf16 operands (input and weight) and fp32 accumulation, output and gradients.
+// Backward rounds dout to bf16 into dout16 ([N, OC], the caller's scratch) for its two GEMMs;
+// the bias gradient sums the fp32 dout. dinp may be null.
+void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int N,
+                    int C, int OC);
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
+                     const bf16* inp, const bf16* weight, int N, int C, int OC);
 
 // BERT embeddings: out[t] = word[ids[t]] + position[pos[t]] + token_type[types[t]], [T, C].
 template <typename T>
@@ -69,6 +82,7 @@ template <typename T>
 void gather_rows_forward(T* out, const T* inp, const int32_t* rows, int n_rows, int C);
 template <typename T>
 void gather_rows_backward(T* dinp, const T* dout, const int32_t* rows, int n_rows, int C);
+void gather_rows_forward(bf16* out, const bf16* inp, const int32_t* rows, int n_rows, int C);
 
 // out = tanh(inp), [n]. Backward from the output: dinp += dout * (1 - out^2).
 template <typename T>

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <type_traits>
 
 #include "error.h"
 #include "kernels/attention.h"
+#include "kernels/bf16.h"
 #include "kernels/layers.h"
 #include "model/heads.h"
 
@@ -28,9 +30,19 @@ void BertModel<T>::zero_grads() {
 }
 
 template <typename T>
+kernels::bf16* BertModel<T>::weights16() {
+  if (params16_.empty()) {
+    params16_.resize(params_.size());
+    p16_ = std::make_unique<ParamView<kernels::bf16>>(layout_, params16_.data());
+  }
+  return params16_.data();
+}
+
+template <typename T>
 StepContext<T> BertModel<T>::context() const {
   const BertConfig& c = config();
   StepContext<T> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute};
+  if (opt_.precision == Precision::bf16) s.p16 = p16_.get();
   s.p_hidden = opt_.training ? c.hidden_dropout_prob : 0.0;
   s.p_attn = opt_.training ? c.attention_probs_dropout_prob : 0.0;
   s.seed = opt_.seed;
@@ -50,22 +62,51 @@ bool BertModel<T>::kept(int l) const {
 }
 
 template <typename T>
-T* BertModel<T>::input_of(int l) const {
+typename BertModel<T>::Slot BertModel<T>::input_slot(int l) const {
   const int K = opt_.recompute.every, L = config().num_hidden_layers;
   if (rebuilds_layer_inputs(opt_.recompute)) {  // (implies K == 0)
-    if (l == 0 || l == L) return ws_.get(Rec::hidden, l == 0 ? 0 : 1);
-    return ws_.get(Rec::hidden_rebuilt, l % 2);
+    if (l == 0 || l == L) return {Rec::hidden, l == 0 ? 0 : 1};
+    return {Rec::hidden_rebuilt, l % 2};
   }
-  if (K == 0) return ws_.get(Rec::hidden, l);
-  if (l % K == 0) return ws_.get(Rec::hidden, l / K);
-  if (l == L) return ws_.get(Rec::hidden, (L + K - 1) / K);
-  return ws_.get(Rec::seg_hidden, l % K - 1);
+  if (K == 0) return {Rec::hidden, l};
+  if (l % K == 0) return {Rec::hidden, l / K};
+  if (l == L) return {Rec::hidden, (L + K - 1) / K};
+  return {Rec::seg_hidden, l % K - 1};
 }
 
 template <typename T>
-T* BertModel<T>::output_of(int l) const {
+typename BertModel<T>::Slot BertModel<T>::output_slot(int l) const {
   const int K = opt_.recompute.every;
-  return kept(l + 1) ? input_of(l + 1) : ws_.get(Rec::seg_hidden, l % K);
+  return kept(l + 1) ? input_slot(l + 1) : Slot{Rec::seg_hidden, l % K};
+}
+
+namespace {
+// The bf16 twin of a layer-input record.
+Rec twin16(Rec r) {
+  return r == Rec::hidden ? Rec::hidden16
+                          : r == Rec::hidden_rebuilt ? Rec::hidden16_rebuilt : Rec::seg_hidden16;
+}
+}  // namespace
+
+template <typename T>
+T* BertModel<T>::input_of(int l) const {
+  const Slot s = input_slot(l);
+  return ws_.get(s.rec, s.copy);
+}
+template <typename T>
+T* BertModel<T>::output_of(int l) const {
+  const Slot s = output_slot(l);
+  return ws_.get(s.rec, s.copy);
+}
+template <typename T>
+kernels::bf16* BertModel<T>::input16_of(int l) const {
+  const Slot s = input_slot(l);
+  return ws_.get16(twin16(s.rec), s.copy);
+}
+template <typename T>
+kernels::bf16* BertModel<T>::output16_of(int l) const {
+  const Slot s = output_slot(l);
+  return ws_.get16(twin16(s.rec), s.copy);
 }
 
 template <typename T>
@@ -78,6 +119,16 @@ template <typename T>
 Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& options) {
   if (options.recompute.automatic)
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
+  if (options.precision == Precision::bf16) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (params16_version_ != params_version_) {  // the weights changed since their copy
+        kernels::to_bf16(weights16(), params_.data(), static_cast<int64_t>(params_.size()));
+        weights16_written();
+      }
+    } else {
+      throw std::logic_error("Precision::bf16 needs a float model");
+    }
+  }
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
   opt_ = options;
@@ -96,17 +147,22 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
   probs_offsets_.resize(n_seq + 1);
   kernels::attention_probs_offsets(tl_.cu_seqlens.data(), n_seq, c.num_attention_heads,
                                    probs_offsets_.data());
-  ws_.prepare(c, heads, opt_.recompute, shape_of(tl_, omp_get_max_threads()));
+  ws_.prepare(c, heads, opt_.recompute, shape_of(tl_, omp_get_max_threads()), opt_.precision);
   const StepContext<T> s = context();
 
   embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), input_of(0));
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.p16)  // the first layer's input twin: the one conversion pass of a bf16 step
+      kernels::to_bf16(input16_of(0), input_of(0), static_cast<int64_t>(Tn) * c.hidden_size);
+  }
   for (int l = 0; l < L; ++l)
-    encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l), output_of(l));
+    encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l), output_of(l),
+                          input16_of(l), output16_of(l));
   const T* top = input_of(L);
   pooler_forward(s, p_, top);
 
   if (heads.pretraining) {
-    mlm_forward(s, p_, top, out_);
+    mlm_forward(s, p_, top, input16_of(L), out_);
     nsp_forward(s, p_, tl_.nsp_label.data(), out_);
   }
   if (heads.classifier) {
@@ -165,10 +221,12 @@ void BertModel<T>::backward() {
     if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
       const LayerRecord<T> below = record_of(l - 1);
       kernels::layernorm_apply(input_of(l), below.r2, below.ln2_mean, below.ln2_rstd,
-                               p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size);
+                               p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size,
+                               input16_of(l));
     }
     kernels::zero_fill(dx, TC);
-    encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of(l), input_of(l), dh, dx);
+    encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of(l), input_of(l), dh, dx,
+                           input16_of(l));
     std::swap(dh, dx);
   };
   const int K = opt_.recompute.every;
@@ -180,7 +238,8 @@ void BertModel<T>::backward() {
       const int b = std::min(a + K, L);
       for (int l = a; l < b; ++l)
         encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l),
-                              ws_.get(Rec::seg_hidden, l - a));
+                              ws_.get(Rec::seg_hidden, l - a), input16_of(l),
+                              ws_.get16(Rec::seg_hidden16, l - a));
       for (int l = b - 1; l >= a; --l) layer_backward(l);
     }
   }

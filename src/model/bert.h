@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/batch.h"
@@ -20,6 +21,7 @@ struct StepOptions {
   uint64_t seed = 0;      // dropout stream seed
   uint64_t step = 0;      // dropout stream step: masks differ per step, repeat per (seed, step)
   Recompute recompute;    // what backward rebuilds instead of keeping (never `auto` here)
+  Precision precision = Precision::fp32;  // bf16: float models only
 };
 
 // Loss conventions (docs/FORMATS.md): MLM = mean cross-entropy over the batch's masked tokens;
@@ -40,8 +42,20 @@ class BertModel {
 
   const ParamLayout& layout() const { return layout_; }
   const BertConfig& config() const { return layout_.config(); }
-  std::vector<T>& params() { return params_; }
+  // Handing out the weights for writing marks their bf16 copy stale; read through the const
+  // overload to keep it.
+  std::vector<T>& params() {
+    ++params_version_;
+    return params_;
+  }
+  const std::vector<T>& params() const { return params_; }
   std::vector<T>& grads() { return grads_; }
+  // The bf16 copy of the weights that Precision::bf16 steps multiply with (allocated on first
+  // use, same layout as params()). A forward under bf16 refreshes it when params() has been
+  // handed out since it was last written; an optimizer that rewrites it in its own pass calls
+  // weights16_written() afterwards instead.
+  kernels::bf16* weights16();
+  void weights16_written() { params16_version_ = params_version_; }
   const ParamView<T>& p() const { return p_; }
 
   void zero_grads();
@@ -58,14 +72,25 @@ class BertModel {
 
  private:
   StepContext<T> context() const;
-  bool kept(int l) const;     // is layer l's input a kept checkpoint (always, unless every:K)
-  T* input_of(int l) const;   // the input of layer l (l = L: the encoder's output)
-  T* output_of(int l) const;  // where layer l writes its output
+  bool kept(int l) const;  // is layer l's input a kept checkpoint (always, unless every:K)
+  struct Slot {
+    Rec rec;
+    int64_t copy;
+  };
+  Slot input_slot(int l) const;  // the input of layer l (l = L: the encoder's output)
+  Slot output_slot(int l) const;  // where layer l writes its output
+  T* input_of(int l) const;
+  T* output_of(int l) const;
+  kernels::bf16* input16_of(int l) const;  // their bf16 twins under bf16, else null
+  kernels::bf16* output16_of(int l) const;
   LayerRecord<T> record_of(int l) const;
 
   ParamLayout layout_;
   std::vector<T> params_, grads_;
   ParamView<T> p_, g_;
+  std::vector<kernels::bf16> params16_;
+  std::unique_ptr<ParamView<kernels::bf16>> p16_;
+  uint64_t params_version_ = 0, params16_version_ = ~uint64_t{0};
 
   // State of the last forward (everything backward needs is copied: the batch may be gone).
   // Vectors keep their capacity, and the workspace its arena, so steady-state steps allocate

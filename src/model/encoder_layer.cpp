@@ -1,6 +1,7 @@
 #include "model/encoder_layer.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
@@ -21,6 +22,32 @@ const T* dropout_site_backward(const StepContext<T>& s, T* scratch, const T* dou
   zero_fill(scratch, n);
   dropout_backward(scratch, dout, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
   return scratch;
+}
+
+// The step's linear layers: out = in . W^T + b with fp32 operands, or with the bf16 twins of the
+// input and weight when the caller passes them (T = float, Precision::bf16).
+template <typename T>
+void linear(T* out, const T* in, const bf16* in16, const T* W, const bf16* W16, const T* b, int N,
+            int C, int OC) {
+  if constexpr (std::is_same_v<T, float>)
+    if (W16) return linear_forward(out, in16, W16, b, N, C, OC);
+  linear_forward(out, in, W, b, N, C, OC);
+}
+template <typename T>
+void linear_grad(const StepContext<T>& s, T* dinp, T* dW, T* db, const T* dout, const T* in,
+                 const bf16* in16, const T* W, const bf16* W16, int N, int C, int OC) {
+  if constexpr (std::is_same_v<T, float>)
+    if (W16)
+      return linear_backward(dinp, dW, db, dout, s.ws.get16(Rec::dout16), in16, W16, N, C, OC);
+  linear_backward(dinp, dW, db, dout, in, W, N, C, OC);
+}
+
+// GELU's output: T, or its bf16 twin alone under bf16.
+template <typename T>
+void gelu_out(const LayerRecord<T>& a, int64_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    if (a.gelu16) return gelu_forward(a.gelu16, a.inter, n);
+  gelu_forward(a.gelu, a.inter, n);
 }
 
 template <typename T>
@@ -67,34 +94,44 @@ void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const P
 
 template <typename T>
 void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T>& w,
-                           const LayerRecord<T>& a, const T* in, T* out) {
+                           const LayerRecord<T>& a, const T* in, T* out, const bf16* in16,
+                           bf16* out16) {
   const BertConfig& c = s.config;
   const int Tn = s.T_(), C = c.hidden_size, I = c.intermediate_size;
   const int64_t TC = static_cast<int64_t>(Tn) * C;
   const T eps = static_cast<T>(c.layer_norm_eps);
   const uint32_t l = static_cast<uint32_t>(layer);
+  const LayerView<bf16>* w16 = s.p16 ? &s.p16->layers[layer] : nullptr;
+  auto W16 = [&](bf16* LayerView<bf16>::*field) { return w16 ? w16->*field : nullptr; };
   T* tmp = s.ws.get(Rec::tmp);
+  const AttentionWork<T> work{s.probs_offsets, s.ws.get(Rec::attn_work)};
 
-  linear_forward(a.qkv, in, w.qkv_w, w.qkv_b, Tn, C, 3 * C);
-  attention_forward(a.att, a.probs, a.qkv, s.tokens.cu_seqlens.data(), s.n_seq(), C,
-                    c.num_attention_heads, attention_dropout(s, layer),
-                    AttentionWork<T>{s.probs_offsets, s.ws.get(Rec::attn_work)});
-  linear_forward(tmp, a.att, w.attn_out_w, w.attn_out_b, Tn, C, C);
+  linear(a.qkv, in, in16, w.qkv_w, W16(&LayerView<bf16>::qkv_w), w.qkv_b, Tn, C, 3 * C);
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.att16)
+      attention_forward(a.att16, a.probs, a.qkv, s.tokens.cu_seqlens.data(), s.n_seq(), C,
+                        c.num_attention_heads, attention_dropout(s, layer), work);
+  }
+  if (a.att)
+    attention_forward(a.att, a.probs, a.qkv, s.tokens.cu_seqlens.data(), s.n_seq(), C,
+                      c.num_attention_heads, attention_dropout(s, layer), work);
+  linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn,
+         C, C);
   dropout_site(s, a.r1, tmp, TC, l, kAttnOut);
   residual_forward(a.r1, a.r1, in, TC);
-  layernorm_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, w.ln1_w, w.ln1_b, Tn, C, eps);
-  linear_forward(a.inter, a.h1, w.inter_w, w.inter_b, Tn, C, I);
-  gelu_forward(a.gelu, a.inter, static_cast<int64_t>(Tn) * I);
-  linear_forward(tmp, a.gelu, w.out_w, w.out_b, Tn, I, C);
+  layernorm_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
+  linear(a.inter, a.h1, a.h1_16, w.inter_w, W16(&LayerView<bf16>::inter_w), w.inter_b, Tn, C, I);
+  gelu_out(a, static_cast<int64_t>(Tn) * I);
+  linear(tmp, a.gelu, a.gelu16, w.out_w, W16(&LayerView<bf16>::out_w), w.out_b, Tn, I, C);
   dropout_site(s, a.r2, tmp, TC, l, kFfnOut);
   residual_forward(a.r2, a.r2, a.h1, TC);
-  layernorm_forward(out, a.ln2_mean, a.ln2_rstd, a.r2, w.ln2_w, w.ln2_b, Tn, C, eps);
+  layernorm_forward(out, a.ln2_mean, a.ln2_rstd, a.r2, w.ln2_w, w.ln2_b, Tn, C, eps, out16);
 }
 
 template <typename T>
 void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<T>& w,
                             const LayerView<T>& g, const LayerRecord<T>& a, const T* in,
-                            const T* dout, T* dinp) {
+                            const T* dout, T* dinp, const bf16* in16) {
   const BertConfig& c = s.config;
   const int Tn = s.T_(), C = c.hidden_size, I = c.intermediate_size;
   const int64_t TC = static_cast<int64_t>(Tn) * C, TI = static_cast<int64_t>(Tn) * I;
@@ -103,16 +140,20 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   T *dres = ws.get(Rec::dres), *dh1 = ws.get(Rec::dh1), *dtmp = ws.get(Rec::dtmp),
     *datt = ws.get(Rec::datt), *dqkv = ws.get(Rec::dqkv), *dinter = ws.get(Rec::dinter),
     *dgelu = ws.get(Rec::dgelu);
+  const LayerView<bf16>* w16 = s.p16 ? &s.p16->layers[layer] : nullptr;
+  auto W16 = [&](bf16* LayerView<bf16>::*field) { return w16 ? w16->*field : nullptr; };
 
   // Rebuild what the policy did not keep (the same kernels on the same inputs: bit for bit).
   if (s.policy.residual) {  // r1 = dropout(att . Wao + b) + in
     T* tmp = ws.get(Rec::tmp);
-    linear_forward(tmp, a.att, w.attn_out_w, w.attn_out_b, Tn, C, C);
+    linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b,
+           Tn, C, C);
     dropout_site(s, a.r1, tmp, TC, l, kAttnOut);
     residual_forward(a.r1, a.r1, in, TC);
   }
-  if (s.policy.ln) layernorm_apply(a.h1, a.r1, a.ln1_mean, a.ln1_rstd, w.ln1_w, w.ln1_b, Tn, C);
-  if (s.policy.gelu) gelu_forward(a.gelu, a.inter, TI);
+  if (s.policy.ln)
+    layernorm_apply(a.h1, a.r1, a.ln1_mean, a.ln1_rstd, w.ln1_w, w.ln1_b, Tn, C, a.h1_16);
+  if (s.policy.gelu) gelu_out(a, TI);
 
   // out = LN2(r2), r2 = dropout(gelu . Wo) + h1.
   zero_fill(dres, TC);
@@ -120,10 +161,12 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   std::copy(dres, dres + TC, dh1);  // the residual branch
   const T* dffn = dropout_site_backward(s, dtmp, dres, TC, l, kFfnOut);
   zero_fill(dgelu, TI);
-  linear_backward(dgelu, g.out_w, g.out_b, dffn, a.gelu, w.out_w, Tn, I, C);
+  linear_grad(s, dgelu, g.out_w, g.out_b, dffn, a.gelu, a.gelu16, w.out_w,
+              W16(&LayerView<bf16>::out_w), Tn, I, C);
   zero_fill(dinter, TI);
   gelu_backward(dinter, a.inter, dgelu, TI);
-  linear_backward(dh1, g.inter_w, g.inter_b, dinter, a.h1, w.inter_w, Tn, C, I);
+  linear_grad(s, dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
+              W16(&LayerView<bf16>::inter_w), Tn, C, I);
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
   zero_fill(dres, TC);
@@ -131,12 +174,14 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   residual_forward(dinp, dinp, dres, TC);  // the residual branch
   const T* dproj = dropout_site_backward(s, dtmp, dres, TC, l, kAttnOut);
   zero_fill(datt, TC);
-  linear_backward(datt, g.attn_out_w, g.attn_out_b, dproj, a.att, w.attn_out_w, Tn, C, C);
+  linear_grad(s, datt, g.attn_out_w, g.attn_out_b, dproj, a.att, a.att16, w.attn_out_w,
+              W16(&LayerView<bf16>::attn_out_w), Tn, C, C);
   zero_fill(dqkv, 3 * TC);
   attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
                      c.num_attention_heads, attention_dropout(s, layer),
                      AttentionWork<T>{s.probs_offsets, ws.get(Rec::attn_work)});
-  linear_backward(dinp, g.qkv_w, g.qkv_b, dqkv, in, w.qkv_w, Tn, C, 3 * C);
+  linear_grad(s, dinp, g.qkv_w, g.qkv_b, dqkv, in, in16, w.qkv_w, W16(&LayerView<bf16>::qkv_w), Tn,
+              C, 3 * C);
 }
 
 #define PACKBERT_INSTANTIATE(T)                                                                    \
@@ -147,10 +192,10 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
                                        const ParamView<T>&, const int32_t*, const int32_t*,        \
                                        const int32_t*, const T*);                                  \
   template void encoder_layer_forward<T>(const StepContext<T>&, int, const LayerView<T>&,          \
-                                         const LayerRecord<T>&, const T*, T*);                     \
+                                         const LayerRecord<T>&, const T*, T*, const bf16*, bf16*); \
   template void encoder_layer_backward<T>(const StepContext<T>&, int, const LayerView<T>&,         \
                                           const LayerView<T>&, const LayerRecord<T>&, const T*,    \
-                                          const T*, T*);
+                                          const T*, T*, const bf16*);
 PACKBERT_INSTANTIATE(float)
 PACKBERT_INSTANTIATE(double)
 #undef PACKBERT_INSTANTIATE

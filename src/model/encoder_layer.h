@@ -20,6 +20,9 @@ struct StepContext {
   const int64_t* probs_offsets;  // attention_probs_offsets of the batch, [n_seq + 1]
   const Workspace<T>& ws;
   Recompute policy;
+  // The bf16 copy of the weights under Precision::bf16 (null under fp32): GEMMs then take bf16
+  // operands, and the records only GEMMs read are held in bf16 (LayerRecord's *16 fields).
+  const ParamView<kernels::bf16>* p16 = nullptr;
   double p_hidden = 0, p_attn = 0;  // dropout probabilities (0 when not training)
   uint64_t seed = 0, step = 0;      // dropout stream
   int T_() const { return tokens.tokens(); }
@@ -47,15 +50,17 @@ void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const P
                          const T* dout);
 
 // One layer: in, out: [T, C]; fills the record a (all fields; those the policy does not keep
-// point to shared slots).
+// point to shared slots). Under bf16 (s.p16 set), in16 is the bf16 twin of in, and out16
+// receives the twin of out (written by LN2 with it).
 template <typename T>
 void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T>& w,
-                           const LayerRecord<T>& a, const T* in, T* out);
+                           const LayerRecord<T>& a, const T* in, T* out,
+                           const kernels::bf16* in16 = nullptr, kernels::bf16* out16 = nullptr);
 // dinp += d loss / d in, given dout = d loss / d out and the record of the forward (rebuilding
 // what the policy did not keep: GELU's output, LN1's output, the attention probabilities).
 template <typename T>
 void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<T>& w,
                             const LayerView<T>& g, const LayerRecord<T>& a, const T* in,
-                            const T* dout, T* dinp);
+                            const T* dout, T* dinp, const kernels::bf16* in16 = nullptr);
 
 }  // namespace packbert::model

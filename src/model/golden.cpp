@@ -23,7 +23,7 @@ const GoldenRow& GoldenReport::worst_grad() const {
 }
 
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
-                          const Recompute& recompute) {
+                          const Recompute& recompute, Precision precision) {
   io::SafetensorsFile f = io::SafetensorsFile::read(path);
   auto meta = f.metadata().find("config");
   if (meta == f.metadata().end()) throw InputError(path + ": no 'config' in the metadata");
@@ -60,7 +60,7 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
 
   if (recompute.automatic)
     throw InputError("check-golden: --recompute auto has no memory to fit; name a policy");
-  Outputs out = model.forward(b, StepOptions{false, 0, 0, recompute});
+  Outputs out = model.forward(b, StepOptions{false, 0, 0, recompute, precision});
   model.zero_grads();
   model.backward();
 
@@ -82,10 +82,18 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
   for (size_t k = 0; k < want.size(); ++k) {
     const TensorSpec& t = model.layout().tensors()[k];
     const float* ours = model.grads().data() + t.offset;
-    double max_diff = 0, max_ref = 0;
+    double max_diff = 0, max_ref = 0, diff2 = 0, ref2 = 0;
     for (size_t i = 0; i < t.numel; ++i) {
-      max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - want[k][i]));
-      max_ref = std::max(max_ref, std::abs(static_cast<double>(want[k][i])));
+      const double d = static_cast<double>(ours[i]) - want[k][i], r = want[k][i];
+      max_diff = std::max(max_diff, std::abs(d));
+      max_ref = std::max(max_ref, std::abs(r));
+      diff2 += d * d;
+      ref2 += r * r;
+    }
+    if (precision == Precision::bf16) {  // normwise: ||ours - theirs|| / ||theirs||
+      const double scale = std::max(std::sqrt(ref2), 1e-3 * global_ref);
+      report.rows.push_back({"grad." + t.name, std::sqrt(diff2) / scale, rtol_grad});
+      continue;
     }
     // A tensor whose true gradient is zero (e.g. the key bias: softmax ignores a shift shared by
     // all keys) is judged against 1e-3 of the model's largest gradient instead of its own.

@@ -23,13 +23,14 @@ struct GoldenReport {
 };
 
 // Loads the golden file, runs packbert's forward and backward on its batch (dropout off, under
-// the recompute policy given) and
-// compares. Loss error: |ours - expected| / |expected|. Gradient error per tensor, normwise:
-// max_i |ours_i - expected_i| / max(max_i |expected_i|, 1e-3 * largest expected gradient of
-// the model) (element-wise relative error is meaningless for entries near zero, and so is a
-// tensor-relative one for a tensor whose true gradient is zero). Throws InputError for a malformed
-// or inconsistent golden file.
+// the recompute policy and precision given) and compares. Loss error: |ours - expected| /
+// |expected|. Gradient error per tensor under fp32, max-norm: max_i |ours_i - expected_i| /
+// max(max_i |expected_i|, 1e-3 * largest expected gradient of the model) (element-wise relative
+// error is meaningless for entries near zero, and so is a tensor-relative one for a tensor whose
+// true gradient is zero); under bf16, L2-normwise: ||ours - expected|| / max(||expected||, the
+// same floor), since bf16 rounding (relative 2^-9 per operand) perturbs every entry a little.
+// Throws InputError for a malformed or inconsistent golden file.
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
-                          const Recompute& recompute = {});
+                          const Recompute& recompute = {}, Precision precision = Precision::fp32);
 
 }  // namespace packbert::model

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/dropout.h"
 #include "kernels/layers.h"
@@ -58,19 +59,37 @@ void pooler_backward(const StepContext<T>& s, const ParamView<T>& p, const Param
 }
 
 template <typename T>
-void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, Outputs& out) {
+void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, const bf16* top16,
+                 Outputs& out) {
   const Workspace<T>& ws = s.ws;
   const int M = static_cast<int>(s.tokens.mlm_token.size()), C = s.config.hidden_size,
             V = s.config.vocab_size;
   const int32_t* labels = s.tokens.mlm_label.data();
-  T *in = ws.get(Rec::mlm_in), *t1 = ws.get(Rec::mlm_t1), *t2 = ws.get(Rec::mlm_t2),
-    *t3 = ws.get(Rec::mlm_t3), *probs = ws.get(Rec::mlm_probs), *losses = ws.get(Rec::head_losses);
-  gather_rows_forward(in, top, s.tokens.mlm_token.data(), M, C);
-  linear_forward(t1, in, p.mlm_w, p.mlm_b, M, C, C);
-  gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
-  layernorm_forward(t3, ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), t2, p.mlm_ln_w, p.mlm_ln_b, M,
-                    C, static_cast<T>(s.config.layer_norm_eps));
-  linear_forward(probs, t3, p.word, p.mlm_bias, M, C, V);  // logits, turned into probs in place
+  T *t1 = ws.get(Rec::mlm_t1), *t2 = ws.get(Rec::mlm_t2), *probs = ws.get(Rec::mlm_probs),
+    *losses = ws.get(Rec::head_losses);
+  const T eps = static_cast<T>(s.config.layer_norm_eps);
+  // The transform's input and the decoder's input are read only by GEMMs: bf16 under bf16, with
+  // the LayerNorm's fp32 output in scratch.
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.p16) {
+      bf16 *in16 = ws.get16(Rec::mlm_in), *t3_16 = ws.get16(Rec::mlm_t3);
+      gather_rows_forward(in16, top16, s.tokens.mlm_token.data(), M, C);
+      linear_forward(t1, in16, s.p16->mlm_w, p.mlm_b, M, C, C);
+      gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
+      layernorm_forward(ws.get(Rec::tmp), ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), t2,
+                        p.mlm_ln_w, p.mlm_ln_b, M, C, eps, t3_16);
+      linear_forward(probs, t3_16, s.p16->word, p.mlm_bias, M, C, V);
+    }
+  }
+  if (!s.p16) {
+    T *in = ws.get(Rec::mlm_in), *t3 = ws.get(Rec::mlm_t3);
+    gather_rows_forward(in, top, s.tokens.mlm_token.data(), M, C);
+    linear_forward(t1, in, p.mlm_w, p.mlm_b, M, C, C);
+    gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
+    layernorm_forward(t3, ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), t2, p.mlm_ln_w, p.mlm_ln_b,
+                      M, C, eps);
+    linear_forward(probs, t3, p.word, p.mlm_bias, M, C, V);  // logits, turned into probs in place
+  }
   cross_entropy_forward(losses, probs, probs, labels, M, V);
   out.mlm_count = M;
   out.mlm_loss = mean_loss(losses, M, M);
@@ -90,14 +109,24 @@ void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
   cross_entropy_backward(dlogits, ws.get(Rec::mlm_probs), s.tokens.mlm_label.data(),
                          mean_dloss(s, M, M), M, V);
   zero_fill(d3, MC);
-  linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V);
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.p16)
+      linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get16(Rec::dout16),
+                      ws.get16(Rec::mlm_t3), s.p16->word, M, C, V);
+  }
+  if (!s.p16) linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V);
   zero_fill(d2, MC);
   layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
                      ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), M, C);
   zero_fill(d1, MC);
   gelu_backward(d1, ws.get(Rec::mlm_t1), d2, MC);
   zero_fill(din, MC);
-  linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get(Rec::mlm_in), p.mlm_w, M, C, C);
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.p16)
+      linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get16(Rec::dout16), ws.get16(Rec::mlm_in),
+                      s.p16->mlm_w, M, C, C);
+  }
+  if (!s.p16) linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get(Rec::mlm_in), p.mlm_w, M, C, C);
   gather_rows_backward(dtop, din, s.tokens.mlm_token.data(), M, C);
 }
 
@@ -190,7 +219,8 @@ void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVi
   template void pooler_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*);          \
   template void pooler_backward<T>(const StepContext<T>&, const ParamView<T>&,                    \
                                    const ParamView<T>&, T*);                                      \
-  template void mlm_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*, Outputs&);   \
+  template void mlm_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*, const bf16*, \
+                               Outputs&);                                                          \
   template void mlm_backward<T>(const StepContext<T>&, const ParamView<T>&, const ParamView<T>&,  \
                                 const Outputs&, T*);                                              \
   template void nsp_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*,        \

@@ -18,7 +18,9 @@ void pooler_backward(const StepContext<T>& s, const ParamView<T>& p, const Param
                      T* dtop);
 
 template <typename T>
-void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, Outputs& out);
+// top16: the bf16 twin of top under bf16 (null under fp32).
+void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top,
+                 const kernels::bf16* top16, Outputs& out);
 template <typename T>
 void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
                   const Outputs& out, T* dtop);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/bf16.h"
 #include "rng.h"
 
 namespace packbert::model {
@@ -141,6 +142,7 @@ void init_params(const ParamLayout& layout, T* params, uint64_t seed) {
 
 template struct ParamView<float>;
 template struct ParamView<double>;
+template struct ParamView<kernels::bf16>;
 template void init_params<float>(const ParamLayout&, float*, uint64_t);
 template void init_params<double>(const ParamLayout&, double*, uint64_t);
 

@@ -10,6 +10,16 @@
 
 namespace packbert::model {
 
+std::string precision_name(Precision p) {
+  return p == Precision::bf16 ? "bf16" : "fp32";
+}
+
+Precision parse_precision(const std::string& text) {
+  if (text == "fp32") return Precision::fp32;
+  if (text == "bf16") return Precision::bf16;
+  throw InputError("--precision " + text + ": expected fp32 or bf16");
+}
+
 std::string Recompute::name() const {
   if (automatic) return "auto";
   std::string s;
@@ -95,12 +105,18 @@ enum class Role {
 // Which heads a record belongs to (encoder records: all).
 enum class Need { encoder, pooler, pretraining, classifier, span };
 
+// A record's number format: the engine's scalar T; a bf16 twin of a T record, held only under
+// bf16 (a GEMM operand whose T original other kernels read too); or T under fp32 and bf16 under
+// bf16 (a tensor only GEMMs read).
+enum class Dtype { scalar, twin, narrowed };
+
 struct RecordSpec {
   Rec id;
   const char* name;
   Role role;
   Need need;
   int64_t (*elements)(const StepShape&, const BertConfig&);
+  Dtype dtype = Dtype::scalar;
 };
 
 using S = const StepShape&;
@@ -129,27 +145,31 @@ const RecordSpec kRecords[] = {
     {Rec::emb_rstd, "embeddings.ln_rstd", Role::model, Need::encoder, T1},
     {Rec::hidden, "layer.input", Role::hidden, Need::encoder, TC},
     {Rec::hidden_rebuilt, "layer.input_rebuilt", Role::rebuilt_input, Need::encoder, TC},
+    {Rec::hidden16, "layer.input_bf16", Role::hidden, Need::encoder, TC, Dtype::twin},
+    {Rec::hidden16_rebuilt, "layer.input_rebuilt_bf16", Role::rebuilt_input, Need::encoder, TC,
+     Dtype::twin},
     {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
     {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
      [](S s, B c) { return c.num_attention_heads * s.attention; }},
-    {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC},
+    {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC, Dtype::narrowed},
     {Rec::r1, "layer.residual1", Role::residual, Need::encoder, TC},
     {Rec::ln1_mean, "layer.ln1_mean", Role::layer, Need::encoder, T1},
     {Rec::ln1_rstd, "layer.ln1_rstd", Role::layer, Need::encoder, T1},
     {Rec::h1, "layer.ln1_out", Role::ln, Need::encoder, TC},
+    {Rec::h1_16, "layer.ln1_out_bf16", Role::ln, Need::encoder, TC, Dtype::twin},
     {Rec::inter, "layer.gelu_in", Role::layer, Need::encoder, TI},
-    {Rec::gelu, "layer.gelu_out", Role::gelu, Need::encoder, TI},
+    {Rec::gelu, "layer.gelu_out", Role::gelu, Need::encoder, TI, Dtype::narrowed},
     {Rec::r2, "layer.residual2", Role::layer, Need::encoder, TC},
     {Rec::ln2_mean, "layer.ln2_mean", Role::layer, Need::encoder, T1},
     {Rec::ln2_rstd, "layer.ln2_rstd", Role::layer, Need::encoder, T1},
     {Rec::cls_in, "pooler.cls", Role::model, Need::pooler, NC},
     {Rec::pooled, "pooler.out", Role::model, Need::pooler, NC},
-    {Rec::mlm_in, "mlm.in", Role::model, Need::pretraining, MC},
+    {Rec::mlm_in, "mlm.in", Role::model, Need::pretraining, MC, Dtype::narrowed},
     {Rec::mlm_t1, "mlm.gelu_in", Role::model, Need::pretraining, MC},
     {Rec::mlm_t2, "mlm.ln_in", Role::model, Need::pretraining, MC},
     {Rec::mlm_mean, "mlm.ln_mean", Role::model, Need::pretraining, [](S s, B) { return s.masked; }},
     {Rec::mlm_rstd, "mlm.ln_rstd", Role::model, Need::pretraining, [](S s, B) { return s.masked; }},
-    {Rec::mlm_t3, "mlm.ln_out", Role::model, Need::pretraining, MC},
+    {Rec::mlm_t3, "mlm.ln_out", Role::model, Need::pretraining, MC, Dtype::narrowed},
     {Rec::mlm_probs, "mlm.probs", Role::model, Need::pretraining,
      [](S s, B c) { return s.masked * c.vocab_size; }},
     {Rec::nsp_probs, "nsp.probs", Role::model, Need::pretraining,
@@ -164,10 +184,19 @@ const RecordSpec kRecords[] = {
     // Scratch.
     {Rec::tmp, "scratch.linear_out", Role::scratch, Need::encoder, TC},
     {Rec::attn_work, "scratch.attention_blocks", Role::scratch, Need::encoder,
-     [](S s, B) {
-       return kernels::attention_scratch_elems(static_cast<int>(s.max_len), s.threads);
+     [](S s, B c) {
+       return kernels::attention_scratch_elems(static_cast<int>(s.max_len), s.threads,
+                                               c.hidden_size / c.num_attention_heads);
      }},
     {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC},
+    {Rec::seg_hidden16, "scratch.segment_outputs_bf16", Role::segment, Need::encoder, TC,
+     Dtype::twin},
+    // A linear layer's output gradient rounded to bf16 for its two GEMMs (the widest: MLM logits).
+    {Rec::dout16, "scratch.grad_bf16", Role::scratch, Need::encoder,
+     [](S s, B c) {
+       return std::max({3 * TC(s, c), TI(s, c), s.masked * static_cast<int64_t>(c.vocab_size)});
+     },
+     Dtype::twin},
     {Rec::dh, "grad.layer_out", Role::scratch, Need::encoder, TC},
     {Rec::dx, "grad.layer_in", Role::scratch, Need::encoder, TC},
     {Rec::dres, "grad.residual", Role::scratch, Need::encoder, TC},
@@ -257,11 +286,13 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
 // probabilities under `attention`). The arena's layout and `plan`'s records both walk this.
 template <typename F>
 void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& policy,
-                     const StepShape& shape, F visit) {
+                     const StepShape& shape, Precision precision, F visit) {
+  const bool bf16 = precision == Precision::bf16;
   for (const RecordSpec& r : kRecords) {
     auto [copies, storage] = placement(r, c, policy);
-    if (!needed(r.need, heads)) copies = 0;
-    visit(r, copies, storage, copies ? r.elements(shape, c) : 0);
+    if (!needed(r.need, heads) || (r.dtype == Dtype::twin && !bf16)) copies = 0;
+    const bool half = bf16 && r.dtype != Dtype::scalar;
+    visit(r, copies, storage, copies ? r.elements(shape, c) : 0, half);
   }
 }
 
@@ -274,49 +305,66 @@ size_t aligned(size_t elements, size_t scalar) {
 }  // namespace
 
 std::vector<RecordSize> workspace_records(const BertConfig& c, const Heads& heads,
-                                          const Recompute& policy, const StepShape& shape) {
+                                          const Recompute& policy, const StepShape& shape,
+                                          Precision precision) {
   std::vector<RecordSize> out;
-  for_each_record(c, heads, policy, shape,
-                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n) {
-                    if (copies > 0) out.push_back({r.name, storage, copies, n});
+  for_each_record(c, heads, policy, shape, precision,
+                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool half) {
+                    if (copies > 0)
+                      out.push_back({r.name, storage, copies, n, half ? 2 : sizeof(float)});
                   });
   return out;
 }
 
 template <typename T>
-void Workspace<T>::Freer::operator()(T* p) const {
+void Workspace<T>::Freer::operator()(std::byte* p) const {
   std::free(p);
 }
 
 template <typename T>
 void Workspace<T>::prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
-                           const StepShape& shape) {
+                           const StepShape& shape, Precision precision) {
   size_t total = 0;
   activation_bytes_ = scratch_bytes_ = 0;
-  for_each_record(c, heads, policy, shape,
-                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n) {
-                    const int i = static_cast<int>(r.id);
-                    copies_[i] = copies;
-                    stride_[i] = static_cast<int64_t>(aligned(static_cast<size_t>(n), sizeof(T)));
-                    offset_[i] = total;
-                    total += static_cast<size_t>(stride_[i] * copies);
-                    (storage == Storage::activation ? activation_bytes_ : scratch_bytes_) +=
-                        static_cast<size_t>(n * copies) * sizeof(T);
-                  });
+  for_each_record(
+      c, heads, policy, shape, precision,
+      [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool half) {
+        const int i = static_cast<int>(r.id);
+        const size_t scalar = half ? sizeof(kernels::bf16) : sizeof(T);
+        copies_[i] = copies;
+        half_[i] = half;
+        stride_[i] = aligned(static_cast<size_t>(n), scalar) * scalar;
+        offset_[i] = total;
+        total += stride_[i] * static_cast<size_t>(copies);
+        (storage == Storage::activation ? activation_bytes_ : scratch_bytes_) +=
+            static_cast<size_t>(n * copies) * scalar;
+      });
   if (total > capacity_) {
-    void* p = std::aligned_alloc(64, aligned(total, sizeof(T)) * sizeof(T));
+    void* p = std::aligned_alloc(64, aligned(total, 1));
     if (!p) throw std::bad_alloc();
-    arena_.reset(static_cast<T*>(p));
+    arena_.reset(static_cast<std::byte*>(p));
     capacity_ = total;
   }
 }
 
 template <typename T>
+std::byte* Workspace<T>::address(Rec r, int64_t copy) const {
+  const int i = static_cast<int>(r);
+  return arena_.get() + offset_[i] + stride_[i] * static_cast<size_t>(std::min(copy, copies_[i] - 1));
+}
+
+template <typename T>
 T* Workspace<T>::get(Rec r, int64_t copy) const {
   const int i = static_cast<int>(r);
-  if (copies_[i] == 0) return nullptr;
-  return arena_.get() + offset_[i] +
-         static_cast<size_t>(stride_[i] * std::min(copy, copies_[i] - 1));
+  if (copies_[i] == 0 || half_[i]) return nullptr;
+  return reinterpret_cast<T*>(address(r, copy));
+}
+
+template <typename T>
+kernels::bf16* Workspace<T>::get16(Rec r, int64_t copy) const {
+  const int i = static_cast<int>(r);
+  if (copies_[i] == 0 || !half_[i]) return nullptr;
+  return reinterpret_cast<kernels::bf16*>(address(r, copy));
 }
 
 template <typename T>
@@ -324,7 +372,8 @@ LayerRecord<T> Workspace<T>::layer(int64_t copy) const {
   return {get(Rec::qkv, copy), get(Rec::probs, copy),    get(Rec::att, copy),
           get(Rec::r1, copy),  get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
           get(Rec::h1, copy),  get(Rec::inter, copy),    get(Rec::gelu, copy),
-          get(Rec::r2, copy),  get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy)};
+          get(Rec::r2, copy),  get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy),
+          get16(Rec::att, copy), get16(Rec::h1_16, copy), get16(Rec::gelu, copy)};
 }
 
 template class Workspace<float>;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16.h"
 #include "model/batch.h"
 #include "model/params.h"
 
@@ -31,6 +32,15 @@ struct Recompute {
   std::string name() const;
   bool operator==(const Recompute&) const = default;
 };
+
+// The number format of a step's GEMMs and of the activations only GEMMs read. fp32: everything
+// fp32. bf16: GEMM operands (weights, and the activations they multiply) in bf16 with fp32
+// accumulation; LayerNorm statistics, softmax, losses, the residual stream, gradients, master
+// weights and optimizer moments stay fp32 (docs/DESIGN.md §7).
+enum class Precision : uint8_t { fp32, bf16 };
+std::string precision_name(Precision p);
+// "fp32" or "bf16"; throws InputError naming the text.
+Precision parse_precision(const std::string& text);
 
 // Whether the inner layers' inputs (LN2's outputs of the layer below) are rebuilt rather than
 // kept: under `ln` when whole layers are not re-run (every:K keeps its checkpoints as they are).
@@ -58,17 +68,20 @@ StepShape shape_of(const TokenLayout& tl, int threads);
 // Where a record lives.
 enum class Storage { activation, scratch };
 
-// One declared tensor at its size for a shape and policy: copies x elements each.
+// One declared tensor at its size for a shape, policy and precision: copies x elements each, of
+// `scalar` bytes (4 for fp32, 2 for bf16).
 struct RecordSize {
   const char* name;
   Storage storage;
   int64_t copies, elements;
-  size_t bytes(size_t scalar) const { return static_cast<size_t>(copies * elements) * scalar; }
+  size_t scalar;
+  size_t bytes() const { return static_cast<size_t>(copies * elements) * scalar; }
 };
 
-// Every record of the model under a policy, in arena order.
+// Every record of the model under a policy and precision, in arena order, for the fp32 engine.
 std::vector<RecordSize> workspace_records(const BertConfig& c, const Heads& heads,
-                                          const Recompute& policy, const StepShape& shape);
+                                          const Recompute& policy, const StepShape& shape,
+                                          Precision precision = Precision::fp32);
 
 // Records by id, for the engine (the names in workspace.cpp's table).
 enum class Rec : uint8_t {
@@ -78,6 +91,8 @@ enum class Rec : uint8_t {
   emb_rstd,
   hidden,
   hidden_rebuilt,
+  hidden16,
+  hidden16_rebuilt,
   // per layer
   qkv,
   probs,
@@ -86,6 +101,7 @@ enum class Rec : uint8_t {
   ln1_mean,
   ln1_rstd,
   h1,
+  h1_16,
   inter,
   gelu,
   r2,
@@ -122,6 +138,8 @@ enum class Rec : uint8_t {
   head_dloss,
   head_losses,
   seg_hidden,
+  seg_hidden16,
+  dout16,
   dpooled,
   dpre,
   dcls,
@@ -138,38 +156,46 @@ enum class Rec : uint8_t {
 };
 
 // One layer's records (a record a policy does not keep points to the shared slot the backward
-// rebuilds it into; probs is null when the attention probabilities are recomputed).
+// rebuilds it into; probs is null when the attention probabilities are recomputed). Under bf16,
+// the attention output and GELU's output exist only as att16 and gelu16 (att and gelu are null),
+// and h1_16 is the bf16 twin of LN1's output; under fp32 the *16 fields are null.
 template <typename T>
 struct LayerRecord {
   T *qkv, *probs, *att, *r1, *ln1_mean, *ln1_rstd, *h1, *inter, *gelu, *r2, *ln2_mean, *ln2_rstd;
+  kernels::bf16 *att16, *h1_16, *gelu16;
 };
 
 // The arena: one 64-byte-aligned allocation, grown to the largest step seen and never shrunk, so
-// a steady-state step allocates nothing.
+// a steady-state step allocates nothing. Records hold T, or bf16 under Precision::bf16 (the
+// table says which).
 template <typename T>
 class Workspace {
  public:
   // Lays the records out for this step; reallocates only when the step needs more than the arena
   // holds.
   void prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
-               const StepShape& shape);
-  // Record id, copy (a layer index, a segment slot, or 0).
+               const StepShape& shape, Precision precision = Precision::fp32);
+  // Record id, copy (a layer index, a segment slot, or 0); null when the record is not held (or,
+  // for get, is held in bf16; for get16, in T).
   T* get(Rec r, int64_t copy = 0) const;
+  kernels::bf16* get16(Rec r, int64_t copy = 0) const;
   int64_t copies(Rec r) const { return copies_[static_cast<int>(r)]; }
   LayerRecord<T> layer(int64_t copy) const;
   size_t activation_bytes() const { return activation_bytes_; }
   size_t scratch_bytes() const { return scratch_bytes_; }
-  size_t capacity_bytes() const { return capacity_ * sizeof(T); }
+  size_t capacity_bytes() const { return capacity_; }
 
  private:
   struct Freer {
-    void operator()(T* p) const;
+    void operator()(std::byte* p) const;
   };
-  std::unique_ptr<T[], Freer> arena_;
-  size_t capacity_ = 0;
-  size_t offset_[static_cast<int>(Rec::count)] = {};
-  int64_t stride_[static_cast<int>(Rec::count)] = {};  // elements between copies
+  std::byte* address(Rec r, int64_t copy) const;
+  std::unique_ptr<std::byte[], Freer> arena_;
+  size_t capacity_ = 0;                               // bytes
+  size_t offset_[static_cast<int>(Rec::count)] = {};  // bytes
+  size_t stride_[static_cast<int>(Rec::count)] = {};  // bytes between copies
   int64_t copies_[static_cast<int>(Rec::count)] = {};
+  bool half_[static_cast<int>(Rec::count)] = {};  // held in bf16
   size_t activation_bytes_ = 0, scratch_bytes_ = 0;
 };
 

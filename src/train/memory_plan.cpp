@@ -71,10 +71,12 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   for (const model::TensorSpec& t : layout.tensors()) largest = std::max(largest, t.numel);
   p.optimizer_bytes =
       2 * n * sizeof(float) + (r.optimizer == OptimizerKind::lamb ? largest * sizeof(double) : 0);
-  p.records = model::workspace_records(r.config, r.heads, policy, r.shape);
+  // Under bf16 the weights also have their bf16 copy.
+  if (r.precision == model::Precision::bf16) p.params_bytes += n * sizeof(kernels::bf16);
+  p.records = model::workspace_records(r.config, r.heads, policy, r.shape, r.precision);
   for (const model::RecordSize& rec : p.records)
     (rec.storage == model::Storage::activation ? p.activation_bytes : p.workspace_bytes) +=
-        rec.bytes(sizeof(float));
+        rec.bytes();
   p.runtime_bytes = kRuntimeBytes;
   p.total_bytes = p.state_bytes() + p.activation_bytes + p.workspace_bytes + p.runtime_bytes;
   const Flops f = step_flops(r.config, r.heads, r.shape, policy);

@@ -33,6 +33,7 @@ struct PlanRequest {
   model::Heads heads;
   OptimizerKind optimizer = OptimizerKind::lamb;
   model::StepShape shape;
+  model::Precision precision = model::Precision::fp32;
 };
 
 StepPlan plan_step(const PlanRequest& request, const model::Recompute& policy);

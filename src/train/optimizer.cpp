@@ -27,27 +27,30 @@ Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config)
 namespace {
 
 // One AdamW update over n elements, in double like the PyTorch reference it is checked against.
-void adamw_block(float* __restrict p, float* __restrict m, float* __restrict v,
-                 const float* __restrict g, int64_t n, double lr, double wd, double b1, double b2,
-                 double c1, double c2, double eps) {
+template <bool kMirror>
+void adamw_block(float* __restrict p, kernels::bf16* __restrict p16, float* __restrict m,
+                 float* __restrict v, const float* __restrict g, int64_t n, double lr, double wd,
+                 double b1, double b2, double c1, double c2, double eps) {
   for (int64_t i = 0; i < n; ++i) {
     const double pi = p[i] * (1.0 - lr * wd);
     const double mi = b1 * m[i] + (1 - b1) * g[i], vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
     m[i] = static_cast<float>(mi);
     v[i] = static_cast<float>(vi);
     p[i] = static_cast<float>(pi - lr * (mi / c1) / (std::sqrt(vi / c2) + eps));
+    if constexpr (kMirror) p16[i] = kernels::to_bf16(p[i]);
   }
 }
 
 }  // namespace
 
-void Optimizer::step(float* params, const float* grads, double lr) {
+void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16* params16) {
   ++t_;
   const double b1 = cfg_.beta1, b2 = cfg_.beta2;
   const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_)),
                c2 = 1.0 - std::pow(b2, static_cast<double>(t_));
   for (const model::TensorSpec& t : layout_.tensors()) {
     float* p = params + t.offset;
+    kernels::bf16* p16 = params16 ? params16 + t.offset : nullptr;
     const float* g = grads + t.offset;
     float* m = m_.data() + t.offset;
     float* v = v_.data() + t.offset;
@@ -59,9 +62,13 @@ void Optimizer::step(float* params, const float* grads, double lr) {
       // (it does not under `omp parallel for simd` here).
       constexpr int64_t kBlock = 16384;
 #pragma omp parallel for schedule(static)
-      for (int64_t a = 0; a < n; a += kBlock)
-        adamw_block(p + a, m + a, v + a, g + a, std::min(kBlock, n - a), lr, wd, b1, b2, c1, c2,
-                    eps);
+      for (int64_t a = 0; a < n; a += kBlock) {
+        const int64_t w = std::min(kBlock, n - a);
+        if (p16)
+          adamw_block<true>(p + a, p16 + a, m + a, v + a, g + a, w, lr, wd, b1, b2, c1, c2, eps);
+        else
+          adamw_block<false>(p + a, nullptr, m + a, v + a, g + a, w, lr, wd, b1, b2, c1, c2, eps);
+      }
       continue;
     }
     // LAMB: first the update direction and both norms, then the trust-scaled step.
@@ -79,8 +86,16 @@ void Optimizer::step(float* params, const float* grads, double lr) {
     pn = std::sqrt(pn);
     un = std::sqrt(un);
     const double trust = (t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un;
+    if (p16) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] - lr * trust * u[i]);
+      for (int64_t i = 0; i < n; ++i) {
+        p[i] = static_cast<float>(p[i] - lr * trust * u[i]);
+        p16[i] = kernels::to_bf16(p[i]);
+      }
+    } else {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] - lr * trust * u[i]);
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16.h"
 #include "model/params.h"
 
 namespace packbert::train {
@@ -31,8 +32,10 @@ struct OptimizerConfig {
 class Optimizer {
  public:
   Optimizer(const model::ParamLayout& layout, OptimizerConfig config);
-  // One update with learning rate lr; `step` counts from 1 (bias correction).
-  void step(float* params, const float* grads, double lr);
+  // One update with learning rate lr; `step` counts from 1 (bias correction). params16, when
+  // given, is the bf16 copy of the weights (`--precision bf16`), rewritten from each updated
+  // element in the same pass.
+  void step(float* params, const float* grads, double lr, kernels::bf16* params16 = nullptr);
   int64_t steps() const { return t_; }
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
