@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli_runner.h"
+#include "kernels/cpu.h"
 
 namespace fs = std::filesystem;
 
@@ -238,6 +239,51 @@ TEST_F(Cli, CheckGoldenPassesUnderEveryRecomputePolicy) {
     EXPECT_NE(r.out.find("46 gradient tensors (0 outside tolerance)"), std::string::npos)
         << policy << r.out;
   }
+}
+
+// bf16 passes the goldens at its documented tolerances (losses 1e-2, gradients 5e-2 normwise)
+// under recompute too, and really runs in bf16: it fails fp32's gradient tolerance.
+TEST_F(Cli, CheckGoldenPassesUnderBf16AtItsTolerances) {
+  if (!packbert::kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << packbert::kernels::bf16_unavailable_reason();
+  for (const auto& [name, tensors] : {std::pair{"bert_h64", 46}, std::pair{"bert_h40", 62}}) {
+    const std::string golden =
+        std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/" + name + ".safetensors";
+    for (const char* policy : {"none", "layer,gelu,ln,attention"}) {
+      Result r = run("check-golden " + golden + " --precision bf16 --recompute " + policy);
+      EXPECT_EQ(r.code, 0) << name << " " << policy << "\n" << r.out << r.err;
+      EXPECT_NE(r.out.find(std::to_string(tensors) + " gradient tensors (0 outside tolerance)"),
+                std::string::npos)
+          << r.out;
+      EXPECT_NE(r.out.find("5e-02"), std::string::npos) << "bf16's tolerance not shown\n" << r.out;
+    }
+    Result strict = run("check-golden " + golden + " --precision bf16 --rtol-grad 1e-4");
+    EXPECT_EQ(strict.code, 1) << name << ": bf16 gradients within fp32's tolerance\n" << strict.out;
+  }
+}
+
+// On a CPU without AVX512-BF16 or AMX-BF16, --precision bf16 is refused up front on one line
+// naming the missing feature (exit 2), on every command that computes; plan still plans it.
+TEST_F(Cli, Bf16IsRefusedOnACpuWithoutItsInstructions) {
+  const std::string golden =
+      std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h64.safetensors";
+  for (const std::string& args :
+       std::vector<std::string>{"check-golden " + golden + " --precision bf16",
+        "pretrain --data x.seqs --out run --precision bf16",
+        "eval --model m --data x.seqs --precision bf16",
+        "finetune --train t.tsv --init m --out o --precision bf16"}) {
+    Result r = run(args, "PACKBERT_CPU_NO_BF16=1");
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find("needs a CPU with AVX512-BF16 or AMX-BF16"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  Result plan = run("plan --preset base --tokens 4096 --sequences 8 --precision bf16",
+                    "PACKBERT_CPU_NO_BF16=1");
+  EXPECT_EQ(plan.code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("bf16"), std::string::npos) << plan.out;
+  Result bad = run("check-golden " + golden + " --precision fp16");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--precision fp16: expected fp32 or bf16"), std::string::npos) << bad.err;
 }
 
 // plan: the table, the JSON keys, what auto picks, and bad values refused on one line.

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cstring>
+#include <limits>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -13,8 +15,11 @@
 #include <random>
 
 #include "kernels/attention.h"
+#include "kernels/bf16.h"
+#include "kernels/cpu.h"
 #include "kernels/dropout.h"
 #include "kernels/fastmath.h"
+#include "kernels/gemm.h"
 #include "kernels/layers.h"
 
 namespace packbert::kernels {
@@ -150,6 +155,9 @@ struct KernelCase {
   double fd_tol = 1e-7;
   std::function<void(Env<double>&)> forward_d, backward_d;
   std::function<void(Env<float>&)> forward_f, backward_f;
+  // The bf16 column: the kernel as `--precision bf16` runs it (bf16 operands or outputs, fp32
+  // elsewhere), on float tensors; unset for kernels that stay fp32 under bf16.
+  std::function<void(Env<float>&)> forward_b, backward_b;
 };
 
 void PrintTo(const KernelCase& c, std::ostream* os) {
@@ -263,6 +271,37 @@ void check_golden(const KernelCase& c) {
   for (const Tensor& t : c.inputs) close(e.d["d" + t.name], "d" + t.name);
 }
 
+// Column bf16: the row's bf16 path against its fp32 path on the same inputs: every output and
+// every input gradient within 1e-2 normwise (bf16 keeps 8 significant bits: 2^-9 relative
+// rounding per value, a few 1e-3 through a dot product).
+void check_bf16_column(const KernelCase& c) {
+  std::mt19937 rng(11);
+  Env<float> f = make_env<float>(c, rng);
+  Env<float> b = f;
+  c.forward_f(f);
+  c.backward_f(f);
+  c.forward_b(b);
+  c.backward_b(b);
+  auto normwise = [&](const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      d2 += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+      r2 += static_cast<double>(want[i]) * want[i];
+    }
+    EXPECT_LE(std::sqrt(d2), 1e-2 * std::sqrt(r2)) << c.name << ": " << what;
+    EXPECT_GT(r2, 0.0) << c.name << ": " << what << " is all zero";
+  };
+  for (const Tensor& t : c.outputs) normwise(b.x[t.name], f.x[t.name], t.name);
+  for (const Tensor& t : c.inputs) normwise(b.d["d" + t.name], f.d["d" + t.name], "d" + t.name);
+}
+
+std::vector<bf16> rounded(const float* x, size_t n) {
+  std::vector<bf16> out(n);
+  to_bf16(out.data(), x, static_cast<int64_t>(n));
+  return out;
+}
+
 std::vector<int32_t> golden_ints(const char* kernel, const char* key) {
   return goldens()[kernel][key].get<std::vector<int32_t>>();
 }
@@ -296,6 +335,18 @@ std::vector<KernelCase> kernel_cases() {
           layernorm_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
                              e["inp"], e["weight"], e["mean"], e["rstd"], N, C);
         }));
+    // bf16: the fp32 output plus its bf16 twin, which must be exactly the rounded output; the
+    // column compares the twin (what the next GEMM reads).
+    rows.back().forward_b = [=](Env<float>& e) {
+      std::vector<bf16> twin(n);
+      layernorm_forward(e["out"], e["mean"], e["rstd"], e["inp"], e["weight"], e["bias"], N, C,
+                        1e-12f, twin.data());
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(twin[i].bits, to_bf16(e["out"][i]).bits) << "twin of out[" << i << "]";
+        e["out"][i] = to_float(twin[i]);
+      }
+    };
+    rows.back().backward_b = rows.back().backward_f;
   }
   for (const char* kernel : {"gelu", "tanh"}) {
     const int n = golden_int(kernel, "n");
@@ -314,6 +365,14 @@ std::vector<KernelCase> kernel_cases() {
           else
             tanh_backward(e.grad("inp"), e["out"], e.grad("out"), n);
         }));
+    if (gelu) {  // bf16: the output exists only in bf16 (its reader is a GEMM)
+      rows.back().forward_b = [=](Env<float>& e) {
+        std::vector<bf16> out(n);
+        gelu_forward(out.data(), e["inp"], n);
+        to_float(e["out"], out.data(), n);
+      };
+      rows.back().backward_b = rows.back().backward_f;
+    }
   }
   {
     const int N = golden_int("linear", "N"), C = golden_int("linear", "C"),
@@ -331,6 +390,17 @@ std::vector<KernelCase> kernel_cases() {
           linear_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"), e["inp"],
                           e["weight"], N, C, OC);
         }));
+    // bf16: input and weight rounded to bf16, fp32 accumulation, output and gradients.
+    rows.back().forward_b = [=](Env<float>& e) {
+      linear_forward(e["out"], rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
+                     e["bias"], N, C, OC);
+    };
+    rows.back().backward_b = [=](Env<float>& e) {
+      std::vector<bf16> dout16(no);
+      linear_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
+                      dout16.data(), rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
+                      N, C, OC);
+    };
     rows.push_back(row(
         {"linear without bias", "", {{"inp", nx}, {"weight", nw}}, {{"out", no}}, {}},
         [=](auto& e) {
@@ -340,6 +410,15 @@ std::vector<KernelCase> kernel_cases() {
           linear_backward(e.grad("inp"), e.grad("weight"), decltype(e["out"])(nullptr),
                           e.grad("out"), e["inp"], e["weight"], N, C, OC);
         }));
+    rows.back().forward_b = [=](Env<float>& e) {
+      linear_forward(e["out"], rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
+                     nullptr, N, C, OC);
+    };
+    rows.back().backward_b = [=](Env<float>& e) {
+      std::vector<bf16> dout16(no);
+      linear_backward(e.grad("inp"), e.grad("weight"), nullptr, e.grad("out"), dout16.data(),
+                      rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(), N, C, OC);
+    };
   }
   {
     const int V = golden_int("embedding", "V"), P = golden_int("embedding", "P"),
@@ -409,6 +488,14 @@ std::vector<KernelCase> kernel_cases() {
                                  keep ? e["probs"] : nullptr, e.ints("cu_seqlens"), n_seq, C, NH,
                                  drop);
             }));
+        // bf16: the output exists only in bf16 (its reader is a GEMM); backward stays fp32.
+        rows.back().forward_b = [=](Env<float>& e) {
+          std::vector<bf16> out(no);
+          attention_forward(out.data(), keep ? e["probs"] : nullptr, e["qkv"],
+                            e.ints("cu_seqlens"), n_seq, C, NH, drop);
+          to_float(e["out"], out.data(), static_cast<int64_t>(no));
+        };
+        rows.back().backward_b = rows.back().backward_f;
       }
   }
   {
@@ -466,6 +553,12 @@ TEST_P(KernelHarness, FiniteDifferences) {
 TEST_P(KernelHarness, BackwardAccumulates) {
   check_accumulates(GetParam());
 }
+TEST_P(KernelHarness, Bf16PathMatchesFp32Path) {
+  if (!GetParam().forward_b) GTEST_SKIP() << "runs in fp32 under --precision bf16";
+  if (GetParam().name.rfind("linear", 0) == 0 && !bf16_unavailable_reason().empty())
+    GTEST_SKIP() << bf16_unavailable_reason();
+  check_bf16_column(GetParam());
+}
 TEST_P(KernelHarness, MatchesPyTorchGolden) {
   if (GetParam().golden.empty()) GTEST_SKIP() << "no PyTorch golden for this case";
   check_golden(GetParam());
@@ -479,6 +572,78 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelHarness, ::testing::ValuesIn(kernel_case
                          });
 
 // The rebuild of LayerNorm's output (recompute policy `ln`) is the kept output bit for bit.
+// Round to nearest even, as VCVTNEPS2BF16 and oneDNN round: ties go to the even mantissa, NaN
+// stays NaN, overflow goes to infinity, and bf16 values convert back exactly.
+TEST(KernelBf16, RoundsToNearestEvenAndKeepsSpecialValues) {
+  auto bits = [](float x) { return to_bf16(x).bits; };
+  EXPECT_EQ(bits(1.0f), 0x3f80);
+  EXPECT_EQ(bits(-2.0f), 0xc000);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0); 1 + 3 * 2^-8 to 1 + 2^-6.
+  EXPECT_EQ(bits(1.0f + 0x1p-8f), 0x3f80);
+  EXPECT_EQ(bits(1.0f + 3 * 0x1p-8f), 0x3f82);
+  EXPECT_EQ(bits(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // above halfway: up
+  EXPECT_EQ(bits(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(bits(std::numeric_limits<float>::max()), 0x7f80);  // rounds past the largest bf16
+  EXPECT_TRUE(std::isnan(to_float(to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(to_float(to_bf16(std::bit_cast<float>(0x7f800001u)))));  // signalling
+  for (uint32_t b = 0; b < 0x7f80; b += 7) {  // every 7th finite positive bf16
+    const float x = std::bit_cast<float>(b << 16);
+    EXPECT_EQ(bits(x), b);
+  }
+  std::vector<float> in = {0.1f, -3.3f, 1e-30f, 65504.0f}, back(4);
+  std::vector<bf16> mid(4);
+  to_bf16(mid.data(), in.data(), 4);
+  to_float(back.data(), mid.data(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(back[i], in[i], std::abs(in[i]) * 0x1p-8f);
+}
+
+// The bf16 GEMM equals the double product of its (bf16) operands up to fp32 accumulation, for
+// every transpose, strided operands, alpha and both betas.
+TEST(KernelBf16, GemmMatchesTheExactProductOfItsOperands) {
+  if (!bf16_unavailable_reason().empty()) GTEST_SKIP() << bf16_unavailable_reason();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int M = 37, N = 29, K = 53, pad = 3;
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const float alpha : {1.0f, 0.5f})
+        for (const float beta : {0.0f, 1.0f}) {
+          const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+          std::vector<bf16> A(static_cast<size_t>(lda) * (ta ? K : M)),
+              B(static_cast<size_t>(ldb) * (tb ? N : K));
+          for (bf16& a : A) a = to_bf16(nd(rng));
+          for (bf16& b : B) b = to_bf16(nd(rng));
+          std::vector<float> C(static_cast<size_t>(ldc) * M);
+          for (float& c : C) c = nd(rng);
+          const std::vector<float> C0 = C;
+          gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          for (int i = 0; i < M; ++i)
+            for (int j = 0; j < N; ++j) {
+              double want = 0, mag = 0;
+              for (int k = 0; k < K; ++k) {
+                const double a = to_float(ta ? A[k * lda + i] : A[i * lda + k]);
+                const double b = to_float(tb ? B[j * ldb + k] : B[k * ldb + j]);
+                want += a * b;
+                mag += std::abs(a * b);
+              }
+              want = alpha * want + beta * C0[i * ldc + j];
+              EXPECT_NEAR(C[i * ldc + j], want, 1e-5 * (mag + std::abs(C0[i * ldc + j])) + 1e-6)
+                  << "ta=" << ta << " tb=" << tb << " alpha=" << alpha << " beta=" << beta
+                  << " at (" << i << ", " << j << ")";
+            }
+        }
+}
+
+TEST(KernelBf16, RefusedWithTheMissingFeatureNamed) {
+  setenv("PACKBERT_CPU_NO_BF16", "1", 1);
+  const std::string why = bf16_unavailable_reason();
+  unsetenv("PACKBERT_CPU_NO_BF16");
+  EXPECT_NE(why.find("AVX512-BF16 or AMX-BF16"), std::string::npos) << why;
+  EXPECT_NE(why.find(cpu_features().model), std::string::npos) << why;
+  const CpuFeatures& f = cpu_features();
+  EXPECT_EQ(bf16_unavailable_reason().empty(), f.avx512_bf16 || f.amx_bf16);
+}
+
 TEST(KernelRebuild, LayerNormApplyEqualsForwardBitwise) {
   std::mt19937 rng(12);
   const int N = 9, C = 77;

@@ -77,6 +77,9 @@ TEST(Schedule, WarmupThenLinearOrPolynomialDecay) {
 
 #include "data/pretraining.h"
 #include "error.h"
+#include "kernels/cpu.h"
+#include "error.h"
+#include "kernels/cpu.h"
 #include "train/trainer.h"
 
 namespace packbert::train {
@@ -184,15 +187,18 @@ std::vector<double> losses_of(Trainer& t, int64_t stop_after,
   return out;
 }
 
-TEST(Trainer, KilledRunResumesBitExactly) {
+// Steps 1..5 run, but only the step-3 checkpoint survives (as after kill -9); resuming it must
+// retrace the uninterrupted run exactly: losses and every weight.
+void check_killed_run_resumes_bit_exactly(model::Precision precision) {
   World w;
   PretrainOptions o = w.options("full");
+  o.precision = precision;
   Trainer full(o, false);
   std::vector<double> reference = losses_of(full, 8);
   ASSERT_EQ(reference.size(), 8u);
 
-  // Interrupted: steps 1..5 run, but only the step-3 checkpoint survives (as after kill -9).
   PretrainOptions p = w.options("killed");
+  p.precision = precision;
   std::string saved = (w.dir / "step3.safetensors").string();
   {
     Trainer t(p, false);
@@ -209,6 +215,36 @@ TEST(Trainer, KilledRunResumesBitExactly) {
   for (size_t i = 0; i < after.size(); ++i)
     EXPECT_EQ(after[i], reference[3 + i]) << "step " << 3 + i;
   EXPECT_EQ(resumed.model().params(), full.model().params());
+}
+
+TEST(Trainer, KilledRunResumesBitExactly) {
+  check_killed_run_resumes_bit_exactly(model::Precision::fp32);
+}
+
+// bf16: the checkpoint holds the fp32 masters; the resumed run's bf16 weight copy is rebuilt from
+// them and equals the one the optimizer pass wrote, so resume stays bit-exact. Resuming under
+// another precision is refused, naming the one the checkpoint was trained with.
+TEST(Trainer, KilledBf16RunResumesBitExactlyAndKeepsItsPrecision) {
+  if (!kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+  check_killed_run_resumes_bit_exactly(model::Precision::bf16);
+  World w;
+  PretrainOptions o = w.options("switch");
+  o.precision = model::Precision::bf16;
+  o.max_steps = 2;
+  {
+    Trainer t(o, false);
+    losses_of(t, 2);
+  }
+  o.precision = model::Precision::fp32;
+  o.max_steps = 4;
+  try {
+    Trainer t(o, true);
+    FAIL() << "resumed a bf16 checkpoint under fp32";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained with --precision bf16"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Trainer, LearnsTheSyntheticCorpus) {

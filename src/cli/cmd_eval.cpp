@@ -20,6 +20,7 @@ struct EvalArgs {
   int rows = 16;
   std::optional<int> max_seq_len;  // unset: the task's default
   data::SquadOptions squad;
+  model::Precision precision = model::Precision::fp32;
 };
 
 void run_task_eval(const EvalArgs& a) {
@@ -32,6 +33,7 @@ void run_task_eval(const EvalArgs& a) {
   o.rows_per_batch = a.rows;
   o.max_seq_len = a.max_seq_len.value_or(a.task == "squad" ? 384 : 128);
   o.squad = a.squad;
+  o.precision = a.precision;
   train::TaskEvalResult r = train::evaluate_task(o);
   Table t({"metric", "value"});
   if (o.task == train::FinetuneTask::squad) {
@@ -62,7 +64,7 @@ void run_eval(const EvalArgs& a) {
   lo.shuffle = false;
   train::BatchLoader loader(f, data::sequences_checksum(a.data), packs ? &*packs : nullptr, nullptr,
                             lo, {});
-  const train::EvalMetrics e = train::evaluate_mlm(*m, loader);
+  const train::EvalMetrics e = train::evaluate_mlm(*m, loader, a.precision);
   Table t({"metric", "value"});
   t.add_row({"MLM loss", fixed(e.mlm_loss, 4)});
   t.add_row({"MLM accuracy", fixed(e.mlm_acc, 4)});
@@ -97,6 +99,7 @@ void register_eval(CLI::App& app) {
          "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
   ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
   squad_flags(ev, e->squad);
+  precision_flag(ev, e->precision);
   ev->callback([e] { run_eval(*e); });
 }
 

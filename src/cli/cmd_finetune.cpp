@@ -45,6 +45,7 @@ void register_finetune(CLI::App& app) {
   squad_flags(cmd, o->squad);
   cmd->add_flag("--no-pack", *no_pack, "One example per row");
   recompute_flags(cmd, o->recompute, &o->memory_limit);
+  precision_flag(cmd, o->precision);
   cmd->callback([o, task, no_pack, len] {
     train::FinetuneOptions opt = *o;
     opt.packed = !*no_pack;

@@ -25,6 +25,7 @@ struct PlanArgs {
   model::Recompute recompute;
   bool recompute_given = false;
   std::optional<double> memory_limit;
+  model::Precision precision = model::Precision::fp32;
   bool json = false;
 };
 
@@ -63,6 +64,7 @@ void run_plan(const PlanArgs& a) {
                      " tokens per sequence, more than the model's " +
                      std::to_string(r.config.max_position_embeddings) + " positions");
   r.shape = train::uniform_shape(a.tokens, a.sequences, omp_get_max_threads());
+  r.precision = a.precision;
   const double limit = a.memory_limit.value_or(train::available_memory());
   const std::string limit_text =
       train::format_bytes(limit) + (a.memory_limit ? " (--memory-limit)" : " (available now)");
@@ -90,6 +92,7 @@ void run_plan(const PlanArgs& a) {
                         {"threads", r.shape.threads},
                         {"memory_limit_bytes", limit},
                         {"recompute", asked.policy.name()},
+                        {"precision", model::precision_name(a.precision)},
                         {"params_bytes", asked.params_bytes},
                         {"grads_bytes", asked.grads_bytes},
                         {"optimizer_bytes", asked.optimizer_bytes},
@@ -122,8 +125,10 @@ void run_plan(const PlanArgs& a) {
   }
   std::cout << out["model"].get<std::string>() << ": " << with_commas(a.tokens) << " tokens in "
             << a.sequences << " sequences per micro-batch, " << a.optimizer << ", "
-            << r.shape.threads << " threads; limit " << limit_text << "\n"
-            << "parameters " << gib(asked.params_bytes) << " GiB, gradients "
+            << model::precision_name(a.precision) << ", " << r.shape.threads << " threads; limit " << limit_text << "\n"
+            << "parameters " << gib(asked.params_bytes)
+            << (a.precision == model::Precision::bf16 ? " GiB (with their bf16 copy)" : " GiB")
+            << ", gradients "
             << gib(asked.grads_bytes) << " GiB, optimizer state " << gib(asked.optimizer_bytes)
             << " GiB, runtime " << gib(asked.runtime_bytes) << " GiB (in every total)\n\n";
   t.print(std::cout);
@@ -158,6 +163,7 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--head", a->head, "pretraining (MLM + NSP) | classify | squad")
       ->capture_default_str();
   recompute_flags(cmd, a->recompute, &a->memory_limit);
+  precision_flag(cmd, a->precision, false);
   cmd->add_flag("--json", a->json, "One JSON object instead of the tables");
   cmd->callback([a, cmd] {
     a->recompute_given = cmd->count("--recompute") > 0;

@@ -203,6 +203,7 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          0, 1);
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
   recompute_flags(cmd, o->recompute, &o->memory_limit);
+  precision_flag(cmd, o->precision);
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "
                 "framework cost)");

@@ -67,12 +67,12 @@ void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<doub
       "predicted to need more is refused before training starts");
 }
 
-void precision_flag(CLI::App* cmd, model::Precision& precision) {
+void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu) {
   cmd->add_option_function<std::string>(
          "--precision",
-         [&precision](const std::string& text) {
+         [&precision, check_cpu](const std::string& text) {
            precision = model::parse_precision(text);
-           if (precision == model::Precision::bf16) {
+           if (check_cpu && precision == model::Precision::bf16) {
              const std::string why = kernels::bf16_unavailable_reason();
              if (!why.empty()) throw InputError(why);
            }

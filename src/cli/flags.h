@@ -40,9 +40,10 @@ CLI::Option* number(CLI::App* cmd, const std::string& name, std::optional<T>& va
 // checked at parse time (a bad value is a one-line error, exit 2).
 void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<double>* limit);
 
-// --precision fp32|bf16 (into `precision`), checked at parse time: bf16 on a CPU without
-// AVX512-BF16 or AMX-BF16 is a one-line error naming the missing feature, exit 2.
-void precision_flag(CLI::App* cmd, model::Precision& precision);
+// --precision fp32|bf16 (into `precision`), checked at parse time: with check_cpu, bf16 on a CPU
+// without AVX512-BF16 or AMX-BF16 is a one-line error naming the missing feature, exit 2 (plan,
+// which runs nothing, does not check).
+void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu = true);
 
 // --doc-stride, --max-query-length, --max-answer-length: SQuAD's windowing and answer limits
 // (finetune and eval --task squad).

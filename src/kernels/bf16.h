@@ -1,7 +1,6 @@
 // bfloat16: the top 16 bits of an IEEE fp32 (8 exponent bits, 7 mantissa bits), the storage type
 // of the `bf16` precision. Values are converted with round-to-nearest-even (what the AVX512-BF16
-// VCVTNEPS2BF16 instruction and oneDNN do) or, for weights kept only in bf16, with stochastic
-// rounding from the counter-based stream of src/rng.h. Arithmetic always happens in fp32.
+// VCVTNEPS2BF16 instruction and oneDNN do). Arithmetic always happens in fp32.
 #pragma once
 
 #include <bit>
@@ -23,15 +22,6 @@ inline bf16 to_bf16(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40u)};
   const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  return bf16{static_cast<uint16_t>(rounded >> 16)};
-}
-
-// Stochastic rounding: rounds up with probability equal to the dropped fraction, given 16
-// uniform random bits, so E[to_float(result)] = x. NaN and infinities pass through.
-inline bf16 to_bf16_stochastic(float x, uint32_t random16) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  if ((u & 0x7f800000u) == 0x7f800000u) return to_bf16(x);
-  const uint32_t rounded = u + (random16 & 0xffffu);
   return bf16{static_cast<uint16_t>(rounded >> 16)};
 }
 

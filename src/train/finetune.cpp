@@ -133,7 +133,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   const int64_t total = batches * o.epochs;
   OptimizerConfig oc;
   oc.kind = OptimizerKind::adamw;
-  PlanRequest plan{m.config(), m.layout().heads(), oc.kind, {}};
+  PlanRequest plan{m.config(), m.layout().heads(), oc.kind, {}, o.precision};
   plan.shape = uniform_shape(static_cast<int64_t>(o.rows_per_batch) * o.max_seq_len,
                              o.rows_per_batch, omp_get_max_threads());
   const model::Recompute recompute = check_step_fits(plan, o.recompute, o.memory_limit);
@@ -151,15 +151,16 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
         batch_rows.push_back(rows[order[r]]);
       const model::PackedBatch batch = make_batch(seqs, batch_rows, o.max_seq_len);
       model::Outputs out =
-          m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps), recompute});
+          m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps), recompute, o.precision});
       m.zero_grads();
       m.backward();
       double norm = clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
       double lr = learning_rate(o.lr, res.steps, o.warmup_steps, total);
       const bool finite = std::isfinite(out.loss()) && std::isfinite(norm);
       if (finite) {
-        opt.step(m.params().data(), m.grads().data(), lr);
-        if (!all_finite(m.params().data(), m.params().size()))
+        apply_update(opt, m, lr, o.precision);
+        const std::vector<float>& w = std::as_const(m).params();
+        if (!all_finite(w.data(), w.size()))
           throw InputError("the update of step " + std::to_string(res.steps + 1) +
                            " made parameters non-finite (--lr too high?); no model written");
       }
@@ -180,21 +181,24 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
 template <typename Seq, typename Visit>
 void for_each_batch(model::BertModel<float>& m, const std::vector<Seq>& seqs,
                     const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S,
-                    Visit visit) {
+                    model::Precision precision, Visit visit) {
   for (size_t b = 0; b < rows.size(); b += static_cast<size_t>(rows_per_batch)) {
     std::vector<std::vector<int64_t>> batch_rows(
         rows.begin() + static_cast<long>(b),
         rows.begin() + static_cast<long>(std::min(rows.size(), b + rows_per_batch)));
-    model::Outputs out = m.forward(make_batch(seqs, batch_rows, S), model::StepOptions{});
+    model::StepOptions so;
+    so.precision = precision;
+    model::Outputs out = m.forward(make_batch(seqs, batch_rows, S), so);
     visit(out, batch_rows);
   }
 }
 
 // Classification accuracy over rows of examples.
 double accuracy(model::BertModel<float>& m, const std::vector<data::ClassifyExample>& ex,
-                const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S) {
+                const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S,
+                model::Precision precision) {
   int64_t ok = 0, n = 0;
-  for_each_batch(m, ex, rows, rows_per_batch, S,
+  for_each_batch(m, ex, rows, rows_per_batch, S, precision,
                  [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>&) {
                    ok += out.cls_correct;
                    n += out.cls_count;
@@ -207,10 +211,11 @@ std::vector<std::string> squad_answers(model::BertModel<float>& m,
                                        const std::vector<data::SquadExample>& examples,
                                        const std::vector<data::SquadFeature>& features,
                                        const std::vector<std::vector<int64_t>>& rows,
-                                       int rows_per_batch, int S, const data::Tokenizer& tok,
+                                       int rows_per_batch, int S, model::Precision precision,
+                                       const data::Tokenizer& tok,
                                        const data::SquadOptions& so) {
   std::vector<std::vector<float>> logits(features.size());
-  for_each_batch(m, features, rows, rows_per_batch, S,
+  for_each_batch(m, features, rows, rows_per_batch, S, precision,
                  [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& batch_rows) {
                    const float* lg = m.span_logits();
                    const std::vector<int32_t>& cu = m.tokens().cu_seqlens;
@@ -271,7 +276,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   res.dev_sequences = static_cast<int64_t>(dev.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   train_epochs(*m, o, train, tr, log, res, [&](int epoch) {
-    res.dev_accuracy.push_back(accuracy(*m, dev, dv, o.rows_per_batch, o.max_seq_len));
+    res.dev_accuracy.push_back(accuracy(*m, dev, dv, o.rows_per_batch, o.max_seq_len, o.precision));
     log << nlohmann::json{{"type", "eval"},
                           {"epoch", epoch},
                           {"step", res.steps},
@@ -317,7 +322,8 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   res.train_rows = static_cast<int64_t>(tr.size());
   train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch) {
     std::vector<std::string> pred =
-        squad_answers(*m, dev, df.features, dv, o.rows_per_batch, o.max_seq_len, tok, so);
+        squad_answers(*m, dev, df.features, dv, o.rows_per_batch, o.max_seq_len, o.precision, tok,
+                      so);
     res.dev_squad.push_back(data::squad_score(dev, pred));
     write_predictions(o.out_dir + "/predictions.json", dev, pred);
     log << nlohmann::json{{"type", "eval"},
@@ -372,7 +378,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
     std::vector<std::string> pred =
-        squad_answers(*m, ex, f.features, rows, o.rows_per_batch, o.max_seq_len, tok, so);
+        squad_answers(*m, ex, f.features, rows, o.rows_per_batch, o.max_seq_len, o.precision, tok, so);
     r.squad = data::squad_score(ex, pred);
     r.examples = static_cast<int64_t>(ex.size());
     r.sequences = static_cast<int64_t>(f.features.size());
@@ -405,7 +411,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
                      std::to_string(m->config().num_labels));
   check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
   const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
-  r.accuracy = accuracy(*m, ex, rows, o.rows_per_batch, o.max_seq_len);
+  r.accuracy = accuracy(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
   r.examples = r.sequences = static_cast<int64_t>(ex.size());
   return r;
 }

@@ -33,6 +33,7 @@ struct FinetuneOptions {
   bool overwrite = false;      // replace a model directory already at out_dir
   data::SquadOptions squad;    // doc stride, query and answer limits (max_seq_len above wins)
   model::Recompute recompute;  // as PretrainOptions::recompute
+  model::Precision precision = model::Precision::fp32;
   std::optional<double> memory_limit;
 };
 
@@ -62,6 +63,7 @@ struct TaskEvalOptions {
   int max_seq_len = 384;
   int rows_per_batch = 8;
   data::SquadOptions squad;
+  model::Precision precision = model::Precision::fp32;
 };
 
 struct TaskEvalResult {

@@ -99,6 +99,14 @@ void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16
   }
 }
 
+void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
+                  model::Precision precision) {
+  const bool bf16 = precision == model::Precision::bf16;
+  kernels::bf16* copy = bf16 ? m.weights16() : nullptr;
+  optimizer.step(m.params().data(), m.grads().data(), lr, copy);
+  if (bf16) m.weights16_written();
+}
+
 double clip_grad_norm(float* grads, size_t n, double max_norm) {
   double s = 0;
 #pragma omp parallel for simd reduction(+ : s)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/bf16.h"
+#include "model/bert.h"
 #include "model/params.h"
 
 namespace packbert::train {
@@ -51,6 +52,11 @@ class Optimizer {
   std::vector<double> u_;  // LAMB's update direction of one tensor (the largest fits)
   int64_t t_ = 0;
 };
+
+// One update of the model's weights with lr; under bf16 the optimizer rewrites the weights' bf16
+// copy in the same pass (model::BertModel::weights16).
+void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
+                  model::Precision precision);
 
 // Scales grads in place so their global L2 norm is at most max_norm (no-op if max_norm <= 0);
 // returns the norm before clipping.

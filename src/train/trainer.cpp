@@ -174,6 +174,11 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
       throw InputError(checkpoint_path() +
                        ": resume needs the same layout (--packs, --one-per-row) and --batch-rows "
                        "as the run that wrote it");
+    const std::string precision = state.value("precision", std::string("fp32"));
+    if (precision != model::precision_name(opt_.precision))
+      throw InputError(checkpoint_path() + ": was trained with --precision " + precision +
+                       "; resume needs the same (bit-exact resume), not " +
+                       model::precision_name(opt_.precision));
     model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads);
     model::load_weights(model_->layout(), model_->params().data(), *ckpt);
   } else if (!opt_.init.empty()) {
@@ -209,7 +214,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
-    PlanRequest plan{c, heads, oc.kind, {}};
+    PlanRequest plan{c, heads, oc.kind, {}, opt_.precision};
     int64_t rows = opt_.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
@@ -343,6 +348,7 @@ void Trainer::save_checkpoint() {
                 {"sequences_checksum", seqs_checksum_},
                 {"packed", packs_.has_value()},
                 {"one_per_row", opt_.one_per_row},
+                {"precision", model::precision_name(opt_.precision)},
                 {"rows_per_batch", opt_.rows_per_batch},
                 {"seed", opt_.seed},
                 {"elapsed", elapsed_},
@@ -355,13 +361,16 @@ void Trainer::save_checkpoint() {
   saved_step_ = step_;
 }
 
-EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader) {
+EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
+                         model::Precision precision) {
   EvalMetrics e;
   double mlm_sum = 0, nsp_sum = 0;
   int64_t nsp_n = 0, mlm_correct = 0, nsp_correct = 0;
   while (loader.cursor().epoch == 0) {
     model::PackedBatch b = loader.next();
-    model::Outputs o = m.forward(b, model::StepOptions{});
+    model::StepOptions so;
+    so.precision = precision;
+    model::Outputs o = m.forward(b, so);
     mlm_sum += o.mlm_loss * static_cast<double>(o.mlm_count);
     nsp_sum += o.nsp_loss * static_cast<double>(o.nsp_count);
     e.mlm_count += o.mlm_count;
@@ -380,7 +389,7 @@ EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader) {
 EvalMetrics Trainer::evaluate() {
   if (eval_rows_.row_end == 0) return EvalMetrics{step_};
   BatchLoader loader(seqs_, seqs_checksum_, nullptr, vocab_ ? &*vocab_ : nullptr, eval_rows_, {});
-  EvalMetrics e = evaluate_mlm(*model_, loader);
+  EvalMetrics e = evaluate_mlm(*model_, loader, opt_.precision);
   e.step = step_;
   return e;
 }
@@ -440,7 +449,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
       model::Outputs o = model_->forward(
           b, {true, opt_.seed,
               static_cast<uint64_t>(step_) * accumulation_ + static_cast<uint64_t>(micro),
-              recompute_});
+              recompute_, opt_.precision});
       model_->backward();
       mlm_sum += o.mlm_loss;
       nsp_sum += o.nsp_loss;
@@ -479,8 +488,9 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
       ++outlier_skips_;
     } else {
       nan_streak = 0;
-      optim_->step(model_->params().data(), g.data(), s.lr);
-      if (!all_finite(model_->params().data(), model_->params().size()))
+      apply_update(*optim_, *model_, s.lr, opt_.precision);
+      const std::vector<float>& w = std::as_const(*model_).params();
+      if (!all_finite(w.data(), w.size()))
         throw InputError("the update of step " + std::to_string(s.step) +
                          " made parameters non-finite (--lr " + std::to_string(s.lr) +
                          " too high? --weight-decay?); " + no_checkpoint());

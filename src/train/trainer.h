@@ -62,6 +62,7 @@ struct PretrainOptions {
   // memory_limit. A policy predicted not to fit is refused before training starts.
   model::Recompute recompute;
   std::optional<double> memory_limit;  // bytes; unset = the memory available when the run starts
+  model::Precision precision = model::Precision::fp32;  // of every step and evaluation
 };
 
 struct StepMetrics {
@@ -97,7 +98,8 @@ struct EvalMetrics {
 
 // Pre-training metrics over one epoch of `loader` (dropout off): what pretrain reports on its
 // held-out split and `packbert eval` over a whole file. step, elapsed and eval_seconds are left 0.
-EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader);
+EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
+                         model::Precision precision = model::Precision::fp32);
 
 // Why Trainer::run returned. target_reached: an evaluation (the last one included) reached
 // target_accuracy.
