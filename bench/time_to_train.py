@@ -41,24 +41,24 @@ def evals_of(run_dir):
     return out
 
 
-def svg(runs, target, path):
-    """Accuracy against training time, one polyline a run, the target as a dashed line."""
+def svg(runs, target, path, x_field=1, x_label="training time (s)", title=None):
+    """Accuracy against training time (x_field 1) or steps (x_field 0), one polyline a run, the
+    target as a dashed line."""
     W, H, L, R, T, B = 760, 440, 60, 200, 30, 50
-    xmax = max(e[1] for r in runs for e in r["evals"]) or 1.0
+    xmax = max(e[x_field] for r in runs for e in r["evals"]) or 1.0
     ymax = max(max(e[2] for r in runs for e in r["evals"]), target) * 1.05
     X = lambda x: L + (W - L - R) * x / xmax  # noqa: E731
     Y = lambda y: H - B - (H - T - B) * y / ymax  # noqa: E731
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
              f'font-family="sans-serif" font-size="12">',
              f'<rect width="{W}" height="{H}" fill="white"/>',
-             f'<text x="{L}" y="18" font-size="14">Time to {target:.2f} held-out MLM accuracy '
-             f'(demo corpus)</text>',
+             f'<text x="{L}" y="18" font-size="14">' +
+             (title or f'Time to {target:.2f} held-out MLM accuracy (demo corpus)') + '</text>',
              f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
              f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
              f'<line x1="{L}" y1="{Y(target):.1f}" x2="{W - R}" y2="{Y(target):.1f}" '
              f'stroke="gray" stroke-dasharray="4,4"/>',
-             f'<text x="{(L + W - R) / 2:.0f}" y="{H - 12}" text-anchor="middle">training time '
-             f'(s)</text>',
+             f'<text x="{(L + W - R) / 2:.0f}" y="{H - 12}" text-anchor="middle">{x_label}</text>',
              f'<text x="14" y="{(T + H - B) / 2:.0f}" transform="rotate(-90 14 '
              f'{(T + H - B) / 2:.0f})" text-anchor="middle">masked-LM accuracy</text>']
     for i in range(5):
@@ -66,7 +66,7 @@ def svg(runs, target, path):
         parts.append(f'<text x="{X(x):.1f}" y="{H - B + 16}" text-anchor="middle">{x:.0f}</text>')
         parts.append(f'<text x="{L - 6}" y="{Y(y) + 4:.1f}" text-anchor="end">{y:.2f}</text>')
     for k, r in enumerate(runs):
-        pts = " ".join(f"{X(e[1]):.1f},{Y(e[2]):.1f}" for e in r["evals"])
+        pts = " ".join(f"{X(e[x_field]):.1f},{Y(e[2]):.1f}" for e in r["evals"])
         color = COLORS.get(r["kind"], "black")
         parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="1.5"/>')
         parts.append(f'<text x="{W - R + 10}" y="{T + 16 * k + 10}" fill="{color}">{r["name"]}'

@@ -1,0 +1,79 @@
+#!/usr/bin/python3
+"""Learning parity of --precision bf16 with fp32: bert-mini pre-trained on the demo corpus twice
+with the same seed, data order and dropout draws, differing only in precision; held-out MLM
+accuracy every --eval-every steps, the largest gap, and both curves in one SVG.
+
+    /usr/bin/python3 bench/precision_parity.py [--steps 1000] [--packs-per-step 32]
+
+Needs build/packbert and the demo data (made with `packbert demo --max-steps 0` when absent).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, cpu  # noqa: E402
+from time_to_train import COLORS, evals_of, svg  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--preset", default="mini")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--packs-per-step", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--warmup", type=int, default=40)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--data", default=os.path.join(ROOT, "out", "demo"))
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "precision_parity"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "precision_parity.svg"))
+    a = ap.parse_args()
+    exe = os.path.join(a.build, "packbert")
+    seqs, packs = os.path.join(a.data, "gcide.seqs"), os.path.join(a.data, "gcide.packs")
+    if not (os.path.exists(seqs) and os.path.exists(packs)):
+        subprocess.run([exe, "demo", "--max-steps", "0", "--workdir", a.data], check=True,
+                       stdout=subprocess.DEVNULL)
+    model, isa = cpu()
+    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, LAMB lr {a.lr}, "
+          f"warmup {a.warmup}, {a.packs_per_step} packs a step, {a.steps} steps, seed {a.seed}; "
+          f"held-out MLM accuracy every {a.eval_every} steps", flush=True)
+    runs = []
+    for p in a.precisions.split(","):
+        out = os.path.join(a.workdir, p)
+        cmd = [exe, "pretrain", "--data", seqs, "--packs", packs, "--preset", a.preset,
+               "--steps", str(a.steps), "--lr", str(a.lr), "--warmup", str(a.warmup),
+               "--batch-rows", str(a.packs_per_step), "--eval-every", str(a.eval_every),
+               "--eval-fraction", "0.005", "--seed", str(a.seed), "--precision", p,
+               "--out", out, "--overwrite"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ev = evals_of(out)
+        runs.append({"name": p, "kind": p, "evals": ev})
+        print(f"  {p}: final accuracy {ev[-1][2]:.4f} after {ev[-1][0]} steps, "
+              f"{ev[-1][1]:.0f} s training", flush=True)
+    base = runs[0]["evals"]
+    print("\n| step | " + " | ".join(r["name"] for r in runs) + " | largest gap to " +
+          runs[0]["name"] + " |")
+    print("|---:|" + "---:|" * len(runs) + "---:|")
+    for i, e in enumerate(base):
+        accs = [r["evals"][i][2] for r in runs]
+        print(f"| {e[0]} | " + " | ".join(f"{x:.4f}" for x in accs) +
+              f" | {max(abs(x - accs[0]) for x in accs):.4f} |")
+    print("\n| precision | final accuracy | gap to " + runs[0]["name"] + " | training s |")
+    print("|---|---:|---:|---:|")
+    for r in runs:
+        print(f"| {r['name']} | {r['evals'][-1][2]:.4f} | "
+              f"{r['evals'][-1][2] - base[-1][2]:+.4f} | {r['evals'][-1][1]:.0f} |")
+    for r in runs:
+        COLORS.setdefault(r["kind"], {"fp32": "#1f77b4", "bf16": "#d62728"}.get(r["kind"], "black"))
+    svg(runs, 0.25, a.plot, x_field=0, x_label="optimizer steps",
+        title=f"Held-out MLM accuracy, bert-{a.preset} on the demo corpus, by precision")
+    print(json.dumps(runs))
+
+
+if __name__ == "__main__":
+    main()
