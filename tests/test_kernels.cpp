@@ -365,13 +365,15 @@ std::vector<KernelCase> kernel_cases() {
           else
             tanh_backward(e.grad("inp"), e["out"], e.grad("out"), n);
         }));
-    if (gelu) {  // bf16: the output exists only in bf16 (its reader is a GEMM)
+    if (gelu) {  // bf16: input and output in bf16 (a GEMM writes one and reads the other)
       rows.back().forward_b = [=](Env<float>& e) {
         std::vector<bf16> out(n);
-        gelu_forward(out.data(), e["inp"], n);
+        gelu_forward(out.data(), rounded(e["inp"], n).data(), n);
         to_float(e["out"], out.data(), n);
       };
-      rows.back().backward_b = rows.back().backward_f;
+      rows.back().backward_b = [=](Env<float>& e) {
+        gelu_backward(e.grad("inp"), rounded(e["inp"], n).data(), e.grad("out"), n);
+      };
     }
   }
   {
@@ -400,6 +402,16 @@ std::vector<KernelCase> kernel_cases() {
       linear_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
                       dout16.data(), rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
                       N, C, OC);
+    };
+    // The bf16-output form (q | k | v, GELU's input): bias and rounding inside the GEMM.
+    rows.push_back(rows.back());
+    rows.back().name = "linear, bf16 output";
+    rows.back().golden = "";
+    rows.back().forward_b = [=](Env<float>& e) {
+      std::vector<bf16> out(no);
+      linear_forward(out.data(), rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
+                     e["bias"], N, C, OC);
+      to_float(e["out"], out.data(), static_cast<int64_t>(no));
     };
     rows.push_back(row(
         {"linear without bias", "", {{"inp", nx}, {"weight", nw}}, {{"out", no}}, {}},
@@ -489,13 +501,18 @@ std::vector<KernelCase> kernel_cases() {
                                  drop);
             }));
         // bf16: the output exists only in bf16 (its reader is a GEMM); backward stays fp32.
+        // bf16: q | k | v and the output in bf16 (both are GEMM products/operands there).
         rows.back().forward_b = [=](Env<float>& e) {
           std::vector<bf16> out(no);
-          attention_forward(out.data(), keep ? e["probs"] : nullptr, e["qkv"],
+          attention_forward(out.data(), keep ? e["probs"] : nullptr, rounded(e["qkv"], nq).data(),
                             e.ints("cu_seqlens"), n_seq, C, NH, drop);
           to_float(e["out"], out.data(), static_cast<int64_t>(no));
         };
-        rows.back().backward_b = rows.back().backward_f;
+        rows.back().backward_b = [=](Env<float>& e) {
+          attention_backward(e.grad("qkv"), e.grad("out"), rounded(e["qkv"], nq).data(),
+                             keep ? e["probs"] : nullptr, e.ints("cu_seqlens"), n_seq, C, NH,
+                             drop);
+        };
       }
   }
   {

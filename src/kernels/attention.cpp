@@ -69,7 +69,8 @@ void softmax_backward_row(T* __restrict d, const T* __restrict p, int L, T scale
 }  // namespace
 
 int64_t attention_scratch_elems(int max_len, int threads, int head_size) {
-  return static_cast<int64_t>(threads) * max_len * (3 * static_cast<int64_t>(max_len) + head_size);
+  return static_cast<int64_t>(threads) * max_len *
+         (3 * static_cast<int64_t>(max_len) + 4 * static_cast<int64_t>(head_size));
 }
 
 namespace {
@@ -77,13 +78,37 @@ namespace {
 // The probabilities of one (sequence, head) block: P = softmax(Q Kᵀ / sqrt(hs)) row by row. The
 // forward pass and the recomputing backward pass both call this, so a rebuilt block is the kept
 // one bit for bit.
+// Q: the block's queries, rows `ld` apart, its keys `off` further on (a Head below).
 template <typename T>
-void probs_block(T* P, const T* Q, int L, int hs, int C, T scale) {
-  const int C3 = 3 * C;
-  gemm(false, true, L, L, hs, scale, Q, C3, Q + C, C3, T(0), P, L);
+void probs_block(T* P, const T* Q, int ld, int off, int L, int hs, T scale) {
+  gemm(false, true, L, L, hs, scale, Q, ld, Q + off, ld, T(0), P, L);
   for (int i = 0; i < L; ++i) {
     const int64_t r = static_cast<int64_t>(i) * L;
     softmax_row(P + r, P + r, L);
+  }
+}
+
+// One (sequence, head) block's q | k | v as T rows: q at `q`, rows `ld` apart, k and v `off` and
+// 2 * `off` further on. A T qkv is read in place (ld = 3C, off = C); a bf16 qkv is widened into
+// the thread's scratch ([L, 3 hs]: ld = 3 hs, off = hs), once per block.
+template <typename T>
+struct Head {
+  const T* q;
+  int ld, off;
+};
+template <typename T, typename S>
+Head<T> head_block(const S* qkv, int a, int L, int h, int hs, int C, T* scratch) {
+  const int C3 = 3 * C;
+  if constexpr (std::is_same_v<S, T>) {
+    return {qkv + static_cast<int64_t>(a) * C3 + h * hs, C3, C};
+  } else {
+    for (int i = 0; i < L; ++i)
+      for (int part = 0; part < 3; ++part) {
+        const S* src = qkv + static_cast<int64_t>(a + i) * C3 + part * C + h * hs;
+        T* dst = scratch + static_cast<int64_t>(i) * 3 * hs + part * hs;
+        for (int j = 0; j < hs; ++j) dst[j] = to_float(src[j]);
+      }
+    return {scratch, 3 * hs, hs};
   }
 }
 
@@ -122,12 +147,24 @@ struct Work {
 
 namespace {
 
-// O = T writes each (sequence, head) block of the output in place; O = bf16 computes it in the
-// thread's scratch and rounds it into the output (its only reader is a bf16 GEMM).
-template <typename T, typename O>
-void attention_forward_to(O* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq,
+// Per thread: three L x L blocks, then the widened q | k | v ([L, 3 hs]) and the output block
+// ([L, hs]) of the bf16 forms.
+template <typename T>
+T* qkv_scratch(T* mine, int L) {
+  return mine + 3 * static_cast<int64_t>(L) * L;
+}
+template <typename T>
+T* out_scratch(T* mine, int L, int hs) {
+  return qkv_scratch(mine, L) + 3 * static_cast<int64_t>(L) * hs;
+}
+
+// S: the storage of qkv (T, or bf16 widened per block). O = T writes each (sequence, head) block
+// of the output in place; O = bf16 computes it in the thread's scratch and rounds it into the
+// output (its only reader is a bf16 GEMM).
+template <typename T, typename O, typename S>
+void attention_forward_to(O* out, T* probs, const S* qkv, const int32_t* cu_seqlens, int n_seq,
                           int C, int NH, AttentionDropout dropout, AttentionWork<T> work) {
-  const int hs = C / NH, C3 = 3 * C;
+  const int hs = C / NH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
@@ -140,8 +177,8 @@ void attention_forward_to(O* out, T* probs, const T* qkv, const int32_t* cu_seql
       T* mine = w.thread_scratch();
       T* P = probs ? probs + first : mine;         // the probabilities
       T* Pd = mine + static_cast<int64_t>(L) * L;  // their dropped copy
-      const T* Q = qkv + static_cast<int64_t>(a) * C3 + h * hs;
-      probs_block(P, Q, L, hs, C, scale);
+      const Head<T> x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
+      probs_block(P, x.q, x.ld, x.off, L, hs, scale);
       if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
@@ -149,11 +186,11 @@ void attention_forward_to(O* out, T* probs, const T* qkv, const int32_t* cu_seql
         }
       const T* Pv = dropout.p > 0 ? Pd : P;
       if constexpr (std::is_same_v<O, T>) {
-        gemm(false, false, L, hs, L, T(1), Pv, L, Q + 2 * C, C3, T(0),
+        gemm(false, false, L, hs, L, T(1), Pv, L, x.q + 2 * x.off, x.ld, T(0),
              out + static_cast<int64_t>(a) * C + h * hs, C);
       } else {
-        T* block = mine + 2 * static_cast<int64_t>(L) * L;  // [L, hs]
-        gemm(false, false, L, hs, L, T(1), Pv, L, Q + 2 * C, C3, T(0), block, hs);
+        T* block = out_scratch(mine, L, hs);  // [L, hs]
+        gemm(false, false, L, hs, L, T(1), Pv, L, x.q + 2 * x.off, x.ld, T(0), block, hs);
         for (int i = 0; i < L; ++i) {
           O* o = out + static_cast<int64_t>(a + i) * C + h * hs;
           for (int j = 0; j < hs; ++j) o[j] = to_bf16(block[static_cast<int64_t>(i) * hs + j]);
@@ -170,16 +207,18 @@ void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens
   attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
 }
 
-void attention_forward(bf16* out, float* probs, const float* qkv, const int32_t* cu_seqlens,
+void attention_forward(bf16* out, float* probs, const bf16* qkv, const int32_t* cu_seqlens,
                        int n_seq, int C, int NH, AttentionDropout dropout,
                        AttentionWork<float> work) {
   attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
 }
 
-template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
-                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout, AttentionWork<T> work) {
+namespace {
+
+template <typename T, typename S>
+void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const T* probs,
+                             const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                             AttentionDropout dropout, AttentionWork<T> work) {
   const int hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
@@ -191,17 +230,18 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
       const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
       const int64_t LL = static_cast<int64_t>(L) * L;
       const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * LL;
-      const T* Q = qkv + static_cast<int64_t>(a) * C3 + h * hs;
+      T* mine = w.thread_scratch();
+      const Head<T> x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
+      const T* Q = x.q;
       T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * hs;
       const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
-      T* mine = w.thread_scratch();
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
       const T* P = mine + 2 * LL;  // the kept probabilities, or rebuilt ones in scratch
       if (probs)
         P = probs + first;
       else
-        probs_block(mine + 2 * LL, Q, L, hs, C, scale);
-      gemm(false, true, L, L, hs, T(1), dO, C, Q + 2 * C, C3, T(0), dP, L);  // dO V^T
+        probs_block(mine + 2 * LL, Q, x.ld, x.off, L, hs, scale);
+      gemm(false, true, L, L, hs, T(1), dO, C, Q + 2 * x.off, x.ld, T(0), dP, L);  // dO V^T
       // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
       for (int i = 0; i < L; ++i) {
         const int64_t r = static_cast<int64_t>(i) * L;
@@ -211,9 +251,24 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
       }
       const T* Pv = dropout.p > 0 ? Pd : P;
       gemm(true, false, L, hs, L, T(1), Pv, L, dO, C, T(1), dQ + 2 * C, C3);  // dV += Pd^T dO
-      gemm(false, false, L, hs, L, T(1), dP, L, Q + C, C3, T(1), dQ, C3);     // dQ += dS K
-      gemm(true, false, L, hs, L, T(1), dP, L, Q, C3, T(1), dQ + C, C3);      // dK += dS^T Q
+      gemm(false, false, L, hs, L, T(1), dP, L, Q + x.off, x.ld, T(1), dQ, C3);  // dQ += dS K
+      gemm(true, false, L, hs, L, T(1), dP, L, Q, x.ld, T(1), dQ + C, C3);       // dK += dS^T Q
     }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        AttentionDropout dropout, AttentionWork<T> work) {
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);
+}
+
+void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const float* probs,
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        AttentionDropout dropout, AttentionWork<float> work) {
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);
 }
 
 template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int,

@@ -33,8 +33,8 @@ struct AttentionWork {
   const int64_t* offsets = nullptr;
   T* scratch = nullptr;
 };
-// Per-thread room for three L x L blocks of the longest sequence and one L x head_size block, for
-// `threads` threads.
+// Per-thread room for three L x L blocks of the longest sequence and four L x head_size blocks
+// (the bf16 forms' widened q, k, v and output), for `threads` threads.
 int64_t attention_scratch_elems(int max_len, int threads, int head_size);
 
 // probs may be null: the probabilities are then not kept (recompute policy `attention`), and
@@ -42,9 +42,10 @@ int64_t attention_scratch_elems(int max_len, int threads, int head_size);
 template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
                        int NH, AttentionDropout dropout = {}, AttentionWork<T> work = {});
-// The same with a bf16 output (`--precision bf16`: its only reader is a bf16 GEMM), each block
-// computed in fp32 and rounded once.
-void attention_forward(bf16* out, float* probs, const float* qkv, const int32_t* cu_seqlens,
+// The same under `--precision bf16`: qkv and the output in bf16 (written by and read by bf16
+// GEMMs); each block's q, k, v are widened to fp32 once, computed on in fp32, and the output
+// rounded once.
+void attention_forward(bf16* out, float* probs, const bf16* qkv, const int32_t* cu_seqlens,
                        int n_seq, int C, int NH, AttentionDropout dropout = {},
                        AttentionWork<float> work = {});
 // Accumulates into dqkv [T, 3C]. probs: as kept by the forward, or null to recompute them.
@@ -52,5 +53,9 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
                         AttentionDropout dropout = {}, AttentionWork<T> work = {});
+// With a bf16 qkv (gradients stay fp32).
+void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const float* probs,
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        AttentionDropout dropout = {}, AttentionWork<float> work = {});
 
 }  // namespace packbert::kernels

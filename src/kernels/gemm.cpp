@@ -10,6 +10,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <map>
+#include <unordered_map>
 #include <mutex>
 #include <tuple>
 
@@ -75,7 +76,10 @@ struct Bf16Key {
   bool trans_a, trans_b;
   int N, lda, ldb, ldc;
   float alpha, beta;
-  auto tie() const { return std::tie(trans_a, trans_b, N, lda, ldb, ldc, alpha, beta); }
+  bool bf16_out, bias;
+  auto tie() const {
+    return std::tie(trans_a, trans_b, N, lda, ldb, ldc, alpha, beta, bf16_out, bias);
+  }
   bool operator<(const Bf16Key& o) const { return tie() < o.tie(); }
 };
 
@@ -99,6 +103,52 @@ memory::desc operand(memory::dim rows, memory::dim cols, bool trans, int ld, mem
                : memory::desc({rows, cols}, t, memory::dims{ld, 1});
 }
 
+
+// The cached primitive for a key, built on first use.
+dnnl::matmul& bf16_primitive(const Bf16Key& key) {
+  using dt = memory::data_type;
+  Bf16Backend& be = bf16_backend();
+  std::lock_guard lock(be.mutex);
+  auto it = be.primitives.find(key);
+  if (it == be.primitives.end()) {
+    const memory::dim R = DNNL_RUNTIME_DIM_VAL;
+    dnnl::primitive_attr attr;
+    if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+    if (key.beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(key.beta);
+      attr.set_post_ops(ops);
+    }
+    const memory::desc a = operand(R, R, key.trans_a, key.lda, dt::bf16),
+                       b = operand(R, key.N, key.trans_b, key.ldb, dt::bf16),
+                       c = operand(R, key.N, false, key.ldc, key.bf16_out ? dt::bf16 : dt::f32);
+    const dnnl::matmul::desc d =
+        key.bias ? dnnl::matmul::desc(a, b, memory::desc({1, key.N}, dt::f32, memory::dims{key.N, 1}), c)
+                 : dnnl::matmul::desc(a, b, c);
+    it = be.primitives.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, be.engine)))
+             .first;
+  }
+  return it->second;
+}
+
+// Runs the key's primitive on M x K and K x N operands.
+void run_bf16(const Bf16Key& key, int M, int K, const bf16* A, const bf16* B, const float* bias,
+              void* C) {
+  using dt = memory::data_type;
+  Bf16Backend& be = bf16_backend();
+  dnnl::matmul& prim = bf16_primitive(key);
+  // oneDNN takes non-const handles; it only reads A, B and the bias.
+  memory a(operand(M, K, key.trans_a, key.lda, dt::bf16), be.engine, const_cast<bf16*>(A));
+  memory b(operand(K, key.N, key.trans_b, key.ldb, dt::bf16), be.engine, const_cast<bf16*>(B));
+  memory c(operand(M, key.N, false, key.ldc, key.bf16_out ? dt::bf16 : dt::f32), be.engine, C);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  if (bias)
+    args.emplace(DNNL_ARG_BIAS, memory(memory::desc({1, key.N}, dt::f32, memory::dims{key.N, 1}),
+                                       be.engine, const_cast<float*>(bias)));
+  prim.execute(be.stream, args);
+  be.stream.wait();
+}
+
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf16* A, int lda,
@@ -114,37 +164,18 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf
     return;
   }
   Timer timer(M, N, K);
-  using dt = memory::data_type;
-  Bf16Backend& be = bf16_backend();
-  const Bf16Key key{trans_a, trans_b, N, lda, ldb, ldc, alpha, beta};
-  dnnl::matmul* prim = nullptr;
-  {
-    std::lock_guard lock(be.mutex);
-    auto it = be.primitives.find(key);
-    if (it == be.primitives.end()) {
-      const memory::dim R = DNNL_RUNTIME_DIM_VAL;
-      dnnl::primitive_attr attr;
-      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-      if (beta != 0.0f) {
-        dnnl::post_ops ops;
-        ops.append_sum(beta);
-        attr.set_post_ops(ops);
-      }
-      const dnnl::matmul::desc d(operand(R, R, trans_a, lda, dt::bf16),
-                                 operand(R, N, trans_b, ldb, dt::bf16),
-                                 operand(R, N, false, ldc, dt::f32));
-      it = be.primitives.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, be.engine)))
-               .first;
-    }
-    prim = &it->second;
-  }
-  // oneDNN takes non-const handles; it only reads A and B.
-  memory a(operand(M, K, trans_a, lda, dt::bf16), be.engine, const_cast<bf16*>(A));
-  memory b(operand(K, N, trans_b, ldb, dt::bf16), be.engine, const_cast<bf16*>(B));
-  memory c(operand(M, N, false, ldc, dt::f32), be.engine, C);
-  prim->execute(be.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-  be.stream.wait();
+  run_bf16({trans_a, trans_b, N, lda, ldb, ldc, alpha, beta, false, false}, M, K, A, B, nullptr, C);
 }
+
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+               const bf16* B, int ldb, const float* bias, bf16* C, int ldc) {
+  assert(!omp_in_parallel() && K > 0);
+  if (M == 0 || N == 0) return;
+  Timer timer(M, N, K);
+  run_bf16({trans_a, trans_b, N, lda, ldb, ldc, 1.0f, 0.0f, true, bias != nullptr}, M, K, A, B,
+           bias, C);
+}
+
 
 // fp64 serves only the finite-difference tests on small models: a plain loop nest in the
 // reference order (each C element summed over k in order), parallel over rows of C.

@@ -23,6 +23,12 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const d
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf16* A, int lda,
           const bf16* B, int ldb, float beta, float* C, int ldc);
 
+// C[M, N] (bf16) = op(A) . op(B) + bias, bf16 operands, fp32 accumulation and bias (per column,
+// [N], may be null), one rounding to bf16 inside the same primitive: a linear layer whose output
+// only bf16 readers take. K > 0.
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+               const bf16* B, int ldb, const float* bias, bf16* C, int ldc);
+
 // Profiling counters of the seam (benchmarks only): floating-point operations (2*M*N*K) and
 // wall-clock nanoseconds spent inside gemm() since the last reset. Updated atomically; calls
 // made inside parallel regions add their own durations, so time can exceed wall time there.

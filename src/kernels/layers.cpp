@@ -139,15 +139,27 @@ void gelu_forward_block(float* __restrict out, const float* __restrict inp, int6
   for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + erf_fast(inp[i] * kInvSqrt2));
 }
 
-void gelu_forward_block(bf16* __restrict out, const float* __restrict inp, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = to_bf16(0.5f * inp[i] * (1.0f + erf_fast(inp[i] * kInvSqrt2)));
+inline float widen(float x) {
+  return x;
+}
+inline float widen(bf16 x) {
+  return to_float(x);
 }
 
-void gelu_backward_block(float* __restrict dinp, const float* __restrict inp,
+// bf16 output from an fp32 or bf16 input.
+template <typename I>
+void gelu_forward_block(bf16* __restrict out, const I* __restrict inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = widen(inp[i]);
+    out[i] = to_bf16(0.5f * x * (1.0f + erf_fast(x * kInvSqrt2)));
+  }
+}
+
+template <typename I>
+void gelu_backward_block(float* __restrict dinp, const I* __restrict inp,
                          const float* __restrict dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const float x = inp[i];
+    const float x = widen(inp[i]);
     const float cdf = 0.5f * (1.0f + erf_fast(x * kInvSqrt2));
     const float pdf = kInvSqrt2Pi * exp_fast(-0.5f * x * x);
     dinp[i] += dout[i] * (cdf + x * pdf);
@@ -220,6 +232,20 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 
 void gelu_forward(bf16* out, const float* inp, int64_t n) {
   parallel_blocks(n, [&](int64_t a, int64_t b) { gelu_forward_block(out + a, inp + a, b - a); });
+}
+
+void gelu_forward(bf16* out, const bf16* inp, int64_t n) {
+  parallel_blocks(n, [&](int64_t a, int64_t b) { gelu_forward_block(out + a, inp + a, b - a); });
+}
+
+void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n) {
+  parallel_blocks(
+      n, [&](int64_t a, int64_t b) { gelu_backward_block(dinp + a, inp + a, dout + a, b - a); });
+}
+
+void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float* bias, int N,
+                    int C, int OC) {
+  gemm_bias(false, true, N, OC, C, inp, C, weight, C, bias, out, OC);
 }
 
 void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int N,

@@ -30,8 +30,11 @@ template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n);
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
-// bf16 output (its only reader is a bf16 GEMM): to_bf16 of the fp32 forward's value.
+// bf16 output (its only reader is a bf16 GEMM): to_bf16 of the fp32 forward's value; from an
+// fp32 or a bf16 input (widened to fp32, computed in fp32). Backward from a bf16 input.
 void gelu_forward(bf16* out, const float* inp, int64_t n);
+void gelu_forward(bf16* out, const bf16* inp, int64_t n);
+void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n);
 
 // Linear layer with PyTorch's weight layout: out[N, OC] = inp[N, C] . weight[OC, C]^T + bias.
 // bias may be null.
@@ -44,6 +47,10 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // Backward rounds dout to bf16 into dout16 ([N, OC], the caller's scratch) for its two GEMMs;
 // the bias gradient sums the fp32 dout. dinp may be null.
 void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int N,
+                    int C, int OC);
+// With a bf16 output, rounded once inside the GEMM (bias added in fp32 before): for outputs only
+// bf16-reading kernels take (q | k | v, GELU's input).
+void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float* bias, int N,
                     int C, int OC);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
                      const bf16* inp, const bf16* weight, int N, int C, int OC);

@@ -42,11 +42,11 @@ void linear_grad(const StepContext<T>& s, T* dinp, T* dW, T* db, const T* dout, 
   linear_backward(dinp, dW, db, dout, in, W, N, C, OC);
 }
 
-// GELU's output: T, or its bf16 twin alone under bf16.
+// GELU's output from its input: both T, or both bf16 under bf16.
 template <typename T>
 void gelu_out(const LayerRecord<T>& a, int64_t n) {
   if constexpr (std::is_same_v<T, float>)
-    if (a.gelu16) return gelu_forward(a.gelu16, a.inter, n);
+    if (a.gelu16) return gelu_forward(a.gelu16, a.inter16, n);
   gelu_forward(a.gelu, a.inter, n);
 }
 
@@ -106,21 +106,29 @@ void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T
   T* tmp = s.ws.get(Rec::tmp);
   const AttentionWork<T> work{s.probs_offsets, s.ws.get(Rec::attn_work)};
 
-  linear(a.qkv, in, in16, w.qkv_w, W16(&LayerView<bf16>::qkv_w), w.qkv_b, Tn, C, 3 * C);
+  const AttentionDropout drop = attention_dropout(s, layer);
+  const int32_t* cu = s.tokens.cu_seqlens.data();
+  // q | k | v and the attention output: bf16 under bf16 (written by the GEMM, read by attention).
   if constexpr (std::is_same_v<T, float>) {
-    if (a.att16)
-      attention_forward(a.att16, a.probs, a.qkv, s.tokens.cu_seqlens.data(), s.n_seq(), C,
-                        c.num_attention_heads, attention_dropout(s, layer), work);
+    if (w16) {
+      linear_forward(a.qkv16, in16, w16->qkv_w, w.qkv_b, Tn, C, 3 * C);
+      attention_forward(a.att16, a.probs, a.qkv16, cu, s.n_seq(), C, c.num_attention_heads, drop,
+                        work);
+    }
   }
-  if (a.att)
-    attention_forward(a.att, a.probs, a.qkv, s.tokens.cu_seqlens.data(), s.n_seq(), C,
-                      c.num_attention_heads, attention_dropout(s, layer), work);
+  if (!w16) {
+    linear_forward(a.qkv, in, w.qkv_w, w.qkv_b, Tn, C, 3 * C);
+    attention_forward(a.att, a.probs, a.qkv, cu, s.n_seq(), C, c.num_attention_heads, drop, work);
+  }
   linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn,
          C, C);
   dropout_site(s, a.r1, tmp, TC, l, kAttnOut);
   residual_forward(a.r1, a.r1, in, TC);
   layernorm_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
-  linear(a.inter, a.h1, a.h1_16, w.inter_w, W16(&LayerView<bf16>::inter_w), w.inter_b, Tn, C, I);
+  if constexpr (std::is_same_v<T, float>) {
+    if (w16) linear_forward(a.inter16, a.h1_16, w16->inter_w, w.inter_b, Tn, C, I);
+  }
+  if (!w16) linear_forward(a.inter, a.h1, w.inter_w, w.inter_b, Tn, C, I);
   gelu_out(a, static_cast<int64_t>(Tn) * I);
   linear(tmp, a.gelu, a.gelu16, w.out_w, W16(&LayerView<bf16>::out_w), w.out_b, Tn, I, C);
   dropout_site(s, a.r2, tmp, TC, l, kFfnOut);
@@ -164,7 +172,10 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   linear_grad(s, dgelu, g.out_w, g.out_b, dffn, a.gelu, a.gelu16, w.out_w,
               W16(&LayerView<bf16>::out_w), Tn, I, C);
   zero_fill(dinter, TI);
-  gelu_backward(dinter, a.inter, dgelu, TI);
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.inter16) gelu_backward(dinter, a.inter16, dgelu, TI);
+  }
+  if (a.inter) gelu_backward(dinter, a.inter, dgelu, TI);
   linear_grad(s, dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
               W16(&LayerView<bf16>::inter_w), Tn, C, I);
 
@@ -177,9 +188,15 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   linear_grad(s, datt, g.attn_out_w, g.attn_out_b, dproj, a.att, a.att16, w.attn_out_w,
               W16(&LayerView<bf16>::attn_out_w), Tn, C, C);
   zero_fill(dqkv, 3 * TC);
-  attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
-                     c.num_attention_heads, attention_dropout(s, layer),
-                     AttentionWork<T>{s.probs_offsets, ws.get(Rec::attn_work)});
+  const AttentionWork<T> work{s.probs_offsets, ws.get(Rec::attn_work)};
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.qkv16)
+      attention_backward(dqkv, datt, a.qkv16, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
+                         c.num_attention_heads, attention_dropout(s, layer), work);
+  }
+  if (a.qkv)
+    attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
+                       c.num_attention_heads, attention_dropout(s, layer), work);
   linear_grad(s, dinp, g.qkv_w, g.qkv_b, dqkv, in, in16, w.qkv_w, W16(&LayerView<bf16>::qkv_w), Tn,
               C, 3 * C);
 }

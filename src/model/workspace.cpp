@@ -148,7 +148,8 @@ const RecordSpec kRecords[] = {
     {Rec::hidden16, "layer.input_bf16", Role::hidden, Need::encoder, TC, Dtype::twin},
     {Rec::hidden16_rebuilt, "layer.input_rebuilt_bf16", Role::rebuilt_input, Need::encoder, TC,
      Dtype::twin},
-    {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
+    {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); },
+     Dtype::narrowed},
     {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
      [](S s, B c) { return c.num_attention_heads * s.attention; }},
     {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC, Dtype::narrowed},
@@ -157,7 +158,7 @@ const RecordSpec kRecords[] = {
     {Rec::ln1_rstd, "layer.ln1_rstd", Role::layer, Need::encoder, T1},
     {Rec::h1, "layer.ln1_out", Role::ln, Need::encoder, TC},
     {Rec::h1_16, "layer.ln1_out_bf16", Role::ln, Need::encoder, TC, Dtype::twin},
-    {Rec::inter, "layer.gelu_in", Role::layer, Need::encoder, TI},
+    {Rec::inter, "layer.gelu_in", Role::layer, Need::encoder, TI, Dtype::narrowed},
     {Rec::gelu, "layer.gelu_out", Role::gelu, Need::encoder, TI, Dtype::narrowed},
     {Rec::r2, "layer.residual2", Role::layer, Need::encoder, TC},
     {Rec::ln2_mean, "layer.ln2_mean", Role::layer, Need::encoder, T1},
@@ -373,7 +374,8 @@ LayerRecord<T> Workspace<T>::layer(int64_t copy) const {
           get(Rec::r1, copy),  get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
           get(Rec::h1, copy),  get(Rec::inter, copy),    get(Rec::gelu, copy),
           get(Rec::r2, copy),  get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy),
-          get16(Rec::att, copy), get16(Rec::h1_16, copy), get16(Rec::gelu, copy)};
+          get16(Rec::qkv, copy), get16(Rec::att, copy), get16(Rec::h1_16, copy),
+          get16(Rec::inter, copy), get16(Rec::gelu, copy)};
 }
 
 template class Workspace<float>;
