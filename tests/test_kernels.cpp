@@ -504,14 +504,17 @@ std::vector<KernelCase> kernel_cases() {
         // bf16: q | k | v and the output in bf16 (both are GEMM products/operands there).
         rows.back().forward_b = [=](Env<float>& e) {
           std::vector<bf16> out(no);
-          attention_forward(out.data(), keep ? e["probs"] : nullptr, rounded(e["qkv"], nq).data(),
-                            e.ints("cu_seqlens"), n_seq, C, NH, drop);
+          std::vector<bf16> probs(np);
+          attention_forward(out.data(), keep ? probs.data() : nullptr,
+                            rounded(e["qkv"], nq).data(), e.ints("cu_seqlens"), n_seq, C, NH,
+                            drop);
           to_float(e["out"], out.data(), static_cast<int64_t>(no));
+          to_float(e["probs"], probs.data(), static_cast<int64_t>(np));
         };
         rows.back().backward_b = [=](Env<float>& e) {
           attention_backward(e.grad("qkv"), e.grad("out"), rounded(e["qkv"], nq).data(),
-                             keep ? e["probs"] : nullptr, e.ints("cu_seqlens"), n_seq, C, NH,
-                             drop);
+                             keep ? rounded(e["probs"], np).data() : nullptr, e.ints("cu_seqlens"),
+                             n_seq, C, NH, drop);
         };
       }
   }

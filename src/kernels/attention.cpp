@@ -112,6 +112,21 @@ Head<T> head_block(const S* qkv, int a, int L, int h, int hs, int C, T* scratch)
   }
 }
 
+// A row of probabilities as backward reads it when they are stored in bf16: rounded to bf16 (a
+// no-op for values read back from bf16), then divided by their sum, so that the row sums to 1 as
+// softmax's backward assumes (otherwise dS rows no longer sum to 0, and the key bias, whose true
+// gradient is 0, picks up rounding noise).
+template <typename T>
+void decode_probs_row(T* p, int L) {
+  T sum = 0;
+  for (int j = 0; j < L; ++j) {
+    p[j] = to_float(to_bf16(static_cast<float>(p[j])));
+    sum += p[j];
+  }
+  const T inv = T(1) / sum;
+  for (int j = 0; j < L; ++j) p[j] *= inv;
+}
+
 int max_length(const int32_t* cu_seqlens, int n_seq) {
   int L = 0;
   for (int s = 0; s < n_seq; ++s) L = std::max(L, cu_seqlens[s + 1] - cu_seqlens[s]);
@@ -160,9 +175,10 @@ T* out_scratch(T* mine, int L, int hs) {
 
 // S: the storage of qkv (T, or bf16 widened per block). O = T writes each (sequence, head) block
 // of the output in place; O = bf16 computes it in the thread's scratch and rounds it into the
-// output (its only reader is a bf16 GEMM).
-template <typename T, typename O, typename S>
-void attention_forward_to(O* out, T* probs, const S* qkv, const int32_t* cu_seqlens, int n_seq,
+// output (its only reader is a bf16 GEMM). P: the storage of the kept probabilities (T, or bf16:
+// computed in scratch in T and rounded once; backward reads the rounded ones).
+template <typename T, typename O, typename S, typename P_>
+void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seqlens, int n_seq,
                           int C, int NH, AttentionDropout dropout, AttentionWork<T> work) {
   const int hs = C / NH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
@@ -175,10 +191,15 @@ void attention_forward_to(O* out, T* probs, const S* qkv, const int32_t* cu_seql
       const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
       const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * L * L;
       T* mine = w.thread_scratch();
-      T* P = probs ? probs + first : mine;         // the probabilities
+      T* P = mine;  // the probabilities (kept in place when stored in T)
+      if constexpr (std::is_same_v<P_, T>)
+        if (probs) P = probs + first;
       T* Pd = mine + static_cast<int64_t>(L) * L;  // their dropped copy
       const Head<T> x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
       probs_block(P, x.q, x.ld, x.off, L, hs, scale);
+      if constexpr (!std::is_same_v<P_, T>)
+        if (probs)
+          for (int64_t i = 0; i < static_cast<int64_t>(L) * L; ++i) probs[first + i] = to_bf16(P[i]);
       if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
@@ -207,7 +228,7 @@ void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens
   attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
 }
 
-void attention_forward(bf16* out, float* probs, const bf16* qkv, const int32_t* cu_seqlens,
+void attention_forward(bf16* out, bf16* probs, const bf16* qkv, const int32_t* cu_seqlens,
                        int n_seq, int C, int NH, AttentionDropout dropout,
                        AttentionWork<float> work) {
   attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
@@ -215,8 +236,10 @@ void attention_forward(bf16* out, float* probs, const bf16* qkv, const int32_t* 
 
 namespace {
 
-template <typename T, typename S>
-void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const T* probs,
+// P_ as in attention_forward_to: bf16 probabilities are widened per block, and rebuilt ones
+// (probs null) rounded through bf16 first, so that backward sees the same values either way.
+template <typename T, typename S, typename P_>
+void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* probs,
                              const int32_t* cu_seqlens, int n_seq, int C, int NH,
                              AttentionDropout dropout, AttentionWork<T> work) {
   const int hs = C / NH, C3 = 3 * C;
@@ -236,11 +259,20 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const T* prob
       T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * hs;
       const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
-      const T* P = mine + 2 * LL;  // the kept probabilities, or rebuilt ones in scratch
-      if (probs)
-        P = probs + first;
-      else
-        probs_block(mine + 2 * LL, Q, x.ld, x.off, L, hs, scale);
+      T* rebuilt = mine + 2 * LL;
+      const T* P = rebuilt;  // the kept probabilities, or rebuilt ones in scratch
+      if constexpr (std::is_same_v<P_, T>) {
+        if (probs)
+          P = probs + first;
+        else
+          probs_block(rebuilt, Q, x.ld, x.off, L, hs, scale);
+      } else {
+        if (probs)
+          for (int64_t i = 0; i < LL; ++i) rebuilt[i] = to_float(probs[first + i]);
+        else
+          probs_block(rebuilt, Q, x.ld, x.off, L, hs, scale);
+        for (int i = 0; i < L; ++i) decode_probs_row(rebuilt + static_cast<int64_t>(i) * L, L);
+      }
       gemm(false, true, L, L, hs, T(1), dO, C, Q + 2 * x.off, x.ld, T(0), dP, L);  // dO V^T
       // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
       for (int i = 0; i < L; ++i) {
@@ -265,7 +297,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
   attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);
 }
 
-void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const float* probs,
+void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const bf16* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
                         AttentionDropout dropout, AttentionWork<float> work) {
   attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);

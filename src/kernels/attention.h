@@ -43,9 +43,10 @@ template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
                        int NH, AttentionDropout dropout = {}, AttentionWork<T> work = {});
 // The same under `--precision bf16`: qkv and the output in bf16 (written by and read by bf16
-// GEMMs); each block's q, k, v are widened to fp32 once, computed on in fp32, and the output
-// rounded once.
-void attention_forward(bf16* out, float* probs, const bf16* qkv, const int32_t* cu_seqlens,
+// GEMMs), and the kept probabilities in bf16; each block's q, k, v are widened to fp32 once,
+// computed on in fp32, and the output and probabilities rounded once. Backward uses the rounded
+// probabilities (rebuilt ones are rounded the same way, so policies still agree bit for bit).
+void attention_forward(bf16* out, bf16* probs, const bf16* qkv, const int32_t* cu_seqlens,
                        int n_seq, int C, int NH, AttentionDropout dropout = {},
                        AttentionWork<float> work = {});
 // Accumulates into dqkv [T, 3C]. probs: as kept by the forward, or null to recompute them.
@@ -53,8 +54,8 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
                         AttentionDropout dropout = {}, AttentionWork<T> work = {});
-// With a bf16 qkv (gradients stay fp32).
-void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const float* probs,
+// With bf16 qkv and probabilities (gradients stay fp32).
+void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const bf16* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
                         AttentionDropout dropout = {}, AttentionWork<float> work = {});
 

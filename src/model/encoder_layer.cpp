@@ -112,8 +112,8 @@ void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T
   if constexpr (std::is_same_v<T, float>) {
     if (w16) {
       linear_forward(a.qkv16, in16, w16->qkv_w, w.qkv_b, Tn, C, 3 * C);
-      attention_forward(a.att16, a.probs, a.qkv16, cu, s.n_seq(), C, c.num_attention_heads, drop,
-                        work);
+      attention_forward(a.att16, a.probs16, a.qkv16, cu, s.n_seq(), C, c.num_attention_heads,
+                        drop, work);
     }
   }
   if (!w16) {
@@ -191,7 +191,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   const AttentionWork<T> work{s.probs_offsets, ws.get(Rec::attn_work)};
   if constexpr (std::is_same_v<T, float>) {
     if (a.qkv16)
-      attention_backward(dqkv, datt, a.qkv16, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
+      attention_backward(dqkv, datt, a.qkv16, a.probs16, s.tokens.cu_seqlens.data(), s.n_seq(), C,
                          c.num_attention_heads, attention_dropout(s, layer), work);
   }
   if (a.qkv)

@@ -151,7 +151,7 @@ const RecordSpec kRecords[] = {
     {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); },
      Dtype::narrowed},
     {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
-     [](S s, B c) { return c.num_attention_heads * s.attention; }},
+     [](S s, B c) { return c.num_attention_heads * s.attention; }, Dtype::narrowed},
     {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC, Dtype::narrowed},
     {Rec::r1, "layer.residual1", Role::residual, Need::encoder, TC},
     {Rec::ln1_mean, "layer.ln1_mean", Role::layer, Need::encoder, T1},
@@ -374,7 +374,7 @@ LayerRecord<T> Workspace<T>::layer(int64_t copy) const {
           get(Rec::r1, copy),  get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
           get(Rec::h1, copy),  get(Rec::inter, copy),    get(Rec::gelu, copy),
           get(Rec::r2, copy),  get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy),
-          get16(Rec::qkv, copy), get16(Rec::att, copy), get16(Rec::h1_16, copy),
+          get16(Rec::qkv, copy), get16(Rec::probs, copy), get16(Rec::att, copy), get16(Rec::h1_16, copy),
           get16(Rec::inter, copy), get16(Rec::gelu, copy)};
 }
 

@@ -157,13 +157,13 @@ enum class Rec : uint8_t {
 
 // One layer's records (a record a policy does not keep points to the shared slot the backward
 // rebuilds it into; probs is null when the attention probabilities are recomputed). Under bf16,
-// q | k | v, the attention output, GELU's input and GELU's output exist only as qkv16, att16,
-// inter16 and gelu16 (qkv, att, inter and gelu are null), and h1_16 is the bf16 twin of LN1's
-// output; under fp32 the *16 fields are null.
+// q | k | v, the attention probabilities and output, GELU's input and GELU's output exist only
+// as qkv16, probs16, att16, inter16 and gelu16 (their T fields are null), and h1_16 is the bf16
+// twin of LN1's output; under fp32 the *16 fields are null.
 template <typename T>
 struct LayerRecord {
   T *qkv, *probs, *att, *r1, *ln1_mean, *ln1_rstd, *h1, *inter, *gelu, *r2, *ln2_mean, *ln2_rstd;
-  kernels::bf16 *qkv16, *att16, *h1_16, *inter16, *gelu16;
+  kernels::bf16 *qkv16, *probs16, *att16, *h1_16, *inter16, *gelu16;
 };
 
 // The arena: one 64-byte-aligned allocation, grown to the largest step seen and never shrunk, so
