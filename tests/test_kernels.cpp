@@ -335,18 +335,21 @@ std::vector<KernelCase> kernel_cases() {
           layernorm_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
                              e["inp"], e["weight"], e["mean"], e["rstd"], N, C);
         }));
-    // bf16: the fp32 output plus its bf16 twin, which must be exactly the rounded output; the
-    // column compares the twin (what the next GEMM reads).
+    // bf16: the input (a residual sum) in bf16, the fp32 output plus its bf16 twin, which must be
+    // exactly the rounded output; the column compares the twin (what the next GEMM reads).
     rows.back().forward_b = [=](Env<float>& e) {
       std::vector<bf16> twin(n);
-      layernorm_forward(e["out"], e["mean"], e["rstd"], e["inp"], e["weight"], e["bias"], N, C,
-                        1e-12f, twin.data());
+      layernorm_forward(e["out"], e["mean"], e["rstd"], rounded(e["inp"], n).data(), e["weight"],
+                        e["bias"], N, C, 1e-12f, twin.data());
       for (size_t i = 0; i < n; ++i) {
         ASSERT_EQ(twin[i].bits, to_bf16(e["out"][i]).bits) << "twin of out[" << i << "]";
         e["out"][i] = to_float(twin[i]);
       }
     };
-    rows.back().backward_b = rows.back().backward_f;
+    rows.back().backward_b = [=](Env<float>& e) {
+      layernorm_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
+                         rounded(e["inp"], n).data(), e["weight"], e["mean"], e["rstd"], N, C);
+    };
   }
   for (const char* kernel : {"gelu", "tanh"}) {
     const int n = golden_int(kernel, "n");
@@ -675,6 +678,15 @@ TEST(KernelRebuild, LayerNormApplyEqualsForwardBitwise) {
                     1e-12f);
   layernorm_apply(again.data(), x.data(), mean.data(), rstd.data(), w.data(), b.data(), N, C);
   EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(float)), 0);
+  // bf16 input and twin output (Precision::bf16's rebuild), likewise.
+  std::vector<bf16> x16(N * C), twin(N * C), twin_again(N * C);
+  to_bf16(x16.data(), x.data(), N * C);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x16.data(), w.data(), b.data(), N, C,
+                    1e-12f, twin.data());
+  layernorm_apply(again.data(), x16.data(), mean.data(), rstd.data(), w.data(), b.data(), N, C,
+                  twin_again.data());
+  EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(twin.data(), twin_again.data(), twin.size() * sizeof(bf16)), 0);
 }
 
 // Accuracy counts pick the first largest entry and skip rows without a target.

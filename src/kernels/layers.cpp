@@ -25,13 +25,32 @@ void column_blocks(int C, F body) {
     body(b * kColumnBlock, std::min(kColumnBlock, C - b * kColumnBlock));
 }
 
-// One LayerNorm output row from its statistics: shared by the forward pass and the rebuild, so
-// the two agree bit for bit.
+// A stored value as the arithmetic type: itself, or a bf16 widened to fp32.
 template <typename T>
-inline void normalize_row(T* __restrict o, const T* __restrict x, T m, T s, const T* weight,
+inline T widen(T x) {
+  return x;
+}
+inline float widen(bf16 x) {
+  return to_float(x);
+}
+
+// One LayerNorm output row from its statistics: shared by the forward pass and the rebuild, so
+// the two agree bit for bit. x: T, or bf16 (Precision::bf16's residual sums).
+template <typename T, typename I>
+inline void normalize_row(T* __restrict o, const I* __restrict x, T m, T s, const T* weight,
                           const T* bias, int C) {
 #pragma omp simd
-  for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+  for (int c = 0; c < C; ++c) o[c] = (widen(x[c]) - m) * s * weight[c] + bias[c];
+}
+
+// The same row rounded to bf16 alone (out16[c] = to_bf16 of exactly the value normalize_row
+// computes), for a LayerNorm whose fp32 output nobody reads.
+template <typename T, typename I>
+inline void normalize_row16(bf16* __restrict o, const I* __restrict x, T m, T s, const T* weight,
+                            const T* bias, int C) {
+#pragma omp simd
+  for (int c = 0; c < C; ++c)
+    o[c] = to_bf16(static_cast<float>((widen(x[c]) - m) * s * weight[c] + bias[c]));
 }
 
 // out16 = to_bf16(row), [C].
@@ -43,51 +62,63 @@ void mirror_row(bf16* __restrict out16, const T* __restrict row, int C) {
 
 }  // namespace
 
-template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int N, int C, T eps, bf16* out16) {
+namespace {
+
+// The LayerNorm kernels over an input stored as I (T, or bf16 under Precision::bf16).
+template <typename T, typename I>
+void layernorm_forward_from(T* out, T* mean, T* rstd, const I* inp, const T* weight,
+                            const T* bias, int N, int C, T eps, bf16* out16) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const T* x = inp + static_cast<int64_t>(n) * C;
+    const I* x = inp + static_cast<int64_t>(n) * C;
     T m = 0;
 #pragma omp simd reduction(+ : m)
-    for (int c = 0; c < C; ++c) m += x[c];
+    for (int c = 0; c < C; ++c) m += widen(x[c]);
     m /= C;
     T v = 0;
 #pragma omp simd reduction(+ : v)
-    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    for (int c = 0; c < C; ++c) v += (widen(x[c]) - m) * (widen(x[c]) - m);
     v /= C;  // biased variance, as torch's layer_norm
     T s = T(1) / std::sqrt(v + eps);
-    normalize_row(out + static_cast<int64_t>(n) * C, x, m, s, weight, bias, C);
-    if (out16) mirror_row(out16 + static_cast<int64_t>(n) * C, out + static_cast<int64_t>(n) * C, C);
+    if (!out) {
+      normalize_row16(out16 + static_cast<int64_t>(n) * C, x, m, s, weight, bias, C);
+    } else {
+      normalize_row(out + static_cast<int64_t>(n) * C, x, m, s, weight, bias, C);
+      if (out16)
+        mirror_row(out16 + static_cast<int64_t>(n) * C, out + static_cast<int64_t>(n) * C, C);
+    }
     mean[n] = m;
     rstd[n] = s;
   }
 }
 
-template <typename T>
-void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T* weight,
-                     const T* bias, int N, int C, bf16* out16) {
+template <typename T, typename I>
+void layernorm_apply_from(T* out, const I* inp, const T* mean, const T* rstd, const T* weight,
+                          const T* bias, int N, int C, bf16* out16) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    normalize_row(out + static_cast<int64_t>(n) * C, inp + static_cast<int64_t>(n) * C, mean[n],
-                  rstd[n], weight, bias, C);
+    const I* x = inp + static_cast<int64_t>(n) * C;
+    if (!out) {
+      normalize_row16(out16 + static_cast<int64_t>(n) * C, x, mean[n], rstd[n], weight, bias, C);
+      continue;
+    }
+    normalize_row(out + static_cast<int64_t>(n) * C, x, mean[n], rstd[n], weight, bias, C);
     if (out16) mirror_row(out16 + static_cast<int64_t>(n) * C, out + static_cast<int64_t>(n) * C, C);
   }
 }
 
-template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const T* mean, const T* rstd, int N, int C) {
+template <typename T, typename I>
+void layernorm_backward_from(T* dinp, T* dweight, T* dbias, const T* dout, const I* inp,
+                             const T* weight, const T* mean, const T* rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const T* x = inp + static_cast<int64_t>(n) * C;
+    const I* x = inp + static_cast<int64_t>(n) * C;
     const T* g = dout + static_cast<int64_t>(n) * C;
     const T mu = mean[n], rs = rstd[n];
     T dnorm_mean = 0, dnorm_norm_mean = 0;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
     for (int c = 0; c < C; ++c) {
-      T norm = (x[c] - mu) * rs;
+      T norm = (widen(x[c]) - mu) * rs;
       T dnorm = g[c] * weight[c];
       dnorm_mean += dnorm;
       dnorm_norm_mean += dnorm * norm;
@@ -97,7 +128,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     T* d = dinp + static_cast<int64_t>(n) * C;
 #pragma omp simd
     for (int c = 0; c < C; ++c) {
-      T norm = (x[c] - mu) * rs;
+      T norm = (widen(x[c]) - mu) * rs;
       d[c] += (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
     }
   }
@@ -106,10 +137,10 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     T dw[kColumnBlock] = {}, db[kColumnBlock] = {};
     for (int n = 0; n < N; ++n) {
       const T* g = dout + static_cast<int64_t>(n) * C + c0;
-      const T* x = inp + static_cast<int64_t>(n) * C + c0;
+      const I* x = inp + static_cast<int64_t>(n) * C + c0;
       const T m = mean[n], s = rstd[n];
       for (int j = 0; j < w; ++j) {
-        dw[j] += g[j] * (x[j] - m) * s;
+        dw[j] += g[j] * (widen(x[j]) - m) * s;
         db[j] += g[j];
       }
     }
@@ -118,6 +149,47 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
       dbias[c0 + j] += db[j];
     }
   });
+}
+
+}  // namespace
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       int N, int C, T eps, bf16* out16) {
+  layernorm_forward_from(out, mean, rstd, inp, weight, bias, N, C, eps, out16);
+}
+void layernorm_forward(float* out, float* mean, float* rstd, const bf16* inp, const float* weight,
+                       const float* bias, int N, int C, float eps, bf16* out16) {
+  layernorm_forward_from(out, mean, rstd, inp, weight, bias, N, C, eps, out16);
+}
+template <typename T>
+void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T* weight,
+                     const T* bias, int N, int C, bf16* out16) {
+  layernorm_apply_from(out, inp, mean, rstd, weight, bias, N, C, out16);
+}
+void layernorm_apply(float* out, const bf16* inp, const float* mean, const float* rstd,
+                     const float* weight, const float* bias, int N, int C, bf16* out16) {
+  layernorm_apply_from(out, inp, mean, rstd, weight, bias, N, C, out16);
+}
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, int N, int C) {
+  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const bf16* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C) {
+  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+void residual_forward(bf16* out, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(a[i] + b[i]);
+}
+
+void residual_forward(bf16* out, const float* a, const bf16* b, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(a[i] + to_float(b[i]));
 }
 
 namespace {
@@ -137,13 +209,6 @@ constexpr float kInvSqrt2 = 0.70710678118654752440f, kInvSqrt2Pi = 0.39894228040
 
 void gelu_forward_block(float* __restrict out, const float* __restrict inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + erf_fast(inp[i] * kInvSqrt2));
-}
-
-inline float widen(float x) {
-  return x;
-}
-inline float widen(bf16 x) {
-  return to_float(x);
 }
 
 // bf16 output from an fp32 or bf16 input.

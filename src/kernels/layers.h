@@ -12,7 +12,8 @@ namespace packbert::kernels {
 
 // LayerNorm over rows. inp, out: [N, C]; weight, bias: [C]; mean, rstd: [N] (saved for backward).
 // out16, when given, receives to_bf16(out) too, written row by row while the row is in cache:
-// the bf16 operand of the GEMM that reads the output under `--precision bf16`.
+// the bf16 operand of the GEMM that reads the output under `--precision bf16`. out may then be
+// null: only the bf16 form is written (the same values).
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int N, int C, T eps, bf16* out16 = nullptr);
@@ -24,6 +25,14 @@ void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, int N, int C);
+// The same over a bf16 input (Precision::bf16's residual sums), widened and computed in fp32.
+void layernorm_forward(float* out, float* mean, float* rstd, const bf16* inp, const float* weight,
+                       const float* bias, int N, int C, float eps, bf16* out16 = nullptr);
+void layernorm_apply(float* out, const bf16* inp, const float* mean, const float* rstd,
+                     const float* weight, const float* bias, int N, int C, bf16* out16 = nullptr);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const bf16* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
 
 // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), as BERT and torch's F.gelu use. [n] elements.
 template <typename T>
@@ -79,9 +88,11 @@ inline void zero_fill(T* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = T(0);
 }
 
-// out = a + b, [n].
+// out = a + b, [n]; the bf16 form rounds the fp32 sum once.
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);
+void residual_forward(bf16* out, const float* a, const float* b, int64_t n);
+void residual_forward(bf16* out, const float* a, const bf16* b, int64_t n);
 
 // Rows picked by index: out[r] = inp[rows[r]], out: [n_rows, C]. Backward scatters with +=
 // (rows may repeat).

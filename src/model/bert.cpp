@@ -80,33 +80,25 @@ typename BertModel<T>::Slot BertModel<T>::output_slot(int l) const {
   return kept(l + 1) ? input_slot(l + 1) : Slot{Rec::seg_hidden, l % K};
 }
 
-namespace {
-// The bf16 twin of a layer-input record.
-Rec twin16(Rec r) {
-  return r == Rec::hidden ? Rec::hidden16
-                          : r == Rec::hidden_rebuilt ? Rec::hidden16_rebuilt : Rec::seg_hidden16;
-}
-}  // namespace
-
 template <typename T>
 T* BertModel<T>::input_of(int l) const {
+  if (l == config().num_hidden_layers && ws_.get(Rec::top)) return ws_.get(Rec::top);
   const Slot s = input_slot(l);
   return ws_.get(s.rec, s.copy);
 }
 template <typename T>
 T* BertModel<T>::output_of(int l) const {
-  const Slot s = output_slot(l);
-  return ws_.get(s.rec, s.copy);
+  return kept(l + 1) ? input_of(l + 1) : ws_.get(Rec::seg_hidden, l % opt_.recompute.every);
 }
 template <typename T>
 kernels::bf16* BertModel<T>::input16_of(int l) const {
   const Slot s = input_slot(l);
-  return ws_.get16(twin16(s.rec), s.copy);
+  return ws_.get16(s.rec, s.copy);
 }
 template <typename T>
 kernels::bf16* BertModel<T>::output16_of(int l) const {
   const Slot s = output_slot(l);
-  return ws_.get16(twin16(s.rec), s.copy);
+  return ws_.get16(s.rec, s.copy);
 }
 
 template <typename T>
@@ -150,10 +142,13 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
   ws_.prepare(c, heads, opt_.recompute, shape_of(tl_, omp_get_max_threads()), opt_.precision);
   const StepContext<T> s = context();
 
-  embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), input_of(0));
-  if constexpr (std::is_same_v<T, float>) {
-    if (s.p16)  // the first layer's input twin: the one conversion pass of a bf16 step
-      kernels::to_bf16(input16_of(0), input_of(0), static_cast<int64_t>(Tn) * c.hidden_size);
+  if (s.p16) {  // bf16: the embeddings in fp32 in scratch (dx is free until backward), rounded
+    T* staged = ws_.get(Rec::dx);
+    embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), staged);
+    if constexpr (std::is_same_v<T, float>)
+      kernels::to_bf16(input16_of(0), staged, static_cast<int64_t>(Tn) * c.hidden_size);
+  } else {
+    embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), input_of(0));
   }
   for (int l = 0; l < L; ++l)
     encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l), output_of(l),
@@ -220,9 +215,8 @@ void BertModel<T>::backward() {
   auto layer_backward = [&](int l) {
     if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
       const LayerRecord<T> below = record_of(l - 1);
-      kernels::layernorm_apply(input_of(l), below.r2, below.ln2_mean, below.ln2_rstd,
-                               p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size,
-                               input16_of(l));
+      ln_apply(input_of(l), below.r2, below.r2_16, below.ln2_mean, below.ln2_rstd,
+               p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size, input16_of(l));
     }
     kernels::zero_fill(dx, TC);
     encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of(l), input_of(l), dh, dx,
@@ -239,7 +233,7 @@ void BertModel<T>::backward() {
       for (int l = a; l < b; ++l)
         encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l),
                               ws_.get(Rec::seg_hidden, l - a), input16_of(l),
-                              ws_.get16(Rec::seg_hidden16, l - a));
+                              ws_.get16(Rec::seg_hidden, l - a));
       for (int l = b - 1; l >= a; --l) layer_backward(l);
     }
   }

@@ -79,9 +79,11 @@ class BertModel {
   };
   Slot input_slot(int l) const;  // the input of layer l (l = L: the encoder's output)
   Slot output_slot(int l) const;  // where layer l writes its output
+  // The layer input / output in T, and in bf16. Under fp32 the bf16 form is null; under bf16 the T
+  // form is null but for the encoder's output (l = L), which the heads also read in T.
   T* input_of(int l) const;
   T* output_of(int l) const;
-  kernels::bf16* input16_of(int l) const;  // their bf16 twins under bf16, else null
+  kernels::bf16* input16_of(int l) const;
   kernels::bf16* output16_of(int l) const;
   LayerRecord<T> record_of(int l) const;
 

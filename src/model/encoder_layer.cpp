@@ -42,6 +42,50 @@ void linear_grad(const StepContext<T>& s, T* dinp, T* dW, T* db, const T* dout, 
   linear_backward(dinp, dW, db, dout, in, W, N, C, OC);
 }
 
+// A residual sum r = dropout(x) + skip at (layer, site): in T, or under bf16 from the bf16
+// skip16, rounded once into r16. x is the linear layer's output in scratch (overwritten under
+// bf16).
+template <typename T>
+void residual_site(const StepContext<T>& s, T* r, bf16* r16, T* x, const T* skip,
+                   const bf16* skip16, int64_t n, uint32_t layer, uint32_t site) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (r16) {
+      dropout_site(s, x, x, n, layer, site);
+      return residual_forward(r16, x, skip16, n);
+    }
+  }
+  dropout_site(s, r, x, n, layer, site);
+  residual_forward(r, r, skip, n);
+}
+
+// LayerNorm forward, rebuild and backward from a residual sum stored in T (inp) or bf16 (inp16).
+template <typename T>
+void ln_forward(T* out, T* mean, T* rstd, const T* inp, const bf16* inp16, const T* w, const T* b,
+                int N, int C, T eps, bf16* out16) {
+  if constexpr (std::is_same_v<T, float>)
+    if (inp16) return layernorm_forward(out, mean, rstd, inp16, w, b, N, C, eps, out16);
+  layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, out16);
+}
+template <typename T>
+void ln_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const bf16* inp16,
+                 const T* w, const T* mean, const T* rstd, int N, int C) {
+  if constexpr (std::is_same_v<T, float>)
+    if (inp16) return layernorm_backward(dinp, dw, db, dout, inp16, w, mean, rstd, N, C);
+  layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+}  // namespace
+
+template <typename T>
+void ln_apply(T* out, const T* inp, const kernels::bf16* inp16, const T* mean, const T* rstd,
+              const T* w, const T* b, int N, int C, kernels::bf16* out16) {
+  if constexpr (std::is_same_v<T, float>)
+    if (inp16) return layernorm_apply(out, inp16, mean, rstd, w, b, N, C, out16);
+  layernorm_apply(out, inp, mean, rstd, w, b, N, C, out16);
+}
+
+namespace {
+
 // GELU's output from its input: both T, or both bf16 under bf16.
 template <typename T>
 void gelu_out(const LayerRecord<T>& a, int64_t n) {
@@ -62,7 +106,7 @@ void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint
                   uint32_t site) {
   if (s.p_hidden > 0)
     dropout_forward(out, inp, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
-  else
+  else if (out != inp)
     std::copy(inp, inp + n, out);
 }
 
@@ -122,18 +166,16 @@ void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T
   }
   linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn,
          C, C);
-  dropout_site(s, a.r1, tmp, TC, l, kAttnOut);
-  residual_forward(a.r1, a.r1, in, TC);
-  layernorm_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
+  residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
+  ln_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, a.r1_16, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
   if constexpr (std::is_same_v<T, float>) {
     if (w16) linear_forward(a.inter16, a.h1_16, w16->inter_w, w.inter_b, Tn, C, I);
   }
   if (!w16) linear_forward(a.inter, a.h1, w.inter_w, w.inter_b, Tn, C, I);
   gelu_out(a, static_cast<int64_t>(Tn) * I);
   linear(tmp, a.gelu, a.gelu16, w.out_w, W16(&LayerView<bf16>::out_w), w.out_b, Tn, I, C);
-  dropout_site(s, a.r2, tmp, TC, l, kFfnOut);
-  residual_forward(a.r2, a.r2, a.h1, TC);
-  layernorm_forward(out, a.ln2_mean, a.ln2_rstd, a.r2, w.ln2_w, w.ln2_b, Tn, C, eps, out16);
+  residual_site(s, a.r2, a.r2_16, tmp, a.h1, a.h1_16, TC, l, kFfnOut);
+  ln_forward(out, a.ln2_mean, a.ln2_rstd, a.r2, a.r2_16, w.ln2_w, w.ln2_b, Tn, C, eps, out16);
 }
 
 template <typename T>
@@ -156,16 +198,15 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
     T* tmp = ws.get(Rec::tmp);
     linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b,
            Tn, C, C);
-    dropout_site(s, a.r1, tmp, TC, l, kAttnOut);
-    residual_forward(a.r1, a.r1, in, TC);
+    residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   }
   if (s.policy.ln)
-    layernorm_apply(a.h1, a.r1, a.ln1_mean, a.ln1_rstd, w.ln1_w, w.ln1_b, Tn, C, a.h1_16);
+    ln_apply(a.h1, a.r1, a.r1_16, a.ln1_mean, a.ln1_rstd, w.ln1_w, w.ln1_b, Tn, C, a.h1_16);
   if (s.policy.gelu) gelu_out(a, TI);
 
   // out = LN2(r2), r2 = dropout(gelu . Wo) + h1.
   zero_fill(dres, TC);
-  layernorm_backward(dres, g.ln2_w, g.ln2_b, dout, a.r2, w.ln2_w, a.ln2_mean, a.ln2_rstd, Tn, C);
+  ln_backward(dres, g.ln2_w, g.ln2_b, dout, a.r2, a.r2_16, w.ln2_w, a.ln2_mean, a.ln2_rstd, Tn, C);
   std::copy(dres, dres + TC, dh1);  // the residual branch
   const T* dffn = dropout_site_backward(s, dtmp, dres, TC, l, kFfnOut);
   zero_fill(dgelu, TI);
@@ -181,7 +222,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
   zero_fill(dres, TC);
-  layernorm_backward(dres, g.ln1_w, g.ln1_b, dh1, a.r1, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
+  ln_backward(dres, g.ln1_w, g.ln1_b, dh1, a.r1, a.r1_16, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
   residual_forward(dinp, dinp, dres, TC);  // the residual branch
   const T* dproj = dropout_site_backward(s, dtmp, dres, TC, l, kAttnOut);
   zero_fill(datt, TC);
@@ -208,6 +249,8 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   template void embeddings_backward<T>(const StepContext<T>&, const ParamView<T>&,                 \
                                        const ParamView<T>&, const int32_t*, const int32_t*,        \
                                        const int32_t*, const T*);                                  \
+  template void ln_apply<T>(T*, const T*, const bf16*, const T*, const T*, const T*, const T*, int, \
+                            int, bf16*);                                                           \
   template void encoder_layer_forward<T>(const StepContext<T>&, int, const LayerView<T>&,          \
                                          const LayerRecord<T>&, const T*, T*, const bf16*, bf16*); \
   template void encoder_layer_backward<T>(const StepContext<T>&, int, const LayerView<T>&,         \

@@ -49,9 +49,16 @@ void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const P
                          const int32_t* ids, const int32_t* pos, const int32_t* types,
                          const T* dout);
 
+// LayerNorm's output rebuilt from its input stored in T (inp) or bf16 (inp16, under bf16), and
+// the saved statistics (recompute policy `ln`); out16: the output's bf16 twin, or null.
+template <typename T>
+void ln_apply(T* out, const T* inp, const kernels::bf16* inp16, const T* mean, const T* rstd,
+              const T* w, const T* b, int N, int C, kernels::bf16* out16);
+
 // One layer: in, out: [T, C]; fills the record a (all fields; those the policy does not keep
-// point to shared slots). Under bf16 (s.p16 set), in16 is the bf16 twin of in, and out16
-// receives the twin of out (written by LN2 with it).
+// point to shared slots). Under bf16 (s.p16 set) the input is in16 (in is null) and the output
+// goes to out16, and also to out in fp32 when out is not null (the encoder's output, which the
+// heads read).
 template <typename T>
 void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T>& w,
                            const LayerRecord<T>& a, const T* in, T* out,

@@ -105,10 +105,11 @@ enum class Role {
 // Which heads a record belongs to (encoder records: all).
 enum class Need { encoder, pooler, pretraining, classifier, span };
 
-// A record's number format: the engine's scalar T; a bf16 twin of a T record, held only under
-// bf16 (a GEMM operand whose T original other kernels read too); or T under fp32 and bf16 under
-// bf16 (a tensor only GEMMs read).
-enum class Dtype { scalar, twin, narrowed };
+// A record's number format: the engine's scalar T; T under fp32 and bf16 under bf16 (every
+// activation kept between layers); a bf16 twin held only under bf16 (the rounded GEMM operand
+// of a tensor that stays T); or a T twin held only under bf16 (the encoder's output, which the
+// heads read in T while the layers' copy of it is bf16).
+enum class Dtype { scalar, narrowed, twin, wide_twin };
 
 struct RecordSpec {
   Rec id;
@@ -143,24 +144,22 @@ const RecordSpec kRecords[] = {
     {Rec::emb_sum, "embeddings.sum", Role::model, Need::encoder, TC},
     {Rec::emb_mean, "embeddings.ln_mean", Role::model, Need::encoder, T1},
     {Rec::emb_rstd, "embeddings.ln_rstd", Role::model, Need::encoder, T1},
-    {Rec::hidden, "layer.input", Role::hidden, Need::encoder, TC},
-    {Rec::hidden_rebuilt, "layer.input_rebuilt", Role::rebuilt_input, Need::encoder, TC},
-    {Rec::hidden16, "layer.input_bf16", Role::hidden, Need::encoder, TC, Dtype::twin},
-    {Rec::hidden16_rebuilt, "layer.input_rebuilt_bf16", Role::rebuilt_input, Need::encoder, TC,
-     Dtype::twin},
+    {Rec::hidden, "layer.input", Role::hidden, Need::encoder, TC, Dtype::narrowed},
+    {Rec::hidden_rebuilt, "layer.input_rebuilt", Role::rebuilt_input, Need::encoder, TC,
+     Dtype::narrowed},
+    {Rec::top, "encoder.output", Role::model, Need::encoder, TC, Dtype::wide_twin},
     {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); },
      Dtype::narrowed},
     {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
      [](S s, B c) { return c.num_attention_heads * s.attention; }, Dtype::narrowed},
     {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC, Dtype::narrowed},
-    {Rec::r1, "layer.residual1", Role::residual, Need::encoder, TC},
+    {Rec::r1, "layer.residual1", Role::residual, Need::encoder, TC, Dtype::narrowed},
     {Rec::ln1_mean, "layer.ln1_mean", Role::layer, Need::encoder, T1},
     {Rec::ln1_rstd, "layer.ln1_rstd", Role::layer, Need::encoder, T1},
-    {Rec::h1, "layer.ln1_out", Role::ln, Need::encoder, TC},
-    {Rec::h1_16, "layer.ln1_out_bf16", Role::ln, Need::encoder, TC, Dtype::twin},
+    {Rec::h1, "layer.ln1_out", Role::ln, Need::encoder, TC, Dtype::narrowed},
     {Rec::inter, "layer.gelu_in", Role::layer, Need::encoder, TI, Dtype::narrowed},
     {Rec::gelu, "layer.gelu_out", Role::gelu, Need::encoder, TI, Dtype::narrowed},
-    {Rec::r2, "layer.residual2", Role::layer, Need::encoder, TC},
+    {Rec::r2, "layer.residual2", Role::layer, Need::encoder, TC, Dtype::narrowed},
     {Rec::ln2_mean, "layer.ln2_mean", Role::layer, Need::encoder, T1},
     {Rec::ln2_rstd, "layer.ln2_rstd", Role::layer, Need::encoder, T1},
     {Rec::cls_in, "pooler.cls", Role::model, Need::pooler, NC},
@@ -189,9 +188,8 @@ const RecordSpec kRecords[] = {
        return kernels::attention_scratch_elems(static_cast<int>(s.max_len), s.threads,
                                                c.hidden_size / c.num_attention_heads);
      }},
-    {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC},
-    {Rec::seg_hidden16, "scratch.segment_outputs_bf16", Role::segment, Need::encoder, TC,
-     Dtype::twin},
+    {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC,
+     Dtype::narrowed},
     // A linear layer's output gradient rounded to bf16 for its two GEMMs (the widest: MLM logits).
     {Rec::dout16, "scratch.grad_bf16", Role::scratch, Need::encoder,
      [](S s, B c) {
@@ -291,8 +289,9 @@ void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& p
   const bool bf16 = precision == Precision::bf16;
   for (const RecordSpec& r : kRecords) {
     auto [copies, storage] = placement(r, c, policy);
-    if (!needed(r.need, heads) || (r.dtype == Dtype::twin && !bf16)) copies = 0;
-    const bool half = bf16 && r.dtype != Dtype::scalar;
+    const bool only_bf16 = r.dtype == Dtype::twin || r.dtype == Dtype::wide_twin;
+    if (!needed(r.need, heads) || (only_bf16 && !bf16)) copies = 0;
+    const bool half = bf16 && (r.dtype == Dtype::narrowed || r.dtype == Dtype::twin);
     visit(r, copies, storage, copies ? r.elements(shape, c) : 0, half);
   }
 }
@@ -374,8 +373,9 @@ LayerRecord<T> Workspace<T>::layer(int64_t copy) const {
           get(Rec::r1, copy),  get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
           get(Rec::h1, copy),  get(Rec::inter, copy),    get(Rec::gelu, copy),
           get(Rec::r2, copy),  get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy),
-          get16(Rec::qkv, copy), get16(Rec::probs, copy), get16(Rec::att, copy), get16(Rec::h1_16, copy),
-          get16(Rec::inter, copy), get16(Rec::gelu, copy)};
+          get16(Rec::qkv, copy), get16(Rec::probs, copy), get16(Rec::att, copy),
+          get16(Rec::r1, copy),  get16(Rec::h1, copy), get16(Rec::inter, copy),
+          get16(Rec::gelu, copy), get16(Rec::r2, copy)};
 }
 
 template class Workspace<float>;

@@ -91,8 +91,7 @@ enum class Rec : uint8_t {
   emb_rstd,
   hidden,
   hidden_rebuilt,
-  hidden16,
-  hidden16_rebuilt,
+  top,
   // per layer
   qkv,
   probs,
@@ -101,7 +100,6 @@ enum class Rec : uint8_t {
   ln1_mean,
   ln1_rstd,
   h1,
-  h1_16,
   inter,
   gelu,
   r2,
@@ -138,7 +136,6 @@ enum class Rec : uint8_t {
   head_dloss,
   head_losses,
   seg_hidden,
-  seg_hidden16,
   dout16,
   dpooled,
   dpre,
@@ -156,14 +153,13 @@ enum class Rec : uint8_t {
 };
 
 // One layer's records (a record a policy does not keep points to the shared slot the backward
-// rebuilds it into; probs is null when the attention probabilities are recomputed). Under bf16,
-// q | k | v, the attention probabilities and output, GELU's input and GELU's output exist only
-// as qkv16, probs16, att16, inter16 and gelu16 (their T fields are null), and h1_16 is the bf16
-// twin of LN1's output; under fp32 the *16 fields are null.
+// rebuilds it into; probs is null when the attention probabilities are recomputed). Under bf16
+// every record but the LayerNorm statistics is held in bf16, in the *16 field (the T field is
+// null); under fp32 the *16 fields are null.
 template <typename T>
 struct LayerRecord {
   T *qkv, *probs, *att, *r1, *ln1_mean, *ln1_rstd, *h1, *inter, *gelu, *r2, *ln2_mean, *ln2_rstd;
-  kernels::bf16 *qkv16, *probs16, *att16, *h1_16, *inter16, *gelu16;
+  kernels::bf16 *qkv16, *probs16, *att16, *r1_16, *h1_16, *inter16, *gelu16, *r2_16;
 };
 
 // The arena: one 64-byte-aligned allocation, grown to the largest step seen and never shrunk, so
