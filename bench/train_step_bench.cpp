@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <type_traits>
 
 #include "error.h"
 #include "kernels/cpu.h"
@@ -27,28 +28,21 @@ using namespace packbert;
 
 namespace {
 
-// Peak sgemm rate at BERT-like shapes, this process, these threads.
-double sgemm_gflops() {
+// Peak GEMM rate at BERT-like shapes (2048 x 3072 x 768), this process, these threads, through
+// the engine's GEMM seam: operands S = float (oneDNN sgemm) or bf16 (oneDNN's bf16 matmul
+// primitive), fp32 output. The best of 5: the peak rate (a stricter yardstick than the median on
+// a noisy machine).
+template <typename S>
+double peak_gflops() {
   const int M = 2048, N = 3072, K = 768;
-  std::vector<float> A(static_cast<size_t>(M) * K, 0.01f), B(static_cast<size_t>(K) * N, 0.02f),
-      C(static_cast<size_t>(M) * N);
-  kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
-  std::vector<double> t;
-  for (int r = 0; r < 5; ++r) {
-    double t0 = now_seconds();
-    kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
-    t.push_back(now_seconds() - t0);
-  }
-  // The best of 5: the peak rate (a stricter yardstick than the median on a noisy machine).
-  return 2.0 * M * N * K / *std::min_element(t.begin(), t.end()) * 1e-9;
-}
-
-// Peak bf16 matmul rate (oneDNN's matmul primitive, bf16 operands, fp32 output) at the same
-// shape, through the GEMM seam the engine uses.
-double bf16_gflops() {
-  const int M = 2048, N = 3072, K = 768;
-  std::vector<kernels::bf16> A(static_cast<size_t>(M) * K, kernels::to_bf16(0.01f)),
-      B(static_cast<size_t>(K) * N, kernels::to_bf16(0.02f));
+  auto value = [](float x) {
+    if constexpr (std::is_same_v<S, float>)
+      return x;
+    else
+      return kernels::to_bf16(x);
+  };
+  const std::vector<S> A(static_cast<size_t>(M) * K, value(0.01f)),
+      B(static_cast<size_t>(K) * N, value(0.02f));
   std::vector<float> C(static_cast<size_t>(M) * N);
   kernels::gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
   std::vector<double> t;
@@ -65,7 +59,7 @@ double bf16_gflops() {
 int main(int argc, char** argv) {
   CLI::App app{"train_step_bench: packbert forward+backward step on given sequence lengths"};
   std::string lengths_text, preset = "base", recompute = "none", memory_limit,
-      precision_text = "fp32";
+                            precision_text = "fp32";
   bool optimizer_step = false;
   int max_len = 512, steps = 3, warmup = 1, layers = 0;
   bool padded = false;
@@ -169,8 +163,8 @@ int main(int argc, char** argv) {
   model::init_params(m.layout(), m.params().data(), 1);
   std::optional<train::Optimizer> optimizer;
   if (optimizer_step) optimizer.emplace(m.layout(), train::OptimizerConfig{});
-  double rate = sgemm_gflops();
-  const double rate16 = precision == model::Precision::bf16 ? bf16_gflops() : 0.0;
+  double rate = peak_gflops<float>();
+  const double rate16 = precision == model::Precision::bf16 ? peak_gflops<kernels::bf16>() : 0.0;
   std::vector<double> times, gemm_share;
   double flops = 0;
   for (int s = 0; s < warmup + steps; ++s) {

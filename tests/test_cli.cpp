@@ -269,9 +269,9 @@ TEST_F(Cli, Bf16IsRefusedOnACpuWithoutItsInstructions) {
       std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h64.safetensors";
   for (const std::string& args :
        std::vector<std::string>{"check-golden " + golden + " --precision bf16",
-        "pretrain --data x.seqs --out run --precision bf16",
-        "eval --model m --data x.seqs --precision bf16",
-        "finetune --train t.tsv --init m --out o --precision bf16"}) {
+                                "pretrain --data x.seqs --out run --precision bf16",
+                                "eval --model m --data x.seqs --precision bf16",
+                                "finetune --train t.tsv --init m --out o --precision bf16"}) {
     Result r = run(args, "PACKBERT_CPU_NO_BF16=1");
     EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
     EXPECT_NE(r.err.find("needs a CPU with AVX512-BF16 or AMX-BF16"), std::string::npos) << r.err;

@@ -7,9 +7,9 @@
 
 #include <bit>
 #include <cstring>
-#include <limits>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -402,9 +402,8 @@ std::vector<KernelCase> kernel_cases() {
     };
     rows.back().backward_b = [=](Env<float>& e) {
       std::vector<bf16> dout16(no);
-      linear_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
-                      dout16.data(), rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
-                      N, C, OC);
+      linear_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"), dout16.data(),
+                      rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(), N, C, OC);
     };
     // The bf16-output form (q | k | v, GELU's input): bias and rounding inside the GEMM.
     rows.push_back(rows.back());
@@ -508,9 +507,8 @@ std::vector<KernelCase> kernel_cases() {
         rows.back().forward_b = [=](Env<float>& e) {
           std::vector<bf16> out(no);
           std::vector<bf16> probs(np);
-          attention_forward(out.data(), keep ? probs.data() : nullptr,
-                            rounded(e["qkv"], nq).data(), e.ints("cu_seqlens"), n_seq, C, NH,
-                            drop);
+          attention_forward(out.data(), keep ? probs.data() : nullptr, rounded(e["qkv"], nq).data(),
+                            e.ints("cu_seqlens"), n_seq, C, NH, drop);
           to_float(e["out"], out.data(), static_cast<int64_t>(no));
           to_float(e["probs"], probs.data(), static_cast<int64_t>(np));
         };

@@ -4,11 +4,11 @@
 #include <omp.h>
 
 #include <cstring>
-#include <tuple>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "error.h"
 #include "io/safetensors.h"
@@ -119,9 +119,8 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
     const auto [loss0, grads0] = run("none");
     const size_t bytes0 = m.activation_bytes();
     for (const std::string policy :
-         {"gelu", "ln", "gelu,ln", "residual", "gelu,ln,residual", "attention",
-          "gelu,ln,attention", "layer", "every:2", "every:3", "every:9",
-          "layer,gelu,ln,residual,attention"}) {
+         {"gelu", "ln", "gelu,ln", "residual", "gelu,ln,residual", "attention", "gelu,ln,attention",
+          "layer", "every:2", "every:3", "every:9", "layer,gelu,ln,residual,attention"}) {
       const auto [loss, grads] = run(policy);
       EXPECT_EQ(loss, loss0) << p << policy;
       ASSERT_EQ(grads.size(), grads0.size());
@@ -204,8 +203,8 @@ TEST(ModelRecompute, PlanBytesAreTheEnginesBytes) {
       const Recompute r = parse_recompute(policy);
       m.forward(b, {true, 1, 1, r, precision});
       size_t act = 0, scratch = 0;
-      for (const RecordSize& rec : workspace_records(
-               c, heads, r, shape_of(m.tokens(), omp_get_max_threads()), precision))
+      for (const RecordSize& rec :
+           workspace_records(c, heads, r, shape_of(m.tokens(), omp_get_max_threads()), precision))
         (rec.storage == Storage::activation ? act : scratch) += rec.bytes();
       EXPECT_EQ(act, m.activation_bytes()) << precision_name(precision) << " " << policy;
       EXPECT_EQ(scratch, m.scratch_bytes()) << precision_name(precision) << " " << policy;

@@ -78,8 +78,6 @@ TEST(Schedule, WarmupThenLinearOrPolynomialDecay) {
 #include "data/pretraining.h"
 #include "error.h"
 #include "kernels/cpu.h"
-#include "error.h"
-#include "kernels/cpu.h"
 #include "train/trainer.h"
 
 namespace packbert::train {

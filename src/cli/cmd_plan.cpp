@@ -125,12 +125,13 @@ void run_plan(const PlanArgs& a) {
   }
   std::cout << out["model"].get<std::string>() << ": " << with_commas(a.tokens) << " tokens in "
             << a.sequences << " sequences per micro-batch, " << a.optimizer << ", "
-            << model::precision_name(a.precision) << ", " << r.shape.threads << " threads; limit " << limit_text << "\n"
+            << model::precision_name(a.precision) << ", " << r.shape.threads << " threads; limit "
+            << limit_text << "\n"
             << "parameters " << gib(asked.params_bytes)
             << (a.precision == model::Precision::bf16 ? " GiB (with their bf16 copy)" : " GiB")
-            << ", gradients "
-            << gib(asked.grads_bytes) << " GiB, optimizer state " << gib(asked.optimizer_bytes)
-            << " GiB, runtime " << gib(asked.runtime_bytes) << " GiB (in every total)\n\n";
+            << ", gradients " << gib(asked.grads_bytes) << " GiB, optimizer state "
+            << gib(asked.optimizer_bytes) << " GiB, runtime " << gib(asked.runtime_bytes)
+            << " GiB (in every total)\n\n";
   t.print(std::cout);
   std::cout << "\nauto picks: "
             << (chosen ? chosen->policy.name() : std::string("nothing (no policy fits)")) << '\n';

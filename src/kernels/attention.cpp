@@ -2,10 +2,9 @@
 
 #include <omp.h>
 
-#include <type_traits>
-
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/dropout.h"
 #include "kernels/fastmath.h"
@@ -199,7 +198,8 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       probs_block(P, x.q, x.ld, x.off, L, hs, scale);
       if constexpr (!std::is_same_v<P_, T>)
         if (probs)
-          for (int64_t i = 0; i < static_cast<int64_t>(L) * L; ++i) probs[first + i] = to_bf16(P[i]);
+          for (int64_t i = 0; i < static_cast<int64_t>(L) * L; ++i)
+            probs[first + i] = to_bf16(P[i]);
       if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
@@ -282,7 +282,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
         softmax_backward_row(dP + r, P + r, L, scale);
       }
       const T* Pv = dropout.p > 0 ? Pd : P;
-      gemm(true, false, L, hs, L, T(1), Pv, L, dO, C, T(1), dQ + 2 * C, C3);  // dV += Pd^T dO
+      gemm(true, false, L, hs, L, T(1), Pv, L, dO, C, T(1), dQ + 2 * C, C3);     // dV += Pd^T dO
       gemm(false, false, L, hs, L, T(1), dP, L, Q + x.off, x.ld, T(1), dQ, C3);  // dQ += dS K
       gemm(true, false, L, hs, L, T(1), dP, L, Q, x.ld, T(1), dQ + C, C3);       // dK += dS^T Q
     }

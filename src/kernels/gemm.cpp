@@ -10,9 +10,9 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <map>
-#include <unordered_map>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 
 namespace packbert::kernels {
 
@@ -103,7 +103,6 @@ memory::desc operand(memory::dim rows, memory::dim cols, bool trans, int ld, mem
                : memory::desc({rows, cols}, t, memory::dims{ld, 1});
 }
 
-
 // The cached primitive for a key, built on first use.
 dnnl::matmul& bf16_primitive(const Bf16Key& key) {
   using dt = memory::data_type;
@@ -123,8 +122,9 @@ dnnl::matmul& bf16_primitive(const Bf16Key& key) {
                        b = operand(R, key.N, key.trans_b, key.ldb, dt::bf16),
                        c = operand(R, key.N, false, key.ldc, key.bf16_out ? dt::bf16 : dt::f32);
     const dnnl::matmul::desc d =
-        key.bias ? dnnl::matmul::desc(a, b, memory::desc({1, key.N}, dt::f32, memory::dims{key.N, 1}), c)
-                 : dnnl::matmul::desc(a, b, c);
+        key.bias
+            ? dnnl::matmul::desc(a, b, memory::desc({1, key.N}, dt::f32, memory::dims{key.N, 1}), c)
+            : dnnl::matmul::desc(a, b, c);
     it = be.primitives.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, be.engine)))
              .first;
   }
@@ -175,7 +175,6 @@ void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, i
   run_bf16({trans_a, trans_b, N, lda, ldb, ldc, 1.0f, 0.0f, true, bias != nullptr}, M, K, A, B,
            bias, C);
 }
-
 
 // fp64 serves only the finite-difference tests on small models: a plain loop nest in the
 // reference order (each C element summed over k in order), parallel over rows of C.

@@ -66,8 +66,8 @@ namespace {
 
 // The LayerNorm kernels over an input stored as I (T, or bf16 under Precision::bf16).
 template <typename T, typename I>
-void layernorm_forward_from(T* out, T* mean, T* rstd, const I* inp, const T* weight,
-                            const T* bias, int N, int C, T eps, bf16* out16) {
+void layernorm_forward_from(T* out, T* mean, T* rstd, const I* inp, const T* weight, const T* bias,
+                            int N, int C, T eps, bf16* out16) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const I* x = inp + static_cast<int64_t>(n) * C;
@@ -103,7 +103,8 @@ void layernorm_apply_from(T* out, const I* inp, const T* mean, const T* rstd, co
       continue;
     }
     normalize_row(out + static_cast<int64_t>(n) * C, x, mean[n], rstd[n], weight, bias, C);
-    if (out16) mirror_row(out16 + static_cast<int64_t>(n) * C, out + static_cast<int64_t>(n) * C, C);
+    if (out16)
+      mirror_row(out16 + static_cast<int64_t>(n) * C, out + static_cast<int64_t>(n) * C, C);
   }
 }
 
@@ -177,8 +178,8 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const bf16* inp, const float* weight, const float* mean,
-                        const float* rstd, int N, int C) {
+                        const bf16* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
   layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 
@@ -308,8 +309,8 @@ void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n) {
       n, [&](int64_t a, int64_t b) { gelu_backward_block(dinp + a, inp + a, dout + a, b - a); });
 }
 
-void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float* bias, int N,
-                    int C, int OC) {
+void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float* bias, int N, int C,
+                    int OC) {
   gemm_bias(false, true, N, OC, C, inp, C, weight, C, bias, out, OC);
 }
 
@@ -488,8 +489,8 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
   template void cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);              \
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int, int);       \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                              \
-  template void layernorm_apply<T>(T*, const T*, const T*, const T*, const T*, const T*, int,      \
-                                   int, bf16*);                                                    \
+  template void layernorm_apply<T>(T*, const T*, const T*, const T*, const T*, const T*, int, int, \
+                                   bf16*);                                                         \
   template void gather_rows_forward<T>(T*, const T*, const int32_t*, int, int);                    \
   template void gather_rows_backward<T>(T*, const T*, const int32_t*, int, int);                   \
   template void tanh_forward<T>(T*, const T*, int64_t);                                            \

@@ -31,8 +31,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const bf16* inp, co
 void layernorm_apply(float* out, const bf16* inp, const float* mean, const float* rstd,
                      const float* weight, const float* bias, int N, int C, bf16* out16 = nullptr);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const bf16* inp, const float* weight, const float* mean,
-                        const float* rstd, int N, int C);
+                        const bf16* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
 
 // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), as BERT and torch's F.gelu use. [n] elements.
 template <typename T>
@@ -59,8 +59,8 @@ void linear_forward(float* out, const bf16* inp, const bf16* weight, const float
                     int C, int OC);
 // With a bf16 output, rounded once inside the GEMM (bias added in fp32 before): for outputs only
 // bf16-reading kernels take (q | k | v, GELU's input).
-void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float* bias, int N,
-                    int C, int OC);
+void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float* bias, int N, int C,
+                    int OC);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
                      const bf16* inp, const bf16* weight, int N, int C, int OC);
 

@@ -77,7 +77,7 @@ class BertModel {
     Rec rec;
     int64_t copy;
   };
-  Slot input_slot(int l) const;  // the input of layer l (l = L: the encoder's output)
+  Slot input_slot(int l) const;   // the input of layer l (l = L: the encoder's output)
   Slot output_slot(int l) const;  // where layer l writes its output
   // The layer input / output in T, and in bf16. Under fp32 the bf16 form is null; under bf16 the T
   // form is null but for the encoder's output (l = L), which the heads also read in T.

@@ -67,8 +67,8 @@ void ln_forward(T* out, T* mean, T* rstd, const T* inp, const bf16* inp16, const
   layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, out16);
 }
 template <typename T>
-void ln_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const bf16* inp16,
-                 const T* w, const T* mean, const T* rstd, int N, int C) {
+void ln_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const bf16* inp16, const T* w,
+                 const T* mean, const T* rstd, int N, int C) {
   if constexpr (std::is_same_v<T, float>)
     if (inp16) return layernorm_backward(dinp, dw, db, dout, inp16, w, mean, rstd, N, C);
   layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
@@ -156,16 +156,16 @@ void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T
   if constexpr (std::is_same_v<T, float>) {
     if (w16) {
       linear_forward(a.qkv16, in16, w16->qkv_w, w.qkv_b, Tn, C, 3 * C);
-      attention_forward(a.att16, a.probs16, a.qkv16, cu, s.n_seq(), C, c.num_attention_heads,
-                        drop, work);
+      attention_forward(a.att16, a.probs16, a.qkv16, cu, s.n_seq(), C, c.num_attention_heads, drop,
+                        work);
     }
   }
   if (!w16) {
     linear_forward(a.qkv, in, w.qkv_w, w.qkv_b, Tn, C, 3 * C);
     attention_forward(a.att, a.probs, a.qkv, cu, s.n_seq(), C, c.num_attention_heads, drop, work);
   }
-  linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn,
-         C, C);
+  linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn, C,
+         C);
   residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   ln_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, a.r1_16, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
   if constexpr (std::is_same_v<T, float>) {
@@ -196,8 +196,8 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   // Rebuild what the policy did not keep (the same kernels on the same inputs: bit for bit).
   if (s.policy.residual) {  // r1 = dropout(att . Wao + b) + in
     T* tmp = ws.get(Rec::tmp);
-    linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b,
-           Tn, C, C);
+    linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn,
+           C, C);
     residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   }
   if (s.policy.ln)
@@ -249,8 +249,8 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   template void embeddings_backward<T>(const StepContext<T>&, const ParamView<T>&,                 \
                                        const ParamView<T>&, const int32_t*, const int32_t*,        \
                                        const int32_t*, const T*);                                  \
-  template void ln_apply<T>(T*, const T*, const bf16*, const T*, const T*, const T*, const T*, int, \
-                            int, bf16*);                                                           \
+  template void ln_apply<T>(T*, const T*, const bf16*, const T*, const T*, const T*, const T*,     \
+                            int, int, bf16*);                                                      \
   template void encoder_layer_forward<T>(const StepContext<T>&, int, const LayerView<T>&,          \
                                          const LayerRecord<T>&, const T*, T*, const bf16*, bf16*); \
   template void encoder_layer_backward<T>(const StepContext<T>&, int, const LayerView<T>&,         \

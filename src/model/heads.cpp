@@ -111,10 +111,11 @@ void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
   zero_fill(d3, MC);
   if constexpr (std::is_same_v<T, float>) {
     if (s.p16)
-      linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get16(Rec::dout16),
-                      ws.get16(Rec::mlm_t3), s.p16->word, M, C, V);
+      linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get16(Rec::dout16), ws.get16(Rec::mlm_t3),
+                      s.p16->word, M, C, V);
   }
-  if (!s.p16) linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V);
+  if (!s.p16)
+    linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V);
   zero_fill(d2, MC);
   layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
                      ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), M, C);
@@ -220,7 +221,7 @@ void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVi
   template void pooler_backward<T>(const StepContext<T>&, const ParamView<T>&,                    \
                                    const ParamView<T>&, T*);                                      \
   template void mlm_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*, const bf16*, \
-                               Outputs&);                                                          \
+                               Outputs&);                                                         \
   template void mlm_backward<T>(const StepContext<T>&, const ParamView<T>&, const ParamView<T>&,  \
                                 const Outputs&, T*);                                              \
   template void nsp_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*,        \

@@ -188,8 +188,7 @@ const RecordSpec kRecords[] = {
        return kernels::attention_scratch_elems(static_cast<int>(s.max_len), s.threads,
                                                c.hidden_size / c.num_attention_heads);
      }},
-    {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC,
-     Dtype::narrowed},
+    {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC, Dtype::narrowed},
     // A linear layer's output gradient rounded to bf16 for its two GEMMs (the widest: MLM logits).
     {Rec::dout16, "scratch.grad_bf16", Role::scratch, Need::encoder,
      [](S s, B c) {
@@ -326,19 +325,18 @@ void Workspace<T>::prepare(const BertConfig& c, const Heads& heads, const Recomp
                            const StepShape& shape, Precision precision) {
   size_t total = 0;
   activation_bytes_ = scratch_bytes_ = 0;
-  for_each_record(
-      c, heads, policy, shape, precision,
-      [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool half) {
-        const int i = static_cast<int>(r.id);
-        const size_t scalar = half ? sizeof(kernels::bf16) : sizeof(T);
-        copies_[i] = copies;
-        half_[i] = half;
-        stride_[i] = aligned(static_cast<size_t>(n), scalar) * scalar;
-        offset_[i] = total;
-        total += stride_[i] * static_cast<size_t>(copies);
-        (storage == Storage::activation ? activation_bytes_ : scratch_bytes_) +=
-            static_cast<size_t>(n * copies) * scalar;
-      });
+  for_each_record(c, heads, policy, shape, precision,
+                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool half) {
+                    const int i = static_cast<int>(r.id);
+                    const size_t scalar = half ? sizeof(kernels::bf16) : sizeof(T);
+                    copies_[i] = copies;
+                    half_[i] = half;
+                    stride_[i] = aligned(static_cast<size_t>(n), scalar) * scalar;
+                    offset_[i] = total;
+                    total += stride_[i] * static_cast<size_t>(copies);
+                    (storage == Storage::activation ? activation_bytes_ : scratch_bytes_) +=
+                        static_cast<size_t>(n * copies) * scalar;
+                  });
   if (total > capacity_) {
     void* p = std::aligned_alloc(64, aligned(total, 1));
     if (!p) throw std::bad_alloc();
@@ -350,7 +348,8 @@ void Workspace<T>::prepare(const BertConfig& c, const Heads& heads, const Recomp
 template <typename T>
 std::byte* Workspace<T>::address(Rec r, int64_t copy) const {
   const int i = static_cast<int>(r);
-  return arena_.get() + offset_[i] + stride_[i] * static_cast<size_t>(std::min(copy, copies_[i] - 1));
+  return arena_.get() + offset_[i] +
+         stride_[i] * static_cast<size_t>(std::min(copy, copies_[i] - 1));
 }
 
 template <typename T>
@@ -369,12 +368,12 @@ kernels::bf16* Workspace<T>::get16(Rec r, int64_t copy) const {
 
 template <typename T>
 LayerRecord<T> Workspace<T>::layer(int64_t copy) const {
-  return {get(Rec::qkv, copy), get(Rec::probs, copy),    get(Rec::att, copy),
-          get(Rec::r1, copy),  get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
-          get(Rec::h1, copy),  get(Rec::inter, copy),    get(Rec::gelu, copy),
-          get(Rec::r2, copy),  get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy),
-          get16(Rec::qkv, copy), get16(Rec::probs, copy), get16(Rec::att, copy),
-          get16(Rec::r1, copy),  get16(Rec::h1, copy), get16(Rec::inter, copy),
+  return {get(Rec::qkv, copy),    get(Rec::probs, copy),    get(Rec::att, copy),
+          get(Rec::r1, copy),     get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
+          get(Rec::h1, copy),     get(Rec::inter, copy),    get(Rec::gelu, copy),
+          get(Rec::r2, copy),     get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy),
+          get16(Rec::qkv, copy),  get16(Rec::probs, copy),  get16(Rec::att, copy),
+          get16(Rec::r1, copy),   get16(Rec::h1, copy),     get16(Rec::inter, copy),
           get16(Rec::gelu, copy), get16(Rec::r2, copy)};
 }
 

@@ -150,8 +150,8 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
            ++r)
         batch_rows.push_back(rows[order[r]]);
       const model::PackedBatch batch = make_batch(seqs, batch_rows, o.max_seq_len);
-      model::Outputs out =
-          m.forward(batch, {true, o.seed, static_cast<uint64_t>(res.steps), recompute, o.precision});
+      model::Outputs out = m.forward(
+          batch, {true, o.seed, static_cast<uint64_t>(res.steps), recompute, o.precision});
       m.zero_grads();
       m.backward();
       double norm = clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
@@ -212,8 +212,7 @@ std::vector<std::string> squad_answers(model::BertModel<float>& m,
                                        const std::vector<data::SquadFeature>& features,
                                        const std::vector<std::vector<int64_t>>& rows,
                                        int rows_per_batch, int S, model::Precision precision,
-                                       const data::Tokenizer& tok,
-                                       const data::SquadOptions& so) {
+                                       const data::Tokenizer& tok, const data::SquadOptions& so) {
   std::vector<std::vector<float>> logits(features.size());
   for_each_batch(m, features, rows, rows_per_batch, S, precision,
                  [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& batch_rows) {
@@ -321,9 +320,8 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   res.dev_sequences = static_cast<int64_t>(df.features.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch) {
-    std::vector<std::string> pred =
-        squad_answers(*m, dev, df.features, dv, o.rows_per_batch, o.max_seq_len, o.precision, tok,
-                      so);
+    std::vector<std::string> pred = squad_answers(*m, dev, df.features, dv, o.rows_per_batch,
+                                                  o.max_seq_len, o.precision, tok, so);
     res.dev_squad.push_back(data::squad_score(dev, pred));
     write_predictions(o.out_dir + "/predictions.json", dev, pred);
     log << nlohmann::json{{"type", "eval"},
@@ -377,8 +375,8 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     auto m = load_model(o.model, heads);
     check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
-    std::vector<std::string> pred =
-        squad_answers(*m, ex, f.features, rows, o.rows_per_batch, o.max_seq_len, o.precision, tok, so);
+    std::vector<std::string> pred = squad_answers(*m, ex, f.features, rows, o.rows_per_batch,
+                                                  o.max_seq_len, o.precision, tok, so);
     r.squad = data::squad_score(ex, pred);
     r.examples = static_cast<int64_t>(ex.size());
     r.sequences = static_cast<int64_t>(f.features.size());
