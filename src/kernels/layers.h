@@ -39,9 +39,8 @@ template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n);
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
-// bf16 output (its only reader is a bf16 GEMM): to_bf16 of the fp32 forward's value; from an
-// fp32 or a bf16 input (widened to fp32, computed in fp32). Backward from a bf16 input.
-void gelu_forward(bf16* out, const float* inp, int64_t n);
+// bf16 input and output (GELU's input is written by a bf16 GEMM, its output read by one):
+// widened, computed in fp32, rounded once. Backward from a bf16 input.
 void gelu_forward(bf16* out, const bf16* inp, int64_t n);
 void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n);
 
@@ -88,10 +87,10 @@ inline void zero_fill(T* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = T(0);
 }
 
-// out = a + b, [n]; the bf16 form rounds the fp32 sum once.
+// out = a + b, [n]; the bf16 form (a residual sum under bf16: b the bf16 skip) widens b and
+// rounds the fp32 sum once.
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);
-void residual_forward(bf16* out, const float* a, const float* b, int64_t n);
 void residual_forward(bf16* out, const float* a, const bf16* b, int64_t n);
 
 // Rows picked by index: out[r] = inp[rows[r]], out: [n_rows, C]. Backward scatters with +=
