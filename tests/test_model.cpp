@@ -334,6 +334,54 @@ TEST(ModelPacking, ComputedPaddingOnePerRowEqualsPackedWithDropout) {
   });
 }
 
+// A step split across processes: the shares of a batch (rows {0, 2} and {1, 3}, not contiguous)
+// give losses that sum to the whole batch's and gradients that sum to its gradients, with
+// dropout on and all four heads, because each share divides by the whole batch's counts and
+// draws every dropout mask at its rows' places in the whole. A share of all rows is the whole
+// batch bit for bit.
+TEST(ModelShare, SharesOfABatchSumToTheWholeBatchWithDropout) {
+  BertConfig c = tiny_config();
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.2;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel<float> m(c, heads);
+  init_params(m.layout(), m.params().data(), 4);
+  const PackedBatch whole = make_batch({{5, 3, 7}, {9, 2}, {2, 6, 4}, {12}}, 16, c.vocab_size, 8);
+  const StepOptions step{true, 7, 3, {}};
+  m.zero_grads();
+  const Outputs w = m.forward(whole, step);
+  m.backward();
+  const std::vector<float> gw = m.grads();
+
+  const BatchShare share = share_of_whole(whole);
+  EXPECT_EQ(share.places[2], (RowPlace{15 + 11, 5, 25 + 9 + 49 + 81 + 4}));
+  m.zero_grads();
+  const Outputs all = m.forward(take_rows(whole, share, {0, 1, 2, 3}), step);
+  m.backward();
+  EXPECT_EQ(all.loss(), w.loss());
+  EXPECT_EQ(std::memcmp(m.grads().data(), gw.data(), gw.size() * sizeof(float)), 0);
+
+  m.zero_grads();
+  double loss = 0;
+  std::vector<std::pair<size_t, size_t>> finished;
+  for (const std::vector<int>& rows : {std::vector<int>{0, 2}, std::vector<int>{1, 3}}) {
+    loss += m.forward(take_rows(whole, share, rows), step).loss();
+    finished.clear();
+    m.backward([&](size_t a, size_t b) { finished.push_back({a, b}); });
+  }
+  EXPECT_NEAR(loss, w.loss(), 1e-6 * w.loss());
+  float scale = 0;
+  for (float g : gw) scale = std::max(scale, std::abs(g));
+  for (size_t i = 0; i < gw.size(); ++i) ASSERT_NEAR(m.grads()[i], gw[i], 1e-5f * scale) << i;
+  // backward reported every range of the gradients once, in the order grad_ranges() gives.
+  EXPECT_EQ(finished, m.grad_ranges());
+  size_t covered = 0;
+  for (auto [a, b] : finished) covered += b - a;
+  EXPECT_EQ(covered, m.layout().total());
+}
+
 TEST(ModelDropout, SameSeedAndStepSameLossOtherStepDifferent) {
   BertConfig c = tiny_config();
   BertModel<float> m(c, Heads{});

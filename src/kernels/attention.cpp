@@ -189,6 +189,8 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
     for (int h = 0; h < NH; ++h) {
       const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
       const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * L * L;
+      const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) +
+                            static_cast<int64_t>(h) * L * L;  // its place in the dropout stream
       T* mine = w.thread_scratch();
       T* P = mine;  // the probabilities (kept in place when stored in T)
       if constexpr (std::is_same_v<P_, T>)
@@ -203,7 +205,7 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
-          drop_row(Pd + r, P + r, L, mask, first + r, keep_scale);
+          drop_row(Pd + r, P + r, L, mask, drawn + r, keep_scale);
         }
       const T* Pv = dropout.p > 0 ? Pd : P;
       if constexpr (std::is_same_v<O, T>) {
@@ -253,6 +255,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
       const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
       const int64_t LL = static_cast<int64_t>(L) * L;
       const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * LL;
+      const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) + h * LL;
       T* mine = w.thread_scratch();
       const Head<T> x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
       const T* Q = x.q;
@@ -278,7 +281,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
       for (int i = 0; i < L; ++i) {
         const int64_t r = static_cast<int64_t>(i) * L;
         if (dropout.p > 0)
-          drop_rows_backward(Pd + r, dP + r, P + r, L, mask, first + r, keep_scale);
+          drop_rows_backward(Pd + r, dP + r, P + r, L, mask, drawn + r, keep_scale);
         softmax_backward_row(dP + r, P + r, L, scale);
       }
       const T* Pv = dropout.p > 0 ? Pd : P;

@@ -23,6 +23,9 @@ void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64
 struct AttentionDropout {
   double p = 0;
   uint64_t seed = 0, key = 0;
+  // [n_seq] the element index of each sequence's first probability (head 0) in the whole batch
+  // when this is a share of a batch split across processes; null: the offsets of this batch.
+  const int64_t* first = nullptr;
 };
 
 // Working memory of one call, owned by the caller so a training step allocates nothing:

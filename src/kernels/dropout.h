@@ -32,11 +32,14 @@ struct DropoutMask {
   }
 };
 
-// out[i] = keep(i) ? inp[i] / (1 - p) : 0. p in [0, 1).
+// out[i] = keep(first + i) ? inp[i] / (1 - p) : 0. p in [0, 1). `first` places the n elements
+// in a larger tensor (a share of a batch split across processes draws the whole batch's mask).
 template <typename T>
-void dropout_forward(T* out, const T* inp, int64_t n, double p, uint64_t seed, uint64_t key);
-// dinp[i] += keep(i) ? dout[i] / (1 - p) : 0, with the same mask as the forward pass.
+void dropout_forward(T* out, const T* inp, int64_t n, double p, uint64_t seed, uint64_t key,
+                     uint64_t first = 0);
+// dinp[i] += keep(first + i) ? dout[i] / (1 - p) : 0, with the same mask as the forward pass.
 template <typename T>
-void dropout_backward(T* dinp, const T* dout, int64_t n, double p, uint64_t seed, uint64_t key);
+void dropout_backward(T* dinp, const T* dout, int64_t n, double p, uint64_t seed, uint64_t key,
+                      uint64_t first = 0);
 
 }  // namespace packbert::kernels

@@ -1,5 +1,7 @@
 #include "model/batch.h"
 
+#include <algorithm>
+
 #include "error.h"
 
 namespace packbert::model {
@@ -109,6 +111,89 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
       t.nsp_label.push_back(-100);
     }
   }
+}
+
+namespace {
+
+// Sequences of row p: the largest sequence id in it (ids run 1, 2, ...).
+int sequences_in_row(const PackedBatch& b, int p) {
+  int n = 0;
+  for (int s = 0; s < b.S; ++s) n = std::max(n, b.sequence_ids[static_cast<size_t>(p) * b.S + s]);
+  return n;
+}
+
+}  // namespace
+
+std::vector<int64_t> row_tokens(const PackedBatch& b) {
+  std::vector<int64_t> out(static_cast<size_t>(b.B), 0);
+  for (int p = 0; p < b.B; ++p)
+    for (int s = 0; s < b.S; ++s) out[p] += b.sequence_ids[static_cast<size_t>(p) * b.S + s] > 0;
+  return out;
+}
+
+BatchShare share_of_whole(const PackedBatch& b) {
+  BatchShare sh;
+  RowPlace at;
+  for (int p = 0; p < b.B; ++p) {
+    sh.places.push_back(at);
+    int64_t len = 0;
+    int current = 0;
+    for (int s = 0; s < b.S; ++s) {
+      const size_t i = static_cast<size_t>(p) * b.S + s;
+      const int seq = b.sequence_ids[i];
+      if (seq == kComputedPadding)
+        throw InputError("batch: pack " + std::to_string(p) +
+                         " has computed padding, which a batch split across processes cannot "
+                         "hold");
+      if (seq != current) {  // a sequence ends (the next starts, or padding)
+        at.attention += len * len;
+        len = 0;
+        current = seq;
+      }
+      if (seq > 0) ++len, ++at.token;
+      sh.mlm += b.mlm_labels[i] != -100;
+    }
+    at.attention += len * len;
+    at.sequence += sequences_in_row(b, p);
+    for (int k = 0; k < b.K; ++k) sh.nsp += b.nsp_labels[static_cast<size_t>(p) * b.K + k] >= 0;
+  }
+  for (int32_t y : b.class_labels) sh.cls += y >= 0;
+  for (int32_t y : b.span_starts) sh.span += y >= 0;
+  return sh;
+}
+
+PackedBatch take_rows(const PackedBatch& whole, const BatchShare& share,
+                      const std::vector<int>& rows) {
+  PackedBatch b = empty_batch(static_cast<int>(rows.size()), whole.S, whole.K);
+  b.share.mlm = share.mlm, b.share.nsp = share.nsp, b.share.cls = share.cls,
+  b.share.span = share.span;
+  const size_t S = static_cast<size_t>(whole.S), K = static_cast<size_t>(whole.K);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const size_t p = static_cast<size_t>(rows[r]);
+    auto copy = [&](const std::vector<int32_t>& from, std::vector<int32_t>& to, size_t n) {
+      std::copy(from.begin() + static_cast<long>(p * n),
+                from.begin() + static_cast<long>(p * n + n), to.begin() + static_cast<long>(r * n));
+    };
+    copy(whole.input_ids, b.input_ids, S);
+    copy(whole.token_type_ids, b.token_type_ids, S);
+    copy(whole.position_ids, b.position_ids, S);
+    copy(whole.sequence_ids, b.sequence_ids, S);
+    copy(whole.mlm_labels, b.mlm_labels, S);
+    copy(whole.nsp_labels, b.nsp_labels, K);
+    b.share.places.push_back(share.places[p]);
+    // Per-sequence labels: the row's sequences, from its first one's place.
+    const int n = sequences_in_row(whole, static_cast<int>(p));
+    const size_t first = static_cast<size_t>(share.places[p].sequence);
+    auto take = [&](const std::vector<int32_t>& from, std::vector<int32_t>& to) {
+      if (!from.empty())
+        to.insert(to.end(), from.begin() + static_cast<long>(first),
+                  from.begin() + static_cast<long>(first) + n);
+    };
+    take(whole.class_labels, b.class_labels);
+    take(whole.span_starts, b.span_starts);
+    take(whole.span_ends, b.span_ends);
+  }
+  return b;
 }
 
 TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {

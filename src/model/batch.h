@@ -18,13 +18,42 @@ namespace packbert::model {
 
 constexpr int32_t kComputedPadding = -1;
 
+// Where a row sits in the whole batch of a step that is split across processes: the index of its
+// first real token, of its first sequence, and of its first attention probability per head (the
+// sum of L * L over the sequences before it). Dropout draws are keyed by these places, so a token
+// is dropped the same way whichever process computes it.
+struct RowPlace {
+  int64_t token = 0, sequence = 0, attention = 0;
+  bool operator==(const RowPlace&) const = default;
+};
+
+// A batch that is one share of a whole batch: its rows' places in the whole, and the whole
+// batch's counts that each loss mean divides by, so that the shares' gradients sum to the
+// whole batch's. Empty places (and counts 0): the batch is whole.
+struct BatchShare {
+  std::vector<RowPlace> places;  // [B]
+  int64_t mlm = 0, nsp = 0, cls = 0, span = 0;
+};
+
 struct PackedBatch {
   int B = 0, S = 0, K = 0;
   std::vector<int32_t> input_ids, token_type_ids, position_ids, sequence_ids, mlm_labels;  // [B*S]
   std::vector<int32_t> nsp_labels;                                                         // [B*K]
   std::vector<int32_t> class_labels;            // [n_seq] for the classifier head (optional)
   std::vector<int32_t> span_starts, span_ends;  // [n_seq] token index in sequence (optional)
+  BatchShare share;                             // set by take_rows
 };
+
+// The places of every row of a whole batch and its loss counts (masked tokens, NSP labels,
+// class labels, answerable spans). Computed padding (kComputedPadding) cannot be shared: it is
+// laid out after every real token of the batch. Throws InputError for such a batch.
+BatchShare share_of_whole(const PackedBatch& whole);
+// The rows `rows` (ascending indices) of a whole batch as a batch of their own that carries its
+// share: their places and the whole's counts.
+PackedBatch take_rows(const PackedBatch& whole, const BatchShare& share,
+                      const std::vector<int>& rows);
+// Real tokens of each row.
+std::vector<int64_t> row_tokens(const PackedBatch& b);
 
 // B rows of S padding slots (ids 0, no labels) with room for K sequences per row: the start
 // every producer of batches fills in.

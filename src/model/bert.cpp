@@ -22,6 +22,20 @@ BertModel<T>::BertModel(const BertConfig& config, Heads heads)
       p_(layout_, params_.data()),
       g_(layout_, grads_.data()) {
   config.validate("model config");
+  // What backward finishes one after another: heads (pooler on), layers from the top, embeddings.
+  const size_t total = layout_.total();
+  auto at = [&](const T* p) { return static_cast<size_t>(p - params_.data()); };
+  const int L = config.num_hidden_layers;
+  size_t end = total;
+  const size_t heads_begin = at(p_.pool_w);
+  grad_ranges_.push_back({heads_begin, end});
+  end = heads_begin;
+  for (int l = L - 1; l >= 0; --l) {
+    const size_t begin = at(p_.layers[l].qkv_w);
+    grad_ranges_.push_back({begin, end});
+    end = begin;
+  }
+  grad_ranges_.push_back({0, end});
 }
 
 template <typename T>
@@ -47,6 +61,11 @@ StepContext<T> BertModel<T>::context() const {
   s.p_attn = opt_.training ? c.attention_probs_dropout_prob : 0.0;
   s.seed = opt_.seed;
   s.step = opt_.step;
+  if (!share_.places.empty()) {
+    s.places = &places_;
+    s.mlm_total = share_.mlm, s.nsp_total = share_.nsp, s.cls_total = share_.cls,
+    s.span_total = share_.span;
+  }
   return s;
 }
 
@@ -107,6 +126,38 @@ LayerRecord<T> BertModel<T>::record_of(int l) const {
   return ws_.layer(K ? l % K : l);
 }
 
+// The dropout places of a share's tokens and sequences: each row is a run of both, starting at
+// its place in the whole batch; each sequence's attention probabilities start at NH times the
+// sum of L * L over the whole batch's sequences before it.
+template <typename T>
+void BertModel<T>::place_rows(const PackedBatch& batch) {
+  if (share_.places.size() != static_cast<size_t>(batch.B))
+    throw InputError("batch: " + std::to_string(share_.places.size()) + " row places for " +
+                     std::to_string(batch.B) + " rows");
+  const int64_t NH = config().num_attention_heads;
+  DropoutPlaces& d = places_;
+  d.token_local.assign(1, 0), d.seq_local.assign(1, 0);
+  d.token_global.clear(), d.seq_global.clear(), d.attention.clear();
+  int64_t token = 0;
+  int seq = 0;
+  for (int p = 0; p < batch.B; ++p) {
+    const RowPlace& at = share_.places[p];
+    d.token_global.push_back(at.token);
+    d.seq_global.push_back(at.sequence);
+    int64_t attention = at.attention;
+    // The row's sequences are the layout's next ones, up to the row's last real slot.
+    while (seq < tl_.sequences() && tl_.slot[tl_.cu_seqlens[seq]] / batch.S == p) {
+      const int64_t len = tl_.cu_seqlens[seq + 1] - tl_.cu_seqlens[seq];
+      d.attention.push_back(NH * attention);
+      attention += len * len;
+      token += len;
+      ++seq;
+    }
+    d.token_local.push_back(token);
+    d.seq_local.push_back(seq);
+  }
+}
+
 template <typename T>
 Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& options) {
   if (options.recompute.automatic)
@@ -139,6 +190,8 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
   probs_offsets_.resize(n_seq + 1);
   kernels::attention_probs_offsets(tl_.cu_seqlens.data(), n_seq, c.num_attention_heads,
                                    probs_offsets_.data());
+  share_ = batch.share;
+  if (!share_.places.empty()) place_rows(batch);
   ws_.prepare(c, heads, opt_.recompute, shape_of(tl_, omp_get_max_threads()), opt_.precision);
   const StepContext<T> s = context();
 
@@ -192,7 +245,12 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
 }
 
 template <typename T>
-void BertModel<T>::backward() {
+void BertModel<T>::backward(const std::function<void(size_t begin, size_t end)>& ready) {
+  size_t range = 0;  // the next of grad_ranges_ to report
+  auto finished = [&] {
+    if (ready) ready(grad_ranges_[range].first, grad_ranges_[range].second);
+    ++range;
+  };
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
   const int Tn = tl_.tokens(), n_seq = tl_.sequences(), L = c.num_hidden_layers;
@@ -211,6 +269,7 @@ void BertModel<T>::backward() {
   if (heads.classifier) classifier_backward(s, p_, g_, cls_targets_.data(), out_);
   if (heads.span) span_backward(s, p_, g_, top, span_targets_.data(), out_, dh);
   pooler_backward(s, p_, g_, dh);
+  finished();
 
   auto layer_backward = [&](int l) {
     if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
@@ -222,6 +281,7 @@ void BertModel<T>::backward() {
     encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of(l), input_of(l), dh, dx,
                            input16_of(l));
     std::swap(dh, dx);
+    finished();
   };
   const int K = opt_.recompute.every;
   if (K == 0) {
@@ -238,6 +298,7 @@ void BertModel<T>::backward() {
     }
   }
   embeddings_backward(s, p_, g_, ids_.data(), pos_.data(), types_.data(), dh);
+  finished();
 }
 
 template class BertModel<float>;

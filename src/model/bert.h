@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -60,8 +61,14 @@ class BertModel {
 
   void zero_grads();
   Outputs forward(const PackedBatch& batch, const StepOptions& options);
-  // Gradients of the last forward's total loss, accumulated (+=) into grads().
-  void backward();
+  // Gradients of the last forward's total loss, accumulated (+=) into grads(). `ready`, when
+  // given, is called with each range [begin, end) of grads() as backward finishes it, heads
+  // first, then layers from the top, then the embeddings (param_ranges below): what a
+  // data-parallel step starts reducing while backward goes on.
+  void backward(const std::function<void(size_t begin, size_t end)>& ready = {});
+  // The ranges of the parameter arena that backward finishes one at a time, in that order; they
+  // tile [0, layout().total()).
+  const std::vector<std::pair<size_t, size_t>>& grad_ranges() const { return grad_ranges_; }
   // Bytes of activations the last forward kept for backward, and of its scratch.
   size_t activation_bytes() const { return ws_.activation_bytes(); }
   size_t scratch_bytes() const { return ws_.scratch_bytes(); }
@@ -86,6 +93,7 @@ class BertModel {
   kernels::bf16* input16_of(int l) const;
   kernels::bf16* output16_of(int l) const;
   LayerRecord<T> record_of(int l) const;
+  void place_rows(const PackedBatch& batch);
 
   ParamLayout layout_;
   std::vector<T> params_, grads_;
@@ -101,6 +109,9 @@ class BertModel {
   TokenLayout tl_;
   std::vector<int32_t> ids_, pos_, types_;
   std::vector<int64_t> probs_offsets_;
+  DropoutPlaces places_;  // of a batch that is a share of a whole (empty otherwise)
+  BatchShare share_;
+  std::vector<std::pair<size_t, size_t>> grad_ranges_;
   std::vector<int32_t> cls_targets_, span_targets_;  // span: (start, end) pairs
   Workspace<T> ws_;
   Outputs out_;

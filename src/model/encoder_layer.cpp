@@ -13,14 +13,29 @@ using namespace kernels;
 
 namespace {
 
+// Calls f(begin, end, first) for each run of the n elements of a site's tensor ([T, C], or
+// [n_seq, C] for the pooled site) that is consecutive in the dropout stream: elements [begin,
+// end) draw from index `first` on.
+template <typename T, typename F>
+void for_each_dropout_run(const StepContext<T>& s, int64_t n, uint32_t site, F f) {
+  const bool by_sequence = site == kPooled;
+  const int64_t rows = by_sequence ? s.n_seq() : s.T_();
+  if (!s.places || rows == 0) return f(int64_t{0}, n, uint64_t{0});
+  const std::vector<int64_t>& local = by_sequence ? s.places->seq_local : s.places->token_local;
+  const std::vector<int64_t>& global = by_sequence ? s.places->seq_global : s.places->token_global;
+  const int64_t width = n / rows;
+  for (size_t i = 0; i + 1 < local.size(); ++i)
+    f(local[i] * width, local[i + 1] * width, static_cast<uint64_t>(global[i] * width));
+}
+
 // The gradient through a dropout site: dout itself when dropout is off, else the masked copy in
 // scratch.
 template <typename T>
-const T* dropout_site_backward(const StepContext<T>& s, T* scratch, const T* dout, int64_t n,
-                               uint32_t layer, uint32_t site) {
+const T* through_dropout(const StepContext<T>& s, T* scratch, const T* dout, int64_t n,
+                         uint32_t layer, uint32_t site) {
   if (s.p_hidden <= 0) return dout;
   zero_fill(scratch, n);
-  dropout_backward(scratch, dout, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
+  dropout_site_backward(s, scratch, dout, n, layer, site);
   return scratch;
 }
 
@@ -96,7 +111,8 @@ void gelu_out(const LayerRecord<T>& a, int64_t n) {
 
 template <typename T>
 AttentionDropout attention_dropout(const StepContext<T>& s, int layer) {
-  return {s.p_attn, s.seed, dropout_key(s.step, static_cast<uint32_t>(layer), kAttnProbs)};
+  return {s.p_attn, s.seed, dropout_key(s.step, static_cast<uint32_t>(layer), kAttnProbs),
+          s.places && !s.places->attention.empty() ? s.places->attention.data() : nullptr};
 }
 
 }  // namespace
@@ -104,10 +120,23 @@ AttentionDropout attention_dropout(const StepContext<T>& s, int layer) {
 template <typename T>
 void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
                   uint32_t site) {
-  if (s.p_hidden > 0)
-    dropout_forward(out, inp, n, s.p_hidden, s.seed, dropout_key(s.step, layer, site));
-  else if (out != inp)
+  if (s.p_hidden > 0) {
+    const uint64_t key = dropout_key(s.step, layer, site);
+    for_each_dropout_run(s, n, site, [&](int64_t a, int64_t b, uint64_t first) {
+      dropout_forward(out + a, inp + a, b - a, s.p_hidden, s.seed, key, first);
+    });
+  } else if (out != inp) {
     std::copy(inp, inp + n, out);
+  }
+}
+
+template <typename T>
+void dropout_site_backward(const StepContext<T>& s, T* dinp, const T* dout, int64_t n,
+                           uint32_t layer, uint32_t site) {
+  const uint64_t key = dropout_key(s.step, layer, site);
+  for_each_dropout_run(s, n, site, [&](int64_t a, int64_t b, uint64_t first) {
+    dropout_backward(dinp + a, dout + a, b - a, s.p_hidden, s.seed, key, first);
+  });
 }
 
 template <typename T>
@@ -128,7 +157,7 @@ void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const P
                          const T* dout) {
   const int Tn = s.T_(), C = s.config.hidden_size;
   const int64_t TC = static_cast<int64_t>(Tn) * C;
-  const T* dln = dropout_site_backward(s, s.ws.get(Rec::dtmp), dout, TC, kNoLayer, kEmbeddings);
+  const T* dln = through_dropout(s, s.ws.get(Rec::dtmp), dout, TC, kNoLayer, kEmbeddings);
   T* dsum = s.ws.get(Rec::dres);
   zero_fill(dsum, TC);
   layernorm_backward(dsum, g.emb_ln_w, g.emb_ln_b, dln, s.ws.get(Rec::emb_sum), p.emb_ln_w,
@@ -208,7 +237,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   zero_fill(dres, TC);
   ln_backward(dres, g.ln2_w, g.ln2_b, dout, a.r2, a.r2_16, w.ln2_w, a.ln2_mean, a.ln2_rstd, Tn, C);
   std::copy(dres, dres + TC, dh1);  // the residual branch
-  const T* dffn = dropout_site_backward(s, dtmp, dres, TC, l, kFfnOut);
+  const T* dffn = through_dropout(s, dtmp, dres, TC, l, kFfnOut);
   zero_fill(dgelu, TI);
   linear_grad(s, dgelu, g.out_w, g.out_b, dffn, a.gelu, a.gelu16, w.out_w,
               W16(&LayerView<bf16>::out_w), Tn, I, C);
@@ -224,7 +253,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   zero_fill(dres, TC);
   ln_backward(dres, g.ln1_w, g.ln1_b, dh1, a.r1, a.r1_16, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
   residual_forward(dinp, dinp, dres, TC);  // the residual branch
-  const T* dproj = dropout_site_backward(s, dtmp, dres, TC, l, kAttnOut);
+  const T* dproj = through_dropout(s, dtmp, dres, TC, l, kAttnOut);
   zero_fill(datt, TC);
   linear_grad(s, datt, g.attn_out_w, g.attn_out_b, dproj, a.att, a.att16, w.attn_out_w,
               W16(&LayerView<bf16>::attn_out_w), Tn, C, C);
@@ -244,6 +273,8 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
 
 #define PACKBERT_INSTANTIATE(T)                                                                    \
   template void dropout_site<T>(const StepContext<T>&, T*, const T*, int64_t, uint32_t, uint32_t); \
+  template void dropout_site_backward<T>(const StepContext<T>&, T*, const T*, int64_t, uint32_t,   \
+                                         uint32_t);                                                \
   template void embeddings_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*,  \
                                       const int32_t*, const int32_t*, T*);                         \
   template void embeddings_backward<T>(const StepContext<T>&, const ParamView<T>&,                 \

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "model/batch.h"
 #include "model/params.h"
@@ -13,6 +14,14 @@ namespace packbert::model {
 
 // What every function of one step shares: shapes, the batch's sequence boundaries, the dropout
 // stream and the workspace (whose scratch records they use).
+// Where a batch's tokens and sequences sit in the dropout streams (model/batch.h, RowPlace):
+// runs of consecutive tokens [token_local[i], token_local[i + 1]) start at the whole batch's
+// token token_global[i], and the same for sequences; attention holds each sequence's first
+// probability index (head 0) in the whole batch, and is empty when the batch is whole.
+struct DropoutPlaces {
+  std::vector<int64_t> token_local, token_global, seq_local, seq_global, attention;
+};
+
 template <typename T>
 struct StepContext {
   const BertConfig& config;
@@ -25,6 +34,9 @@ struct StepContext {
   const ParamView<kernels::bf16>* p16 = nullptr;
   double p_hidden = 0, p_attn = 0;  // dropout probabilities (0 when not training)
   uint64_t seed = 0, step = 0;      // dropout stream
+  const DropoutPlaces* places = nullptr;
+  // The counts the loss means divide by: the whole batch's when this one is a share (0: own).
+  int64_t mlm_total = 0, nsp_total = 0, cls_total = 0, span_total = 0;
   int T_() const { return tokens.tokens(); }
   int n_seq() const { return tokens.sequences(); }
 };
@@ -38,6 +50,10 @@ constexpr uint32_t kNoLayer = 0xffffffffu;
 template <typename T>
 void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
                   uint32_t site);
+// dinp += the gradient through that site's mask (dropout on).
+template <typename T>
+void dropout_site_backward(const StepContext<T>& s, T* dinp, const T* dout, int64_t n,
+                           uint32_t layer, uint32_t site);
 
 // out = dropout(LayerNorm(word[ids] + position[pos] + type[types])), out: [T, C]; keeps the sum
 // and its LayerNorm statistics (Rec::emb_*).

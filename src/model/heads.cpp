@@ -92,7 +92,7 @@ void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, c
   }
   cross_entropy_forward(losses, probs, probs, labels, M, V);
   out.mlm_count = M;
-  out.mlm_loss = mean_loss(losses, M, M);
+  out.mlm_loss = mean_loss(losses, M, s.mlm_total ? s.mlm_total : M);
   out.mlm_correct = count_argmax_hits(probs, labels, M, V);
 }
 
@@ -107,7 +107,7 @@ void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
     *d1 = ws.get(Rec::mlm_d1), *din = ws.get(Rec::mlm_din);
   zero_fill(dlogits, static_cast<int64_t>(M) * V);
   cross_entropy_backward(dlogits, ws.get(Rec::mlm_probs), s.tokens.mlm_label.data(),
-                         mean_dloss(s, M, M), M, V);
+                         mean_dloss(s, M, s.mlm_total ? s.mlm_total : M), M, V);
   zero_fill(d3, MC);
   if constexpr (std::is_same_v<T, float>) {
     if (s.p16)
@@ -139,7 +139,7 @@ void nsp_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* 
   linear_forward(probs, s.ws.get(Rec::pooled), p.nsp_w, p.nsp_b, n, C, 2);
   cross_entropy_forward(losses, probs, probs, targets, n, 2);
   out.nsp_count = count_targets(targets, n);
-  out.nsp_loss = mean_loss(losses, n, out.nsp_count);
+  out.nsp_loss = mean_loss(losses, n, s.nsp_total ? s.nsp_total : out.nsp_count);
   out.nsp_correct = count_argmax_hits(probs, targets, n, 2);
 }
 
@@ -151,7 +151,7 @@ void nsp_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
   T* dlogits = s.ws.get(Rec::nsp_dlogits);
   zero_fill(dlogits, 2 * static_cast<int64_t>(n));
   cross_entropy_backward(dlogits, s.ws.get(Rec::nsp_probs), targets,
-                         mean_dloss(s, n, out.nsp_count), n, 2);
+                         mean_dloss(s, n, s.nsp_total ? s.nsp_total : out.nsp_count), n, 2);
   linear_backward(s.ws.get(Rec::dpooled), g.nsp_w, g.nsp_b, dlogits, s.ws.get(Rec::pooled), p.nsp_w,
                   n, C, 2);
 }
@@ -168,7 +168,7 @@ void classifier_forward(const StepContext<T>& s, const ParamView<T>& p, const in
   linear_forward(logits, in, p.cls_w, p.cls_b, n, C, NL);
   cross_entropy_forward(losses, probs, logits, targets, n, NL);
   out.cls_count = count_targets(targets, n);
-  out.cls_loss = mean_loss(losses, n, out.cls_count);
+  out.cls_loss = mean_loss(losses, n, s.cls_total ? s.cls_total : out.cls_count);
   out.cls_correct = count_argmax_hits(probs, targets, n, NL);
 }
 
@@ -182,11 +182,11 @@ void classifier_backward(const StepContext<T>& s, const ParamView<T>& p, const P
     *dpooled = s.ws.get(Rec::dpooled);
   zero_fill(dlogits, static_cast<int64_t>(n) * NL);
   cross_entropy_backward(dlogits, s.ws.get(Rec::cls_probs), targets,
-                         mean_dloss(s, n, out.cls_count), n, NL);
+                         mean_dloss(s, n, s.cls_total ? s.cls_total : out.cls_count), n, NL);
   zero_fill(din, nC);
   linear_backward(din, g.cls_w, g.cls_b, dlogits, s.ws.get(Rec::cls_drop), p.cls_w, n, C, NL);
   if (s.p_hidden > 0)
-    dropout_backward(dpooled, din, nC, s.p_hidden, s.seed, dropout_key(s.step, kNoLayer, kPooled));
+    dropout_site_backward(s, dpooled, din, nC, kNoLayer, kPooled);
   else
     for (int64_t i = 0; i < nC; ++i) dpooled[i] += din[i];
 }
@@ -201,7 +201,7 @@ void span_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top,
   span_cross_entropy_forward(losses, probs, logits, s.tokens.cu_seqlens.data(), targets, n);
   out.span_count = 0;
   for (int i = 0; i < n; ++i) out.span_count += targets[2 * i] >= 0;
-  out.span_loss = mean_loss(losses, n, out.span_count);
+  out.span_loss = mean_loss(losses, n, s.span_total ? s.span_total : out.span_count);
 }
 
 template <typename T>
@@ -212,7 +212,8 @@ void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVi
   T* dlogits = s.ws.get(Rec::span_dlogits);
   zero_fill(dlogits, 2 * static_cast<int64_t>(Tn));
   span_cross_entropy_backward(dlogits, s.ws.get(Rec::span_probs), s.tokens.cu_seqlens.data(),
-                              targets, mean_dloss(s, n, out.span_count), n);
+                              targets,
+                              mean_dloss(s, n, s.span_total ? s.span_total : out.span_count), n);
   linear_backward(dtop, g.span_w, g.span_b, dlogits, top, p.span_w, Tn, C, 2);
 }
 
