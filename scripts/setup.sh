@@ -9,6 +9,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   zlib1g-dev dict-gcide                  # the demo corpus (dictzip data read through zlib)
+  openmpi-bin libopenmpi-dev             # data parallelism: mpirun -np N packbert pretrain ...
 )
 
 if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi

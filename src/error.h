@@ -12,4 +12,22 @@ struct InputError : std::runtime_error {
   explicit InputError(const std::string& message) : std::runtime_error(message) {}
 };
 
+// An InputError every process of a distributed run raised together (they agreed on it): printed
+// once, and the processes end normally instead of aborting each other.
+struct SharedError : InputError {
+  using InputError::InputError;
+};
+
+// Bad input in an options struct's field: what() starts with the field's name ("rows_per_batch
+// must be at least 1"); the CLI, which alone knows flag names, says the flag instead.
+struct OptionError : InputError {
+  OptionError(const std::string& field, const std::string& rest)
+      : InputError(field + " " + rest), field_(field), rest_(rest) {}
+  const std::string& field() const { return field_; }
+  const std::string& rest() const { return rest_; }
+
+ private:
+  std::string field_, rest_;
+};
+
 }  // namespace packbert

@@ -140,6 +140,13 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
   Result nan_lr = run("pretrain --data " + seqs + " --out " + (dir_ / "r2").string() + " --lr nan");
   EXPECT_EQ(nan_lr.code, 2) << nan_lr.err;
   EXPECT_NE(nan_lr.err.find("--lr"), std::string::npos) << nan_lr.err;
+  // The library names the options field it refuses; the CLI says the flag.
+  Result adjust = run("pretrain --data " + seqs + " --out " + (dir_ / "r2").string() +
+                      " --packing-adjust sideways");
+  EXPECT_EQ(adjust.code, 2);
+  EXPECT_NE(adjust.err.find("error: --packing-adjust expected none|ga|beta, got 'sideways'"),
+            std::string::npos)
+      << adjust.err;
   fs::path other = write("other.txt", "Another text entirely.\nWith two sentences.\n");
   ASSERT_EQ(run("prepare " + other.string() + " --out " + (dir_ / "o.seqs").string() +
                 " --max-seq-len 32 --pack lpfhp")

@@ -209,10 +209,10 @@ TEST_F(Reliability, AbortingRunLeavesTheLastGoodCheckpointByteForByte) {
   o.packs = packs_;
   o.vocab = PACKBERT_SOURCE_VOCAB;
   o.out_dir = (dir_ / "run").string();
-  o.rows_per_batch = 8;
+  o.loop.rows_per_batch = 8;
   o.max_steps = 12;
   o.checkpoint_every = 100;
-  o.nan_abort = 3;
+  o.loop.nan_abort = 3;
   {  // Non-finite loss: weights poisoned after a step (as an overflow would).
     train::Trainer t(o, true);
     std::atomic<bool> stop{false};
@@ -235,7 +235,7 @@ TEST_F(Reliability, AbortingRunLeavesTheLastGoodCheckpointByteForByte) {
   }
   EXPECT_EQ(slurp(checkpoint("run")), good);
   {  // An update that makes the weights non-finite (weight decay NaN reaches the library).
-    o.optimizer.weight_decay = NAN;
+    o.loop.optimizer.weight_decay = NAN;
     train::Trainer t(o, true);
     std::atomic<bool> stop{false};
     try {

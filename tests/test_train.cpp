@@ -151,10 +151,10 @@ struct World {
     o.vocab = vocab;
     o.init = init;
     o.out_dir = (dir / run).string();
-    o.rows_per_batch = 4;
+    o.loop.rows_per_batch = 4;
     o.max_steps = 8;
-    o.lr = 5e-3;
-    o.warmup_steps = 2;
+    o.loop.lr = 5e-3;
+    o.loop.warmup_steps = 2;
     o.eval_fraction = 0.1;
     o.checkpoint_every = 3;
     return o;
@@ -163,9 +163,9 @@ struct World {
   PretrainOptions learning_options(const std::string& run) const {
     PretrainOptions o = options(run);
     o.max_steps = 120;
-    o.lr = 1e-2;
-    o.optimizer.kind = OptimizerKind::adamw;
-    o.warmup_steps = 10;
+    o.loop.lr = 1e-2;
+    o.loop.optimizer.kind = OptimizerKind::adamw;
+    o.loop.warmup_steps = 10;
     o.checkpoint_every = 0;
     return o;
   }
@@ -190,13 +190,13 @@ std::vector<double> losses_of(Trainer& t, int64_t stop_after,
 void check_killed_run_resumes_bit_exactly(model::Precision precision) {
   World w;
   PretrainOptions o = w.options("full");
-  o.precision = precision;
+  o.loop.precision = precision;
   Trainer full(o, false);
   std::vector<double> reference = losses_of(full, 8);
   ASSERT_EQ(reference.size(), 8u);
 
   PretrainOptions p = w.options("killed");
-  p.precision = precision;
+  p.loop.precision = precision;
   std::string saved = (w.dir / "step3.safetensors").string();
   {
     Trainer t(p, false);
@@ -228,13 +228,13 @@ TEST(Trainer, KilledBf16RunResumesBitExactlyAndKeepsItsPrecision) {
   check_killed_run_resumes_bit_exactly(model::Precision::bf16);
   World w;
   PretrainOptions o = w.options("switch");
-  o.precision = model::Precision::bf16;
+  o.loop.precision = model::Precision::bf16;
   o.max_steps = 2;
   {
     Trainer t(o, false);
     losses_of(t, 2);
   }
-  o.precision = model::Precision::fp32;
+  o.loop.precision = model::Precision::fp32;
   o.max_steps = 4;
   try {
     Trainer t(o, true);
@@ -361,8 +361,13 @@ TEST(Trainer, BadInputIsAnInputErrorNamingTheProblem) {
     }
   };
   PretrainOptions o = w.options("bad");
-  o.lr = std::nan("");
-  expect_error(o, false, "--lr must be a positive finite number");
+  o.loop.lr = std::nan("");
+  expect_error(o, false, "lr must be a positive finite number");  // the field; the CLI says --lr
+  try {
+    Trainer t(o, false);
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.field(), "lr");
+  }
   o = w.options("bad");
   expect_error(o, true, "checkpoint.safetensors: no checkpoint to resume from");
   o.packs = w.packs;
@@ -381,7 +386,7 @@ TEST(Trainer, BadInputIsAnInputErrorNamingTheProblem) {
   expect_error(o, false, "--compute-padding applies to padded rows");
   o = w.options("bad");
   o.target_accuracy = -0.1;
-  expect_error(o, false, "--target-accuracy must be in [0, 1]");
+  expect_error(o, false, "target_accuracy must be in [0, 1]");
 }
 
 TEST(Export, RoundTripsThroughTheHuggingFaceLayout) {
@@ -432,9 +437,9 @@ TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
   o.vocab = w.vocab;
   o.out_dir = (w.dir / "ft").string();
   o.max_seq_len = 32;
-  o.rows_per_batch = 4;
+  o.loop.rows_per_batch = 4;
   o.epochs = 4;
-  o.lr = 1e-2;
+  o.loop.lr = 1e-2;
   FinetuneResult r = finetune(o);
   ASSERT_EQ(r.dev_accuracy.size(), 4u);
   EXPECT_EQ(r.num_labels, 2);
@@ -638,9 +643,9 @@ TEST(Finetune, SquadSpanHeadLearnsAMarkerWord) {
   o.max_seq_len = 32;
   o.squad.doc_stride = 8;
   o.squad.max_query_length = 4;
-  o.rows_per_batch = 4;
+  o.loop.rows_per_batch = 4;
   o.epochs = 3;
-  o.lr = 1e-2;
+  o.loop.lr = 1e-2;
   FinetuneResult r = finetune(o);
   ASSERT_EQ(r.dev_squad.size(), 3u);
   EXPECT_GT(r.dev_sequences, 60);              // some contexts need two windows

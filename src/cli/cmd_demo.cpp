@@ -82,14 +82,14 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
   o.out_dir = a.workdir + (run.packed ? "/pretrain_packed" : "/pretrain_padded");
   o.overwrite = true;
   o.preset = a.preset;
-  o.rows_per_batch = a.packs_per_step;
+  o.loop.rows_per_batch = a.packs_per_step;
   o.max_steps = a.max_steps;
-  o.lr = a.lr;
-  o.warmup_steps = std::min(a.warmup, a.max_steps);
-  o.optimizer.kind = train::OptimizerKind::lamb;
+  o.loop.lr = a.lr;
+  o.loop.warmup_steps = std::min(a.warmup, a.max_steps);
+  o.loop.optimizer.kind = train::OptimizerKind::lamb;
   o.eval_every = a.eval_every;
   o.eval_fraction = 0.005;  // ~1,100 sequences, the same for both runs
-  o.seed = a.seed;
+  o.loop.seed = a.seed;
   o.target_accuracy = a.target;
   std::filesystem::remove_all(o.out_dir);
   train::Trainer t(o, false);

@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/table.h"
+#include "dist/comm.h"
 #include "train/finetune.h"
 
 namespace packbert::cli {
@@ -37,21 +38,21 @@ void register_finetune(CLI::App& app) {
   CLI::Option* len =
       number(cmd, "--max-seq-len", o->max_seq_len,
              "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);
-  number(cmd, "--batch-rows", o->rows_per_batch, "Packs (or rows) per step", 1, 1e6);
   number(cmd, "--epochs", o->epochs, "Passes over the training data", 1, 1e6);
-  number(cmd, "--lr", o->lr, "Peak learning rate (AdamW)", 1e-12, 10);
-  number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
-  number(cmd, "--seed", o->seed, "Seed for the new head, order and dropout", 0, kMaxSeed);
+  const LoopFlags loop =
+      loop_flags(cmd, o->loop, "adamw", 1e-3, 5e-5,
+                 "Peak learning rate (default 5e-5 with AdamW, as BERT's authors fine-tuned; "
+                 "1e-3 with LAMB, an untuned default)");
   squad_flags(cmd, o->squad);
   cmd->add_flag("--no-pack", *no_pack, "One example per row");
-  recompute_flags(cmd, o->recompute, &o->memory_limit);
-  precision_flag(cmd, o->precision);
-  cmd->callback([o, task, no_pack, len] {
+  cmd->callback([o, task, no_pack, len, loop] {
     train::FinetuneOptions opt = *o;
+    loop.finish(opt.loop);
     opt.packed = !*no_pack;
     opt.task = *task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
     if (opt.task == train::FinetuneTask::squad && len->count() == 0) opt.max_seq_len = 384;
     train::FinetuneResult r = train::finetune(opt);
+    if (!dist::Comm::world().root()) return;  // rank 0 alone reports
     if (opt.task == train::FinetuneTask::squad) {
       Table t({"epoch", "dev exact match %", "dev F1 %"});
       for (size_t e = 0; e < r.dev_squad.size(); ++e)

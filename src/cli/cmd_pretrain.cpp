@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/table.h"
+#include "dist/comm.h"
 #include "error.h"
 #include "train/trainer.h"
 
@@ -66,19 +67,22 @@ std::string eta_text(double seconds) {
 }
 
 // Returns the exit code: 0, or 128 + the signal that stopped the run (130 SIGINT, 143 SIGTERM).
-int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string& optimizer) {
-  train::PretrainOptions opt = o;
-  opt.optimizer.kind = train::parse_optimizer(optimizer, "--optimizer");
+int run_pretrain(const train::PretrainOptions& opt, bool resume) {
   StopOnSignals signals;  // before the trainer starts any thread
   train::Trainer trainer(opt, resume);
   const bool tty = ::isatty(2);
+  const bool root = dist::Comm::world().root();  // rank 0 alone reports
   const model::BertConfig& c = trainer.config();
-  std::cerr << "pretrain: " << c.num_hidden_layers << " layers, hidden " << c.hidden_size << ", "
-            << (opt.packs.empty() ? "padded rows"
-                : opt.one_per_row ? "the packs' sequences one per row"
-                                  : "packs")
-            << ", from step " << trainer.step() << " to " << opt.max_steps << "; metrics in "
-            << opt.out_dir << "/metrics.jsonl\n";
+  if (root)
+    std::cerr << "pretrain: " << c.num_hidden_layers << " layers, hidden " << c.hidden_size << ", "
+              << (opt.packs.empty() ? "padded rows"
+                  : opt.one_per_row ? "the packs' sequences one per row"
+                                    : "packs")
+              << ", from step " << trainer.step() << " to " << opt.max_steps;
+  if (root && dist::Comm::world().distributed())
+    std::cerr << ", " << dist::Comm::world().size() << " processes x " << opt.loop.rows_per_batch
+              << " rows" << (opt.loop.zero ? ", optimizer state sharded (ZeRO-1)" : "");
+  if (root) std::cerr << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
   double tokens = 0, seconds = 0;
   const int64_t first = trainer.step();
   const train::StopReason reason = trainer.run(
@@ -106,8 +110,9 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
                   << fixed(e.mlm_acc, 4) << ", mlm loss " << fixed(e.mlm_loss, 4) << ", nsp acc "
                   << fixed(e.nsp_acc, 4) << " (" << with_commas(e.mlm_count) << " masked tokens)\n";
       });
+  const int sig = signals.signal() ? signals.signal() : SIGTERM;  // (a stop another rank got)
+  if (!root) return reason == train::StopReason::requested ? 128 + sig : 0;
   if (tty) std::cerr << '\n';
-  const int sig = signals.signal();
   std::cerr << "pretrain: ";
   if (reason == train::StopReason::requested)
     std::cerr << "stopped by " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << " before --steps; ";
@@ -127,7 +132,6 @@ int run_pretrain(const train::PretrainOptions& o, bool resume, const std::string
 void register_pretrain(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<train::PretrainOptions>();
   auto resume = std::make_shared<bool>(false);
-  auto optimizer = std::make_shared<std::string>("lamb");
   CLI::App* cmd = app.add_subcommand(
       "pretrain",
       "Pre-train BERT (MLM + NSP) on a sequences file, packed or padded. Exit status: 0 when "
@@ -153,8 +157,6 @@ void register_pretrain(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--preset", o->preset, "Model shape: tiny|mini|small|medium|base|large")
       ->capture_default_str();
-  number(cmd, "--batch-rows", o->rows_per_batch, "Packs (or padded rows) per micro-batch", 1, 1e6);
-  number(cmd, "--accumulation", o->accumulation, "Micro-batches per optimizer step", 1, 1e6);
   cmd->add_option("--packing-adjust", o->packing_adjust,
                   "none | ga (divide accumulation by the packing factor) | beta (LAMB betas ^ "
                   "packing factor)")
@@ -164,22 +166,12 @@ void register_pretrain(CLI::App& app, int& exit_code) {
   // per step, and the rate that suits AdamW is too small for it. Measured (docs/BENCHMARKS.md,
   // "LAMB learning rate"): bert-mini on GCIDE, ~24 sequences a step, held-out MLM loss after
   // 200 steps: LAMB 1e-3 8.44, 5e-3 6.57, 1e-2 6.73; AdamW 1e-3 6.68.
-  auto lr_given = std::make_shared<CLI::Option*>(nullptr);
-  *lr_given = cmd->add_option("--lr", o->lr,
-                              "Peak learning rate (default 5e-3 with LAMB, 1e-3 with AdamW: LAMB "
-                              "moves each weight tensor by about lr x its own norm per step). "
-                              "Measured on bert-mini, ~24 sequences a step: LAMB 5e-3 beat 1e-3 "
-                              "and 1e-2; for larger batches LAMB's authors scale lr with the "
-                              "square root of the batch")
-                  ->check(in_range(1e-12, 10, false));
-  number(cmd, "--warmup", o->warmup_steps, "Linear warmup steps", 0, kMaxCount);
-  number(cmd, "--decay-power", o->decay_power, "1 = linear decay to 0 at --steps, 0 = constant", 0,
-         100);
-  cmd->add_option("--optimizer", *optimizer, "lamb | adamw")->capture_default_str();
-  number(cmd, "--weight-decay", o->optimizer.weight_decay,
-         "Decoupled weight decay (not on biases and LayerNorm)", 0, 10);
-  number(cmd, "--clip", o->clip_norm, "Global gradient-norm clip (0 = off)", 0, 1e9);
-  number(cmd, "--seed", o->seed, "Seed for initialisation, order, dropout and masks", 0, kMaxSeed);
+  const LoopFlags loop = loop_flags(
+      cmd, o->loop, "lamb", 5e-3, 1e-3,
+      "Peak learning rate (default 5e-3 with LAMB, 1e-3 with AdamW: LAMB moves each weight "
+      "tensor by about lr x its own norm per step). Measured on bert-mini, ~24 sequences a step: "
+      "LAMB 5e-3 beat 1e-3 and 1e-2; for larger batches LAMB's authors scale lr with the square "
+      "root of the batch");
   number(cmd, "--checkpoint-every", o->checkpoint_every,
          "Steps between checkpoints (0 = at the end)", 0, kMaxCount);
   number(cmd, "--eval-every", o->eval_every, "Steps between held-out evaluations (0 = at the end)",
@@ -188,12 +180,6 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          "Only for a sequences file without its own held-out split (prepare --eval-fraction, "
          "which splits by document): the share of its last sequences held out (default 0.02)",
          0, 0.49);
-  number(cmd, "--nan-abort", o->nan_abort,
-         "Abort (no checkpoint written) after this many non-finite steps in a row", 1, 1e6);
-  number(cmd, "--skip-outliers", o->outlier_z,
-         "Skip an update whose gradient norm is more than Z standard deviations above the mean "
-         "of the last 64 accepted ones (0 = off; 6 is a cautious choice)",
-         0, 1000);
   cmd->add_flag("--dynamic-masking", o->dynamic_masking, "New masks every epoch (RoBERTa style)");
   number(cmd, "--max-minutes", o->max_minutes,
          "Stop (with a checkpoint) after this much training time (0 = no limit)", 0, 1e9);
@@ -202,8 +188,6 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          "accuracy reaches this: time to train, as MLPerf measures it (0 = off)",
          0, 1);
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
-  recompute_flags(cmd, o->recompute, &o->memory_limit);
-  precision_flag(cmd, o->precision);
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "
                 "framework cost)");
@@ -211,11 +195,11 @@ void register_pretrain(CLI::App& app, int& exit_code) {
                 "With --packs: put each pack's sequences in rows of their own (padded): the same "
                 "sequences per step, in the same order, as the packed run; --batch-rows still "
                 "counts packs");
-  cmd->callback([o, resume, optimizer, lr_given, carry, &exit_code] {
+  cmd->callback([o, resume, loop, carry, &exit_code] {
     train::PretrainOptions opt = *o;
     opt.carry_optimizer = *carry == "carry";
-    if ((*lr_given)->count() == 0) opt.lr = *optimizer == "lamb" ? 5e-3 : 1e-3;
-    exit_code = run_pretrain(opt, *resume, *optimizer);
+    loop.finish(opt.loop);
+    exit_code = run_pretrain(opt, *resume);
   });
 }
 

@@ -83,6 +83,69 @@ void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu) 
       ->default_str("fp32");
 }
 
+std::string flag_of_field(const std::string& field) {
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"rows_per_batch", "--batch-rows"},
+      {"accumulation", "--accumulation"},
+      {"lr", "--lr"},
+      {"warmup_steps", "--warmup"},
+      {"clip_norm", "--clip"},
+      {"outlier_z", "--skip-outliers"},
+      {"nan_abort", "--nan-abort"},
+      {"zero", "--zero"},
+      {"max_steps", "--steps"},
+      {"epochs", "--epochs"},
+      {"out_dir", "--out"},
+      {"decay_power", "--decay-power"},
+      {"packing_adjust", "--packing-adjust"},
+      {"eval_fraction", "--eval-fraction"},
+      {"target_accuracy", "--target-accuracy"}};
+  for (auto [f, flag] : kFlags)
+    if (field == f) return flag;
+  return field;
+}
+
+LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& optimizer,
+                     double lr_lamb, double lr_adamw, const std::string& lr_help) {
+  LoopFlags f;
+  f.optimizer = std::make_shared<std::string>(optimizer);
+  f.lr_lamb = lr_lamb, f.lr_adamw = lr_adamw;
+  number(cmd, "--batch-rows", o.rows_per_batch,
+         "Packs (or padded rows) per micro-batch, per process: a step of N processes uses N x "
+         "this many",
+         1, 1e6);
+  number(cmd, "--accumulation", o.accumulation, "Micro-batches per optimizer step", 1, 1e6);
+  cmd->add_option("--optimizer", *f.optimizer, "lamb | adamw")
+      ->check(CLI::IsMember({"lamb", "adamw"}))
+      ->capture_default_str();
+  f.lr = cmd->add_option("--lr", o.lr, lr_help)->check(in_range(1e-12, 10, false));
+  number(cmd, "--warmup", o.warmup_steps, "Linear warmup steps", 0, kMaxCount);
+  number(cmd, "--decay-power", o.decay_power,
+         "1 = linear decay to 0 at the last step, 0 = constant", 0, 100);
+  number(cmd, "--weight-decay", o.optimizer.weight_decay,
+         "Decoupled weight decay (not on biases and LayerNorm)", 0, 10);
+  number(cmd, "--clip", o.clip_norm, "Global gradient-norm clip (0 = off)", 0, 1e9);
+  number(cmd, "--seed", o.seed, "Seed for initialisation, order, dropout and masks", 0, kMaxSeed);
+  number(cmd, "--nan-abort", o.nan_abort,
+         "Give up (nothing written) after this many non-finite steps in a row", 1, 1e6);
+  number(cmd, "--skip-outliers", o.outlier_z,
+         "Skip an update whose gradient norm is more than Z standard deviations above the mean "
+         "of the last 64 accepted ones (0 = off; 6 is a cautious choice)",
+         0, 1000);
+  recompute_flags(cmd, o.recompute, &o.memory_limit);
+  precision_flag(cmd, o.precision);
+  number(cmd, "--zero", o.zero,
+         "Under mpirun: 1 shards the optimizer state (moments) across the processes, each "
+         "holding 1/N of it (ZeRO stage 1); 0 = every process holds all of it",
+         0, 1);
+  return f;
+}
+
+void LoopFlags::finish(train::LoopOptions& o) const {
+  o.optimizer.kind = train::parse_optimizer(*optimizer, "--optimizer");
+  if (lr->count() == 0) o.lr = o.optimizer.kind == train::OptimizerKind::lamb ? lr_lamb : lr_adamw;
+}
+
 const DefaultVocab& default_vocab() {
   static const DefaultVocab v = [] {
     namespace fs = std::filesystem;

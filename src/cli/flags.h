@@ -6,12 +6,14 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
 
 #include "data/squad.h"
 #include "model/workspace.h"
+#include "train/loop.h"
 
 namespace packbert::cli {
 
@@ -61,6 +63,23 @@ const DefaultVocab& default_vocab();
 
 // --vocab bound to `value` (set to the default vocabulary); --help says where that was found.
 CLI::Option* vocab_option(CLI::App* cmd, std::string& value, const std::string& help);
+
+// The flag that sets an options field (train::LoopOptions and the like), for the field names
+// library errors carry (OptionError); the field itself when no flag sets it.
+std::string flag_of_field(const std::string& field);
+
+// The flags of train::LoopOptions, which pretrain and finetune share: --optimizer, --lr,
+// --warmup, --decay-power, --weight-decay, --clip, --batch-rows, --accumulation, --seed,
+// --nan-abort, --skip-outliers, --recompute, --memory-limit, --precision and --zero. --lr's
+// default follows the optimizer (lr_lamb, lr_adamw); finish() applies both once parsed.
+struct LoopFlags {
+  std::shared_ptr<std::string> optimizer;
+  CLI::Option* lr = nullptr;
+  double lr_lamb = 0, lr_adamw = 0;
+  void finish(train::LoopOptions& o) const;
+};
+LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& optimizer,
+                     double lr_lamb, double lr_adamw, const std::string& lr_help);
 
 constexpr double kMaxCount = 1e12;  // upper bound for counts that have no natural one
 constexpr double kMaxSeed = 18446744073709551615.0;  // seeds are unsigned 64-bit

@@ -5,12 +5,18 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
+#include "dist/comm.h"
 #include "error.h"
 #include "io/memory.h"
 
 namespace packbert::cli {
 
-int run(int argc, char** argv) {
+namespace {
+
+bool failed_together = false;  // the error was a SharedError: every process has it
+
+int run_command(int argc, char** argv) {
   CLI::App app{"packbert: fast, memory-lean BERT training with sequence packing", "packbert"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "packbert 0.1.0");
@@ -38,6 +44,13 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "packbert: error: " << e.what() << " (see --help)\n";
     return 2;
+  } catch (const SharedError& e) {  // every process has it: rank 0 says it
+    if (dist::Comm::world().root()) std::cerr << "packbert: error: " << e.what() << '\n';
+    failed_together = true;
+    return 2;
+  } catch (const OptionError& e) {
+    std::cerr << "packbert: error: " << flag_of_field(e.field()) << " " << e.rest() << '\n';
+    return 2;
   } catch (const InputError& e) {
     std::cerr << "packbert: error: " << e.what() << '\n';
     return 2;
@@ -53,6 +66,21 @@ int run(int argc, char** argv) {
     return 1;
   }
   return exit_code;
+}
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  const int code = run_command(argc, argv);
+  dist::Comm& comm = dist::Comm::world();
+  // A process that failed alone (bad input only it saw, an error mid-step) takes the run down
+  // with it rather than leave the others waiting in a collective.
+  if (comm.distributed() && code != 0 && code < 128 && !failed_together) {
+    std::cerr.flush();
+    comm.abort(code);
+  }
+  dist::Comm::finalize();
+  return code;
 }
 
 }  // namespace packbert::cli

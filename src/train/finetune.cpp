@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "data/utf8.h"
+#include "dist/comm.h"
 #include "error.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
@@ -121,55 +122,48 @@ model::PackedBatch make_batch(const std::vector<Seq>& seqs,
   return b;
 }
 
-// The training loop both tasks share: shuffled rows, AdamW with warmup and linear decay, norm
-// clipping at 1, a JSONL line per step, and `evaluate(epoch)` (which logs its own line) after
-// every epoch.
+// The training both tasks share: rows shuffled per epoch, the one training step (train/loop.h)
+// over steps of processes x rows_per_batch rows x accumulation, a JSONL line per step (rank 0),
+// and `evaluate(epoch)` (which logs its own line) after every epoch.
 template <typename Seq, typename Evaluate>
 void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
                   const std::vector<Seq>& seqs, const std::vector<std::vector<int64_t>>& rows,
-                  std::ofstream& log, FinetuneResult& res, Evaluate evaluate) {
-  const int64_t batches =
-      (static_cast<int64_t>(rows.size()) + o.rows_per_batch - 1) / o.rows_per_batch;
-  const int64_t total = batches * o.epochs;
-  OptimizerConfig oc;
-  oc.kind = OptimizerKind::adamw;
-  PlanRequest plan{m.config(), m.layout().heads(), oc.kind, {}, o.precision};
-  plan.shape = uniform_shape(static_cast<int64_t>(o.rows_per_batch) * o.max_seq_len,
-                             o.rows_per_batch, omp_get_max_threads());
-  const model::Recompute recompute = check_step_fits(plan, o.recompute, o.memory_limit);
-  Optimizer opt(m.layout(), oc);
+                  std::ostream& log, FinetuneResult& res, Evaluate evaluate) {
+  dist::Comm& comm = dist::Comm::world();
+  const LoopOptions& lo = o.loop;
+  const int64_t step_rows = static_cast<int64_t>(comm.size()) * lo.rows_per_batch;
+  const int64_t micros = (static_cast<int64_t>(rows.size()) + step_rows - 1) / step_rows;
+  const int64_t per_epoch = (micros + lo.accumulation - 1) / lo.accumulation;
+  const int64_t total = per_epoch * o.epochs;
+  PlanRequest plan{m.config(), m.layout().heads(), lo.optimizer.kind, {}, lo.precision};
+  plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
+                             lo.rows_per_batch, omp_get_max_threads());
+  const model::Recompute recompute = check_step_fits(plan, lo.recompute, lo.memory_limit);
+  Stepper stepper(m, lo, lo.optimizer, lo.accumulation, recompute, comm);
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     std::vector<size_t> order(rows.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    SplitMix64 rng(o.seed * kGolden64 + static_cast<uint64_t>(epoch));
+    SplitMix64 rng(lo.seed * kGolden64 + static_cast<uint64_t>(epoch));
     shuffle(order, rng);
-    for (int64_t b = 0; b < batches; ++b) {
+    size_t next_row = 0;
+    auto next = [&] {
       std::vector<std::vector<int64_t>> batch_rows;
-      for (int64_t r = b * o.rows_per_batch;
-           r < std::min<int64_t>((b + 1) * o.rows_per_batch, static_cast<int64_t>(order.size()));
-           ++r)
-        batch_rows.push_back(rows[order[r]]);
-      const model::PackedBatch batch = make_batch(seqs, batch_rows, o.max_seq_len);
-      model::Outputs out = m.forward(
-          batch, {true, o.seed, static_cast<uint64_t>(res.steps), recompute, o.precision});
-      m.zero_grads();
-      m.backward();
-      double norm = clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
-      double lr = learning_rate(o.lr, res.steps, o.warmup_steps, total);
-      const bool finite = std::isfinite(out.loss()) && std::isfinite(norm);
-      if (finite) {
-        apply_update(opt, m, lr, o.precision);
-        const std::vector<float>& w = std::as_const(m).params();
-        if (!all_finite(w.data(), w.size()))
-          throw InputError("the update of step " + std::to_string(res.steps + 1) +
-                           " made parameters non-finite (--lr too high?); no model written");
-      }
-      nlohmann::json line{{"type", "step"},     {"step", res.steps + 1},
-                          {"epoch", epoch + 1}, {"loss", out.loss()},
-                          {"lr", lr},           {"skipped", !finite}};
-      if (out.cls_count)
-        line["acc"] = static_cast<double>(out.cls_correct) / static_cast<double>(out.cls_count);
-      log << line.dump() << std::endl;
+      for (; batch_rows.size() < static_cast<size_t>(step_rows) && next_row < order.size();
+           ++next_row)
+        batch_rows.push_back(rows[order[next_row]]);
+      return make_batch(seqs, batch_rows, o.max_seq_len);
+    };
+    for (int64_t s = 0; s < per_epoch; ++s) {
+      const int n =
+          static_cast<int>(std::min<int64_t>(lo.accumulation, micros - s * lo.accumulation));
+      const StepResult r = stepper.step(res.steps, total, next, "no model written", n);
+      nlohmann::json line{
+          {"type", "step"}, {"step", res.steps + 1},    {"epoch", epoch + 1},  {"loss", r.loss()},
+          {"lr", r.lr},     {"grad_norm", r.grad_norm}, {"skipped", r.skipped}};
+      if (r.cls_count)
+        line["acc"] = static_cast<double>(r.cls_correct) / static_cast<double>(r.cls_count);
+      if (comm.distributed()) line["imbalance"] = r.imbalance;
+      if (comm.root()) log << line.dump() << std::endl;
       ++res.steps;
     }
     evaluate(epoch + 1);
@@ -247,7 +241,7 @@ void check_model(const model::BertModel<float>& m, const data::Vocab& vocab,
 }
 
 FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokenizer& tok,
-                                   std::ofstream& log) {
+                                   std::ostream& log) {
   std::map<std::string, int32_t> labels;
   std::vector<data::ClassifyExample> train =
       data::read_classification_tsv(o.train, tok, o.max_seq_len, labels, true);
@@ -259,7 +253,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   model::Heads heads;
   heads.pretraining = false;
   heads.classifier = true;
-  auto m = model_from(o.init, heads, res.num_labels, o.seed);
+  auto m = model_from(o.init, heads, res.num_labels, o.loop.seed);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
   std::vector<int64_t> per_label(res.num_labels, 0);
   for (const auto& e : train) ++per_label[e.label];
@@ -269,13 +263,14 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   for (const auto& e : dev) maj_ok += e.label == majority;
   res.majority_baseline = static_cast<double>(maj_ok) / static_cast<double>(dev.size());
 
-  const auto tr = make_rows(lengths_of(train), o.max_seq_len, o.packed, o.seed);
-  const auto dv = make_rows(lengths_of(dev), o.max_seq_len, o.packed, o.seed);
+  const auto tr = make_rows(lengths_of(train), o.max_seq_len, o.packed, o.loop.seed);
+  const auto dv = make_rows(lengths_of(dev), o.max_seq_len, o.packed, o.loop.seed);
   res.train_sequences = static_cast<int64_t>(train.size());
   res.dev_sequences = static_cast<int64_t>(dev.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   train_epochs(*m, o, train, tr, log, res, [&](int epoch) {
-    res.dev_accuracy.push_back(accuracy(*m, dev, dv, o.rows_per_batch, o.max_seq_len, o.precision));
+    res.dev_accuracy.push_back(
+        accuracy(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision));
     log << nlohmann::json{{"type", "eval"},
                           {"epoch", epoch},
                           {"step", res.steps},
@@ -284,6 +279,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
                .dump()
         << std::endl;
   });
+  if (!dist::Comm::world().root()) return res;  // rank 0 alone writes the model
   std::vector<std::string> names(labels.size());
   for (auto& [name, id] : labels) names[static_cast<size_t>(id)] = name;
   write_model_files(*m, o.out_dir, o.vocab, names);
@@ -301,7 +297,7 @@ data::SquadOptions squad_options(data::SquadOptions so, int max_seq_len) {
 }
 
 FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& tok,
-                              std::ofstream& log) {
+                              std::ostream& log) {
   const data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
   std::vector<data::SquadExample> train = data::read_squad(o.train), dev = data::read_squad(o.dev);
   data::SquadFeatures tf = data::squad_features(train, tok, so, true);
@@ -312,18 +308,18 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   model::Heads heads;
   heads.pretraining = false;
   heads.span = true;
-  auto m = model_from(o.init, heads, 0, o.seed);
+  auto m = model_from(o.init, heads, 0, o.loop.seed);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
-  const auto tr = make_rows(lengths_of(tf.features), o.max_seq_len, o.packed, o.seed);
-  const auto dv = make_rows(lengths_of(df.features), o.max_seq_len, o.packed, o.seed);
+  const auto tr = make_rows(lengths_of(tf.features), o.max_seq_len, o.packed, o.loop.seed);
+  const auto dv = make_rows(lengths_of(df.features), o.max_seq_len, o.packed, o.loop.seed);
   res.train_sequences = static_cast<int64_t>(tf.features.size());
   res.dev_sequences = static_cast<int64_t>(df.features.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch) {
-    std::vector<std::string> pred = squad_answers(*m, dev, df.features, dv, o.rows_per_batch,
-                                                  o.max_seq_len, o.precision, tok, so);
+    std::vector<std::string> pred = squad_answers(*m, dev, df.features, dv, o.loop.rows_per_batch,
+                                                  o.max_seq_len, o.loop.precision, tok, so);
     res.dev_squad.push_back(data::squad_score(dev, pred));
-    write_predictions(o.out_dir + "/predictions.json", dev, pred);
+    if (dist::Comm::world().root()) write_predictions(o.out_dir + "/predictions.json", dev, pred);
     log << nlohmann::json{{"type", "eval"},
                           {"epoch", epoch},
                           {"step", res.steps},
@@ -332,30 +328,37 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
                .dump()
         << std::endl;
   });
-  write_model_files(*m, o.out_dir, o.vocab);
+  if (dist::Comm::world().root()) write_model_files(*m, o.out_dir, o.vocab);
   return res;
 }
 
 }  // namespace
 
 FinetuneResult finetune(const FinetuneOptions& o) {
-  if (o.epochs < 1) throw InputError("--epochs must be at least 1");
-  if (!(std::isfinite(o.lr) && o.lr > 0)) throw InputError("--lr must be a positive finite number");
+  check_loop_options(o.loop);
+  if (o.epochs < 1) throw OptionError("epochs", "must be at least 1");
   if (o.max_seq_len < 8) throw InputError("--max-seq-len must be at least 8");
-  if (o.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
   data::Vocab vocab = data::Vocab::load(o.vocab);
   data::Tokenizer tok(vocab, true);
   // Everything is written into a staging directory that replaces out_dir only at the end: a
-  // failed or interrupted run leaves out_dir as it was.
-  io::StagedDirectory out(o.out_dir, "--out", o.overwrite);
+  // failed or interrupted run leaves out_dir as it was. Rank 0 alone writes.
+  dist::Comm& comm = dist::Comm::world();
+  std::optional<io::StagedDirectory> out;
   FinetuneOptions staged = o;
-  staged.out_dir = out.path();
-  std::ofstream log(staged.out_dir + "/metrics.jsonl");
-  if (!log) throw InputError(staged.out_dir + "/metrics.jsonl: cannot open for writing");
+  std::ofstream log;
+  dist::fail_together(comm, [&] {
+    if (!comm.root()) return;
+    out.emplace(o.out_dir, "--out", o.overwrite);
+    staged.out_dir = out->path();
+    log.open(staged.out_dir + "/metrics.jsonl");
+    if (!log) throw InputError(staged.out_dir + "/metrics.jsonl: cannot open for writing");
+  });
   FinetuneResult r = o.task == FinetuneTask::squad ? finetune_squad(staged, tok, log)
                                                    : finetune_classifier(staged, tok, log);
-  log.close();
-  out.publish();
+  if (comm.root()) {
+    log.close();
+    out->publish();
+  }
   return r;
 }
 

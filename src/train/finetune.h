@@ -15,6 +15,7 @@
 #include "data/squad.h"
 #include "data/tokenizer.h"
 #include "model/bert.h"
+#include "train/loop.h"
 
 namespace packbert::train {
 
@@ -24,17 +25,20 @@ struct FinetuneOptions {
   FinetuneTask task = FinetuneTask::classify;
   std::string train, dev, init, out_dir, vocab;
   int max_seq_len = 128;
-  int rows_per_batch = 8;  // packs per step
   int epochs = 3;
-  double lr = 5e-5;
-  int64_t warmup_steps = 10;
-  uint64_t seed = 1;
   bool packed = true;
-  bool overwrite = false;      // replace a model directory already at out_dir
-  data::SquadOptions squad;    // doc stride, query and answer limits (max_seq_len above wins)
-  model::Recompute recompute;  // as PretrainOptions::recompute
-  model::Precision precision = model::Precision::fp32;
-  std::optional<double> memory_limit;
+  bool overwrite = false;    // replace a model directory already at out_dir
+  data::SquadOptions squad;  // doc stride, query and answer limits (max_seq_len above wins)
+  // Optimizer (AdamW by default), schedule, batch, clipping, accumulation, precision, recompute
+  // and ZeRO: the same loop as pre-training, with fine-tuning's defaults (set here).
+  LoopOptions loop = [] {
+    LoopOptions l;
+    l.optimizer.kind = OptimizerKind::adamw;
+    l.lr = 5e-5;
+    l.rows_per_batch = 8;
+    l.warmup_steps = 10;
+    return l;
+  }();
 };
 
 struct FinetuneResult {

@@ -17,11 +17,15 @@ OptimizerKind parse_optimizer(const std::string& name, const std::string& flag) 
   throw InputError(flag + ": expected adamw|lamb, got '" + name + "'");
 }
 
-Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config)
-    : layout_(layout), cfg_(config), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {
-  size_t largest = 0;
-  for (const model::TensorSpec& t : layout.tensors()) largest = std::max(largest, t.numel);
-  if (cfg_.kind == OptimizerKind::lamb) u_.resize(largest);
+Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config, size_t begin,
+                     size_t end)
+    : layout_(layout),
+      cfg_(config),
+      begin_(std::min(begin, layout.total())),
+      end_(std::min(end, layout.total())),
+      m_(end_ - begin_, 0.0f),
+      v_(end_ - begin_, 0.0f) {
+  if (cfg_.kind == OptimizerKind::lamb) norms_.resize(2 * layout.tensors().size());
 }
 
 namespace {
@@ -43,60 +47,76 @@ void adamw_block(float* __restrict p, kernels::bf16* __restrict p16, float* __re
 
 }  // namespace
 
-void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16* params16) {
+void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16* params16,
+                     const Reduce& reduce) {
   ++t_;
-  const double b1 = cfg_.beta1, b2 = cfg_.beta2;
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
   const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_)),
                c2 = 1.0 - std::pow(b2, static_cast<double>(t_));
-  for (const model::TensorSpec& t : layout_.tensors()) {
-    float* p = params + t.offset;
-    kernels::bf16* p16 = params16 ? params16 + t.offset : nullptr;
-    const float* g = grads + t.offset;
-    float* m = m_.data() + t.offset;
-    float* v = v_.data() + t.offset;
-    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
-    const int64_t n = static_cast<int64_t>(t.numel);
-    if (cfg_.kind == OptimizerKind::adamw) {
-      const double eps = cfg_.eps;
+  const std::vector<model::TensorSpec>& tensors = layout_.tensors();
+  // Calls f(k, tensor, first, n): the part [first, first + n) of tensor k inside this shard.
+  auto each_part = [&](auto f) {
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const model::TensorSpec& t = tensors[k];
+      const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
+      if (a < b) f(k, t, a, static_cast<int64_t>(b - a));
+    }
+  };
+  if (cfg_.kind == OptimizerKind::adamw) {
+    each_part([&](size_t, const model::TensorSpec& t, size_t a, int64_t n) {
+      float *p = params + a, *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
+      kernels::bf16* p16 = params16 ? params16 + a : nullptr;
+      const float* g = grads + a;
+      const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
       // Blocks per thread around a plain loop over restrict pointers, which GCC vectorises
       // (it does not under `omp parallel for simd` here).
       constexpr int64_t kBlock = 16384;
 #pragma omp parallel for schedule(static)
-      for (int64_t a = 0; a < n; a += kBlock) {
-        const int64_t w = std::min(kBlock, n - a);
+      for (int64_t i = 0; i < n; i += kBlock) {
+        const int64_t w = std::min(kBlock, n - i);
         if (p16)
-          adamw_block<true>(p + a, p16 + a, m + a, v + a, g + a, w, lr, wd, b1, b2, c1, c2, eps);
+          adamw_block<true>(p + i, p16 + i, m + i, v + i, g + i, w, lr, wd, b1, b2, c1, c2, eps);
         else
-          adamw_block<false>(p + a, nullptr, m + a, v + a, g + a, w, lr, wd, b1, b2, c1, c2, eps);
+          adamw_block<false>(p + i, nullptr, m + i, v + i, g + i, w, lr, wd, b1, b2, c1, c2, eps);
       }
-      continue;
-    }
-    // LAMB: first the update direction and both norms, then the trust-scaled step.
-    double* u = u_.data();
+    });
+    return;
+  }
+  // LAMB: the moments and each tensor's squared norms of weights and update direction u, summed
+  // over the shards; then the trust-scaled step, with u rebuilt from the stored moments.
+  std::fill(norms_.begin(), norms_.end(), 0.0);
+  auto direction = [&](double m, double v, double p, double wd) {
+    return (m / c1) / (std::sqrt(v / c2) + eps) + wd * p;
+  };
+  each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
+    const float *p = params + a, *g = grads + a;
+    float *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
+    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
     double pn = 0, un = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pn, un)
     for (int64_t i = 0; i < n; ++i) {
-      double mi = b1 * m[i] + (1 - b1) * g[i], vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
-      m[i] = static_cast<float>(mi);
-      v[i] = static_cast<float>(vi);
-      u[i] = (mi / c1) / (std::sqrt(vi / c2) + cfg_.eps) + wd * p[i];
+      m[i] = static_cast<float>(b1 * m[i] + (1 - b1) * g[i]);
+      v[i] = static_cast<float>(b2 * v[i] + (1 - b2) * g[i] * g[i]);
+      const double u = direction(m[i], v[i], p[i], wd);
       pn += static_cast<double>(p[i]) * p[i];
-      un += u[i] * u[i];
+      un += u * u;
     }
-    pn = std::sqrt(pn);
-    un = std::sqrt(un);
-    const double trust = (t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un;
-    if (p16) {
+    norms_[2 * k] = pn, norms_[2 * k + 1] = un;
+  });
+  if (reduce) reduce(norms_.data(), norms_.size());
+  each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
+    float* p = params + a;
+    const float *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
+    kernels::bf16* p16 = params16 ? params16 + a : nullptr;
+    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
+    const double pn = std::sqrt(norms_[2 * k]), un = std::sqrt(norms_[2 * k + 1]);
+    const double step = lr * ((t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un);
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        p[i] = static_cast<float>(p[i] - lr * trust * u[i]);
-        p16[i] = kernels::to_bf16(p[i]);
-      }
-    } else {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] - lr * trust * u[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = static_cast<float>(p[i] - step * direction(m[i], v[i], p[i], wd));
+      if (p16) p16[i] = kernels::to_bf16(p[i]);
     }
-  }
+  });
 }
 
 void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,

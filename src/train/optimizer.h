@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,14 +31,25 @@ struct OptimizerConfig {
 // LAMB (You et al. 2019): u = m_hat / (sqrt(v_hat) + eps) + wd * p per tensor, scaled by the
 // trust ratio ||p|| / ||u|| (1 when either norm is 0, and for no_decay tensors):
 // p -= lr * trust * u.
+//
+// An optimizer may own a shard [begin, end) of the arena only (ZeRO-1: its moments are that
+// long, and step() updates only those parameters). LAMB's trust ratio needs each tensor's whole
+// norms: step() sums its shard's part of them and hands the sums to `reduce`, which adds the
+// other shards' (an all-reduce across processes) before any parameter moves.
 class Optimizer {
  public:
-  Optimizer(const model::ParamLayout& layout, OptimizerConfig config);
-  // One update with learning rate lr; `step` counts from 1 (bias correction). params16, when
-  // given, is the bf16 copy of the weights (`--precision bf16`), rewritten from each updated
-  // element in the same pass.
-  void step(float* params, const float* grads, double lr, kernels::bf16* params16 = nullptr);
+  using Reduce = std::function<void(double* sums, size_t n)>;
+  Optimizer(const model::ParamLayout& layout, OptimizerConfig config, size_t begin = 0,
+            size_t end = SIZE_MAX);
+  // One update with learning rate lr; `step` counts from 1 (bias correction). params, grads and
+  // params16 span the whole arena. params16, when given, is the bf16 copy of the weights
+  // (`--precision bf16`), rewritten from each updated element in the same pass.
+  void step(float* params, const float* grads, double lr, kernels::bf16* params16 = nullptr,
+            const Reduce& reduce = {});
+  size_t begin() const { return begin_; }
+  size_t end() const { return end_; }
   int64_t steps() const { return t_; }
+  // The moments of [begin(), end()).
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
   const std::vector<float>& m() const { return m_; }
@@ -48,8 +60,9 @@ class Optimizer {
  private:
   const model::ParamLayout& layout_;
   OptimizerConfig cfg_;
-  std::vector<float> m_, v_;
-  std::vector<double> u_;  // LAMB's update direction of one tensor (the largest fits)
+  size_t begin_, end_;
+  std::vector<float> m_, v_;   // of [begin_, end_)
+  std::vector<double> norms_;  // LAMB: per tensor, the squared norms of the weights and update
   int64_t t_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dist/comm.h"
 #include "error.h"
 #include "io/atomic_file.h"
 #include "io/fault.h"
@@ -81,13 +82,6 @@ void export_model(const model::BertModel<float>& m, const std::string& dir,
   out.publish();
 }
 
-bool all_finite(const float* x, size_t n) {
-  bool ok = true;
-#pragma omp parallel for reduction(&& : ok)
-  for (size_t i = 0; i < n; ++i) ok = ok && std::isfinite(x[i]);
-  return ok;
-}
-
 namespace {
 
 // Keeps the metrics records of steps up to `step` (a resumed run writes the later ones again).
@@ -114,26 +108,64 @@ std::string Trainer::checkpoint_path() const {
   return opt_.out_dir + "/checkpoint.safetensors";
 }
 
-Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
-  if (opt_.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
-  if (opt_.accumulation < 1) throw InputError("--accumulation must be at least 1");
-  if (!(std::isfinite(opt_.lr) && opt_.lr > 0))
-    throw InputError("--lr must be a positive finite number");
-  if (opt_.max_steps < 1) throw InputError("--steps must be at least 1");
+Trainer::Trainer(const PretrainOptions& options, bool resume)
+    : opt_(options), comm_(dist::Comm::world()) {
+  // Every rank sets up from the same files; one that cannot makes them all stop with its reason.
+  dist::fail_together(comm_, [&] { setup(resume); });
+  if (!comm_.distributed()) return;
+  // Every rank must train the same model on the same data with the same options as rank 0.
+  const model::BertConfig& c = model_->config();
+  const json mine = {{"sequences file (checksum)", seqs_checksum_},
+                     {"packs file", packs_ ? packs_->packs() : 0},
+                     {"vocabulary", vocab_ ? vocab_->size() : 0},
+                     {"model config", model::config_to_json(c).dump()},
+                     {"step", step_},
+                     {"options", json{{"rows_per_batch", opt_.loop.rows_per_batch},
+                                      {"accumulation", opt_.loop.accumulation},
+                                      {"seed", opt_.loop.seed},
+                                      {"lr", opt_.loop.lr},
+                                      {"optimizer", optimizer_name(opt_.loop.optimizer.kind)},
+                                      {"precision", model::precision_name(opt_.loop.precision)},
+                                      {"zero", opt_.loop.zero},
+                                      {"max_steps", opt_.max_steps}}
+                                     .dump()}};
+  const std::vector<std::string> all = comm_.allgather(mine.dump());
+  const json first = json::parse(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    const json other = json::parse(all[r]);
+    for (auto it = first.begin(); it != first.end(); ++it)
+      if (other.at(it.key()) != it.value())
+        throw SharedError("rank " + std::to_string(r) + ": its " + it.key() +
+                          " differs from rank 0's (" + other.at(it.key()).dump() + " against " +
+                          it.value().dump() +
+                          "); every process must be given the same files and "
+                          "flags");
+  }
+}
+
+void Trainer::setup(bool resume) {
+  const LoopOptions& lo = opt_.loop;
+  check_loop_options(lo);
+  if (opt_.max_steps < 1) throw OptionError("max_steps", "must be at least 1");
   if (opt_.eval_fraction && !(*opt_.eval_fraction >= 0 && *opt_.eval_fraction < 0.5))
-    throw InputError("--eval-fraction must be in [0, 0.5)");
+    throw OptionError("eval_fraction", "must be in [0, 0.5)");
   if (!(opt_.target_accuracy >= 0 && opt_.target_accuracy <= 1))
-    throw InputError("--target-accuracy must be in [0, 1] (0 = off)");
-  if (!(opt_.outlier_z >= 0)) throw InputError("--skip-outliers must be 0 (off) or positive");
+    throw OptionError("target_accuracy", "must be in [0, 1] (0 = off)");
   if (opt_.packing_adjust != "none" && opt_.packing_adjust != "ga" && opt_.packing_adjust != "beta")
-    throw InputError("--packing-adjust: expected none|ga|beta, got '" + opt_.packing_adjust + "'");
+    throw OptionError("packing_adjust", "expected none|ga|beta, got '" + opt_.packing_adjust + "'");
   if (opt_.one_per_row && opt_.packs.empty())
     throw InputError("--one-per-row lays out the packs of --packs: give --packs");
   if (opt_.compute_padding && !opt_.packs.empty() && !opt_.one_per_row)
     throw InputError("--compute-padding applies to padded rows: drop --packs or add --one-per-row");
-  if (opt_.out_dir.empty()) throw InputError("--out is required");
-  io::make_output_dir(opt_.out_dir, "--out");
-  io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl"});
+  if (opt_.compute_padding && comm_.distributed())
+    throw InputError(
+        "--compute-padding is a one-process baseline (its padding is laid out after every real "
+        "token of the batch, which cannot be split across processes): run it without mpirun");
+  if (opt_.out_dir.empty()) throw OptionError("out_dir", "is required");
+  if (comm_.root()) {  // rank 0 alone writes into out_dir
+    io::make_output_dir(opt_.out_dir, "--out");
+    io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl"});
+  }
   const std::string metrics = opt_.out_dir + "/metrics.jsonl";
   if (!resume && fs::exists(checkpoint_path())) {
     if (!opt_.overwrite)
@@ -142,6 +174,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
                        "start over with another --out (or --overwrite to replace it)");
   }
   new_log_ = !resume;  // a new run starts a new metrics.jsonl when it starts training
+  step_rows_ = static_cast<int64_t>(comm_.size()) * lo.rows_per_batch;
 
   seqs_ = data::read_sequences(opt_.sequences);
   seqs_checksum_ = data::sequences_checksum(opt_.sequences);
@@ -169,16 +202,22 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
       throw InputError(checkpoint_path() + ": was trained on another sequences file than " +
                        opt_.sequences);
     if (state.value("packed", false) != packs_.has_value() ||
-        state.value("one_per_row", false) != opt_.one_per_row ||
-        state.value("rows_per_batch", 0) != opt_.rows_per_batch)
+        state.value("one_per_row", false) != opt_.one_per_row)
       throw InputError(checkpoint_path() +
-                       ": resume needs the same layout (--packs, --one-per-row) and --batch-rows "
-                       "as the run that wrote it");
+                       ": resume needs the same layout (--packs, --one-per-row) as the run that "
+                       "wrote it");
+    // rows_per_batch: the rows of a whole step's micro-batch (processes x --batch-rows).
+    const int64_t rows = state.value("rows_per_batch", int64_t{0});
+    if (rows != step_rows_)
+      throw InputError(checkpoint_path() + ": its run used " + std::to_string(rows) +
+                       " rows per micro-batch (processes x --batch-rows); resume needs the same, "
+                       "not " +
+                       std::to_string(comm_.size()) + " x " + std::to_string(lo.rows_per_batch));
     const std::string precision = state.value("precision", std::string("fp32"));
-    if (precision != model::precision_name(opt_.precision))
+    if (precision != model::precision_name(lo.precision))
       throw InputError(checkpoint_path() + ": was trained with --precision " + precision +
                        "; resume needs the same (bit-exact resume), not " +
-                       model::precision_name(opt_.precision));
+                       model::precision_name(lo.precision));
     model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads);
     model::load_weights(model_->layout(), model_->params().data(), *ckpt);
   } else if (!opt_.init.empty()) {
@@ -190,7 +229,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
     io::AllocationScope scope("the parameters and gradients of bert-" + opt_.preset);
     model_ = std::make_unique<model::BertModel<float>>(c, heads);
-    model::init_params(model_->layout(), model_->params().data(), opt_.seed);
+    model::init_params(model_->layout(), model_->params().data(), lo.seed);
   }
   const model::BertConfig& c = model_->config();
   if (c.vocab_size != seqs_.vocab_size)
@@ -205,17 +244,17 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   // Packing-aware hyperparameters (Graphcore): a pack holds `pf` sequences on average.
   const double pf =
       packs_ ? static_cast<double>(packs_->ids.size()) / static_cast<double>(packs_->packs()) : 1.0;
-  accumulation_ = opt_.accumulation;
-  OptimizerConfig oc = opt_.optimizer;
+  accumulation_ = lo.accumulation;
+  OptimizerConfig oc = lo.optimizer;
   if (opt_.packing_adjust == "ga")
-    accumulation_ = std::max(1, static_cast<int>(std::lround(opt_.accumulation / pf)));
+    accumulation_ = std::max(1, static_cast<int>(std::lround(lo.accumulation / pf)));
   if (opt_.packing_adjust == "beta")
     oc.beta1 = std::pow(oc.beta1, pf), oc.beta2 = std::pow(oc.beta2, pf);
   {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
-    PlanRequest plan{c, heads, oc.kind, {}, opt_.precision};
-    int64_t rows = opt_.rows_per_batch;
+    PlanRequest plan{c, heads, oc.kind, {}, lo.precision};
+    int64_t rows = lo.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
       for (uint64_t p = 0; p < packs_->packs(); ++p)
@@ -225,12 +264,9 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     const int64_t tokens = rows * (opt_.one_per_row ? seqs_.max_seq_len : row_len);
     plan.shape = uniform_shape(tokens, rows, omp_get_max_threads());
     plan.shape.masked = (tokens + 4) / 5;
-    recompute_ = check_step_fits(plan, opt_.recompute, opt_.memory_limit);
+    recompute_ = check_step_fits(plan, lo.recompute, lo.memory_limit);
   }
-  {
-    io::AllocationScope scope("the optimizer's moments");
-    optim_ = std::make_unique<Optimizer>(model_->layout(), oc);
-  }
+  stepper_ = std::make_unique<Stepper>(*model_, lo, oc, accumulation_, recompute_, comm_);
 
   // Held out: the documents the file records as held out, else the file's last sequences;
   // evaluated one per row without dropout, the same sequences whether training is packed or
@@ -250,8 +286,8 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
       held = std::max<uint64_t>(
           1, static_cast<uint64_t>(std::llround(fraction * static_cast<double>(n_seq))));
   }
-  train_rows_.rows_per_batch = opt_.rows_per_batch;
-  train_rows_.seed = opt_.seed;
+  train_rows_.rows_per_batch = static_cast<int>(step_rows_);  // every rank reads the whole step
+  train_rows_.seed = lo.seed;
   train_rows_.dynamic_masking = opt_.dynamic_masking;
   train_rows_.compute_padding = opt_.compute_padding;
   train_rows_.one_per_row = opt_.one_per_row;
@@ -266,8 +302,8 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   } else {
     train_rows_.row_end = n_seq - held;
   }
-  eval_rows_.rows_per_batch = std::max(opt_.rows_per_batch, 8);
-  eval_rows_.seed = opt_.seed;
+  eval_rows_.rows_per_batch = std::max(lo.rows_per_batch, 8);
+  eval_rows_.seed = lo.seed;
   eval_rows_.shuffle = false;
   eval_rows_.row_begin = n_seq - held;
   eval_rows_.row_end = held ? n_seq : 0;
@@ -275,13 +311,16 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
   // The moments and step count of a training checkpoint: this run's own (resume), or the one
   // --init names (carried into a new phase).
   auto load_optimizer = [&](const io::SafetensorsFile& f, const json& st) {
+    const size_t total = model_->layout().total();
+    std::vector<float> m_all(total, 0.0f), v_all(total, 0.0f);
     for (const model::TensorSpec& t : model_->layout().tensors()) {
       auto m = f.floats("optimizer.m." + t.name, &t.shape),
            v = f.floats("optimizer.v." + t.name, &t.shape);
-      std::copy(m.begin(), m.end(), optim_->m().begin() + static_cast<long>(t.offset));
-      std::copy(v.begin(), v.end(), optim_->v().begin() + static_cast<long>(t.offset));
+      std::copy(m.begin(), m.end(), m_all.begin() + static_cast<long>(t.offset));
+      std::copy(v.begin(), v.end(), v_all.begin() + static_cast<long>(t.offset));
     }
-    optim_->set_steps(st.at("optimizer_steps").get<int64_t>());
+    stepper_->load_moments(m_all, v_all);
+    stepper_->optimizer().set_steps(st.at("optimizer_steps").get<int64_t>());
   };
   if (!resume && opt_.carry_optimizer) {
     if (opt_.init.empty() || fs::is_directory(opt_.init))
@@ -307,15 +346,16 @@ Trainer::Trainer(const PretrainOptions& options, bool resume) : opt_(options) {
     elapsed_ = state.value("elapsed", 0.0);
     saved_step_ = step_;
     if (state.contains("recent_grad_norms")) {
-      guard_.recent = state.at("recent_grad_norms").get<std::vector<double>>();
-      guard_.accepted = state.at("accepted_steps").get<int64_t>();
-      outlier_skips_ = state.at("outlier_skips").get<int64_t>();
-      if (guard_.recent.size() != static_cast<size_t>(GradNormGuard::kWindow))
+      GradNormGuard& guard = stepper_->guard();
+      guard.recent = state.at("recent_grad_norms").get<std::vector<double>>();
+      guard.accepted = state.at("accepted_steps").get<int64_t>();
+      stepper_->set_outlier_skips(state.at("outlier_skips").get<int64_t>());
+      if (guard.recent.size() != static_cast<size_t>(GradNormGuard::kWindow))
         throw InputError(checkpoint_path() + ": recent_grad_norms has " +
-                         std::to_string(guard_.recent.size()) + " entries, expected " +
+                         std::to_string(guard.recent.size()) + " entries, expected " +
                          std::to_string(GradNormGuard::kWindow));
     }
-    truncate_metrics(metrics, step_);
+    if (comm_.root()) truncate_metrics(metrics, step_);
   }
   loader_ = std::make_unique<BatchLoader>(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
                                           vocab_ ? &*vocab_ : nullptr, train_rows_, cursor_);
@@ -325,36 +365,46 @@ Trainer::~Trainer() = default;
 
 void Trainer::save_checkpoint() {
   const model::ParamLayout& L = model_->layout();
-  if (!all_finite(model_->params().data(), model_->params().size()) ||
-      !all_finite(optim_->m().data(), optim_->m().size()) ||
-      !all_finite(optim_->v().data(), optim_->v().size()))
+  std::vector<float> m, v;  // the whole arena's moments, on rank 0 (gathered under ZeRO-1)
+  stepper_->gather_moments(m, v);
+  double bad = comm_.root() && (!all_finite(model_->params().data(), model_->params().size()) ||
+                                !all_finite(m.data(), m.size()) || !all_finite(v.data(), v.size()));
+  comm_.allreduce_max(&bad, 1);  // every rank learns rank 0's verdict
+  if (bad)
     throw InputError("step " + std::to_string(step_) +
                      ": parameters or optimizer moments are not finite; no checkpoint written" +
                      (saved_step_ >= 0 ? " (the one of step " + std::to_string(saved_step_) +
                                              " in " + checkpoint_path() + " is unchanged)"
                                        : ""));
-  std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, model_->params().data());
-  auto m = model::weight_tensors(L, optim_->m().data(), "optimizer.m.");
-  auto v = model::weight_tensors(L, optim_->v().data(), "optimizer.v.");
-  tensors.insert(tensors.end(), m.begin(), m.end());
-  tensors.insert(tensors.end(), v.begin(), v.end());
+  if (!comm_.root()) {
+    saved_step_ = step_;
+    return;
+  }
+  std::vector<io::TensorToWrite> tensors =
+      model::weight_tensors(L, std::as_const(*model_).params().data());
+  auto mt = model::weight_tensors(L, m.data(), "optimizer.m.");
+  auto vt = model::weight_tensors(L, v.data(), "optimizer.v.");
+  tensors.insert(tensors.end(), mt.begin(), mt.end());
+  tensors.insert(tensors.end(), vt.begin(), vt.end());
+  const GradNormGuard& guard = stepper_->guard();
   json state = {{"format", "packbert.checkpoint"},
                 {"version", 1},
                 {"step", step_},
-                {"optimizer_steps", optim_->steps()},
-                {"optimizer", optimizer_name(opt_.optimizer.kind)},
+                {"optimizer_steps", stepper_->optimizer().steps()},
+                {"optimizer", optimizer_name(opt_.loop.optimizer.kind)},
                 {"cursor_epoch", cursor_.epoch},
                 {"cursor_row", cursor_.row},
                 {"sequences_checksum", seqs_checksum_},
                 {"packed", packs_.has_value()},
                 {"one_per_row", opt_.one_per_row},
-                {"precision", model::precision_name(opt_.precision)},
-                {"rows_per_batch", opt_.rows_per_batch},
-                {"seed", opt_.seed},
+                {"precision", model::precision_name(opt_.loop.precision)},
+                {"rows_per_batch", step_rows_},
+                {"processes", comm_.size()},
+                {"seed", opt_.loop.seed},
                 {"elapsed", elapsed_},
-                {"recent_grad_norms", guard_.recent},
-                {"accepted_steps", guard_.accepted},
-                {"outlier_skips", outlier_skips_}};
+                {"recent_grad_norms", guard.recent},
+                {"accepted_steps", guard.accepted},
+                {"outlier_skips", stepper_->outlier_skips()}};
   io::write_safetensors(
       checkpoint_path(), tensors,
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
@@ -389,7 +439,7 @@ EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
 EvalMetrics Trainer::evaluate() {
   if (eval_rows_.row_end == 0) return EvalMetrics{step_};
   BatchLoader loader(seqs_, seqs_checksum_, nullptr, vocab_ ? &*vocab_ : nullptr, eval_rows_, {});
-  EvalMetrics e = evaluate_mlm(*model_, loader, opt_.precision);
+  EvalMetrics e = evaluate_mlm(*model_, loader, opt_.loop.precision);
   e.step = step_;
   return e;
 }
@@ -397,12 +447,16 @@ EvalMetrics Trainer::evaluate() {
 StopReason Trainer::run(const std::atomic<bool>& stop,
                         const std::function<void(const StepMetrics&)>& on_step,
                         const std::function<void(const EvalMetrics&)>& on_eval) {
-  std::ofstream log(opt_.out_dir + "/metrics.jsonl", new_log_ ? std::ios::trunc : std::ios::app);
-  if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
+  // Rank 0 alone writes metrics and calls back; every rank trains and evaluates.
+  const bool root = comm_.root();
+  std::ofstream log;
+  if (root) {
+    log.open(opt_.out_dir + "/metrics.jsonl", new_log_ ? std::ios::trunc : std::ios::app);
+    if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
+  }
   new_log_ = false;
-  int nan_streak = 0;
   int64_t evaluated_at = -1;
-  bool reached = false;  // an evaluation met opt_.target_accuracy
+  bool reached = false;  // an evaluation met opt_.target_accuracy (rank 0's verdict)
   auto do_eval = [&] {
     evaluated_at = step_;
     const double e0 = now_seconds();
@@ -410,19 +464,23 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     e.elapsed = elapsed_;
     e.eval_seconds = now_seconds() - e0;
     if (eval_rows_.row_end == 0) return;
-    log << json{{"type", "eval"},
-                {"step", e.step},
-                {"mlm_loss", e.mlm_loss},
-                {"mlm_acc", e.mlm_acc},
-                {"nsp_loss", e.nsp_loss},
-                {"nsp_acc", e.nsp_acc},
-                {"mlm_count", e.mlm_count},
-                {"elapsed", e.elapsed},
-                {"eval_seconds", e.eval_seconds}}
-               .dump()
-        << std::endl;
-    if (on_eval) on_eval(e);
-    reached = opt_.target_accuracy > 0 && e.mlm_acc >= opt_.target_accuracy;
+    if (root) {
+      log << json{{"type", "eval"},
+                  {"step", e.step},
+                  {"mlm_loss", e.mlm_loss},
+                  {"mlm_acc", e.mlm_acc},
+                  {"nsp_loss", e.nsp_loss},
+                  {"nsp_acc", e.nsp_acc},
+                  {"mlm_count", e.mlm_count},
+                  {"elapsed", e.elapsed},
+                  {"eval_seconds", e.eval_seconds}}
+                 .dump()
+          << std::endl;
+      if (on_eval) on_eval(e);
+    }
+    double hit = root && opt_.target_accuracy > 0 && e.mlm_acc >= opt_.target_accuracy;
+    comm_.allreduce_max(&hit, 1);
+    reached = hit > 0;
   };
   auto no_checkpoint = [&] {
     return saved_step_ >= 0
@@ -430,78 +488,41 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                      checkpoint_path() + " is unchanged"
                : std::string("no checkpoint written");
   };
+  // A stop request (a signal to any rank) or the time limit (any rank's clock) stops every rank
+  // after the same step.
+  auto agreed = [&](bool local_stop, bool local_time) {
+    double flags[2] = {local_stop ? 1.0 : 0.0, local_time ? 1.0 : 0.0};
+    comm_.allreduce_max(flags, 2);
+    return std::pair{flags[0] > 0, flags[1] > 0};
+  };
+  bool stop_now = agreed(stop.load(), false).first;
   StopReason reason = StopReason::finished;
   while (step_ < opt_.max_steps) {
-    if (stop.load()) {
+    if (stop_now) {
       reason = StopReason::requested;
       break;
     }
     const double t0 = now_seconds();
+    const StepResult r = stepper_->step(
+        step_, opt_.max_steps, [&] { return loader_->next(); }, no_checkpoint());
     StepMetrics s;
     s.step = step_ + 1;
-    model_->zero_grads();
-    double mlm_sum = 0, nsp_sum = 0;
-    int64_t mlm_n = 0, nsp_n = 0, mlm_ok = 0, nsp_ok = 0;
-    for (int micro = 0; micro < accumulation_; ++micro) {
-      model::PackedBatch b = loader_->next();
-      io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
-                                " rows of " + std::to_string(b.S) + " tokens");
-      model::Outputs o = model_->forward(
-          b, {true, opt_.seed,
-              static_cast<uint64_t>(step_) * accumulation_ + static_cast<uint64_t>(micro),
-              recompute_, opt_.precision});
-      model_->backward();
-      mlm_sum += o.mlm_loss;
-      nsp_sum += o.nsp_loss;
-      mlm_n += o.mlm_count, nsp_n += o.nsp_count, mlm_ok += o.mlm_correct, nsp_ok += o.nsp_correct;
-      const model::TokenLayout& tl = model_->tokens();
-      for (int q = 0; q < tl.sequences(); ++q)
-        if (tl.nsp_label[q] != -100) {  // real sequences (computed padding carries no label)
-          s.real_tokens += tl.cu_seqlens[q + 1] - tl.cu_seqlens[q];
-          ++s.sequences;
-        }
-    }
-    s.mlm_loss = mlm_sum / accumulation_;
-    s.nsp_loss = nsp_sum / accumulation_;
-    s.loss = s.mlm_loss + s.nsp_loss;
-    s.mlm_acc = mlm_n ? static_cast<double>(mlm_ok) / static_cast<double>(mlm_n) : 0;
-    s.nsp_acc = nsp_n ? static_cast<double>(nsp_ok) / static_cast<double>(nsp_n) : 0;
-    std::vector<float>& g = model_->grads();
-    if (accumulation_ > 1) {  // (a pass over every gradient: skipped when it would multiply by 1)
-      const float inv = 1.0f / static_cast<float>(accumulation_);
-      const int64_t n = static_cast<int64_t>(g.size());
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) g[i] *= inv;
-    }
-    s.grad_norm = clip_grad_norm(g.data(), g.size(), opt_.clip_norm);
-    s.lr = learning_rate(opt_.lr, step_, opt_.warmup_steps, opt_.max_steps, opt_.decay_power);
-    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
-      s.skipped = true;
-      s.skip_reason = std::isfinite(s.loss) ? "non-finite gradient" : "non-finite loss";
-      if (++nan_streak >= opt_.nan_abort)
-        throw InputError(s.skip_reason + " for " + std::to_string(nan_streak) +
-                         " steps in a row (last at step " + std::to_string(s.step) + "); " +
-                         no_checkpoint() + "; lower --lr?");
-    } else if (opt_.outlier_z > 0 && guard_.is_outlier(s.grad_norm, opt_.outlier_z)) {
-      s.skipped = true;
-      s.skip_reason = "outlier gradient norm";
-      ++outlier_skips_;
-    } else {
-      nan_streak = 0;
-      apply_update(*optim_, *model_, s.lr, opt_.precision);
-      const std::vector<float>& w = std::as_const(*model_).params();
-      if (!all_finite(w.data(), w.size()))
-        throw InputError("the update of step " + std::to_string(s.step) +
-                         " made parameters non-finite (--lr " + std::to_string(s.lr) +
-                         " too high? --weight-decay?); " + no_checkpoint());
-      guard_.accept(s.grad_norm);
-    }
+    s.mlm_loss = r.mlm_loss, s.nsp_loss = r.nsp_loss, s.loss = r.loss();
+    s.mlm_acc =
+        r.mlm_count ? static_cast<double>(r.mlm_correct) / static_cast<double>(r.mlm_count) : 0;
+    s.nsp_acc =
+        r.nsp_count ? static_cast<double>(r.nsp_correct) / static_cast<double>(r.nsp_count) : 0;
+    s.lr = r.lr, s.grad_norm = r.grad_norm;
+    s.real_tokens = r.real_tokens, s.sequences = r.sequences;
+    s.skipped = r.skipped, s.skip_reason = r.skip_reason;
+    s.imbalance = r.imbalance, s.comm_seconds = r.comm_seconds;
     cursor_ = loader_->cursor();
     ++step_;
     s.seconds = now_seconds() - t0;
     elapsed_ += s.seconds;
     s.elapsed = elapsed_;
-    log << json{{"type", "step"},
+    if (root) {
+      json line{{"type", "step"},
                 {"step", s.step},
                 {"loss", s.loss},
                 {"mlm_loss", s.mlm_loss},
@@ -516,10 +537,15 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                 {"elapsed", s.elapsed},
                 {"skipped", s.skipped},
                 {"skip_reason", s.skip_reason},
-                {"outlier_skips", outlier_skips_}}
-               .dump()
-        << std::endl;
-    if (on_step) on_step(s);
+                {"outlier_skips", stepper_->outlier_skips()}};
+      if (comm_.distributed()) {
+        line["processes"] = comm_.size();
+        line["imbalance"] = s.imbalance;
+        line["comm_seconds"] = s.comm_seconds;
+      }
+      log << line.dump() << std::endl;
+      if (on_step) on_step(s);
+    }
     io::crash_point("step");
     if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) do_eval();
     if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0) save_checkpoint();
@@ -527,29 +553,18 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
       reason = StopReason::target_reached;
       break;
     }
-    if (opt_.max_minutes > 0 && elapsed_ > opt_.max_minutes * 60) {
+    const auto [stop_any, time_any] =
+        agreed(stop.load(), opt_.max_minutes > 0 && elapsed_ > opt_.max_minutes * 60);
+    if (time_any) {
       reason = StopReason::time_limit;
       break;
     }
+    stop_now = stop_any;
   }
   if (evaluated_at != step_) do_eval();  // a stop right after an evaluation needs no second one
   if (reached && reason == StopReason::finished) reason = StopReason::target_reached;  // at the end
   if (saved_step_ != step_) save_checkpoint();
   return reason;
-}
-
-bool GradNormGuard::is_outlier(double norm, double z) const {
-  if (accepted < kMinHistory) return false;
-  const int64_t n = std::min<int64_t>(accepted, kWindow);
-  double mean = 0, var = 0;
-  for (int64_t i = 0; i < n; ++i) mean += recent[static_cast<size_t>(i)];
-  mean /= static_cast<double>(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = recent[static_cast<size_t>(i)] - mean;
-    var += d * d;
-  }
-  const double sd = std::sqrt(var / static_cast<double>(n - 1));
-  return norm > mean + z * sd;
 }
 
 }  // namespace packbert::train

@@ -13,6 +13,7 @@
 #include "data/sequences.h"
 #include "model/bert.h"
 #include "train/loader.h"
+#include "train/loop.h"
 #include "train/optimizer.h"
 
 namespace packbert::train {
@@ -29,26 +30,15 @@ struct PretrainOptions {
   // schedule, data order and step counter start over either way.
   bool carry_optimizer = false;
   std::string preset = "mini";          // model shape when not initialised from a checkpoint
-  int rows_per_batch = 16;              // packs (or padded rows) per micro-batch
-  int accumulation = 1;                 // micro-batches per optimizer step
+  LoopOptions loop;                     // optimizer, schedule, batch, precision, recompute, ZeRO
   std::string packing_adjust = "none";  // none | ga | beta (Graphcore)
   int64_t max_steps = 100;
-  double lr = 1e-3;
-  int64_t warmup_steps = 10;
-  double decay_power = 1.0;
-  OptimizerConfig optimizer;
-  double clip_norm = 1.0;
-  uint64_t seed = 1;
   int64_t checkpoint_every = 0;  // 0 = only at the end (and on stop)
   int64_t eval_every = 0;        // 0 = only at the end
   // Sequences held out for evaluation when the sequences file records no held-out split of its
   // own (prepare --eval-fraction splits by document, which is what to use): the file's last
   // ones. Unset: 0.02 for such files; set with a file that has a split: an error.
   std::optional<double> eval_fraction;
-  int nan_abort = 5;  // abort after this many non-finite steps in a row
-  // Skip an update whose gradient norm is an outlier: above mean + z * std of the last
-  // GradNormGuard::kWindow accepted norms (GradNormGuard below). 0 = off.
-  double outlier_z = 0;
   bool dynamic_masking = false;
   double max_minutes = 0;  // stop (with a checkpoint) after this long; 0 = no limit
   // Stop (with a checkpoint) at the first evaluation whose held-out MLM accuracy reaches this
@@ -58,11 +48,6 @@ struct PretrainOptions {
   // With packs: the packs' sequences one per row (padded), the same sequences per step and in the
   // same order as packed training with the same seed: the padded side of a paired comparison.
   bool one_per_row = false;
-  // What backward rebuilds instead of keeping; `auto` picks the cheapest policy whose step fits
-  // memory_limit. A policy predicted not to fit is refused before training starts.
-  model::Recompute recompute;
-  std::optional<double> memory_limit;  // bytes; unset = the memory available when the run starts
-  model::Precision precision = model::Precision::fp32;  // of every step and evaluation
 };
 
 struct StepMetrics {
@@ -74,18 +59,9 @@ struct StepMetrics {
   // is training time only (no evaluation, no checkpoint writing), summed over resumed runs.
   bool skipped = false;     // no update was applied
   std::string skip_reason;  // "non-finite loss", "non-finite gradient" or "outlier gradient norm"
-};
-
-// The z-score guard on gradient norms (llm.c's): a norm above mean + z × std of the last
-// kWindow accepted norms is an outlier; it needs kMinHistory accepted norms before it judges.
-// Its state is part of the checkpoint, so a resumed run decides exactly as an unbroken one.
-struct GradNormGuard {
-  static constexpr int kWindow = 64, kMinHistory = 16;
-  std::vector<double> recent = std::vector<double>(kWindow, 0.0);  // ring of accepted norms
-  int64_t accepted = 0;
-
-  bool is_outlier(double norm, double z) const;
-  void accept(double norm) { recent[static_cast<size_t>(accepted++ % kWindow)] = norm; }
+  // Under mpirun: the most real tokens one process computed over the mean, and the seconds spent
+  // waiting on collectives outside backward.
+  double imbalance = 1, comm_seconds = 0;
 };
 
 struct EvalMetrics {
@@ -128,22 +104,26 @@ class Trainer {
   void save_checkpoint();
   int64_t step() const { return step_; }
   model::BertModel<float>& model() { return *model_; }
-  const Optimizer& optimizer() const { return *optim_; }
+  const Optimizer& optimizer() const { return stepper_->optimizer(); }
   const model::BertConfig& config() const { return model_->config(); }
   std::string checkpoint_path() const;
   int64_t saved_step() const { return saved_step_; }  // step of the checkpoint on disk; -1: none
-  int64_t outlier_skips() const { return outlier_skips_; }
+  int64_t outlier_skips() const { return stepper_->outlier_skips(); }
 
  private:
+  void setup(bool resume);
+
   PretrainOptions opt_;
+  dist::Comm& comm_;
   data::SequencesFile seqs_;
   uint64_t seqs_checksum_ = 0;
   std::optional<data::PacksFile> packs_;
   std::optional<data::Vocab> vocab_;
   std::unique_ptr<model::BertModel<float>> model_;
-  std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<Stepper> stepper_;
   std::unique_ptr<BatchLoader> loader_;
   LoaderOptions train_rows_, eval_rows_;
+  int64_t step_rows_ = 0;  // rows (packs) per micro-batch of the whole step: ranks x rows_per_batch
   int accumulation_ = 1;
   model::Recompute recompute_;  // the policy the steps use (`auto` resolved)
   int64_t step_ = 0;
@@ -151,8 +131,6 @@ class Trainer {
   double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included
   int64_t saved_step_ = -1;
   bool new_log_ = false;  // run() replaces metrics.jsonl (a new run) instead of appending
-  GradNormGuard guard_;
-  int64_t outlier_skips_ = 0;
 };
 
 // Loads model weights from an HF-layout directory (config.json + model.safetensors) or a
@@ -170,8 +148,5 @@ void write_model_files(const model::BertModel<float>& m, const std::string& dir,
 // is replaced only with `overwrite` (io::StagedDirectory).
 void export_model(const model::BertModel<float>& m, const std::string& dir,
                   const std::string& vocab_path, bool overwrite = false);
-
-// True when no element is NaN or infinite.
-bool all_finite(const float* x, size_t n);
 
 }  // namespace packbert::train

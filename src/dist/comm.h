@@ -1,0 +1,77 @@
+// The processes of one run. Started by mpirun (Open MPI, or any launcher that sets the PMI /
+// PMIx environment) each process is one rank of MPI_COMM_WORLD; started plainly there is one
+// rank and every collective is a no-op, without initialising MPI at all.
+//
+// Only the main thread calls MPI (MPI_THREAD_FUNNELED). Gradients are reduced with
+// non-blocking all-reduces that the training step starts as backward finishes each layer and
+// progresses between layers (progress()), not from a communication thread: Open MPI's blocking
+// progress spins a core, and on a machine whose cores all run OpenMP compute a spinning thread
+// takes the time it saves (docs/DESIGN.md §7).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace packbert::dist {
+
+class Comm {
+ public:
+  // The run's communicator, set up on first use (MPI_Init_thread when launched by mpirun).
+  static Comm& world();
+  // Ends MPI (if it was started); call once, from main, after the last collective.
+  static void finalize();
+  // Ends every process of the run with `code` (MPI_Abort): what a process does when it fails
+  // alone, so the others do not wait on it for ever. In one process: std::exit(code).
+  [[noreturn]] void abort(int code);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool root() const { return rank_ == 0; }
+  bool distributed() const { return size_ > 1; }
+
+  // Blocking, in place: x[i] = sum over ranks (max for allreduce_max).
+  void allreduce_sum(double* x, size_t n);
+  void allreduce_max(double* x, size_t n);
+  // Every rank's string, in rank order.
+  std::vector<std::string> allgather(const std::string& s);
+  // root's bytes to every rank.
+  void broadcast(std::string& s, int root = 0);
+
+  // Non-blocking in-place sum of a bucket of floats; started buckets complete, in the order
+  // started, by wait_all(), which returns the seconds it waited. progress() lets MPI move the
+  // started ones along without waiting.
+  void start_allreduce(float* x, size_t n);
+  void progress();
+  double wait_all();
+
+  // Gradient sharding (ZeRO-1). bounds: [size + 1] element offsets, rank r owning
+  // [bounds[r], bounds[r + 1]). reduce_scatter: x (full length, every rank's own values) becomes
+  // the sum over ranks on this rank's range (the rest is left undefined). allgather: every
+  // rank's range of x is copied to every other rank. gather: every rank's `mine` (its range's
+  // values) lands in its range of `all` on root (`all` is not used elsewhere).
+  void reduce_scatter_sum(float* x, const std::vector<size_t>& bounds);
+  void allgather(float* x, const std::vector<size_t>& bounds);
+  void gather(const float* mine, float* all, const std::vector<size_t>& bounds, int root = 0);
+
+ private:
+  Comm();
+  int rank_ = 0, size_ = 1;
+  bool mpi_ = false;
+};
+
+// Runs `work` on every rank; when it throws on any, every rank throws SharedError with the
+// first failing rank's message ("rank 1: ..."), so the ranks fail together instead of waiting
+// on one that has gone. In one process the exception passes through unchanged.
+void fail_together(Comm& comm, const std::function<void()>& work);
+
+// Contiguous shards of n elements, one per rank, each starting at a multiple of `align` elements.
+std::vector<size_t> shard_bounds(size_t n, int ranks, size_t align = 16);
+
+// True when this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE,
+// PMI_SIZE or PMIX_RANK).
+bool launched_by_mpi();
+
+}  // namespace packbert::dist

@@ -1,0 +1,233 @@
+#include "train/loop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "error.h"
+#include "io/memory.h"
+#include "stopwatch.h"
+
+namespace packbert::train {
+
+void check_loop_options(const LoopOptions& o) {
+  if (o.rows_per_batch < 1) throw OptionError("rows_per_batch", "must be at least 1");
+  if (o.accumulation < 1) throw OptionError("accumulation", "must be at least 1");
+  if (!(std::isfinite(o.lr) && o.lr > 0))
+    throw OptionError("lr", "must be a positive finite number");
+  if (o.warmup_steps < 0) throw OptionError("warmup_steps", "must not be negative");
+  if (!(o.clip_norm >= 0)) throw OptionError("clip_norm", "must be 0 (off) or positive");
+  if (!(o.outlier_z >= 0)) throw OptionError("outlier_z", "must be 0 (off) or positive");
+  if (o.nan_abort < 1) throw OptionError("nan_abort", "must be at least 1");
+  if (o.zero != 0 && o.zero != 1) throw OptionError("zero", "must be 0 or 1");
+}
+
+bool all_finite(const float* x, size_t n) {
+  bool ok = true;
+#pragma omp parallel for reduction(&& : ok)
+  for (size_t i = 0; i < n; ++i) ok = ok && std::isfinite(x[i]);
+  return ok;
+}
+
+bool GradNormGuard::is_outlier(double norm, double z) const {
+  if (accepted < kMinHistory) return false;
+  const int64_t n = std::min<int64_t>(accepted, kWindow);
+  double mean = 0, var = 0;
+  for (int64_t i = 0; i < n; ++i) mean += recent[static_cast<size_t>(i)];
+  mean /= static_cast<double>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = recent[static_cast<size_t>(i)] - mean;
+    var += d * d;
+  }
+  const double sd = std::sqrt(var / static_cast<double>(n - 1));
+  return norm > mean + z * sd;
+}
+
+std::vector<int> Stepper::rows_of_rank(const std::vector<int64_t>& tokens, int ranks, int rank) {
+  std::vector<int> order(tokens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tokens[a] > tokens[b]; });
+  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> mine;
+  for (int r : order) {
+    const int to = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[static_cast<size_t>(to)] += tokens[r];
+    if (to == rank) mine.push_back(r);
+  }
+  std::sort(mine.begin(), mine.end());
+  return mine;
+}
+
+Stepper::Stepper(model::BertModel<float>& m, const LoopOptions& o, const OptimizerConfig& oc,
+                 int accumulation, model::Recompute recompute, dist::Comm& comm)
+    : m_(m), o_(o), accumulation_(accumulation), recompute_(recompute), comm_(comm) {
+  const size_t total = m.layout().total();
+  bounds_ = {0, total};
+  size_t begin = 0, end = total;
+  if (o.zero == 1 && comm.distributed()) {
+    bounds_ = dist::shard_bounds(total, comm.size());
+    begin = bounds_[static_cast<size_t>(comm.rank())];
+    end = bounds_[static_cast<size_t>(comm.rank()) + 1];
+  }
+  io::AllocationScope scope("the optimizer's moments");
+  opt_ = std::make_unique<Optimizer>(m.layout(), oc, begin, end);
+}
+
+StepResult Stepper::step(int64_t index, int64_t total,
+                         const std::function<model::PackedBatch()>& next, const std::string& kept,
+                         int micro_batches) {
+  const int N = comm_.size(), rank = comm_.rank();
+  const int micros = micro_batches > 0 ? micro_batches : accumulation_;
+  const bool zero = o_.zero == 1 && N > 1;
+  StepResult r;
+  m_.zero_grads();
+  std::vector<float>& g = m_.grads();
+  // Summed over micro-batches here, then over ranks: 4 loss shares, 6 counts, tokens, sequences,
+  // then each rank's real tokens in its own slot.
+  std::vector<double> sums(12 + static_cast<size_t>(N), 0.0);
+  for (int micro = 0; micro < micros; ++micro) {
+    const bool last = micro + 1 == micros;
+    model::PackedBatch whole = next();
+    model::PackedBatch mine;
+    if (N > 1) {
+      const model::BatchShare share = model::share_of_whole(whole);
+      mine = model::take_rows(whole, share, rows_of_rank(model::row_tokens(whole), N, rank));
+    }
+    const model::PackedBatch& b = N > 1 ? mine : whole;
+    // The last micro-batch's gradients are final layer by layer: reduce each as backward
+    // finishes it (ZeRO-1 reduce-scatters the whole arena after backward instead).
+    std::function<void(size_t, size_t)> ready;
+    if (last && N > 1 && !zero)
+      ready = [&](size_t a, size_t e) {
+        comm_.start_allreduce(g.data() + a, e - a);
+        comm_.progress();
+      };
+    if (b.B == 0) {  // more ranks than rows: nothing to compute, still a part of every reduction
+      if (ready)
+        for (auto [a, e] : m_.grad_ranges()) ready(a, e);
+      continue;
+    }
+    io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
+                              " rows of " + std::to_string(b.S) + " tokens");
+    const model::Outputs out =
+        m_.forward(b, {true, o_.seed,
+                       static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
+                           static_cast<uint64_t>(micro),
+                       recompute_, o_.precision});
+    m_.backward(ready);
+    sums[0] += out.mlm_loss, sums[1] += out.nsp_loss, sums[2] += out.cls_loss,
+        sums[3] += out.span_loss;
+    sums[4] += static_cast<double>(out.mlm_count), sums[5] += static_cast<double>(out.mlm_correct);
+    sums[6] += static_cast<double>(out.nsp_count), sums[7] += static_cast<double>(out.nsp_correct);
+    sums[8] += static_cast<double>(out.cls_count), sums[9] += static_cast<double>(out.cls_correct);
+    const model::TokenLayout& tl = m_.tokens();
+    for (int q = 0; q < tl.sequences(); ++q)
+      if (b.sequence_ids[tl.slot[tl.cu_seqlens[q]]] > 0) {  // not computed padding
+        const double len = tl.cu_seqlens[q + 1] - tl.cu_seqlens[q];
+        sums[10] += len, sums[12 + static_cast<size_t>(rank)] += len;
+        sums[11] += 1;
+      }
+  }
+  // The gradients summed over ranks (each share divided by the whole batch's counts), the step's
+  // numbers summed too.
+  const double t0 = now_seconds();
+  if (N > 1) {
+    if (zero)
+      comm_.reduce_scatter_sum(g.data(), bounds_);
+    else
+      comm_.wait_all();
+    comm_.allreduce_sum(sums.data(), sums.size());
+  }
+  const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
+  float* gs = g.data() + begin;
+  const size_t n = end - begin;
+  if (micros > 1) {  // (a pass over every gradient: skipped when it would multiply by 1)
+    const float inv = 1.0f / static_cast<float>(micros);
+    const int64_t len = static_cast<int64_t>(n);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < len; ++i) gs[i] *= inv;
+  }
+  if (zero) {  // the global norm from each shard's part
+    double ss = 0;
+#pragma omp parallel for simd reduction(+ : ss)
+    for (size_t i = 0; i < n; ++i) ss += static_cast<double>(gs[i]) * gs[i];
+    comm_.allreduce_sum(&ss, 1);
+    r.grad_norm = std::sqrt(ss);
+    if (o_.clip_norm > 0 && r.grad_norm > o_.clip_norm) {
+      const float scale = static_cast<float>(o_.clip_norm / (r.grad_norm + 1e-6));
+#pragma omp parallel for simd
+      for (size_t i = 0; i < n; ++i) gs[i] *= scale;
+    }
+  } else {
+    r.grad_norm = clip_grad_norm(g.data(), g.size(), o_.clip_norm);
+  }
+  r.comm_seconds = now_seconds() - t0;
+
+  const double acc = micros;
+  r.mlm_loss = sums[0] / acc, r.nsp_loss = sums[1] / acc, r.cls_loss = sums[2] / acc,
+  r.span_loss = sums[3] / acc;
+  auto count = [&](size_t i) { return static_cast<int64_t>(std::llround(sums[i])); };
+  r.mlm_count = count(4), r.mlm_correct = count(5), r.nsp_count = count(6),
+  r.nsp_correct = count(7), r.cls_count = count(8), r.cls_correct = count(9);
+  r.real_tokens = count(10), r.sequences = count(11);
+  if (N > 1 && r.real_tokens > 0)
+    r.imbalance =
+        *std::max_element(sums.begin() + 12, sums.end()) / (static_cast<double>(r.real_tokens) / N);
+  r.lr = learning_rate(o_.lr, index, o_.warmup_steps, total, o_.decay_power);
+
+  const double loss = r.loss();
+  if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    r.skip_reason = std::isfinite(loss) ? "non-finite gradient" : "non-finite loss";
+    if (++nan_streak_ >= o_.nan_abort)
+      throw InputError(r.skip_reason + " for " + std::to_string(nan_streak_) +
+                       " steps in a row (last at step " + std::to_string(index + 1) + "); " + kept +
+                       "; lower the learning rate?");
+    return r;
+  }
+  if (o_.outlier_z > 0 && guard_.is_outlier(r.grad_norm, o_.outlier_z)) {
+    r.skipped = true;
+    r.skip_reason = "outlier gradient norm";
+    ++outlier_skips_;
+    return r;
+  }
+  nan_streak_ = 0;
+  if (zero) {
+    // This rank's shard moves; LAMB's per-tensor norms are summed over the shards first. The
+    // weights' bf16 copy (under bf16) is rebuilt by the next forward from the gathered weights.
+    std::vector<float>& w = m_.params();
+    opt_->step(w.data(), g.data(), r.lr, nullptr,
+               [&](double* s, size_t k) { comm_.allreduce_sum(s, k); });
+    const double t1 = now_seconds();
+    comm_.allgather(w.data(), bounds_);
+    r.comm_seconds += now_seconds() - t1;
+  } else {
+    apply_update(*opt_, m_, r.lr, o_.precision);
+  }
+  const std::vector<float>& w = std::as_const(m_).params();
+  if (!all_finite(w.data(), w.size()))
+    throw InputError("the update of step " + std::to_string(index + 1) +
+                     " made parameters non-finite (learning rate " + std::to_string(r.lr) +
+                     " too high? weight decay?); " + kept);
+  guard_.accept(r.grad_norm);
+  return r;
+}
+
+void Stepper::gather_moments(std::vector<float>& m, std::vector<float>& v) {
+  const size_t total = m_.layout().total();
+  if (bounds_.size() == 2) {  // not sharded
+    m = opt_->m(), v = opt_->v();
+    return;
+  }
+  m.assign(comm_.root() ? total : 0, 0.0f), v.assign(comm_.root() ? total : 0, 0.0f);
+  comm_.gather(opt_->m().data(), m.data(), bounds_);
+  comm_.gather(opt_->v().data(), v.data(), bounds_);
+}
+
+void Stepper::load_moments(const std::vector<float>& m, const std::vector<float>& v) {
+  const long a = static_cast<long>(opt_->begin()), e = static_cast<long>(opt_->end());
+  std::copy(m.begin() + a, m.begin() + e, opt_->m().begin());
+  std::copy(v.begin() + a, v.begin() + e, opt_->v().begin());
+}
+
+}  // namespace packbert::train

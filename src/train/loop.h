@@ -1,0 +1,123 @@
+// The one training step of every run, pre-training and fine-tuning, in one process or across
+// MPI ranks (docs/DESIGN.md §7): the micro-batches of a step through forward and backward, the
+// gradients summed across processes, averaged over micro-batches, clipped, checked and applied.
+//
+// A step's whole batch is what one process with ranks × rows_per_batch rows would use; each rank
+// computes a share of its rows, balanced by real tokens, that divides its losses by the whole
+// batch's counts and draws its dropout at its rows' places in the whole (model/batch.h). So the
+// shares' gradients sum to the whole batch's, and the rank count does not change results beyond
+// float summation order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"
+#include "model/bert.h"
+#include "train/optimizer.h"
+
+namespace packbert::train {
+
+// What every training run is driven by; pretrain and finetune hold one each (their own data
+// options beside it). Errors about a field name the field; the CLI maps it to its flag.
+struct LoopOptions {
+  OptimizerConfig optimizer;
+  double lr = 1e-3;
+  int64_t warmup_steps = 10;
+  double decay_power = 1.0;  // 1 = linear decay to 0 at the last step, 0 = constant
+  double clip_norm = 1.0;    // global gradient norm (0 = off)
+  int rows_per_batch = 16;   // rows (packs) per micro-batch, per process
+  int accumulation = 1;      // micro-batches per optimizer step
+  uint64_t seed = 1;         // initialisation, order, dropout and masks
+  int nan_abort = 5;         // give up after this many non-finite steps in a row
+  // Skip an update whose gradient norm is an outlier: above mean + z * std of the last
+  // GradNormGuard::kWindow accepted norms. 0 = off.
+  double outlier_z = 0;
+  // What backward rebuilds instead of keeping; `auto` picks the cheapest policy whose step fits
+  // memory_limit. A policy predicted not to fit is refused before training starts.
+  model::Recompute recompute;
+  std::optional<double> memory_limit;  // bytes; unset = the memory available when the run starts
+  model::Precision precision = model::Precision::fp32;
+  // ZeRO stage: 0 = every process holds the optimizer state; 1 = each holds the moments of its
+  // shard of the parameters only (gradients reduce-scattered, parameters all-gathered).
+  int zero = 0;
+};
+
+// Throws InputError naming the first field of `o` out of its range ("rows_per_batch must be at
+// least 1"); the CLI turns field names into flags (cli/flags.h).
+void check_loop_options(const LoopOptions& o);
+
+// The z-score guard on gradient norms (llm.c's): a norm above mean + z × std of the last
+// kWindow accepted norms is an outlier; it needs kMinHistory accepted norms before it judges.
+// Its state is part of the checkpoint, so a resumed run decides exactly as an unbroken one.
+struct GradNormGuard {
+  static constexpr int kWindow = 64, kMinHistory = 16;
+  std::vector<double> recent = std::vector<double>(kWindow, 0.0);  // ring of accepted norms
+  int64_t accepted = 0;
+
+  bool is_outlier(double norm, double z) const;
+  void accept(double norm) { recent[static_cast<size_t>(accepted++ % kWindow)] = norm; }
+};
+
+// One optimizer step, summed over every rank.
+struct StepResult {
+  double mlm_loss = 0, nsp_loss = 0, cls_loss = 0, span_loss = 0;  // means over the step
+  int64_t mlm_count = 0, mlm_correct = 0, nsp_count = 0, nsp_correct = 0;
+  int64_t cls_count = 0, cls_correct = 0;
+  int64_t real_tokens = 0, sequences = 0;  // computed padding excluded
+  double lr = 0, grad_norm = 0;
+  bool skipped = false;     // no update was applied
+  std::string skip_reason;  // "non-finite loss", "non-finite gradient" or "outlier gradient norm"
+  double imbalance = 1;     // the most real tokens one rank computed over the mean (1 = even)
+  double comm_seconds = 0;  // waiting on collectives outside backward (exposed communication)
+  double loss() const { return mlm_loss + nsp_loss + cls_loss + span_loss; }
+};
+
+// True when no element is NaN or infinite.
+bool all_finite(const float* x, size_t n);
+
+class Stepper {
+ public:
+  // oc: the optimizer after any packing adjustment; recompute: resolved (not `auto`).
+  Stepper(model::BertModel<float>& m, const LoopOptions& o, const OptimizerConfig& oc,
+          int accumulation, model::Recompute recompute, dist::Comm& comm);
+
+  // Step `index` (from 0) of `total`: `next` hands out the step's micro-batches, each the whole
+  // batch of every rank's rows in order; `micro_batches` of them (0: the accumulation; fewer for
+  // the last step of an epoch, say). A run that cannot go on (nan_abort non-finite steps in a
+  // row, or an update that made the weights non-finite) throws InputError ending with `kept`,
+  // what the caller keeps of earlier work.
+  StepResult step(int64_t index, int64_t total, const std::function<model::PackedBatch()>& next,
+                  const std::string& kept, int micro_batches = 0);
+
+  Optimizer& optimizer() { return *opt_; }
+  const Optimizer& optimizer() const { return *opt_; }
+  GradNormGuard& guard() { return guard_; }
+  int64_t outlier_skips() const { return outlier_skips_; }
+  void set_outlier_skips(int64_t n) { outlier_skips_ = n; }
+  // The moments of the whole arena: this rank's own under ZeRO-0; gathered onto the root (empty
+  // elsewhere) under ZeRO-1.
+  void gather_moments(std::vector<float>& m, std::vector<float>& v);
+  // Sets the moments from whole-arena arrays (every rank takes its shard).
+  void load_moments(const std::vector<float>& m, const std::vector<float>& v);
+  // The rows of a whole batch that `rank` of `ranks` computes: balanced by real tokens (the
+  // largest first, each to the rank with the fewest so far), in ascending order.
+  static std::vector<int> rows_of_rank(const std::vector<int64_t>& tokens, int ranks, int rank);
+
+ private:
+  model::BertModel<float>& m_;
+  LoopOptions o_;
+  int accumulation_;
+  model::Recompute recompute_;
+  dist::Comm& comm_;
+  std::vector<size_t> bounds_;  // ZeRO-1 shards
+  std::unique_ptr<Optimizer> opt_;
+  GradNormGuard guard_;
+  int64_t outlier_skips_ = 0;
+  int nan_streak_ = 0;
+};
+
+}  // namespace packbert::train
