@@ -1,1 +1,229 @@
+// Data parallelism end to end: `mpirun -np N packbert pretrain` against one process with N times
+// the rows: the same final weights (to float summation order), bit-identical reruns, ZeRO-1,
+// resume on another number of processes, the TCP path, agreement checks and a killed rank.
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "io/safetensors.h"
+#include "model/params.h"
+#include "train/trainer.h"
+
+namespace packbert {
+namespace {
+
+using testing::Result;
+using testing::slurp;
+namespace fs = std::filesystem;
+
+constexpr const char* kMpirun = PACKBERT_MPIRUN;
+
+// A corpus, prepared once for the suite: sequences of up to 32 tokens and their packs.
+class Dist : public testing::CliTest {
+ protected:
+  void SetUp() override {
+    if (std::string(kMpirun).empty()) GTEST_SKIP() << "built without MPI";
+    CliTest::SetUp();
+    std::string text;
+    for (int d = 0; d < 60; ++d) {
+      for (int s = 0; s < 3 + d % 4; ++s)
+        text += "Document " + std::to_string(d) + " says the " +
+                std::string(d % 2 ? "quick brown fox" : "lazy dog") + " number " +
+                std::to_string(d * 7 + s) + (s % 2 ? " jumps over it." : " sleeps all day.") + "\n";
+      text += "\n";
+    }
+    const fs::path corpus = write("corpus.txt", text);
+    seqs_ = (dir_ / "c.seqs").string();
+    packs_ = (dir_ / "c.packs").string();
+    const Result prep =
+        run("prepare " + corpus.string() + " --out " + seqs_ + " --max-seq-len 32 --pack lpfhp");
+    ASSERT_EQ(prep.code, 0) << prep.err;
+  }
+
+  // `np` processes of pretrain into dir_/out (1: still under mpirun), one OpenMP thread each.
+  Result pretrain(int np, const std::string& out, const std::string& args,
+                  const std::string& mpi_args = "", const std::string& env = "") {
+    const std::string cmd =
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(kMpirun) +
+        " --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 " + mpi_args + " -np " +
+        std::to_string(np) + " " + env + " " + PACKBERT_BINARY + " pretrain --data " + seqs_ +
+        " --packs " + packs_ + " --out " + (dir_ / out).string() +
+        " --preset tiny --seed 3 --eval-fraction 0.1 " + args + " >" + (dir_ / "out").string() +
+        " 2>" + (dir_ / "err").string() + " </dev/null";
+    const int status = std::system(cmd.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir_ / "out"), slurp(dir_ / "err")};
+  }
+
+  io::SafetensorsFile checkpoint(const std::string& out) {
+    return io::SafetensorsFile::read((dir_ / out / "checkpoint.safetensors").string());
+  }
+
+  // The worst difference between a's and b's tensors of `prefix` (weights: "", moments:
+  // "optimizer.m."), normwise per tensor relative to b's norm. The attention key biases are
+  // held to an absolute 1e-6 instead: their true gradient is zero (softmax ignores a shift of
+  // every score of a row), so the optimizer moves them by float noise only, different noise
+  // for another summation order, and they stay near 1e-7.
+  double worst_difference(const std::string& a, const std::string& b, const std::string& prefix) {
+    io::SafetensorsFile fa = checkpoint(a), fb = checkpoint(b);
+    model::ParamLayout layout(
+        model::config_from_json(nlohmann::json::parse(fa.metadata().at("config")), a),
+        model::Heads{});
+    double worst = 0;
+    for (const model::TensorSpec& t : layout.tensors()) {
+      const std::vector<float> x = fa.floats(prefix + t.name), y = fb.floats(prefix + t.name);
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        diff += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+        norm += double(y[i]) * y[i];
+      }
+      if (t.name.find("attention.self.key.bias") != std::string::npos) {
+        for (size_t i = 0; i < x.size(); ++i)
+          worst = std::max(worst, std::abs(double(x[i]) - y[i]) / 1e-6 * 1e-5);
+        continue;
+      }
+      if (norm > 0) worst = std::max(worst, std::sqrt(diff / norm));
+    }
+    return worst;
+  }
+
+  // The same weights and moments, bit for bit (the metadata records the run's own time).
+  bool identical(const std::string& a, const std::string& b) {
+    io::SafetensorsFile fa = checkpoint(a), fb = checkpoint(b);
+    model::ParamLayout layout(
+        model::config_from_json(nlohmann::json::parse(fa.metadata().at("config")), a),
+        model::Heads{});
+    for (const std::string prefix : {"", "optimizer.m.", "optimizer.v."})
+      for (const model::TensorSpec& t : layout.tensors())
+        if (fa.floats(prefix + t.name) != fb.floats(prefix + t.name)) return false;
+    return true;
+  }
+
+  std::string seqs_, packs_;
+};
+
+const std::string kSteps = "--steps 20 --warmup 4 ";
+
+// 2 processes x 4 rows and 3 x 4 (plain and with ZeRO-1) end where one process with 8 and 12
+// rows ends, dropout on: the same packs in the same order, split by real tokens, with each
+// share dividing by the whole step's counts and drawing the whole step's dropout masks.
+TEST_F(Dist, RanksTimesRowsEqualsOneProcessAndRerunsAreBitIdentical) {
+  ASSERT_EQ(pretrain(1, "one8", kSteps + "--batch-rows 8").code, 0) << slurp(dir_ / "err");
+  Result two = pretrain(2, "two4", kSteps + "--batch-rows 4");
+  ASSERT_EQ(two.code, 0) << two.err;
+  EXPECT_NE(two.err.find("2 processes x 4 rows"), std::string::npos) << two.err;
+  EXPECT_LT(worst_difference("two4", "one8", ""), 1e-5);
+  // Rank 0 alone writes: one metrics line per step, with the processes and their imbalance.
+  const std::string metrics = slurp(dir_ / "two4" / "metrics.jsonl");
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 21) << metrics;  // 20 + eval
+  EXPECT_NE(metrics.find("\"processes\":2"), std::string::npos);
+  EXPECT_NE(metrics.find("\"imbalance\""), std::string::npos);
+
+  ASSERT_EQ(pretrain(2, "two4again", kSteps + "--batch-rows 4").code, 0);
+  EXPECT_TRUE(identical("two4", "two4again")) << "two runs with 2 processes differ";
+
+  ASSERT_EQ(pretrain(1, "one12", kSteps + "--batch-rows 12").code, 0);
+  ASSERT_EQ(pretrain(3, "three4", kSteps + "--batch-rows 4").code, 0) << slurp(dir_ / "err");
+  EXPECT_LT(worst_difference("three4", "one12", ""), 1e-5);
+  Result zero = pretrain(3, "three4zero", kSteps + "--batch-rows 4 --zero 1");
+  ASSERT_EQ(zero.code, 0) << zero.err;
+  EXPECT_LT(worst_difference("three4zero", "one12", ""), 1e-5);
+  // The consolidated checkpoint holds every shard's moments.
+  EXPECT_LT(worst_difference("three4zero", "one12", "optimizer.m."), 1e-5);
+  EXPECT_LT(worst_difference("three4zero", "one12", "optimizer.v."), 1e-5);
+  // ZeRO-1 with AdamW (no trust ratio to sum across shards) too.
+  ASSERT_EQ(pretrain(1, "one8adamw", kSteps + "--batch-rows 8 --optimizer adamw").code, 0);
+  ASSERT_EQ(pretrain(2, "two4adamw", kSteps + "--batch-rows 4 --optimizer adamw --zero 1").code, 0);
+  EXPECT_LT(worst_difference("two4adamw", "one8adamw", ""), 1e-5);
+}
+
+// A checkpoint written at step 10 by 2 processes x 6 rows resumes on 1 x 12 and on 3 x 4 (ZeRO-1)
+// and reaches the step-20 weights of an uninterrupted run. The run is killed (as kill -9) right
+// after step 11, so the step-10 checkpoint is the one on disk.
+TEST_F(Dist, ResumesOnAnotherNumberOfProcesses) {
+  ASSERT_EQ(pretrain(2, "whole", kSteps + "--batch-rows 6").code, 0) << slurp(dir_ / "err");
+  const std::string cut = kSteps + "--checkpoint-every 10 ";
+  for (const char* to : {"one", "three"}) {
+    Result killed = pretrain(2, to, cut + "--batch-rows 6", "-x PACKBERT_CRASH_AT=step:11");
+    ASSERT_NE(killed.code, 0);
+    const nlohmann::json state = nlohmann::json::parse(checkpoint(to).metadata().at("packbert"));
+    ASSERT_EQ(state.at("step"), 10);
+    EXPECT_EQ(state.at("rows_per_batch"), 12);
+  }
+  Result one = pretrain(1, "one", cut + "--batch-rows 12 --resume");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_LT(worst_difference("one", "whole", ""), 1e-5);
+  Result three = pretrain(3, "three", cut + "--batch-rows 4 --zero 1 --resume");
+  ASSERT_EQ(three.code, 0) << three.err;
+  EXPECT_LT(worst_difference("three", "whole", ""), 1e-5);
+  // Another number of rows per step would change the data stream: refused, naming both.
+  Result rows = pretrain(2, "one", cut + "--batch-rows 4 --resume");
+  EXPECT_EQ(rows.code, 2);
+  EXPECT_NE(rows.err.find("12 rows per micro-batch"), std::string::npos) << rows.err;
+}
+
+// Over TCP only (no shared memory), the network code path: the same weights as one process.
+TEST_F(Dist, TcpTransportGivesTheSameResult) {
+  ASSERT_EQ(pretrain(1, "one8", "--steps 6 --batch-rows 8").code, 0);
+  Result tcp = pretrain(2, "tcp", "--steps 6 --batch-rows 4",
+                        "--mca btl tcp,self --mca btl_tcp_if_include lo");
+  ASSERT_EQ(tcp.code, 0) << tcp.err;
+  EXPECT_LT(worst_difference("tcp", "one8", ""), 1e-5);
+}
+
+// Processes given different flags or files fail together with one message naming what differs;
+// a process that fails alone (its own bad input) takes the run down with exit 2.
+TEST_F(Dist, MismatchedProcessesFailTogetherWithOneMessage) {
+  const std::string common = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+                             std::string(kMpirun) +
+                             " --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np 1 " +
+                             PACKBERT_BINARY + " pretrain --data " + seqs_ + " --packs " + packs_ +
+                             " --preset tiny --steps 2 --out " + (dir_ / "mixed").string();
+  const std::string cmd = common + " --batch-rows 4 : -np 1 " + PACKBERT_BINARY +
+                          " pretrain --data " + seqs_ + " --packs " + packs_ +
+                          " --preset tiny --steps 2 --out " + (dir_ / "mixed").string() +
+                          " --batch-rows 5 2>" + (dir_ / "err").string();
+  const int status = std::system(cmd.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  const std::string err = slurp(dir_ / "err");
+  EXPECT_NE(err.find("error: rank 1 and rank 0 were given different options"), std::string::npos)
+      << err;
+  size_t lines = 0;  // said once (rank 0); the launcher adds its own report of the exit codes
+  for (size_t at = err.find("packbert: error:"); at != std::string::npos;
+       at = err.find("packbert: error:", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 1u) << err;
+  EXPECT_FALSE(fs::exists(dir_ / "mixed" / "checkpoint.safetensors"));
+}
+
+// kill -9 of one process mid-run: the others end within 30 s, the launcher names the lost rank,
+// and the last checkpoint is intact and resumes.
+TEST_F(Dist, AKilledProcessEndsTheRunAndKeepsTheCheckpoint) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string args = " pretrain --data " + seqs_ + " --packs " + packs_ +
+                           " --preset tiny --seed 3 --steps 20 --checkpoint-every 5 --batch-rows 4"
+                           " --out " +
+                           (dir_ / "lost").string();
+  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " +
+                          std::string(kMpirun) +
+                          " --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np 1 " +
+                          PACKBERT_BINARY + args + " : -np 1 env PACKBERT_CRASH_AT=step:8 " +
+                          PACKBERT_BINARY + args + " >/dev/null 2>" + (dir_ / "err").string();
+  const int status = std::system(cmd.c_str());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_NE(WEXITSTATUS(status), 124) << "the surviving process did not end";
+  EXPECT_LT(seconds, 30);
+  const std::string err = slurp(dir_ / "err");
+  EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+  const nlohmann::json state = nlohmann::json::parse(checkpoint("lost").metadata().at("packbert"));
+  EXPECT_EQ(state.at("step"), 5);
+  Result resumed = pretrain(1, "lost", "--steps 20 --batch-rows 8 --resume");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+}
+
+}  // namespace
+}  // namespace packbert

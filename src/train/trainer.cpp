@@ -135,11 +135,9 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
     const json other = json::parse(all[r]);
     for (auto it = first.begin(); it != first.end(); ++it)
       if (other.at(it.key()) != it.value())
-        throw SharedError("rank " + std::to_string(r) + ": its " + it.key() +
-                          " differs from rank 0's (" + other.at(it.key()).dump() + " against " +
-                          it.value().dump() +
-                          "); every process must be given the same files and "
-                          "flags");
+        throw SharedError("rank " + std::to_string(r) + " and rank 0 were given different " +
+                          it.key() + " (" + other.at(it.key()).dump() + " against " +
+                          it.value().dump() + "); every process needs the same files and flags");
   }
 }
 
