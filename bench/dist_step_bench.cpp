@@ -1,0 +1,170 @@
+// The training step of packbert's one loop (train/loop.h: forward, backward, gradient
+// all-reduce or ZeRO-1 reduce-scatter, clipping, LAMB) on a whole batch of given sequence lengths,
+// packed into rows of --max-seq-len, run as one process or under mpirun (each rank computes its
+// share of the rows). Rank 0 prints one JSON line: real tokens/s of the whole step, the step's
+// median seconds, the exposed communication (waiting on collectives after backward) and the
+// optimizer state each rank holds. bench/dist_bench.py runs the configurations side by side.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "dist/comm.h"
+#include "error.h"
+#include "kernels/cpu.h"
+#include "model/bert.h"
+#include "pack/assign.h"
+#include "pack/plan.h"
+#include "stopwatch.h"
+#include "train/loop.h"
+
+using namespace packbert;
+
+namespace {
+
+// The sequences packed by the optimal packer into rows of S slots, random tokens, 15% masked.
+model::PackedBatch packed_batch(const std::vector<int>& lengths, int S, int vocab) {
+  pack::PackOptions po;
+  po.max_len = S;
+  const pack::PackPlan plan =
+      pack::run_packer(pack::Algo::optimal, pack::histogram_of(lengths, S), po);
+  const pack::PackAssignment rows = pack::assign_sequences(plan, lengths, 1);
+  int K = 0;
+  for (int64_t p = 0; p < rows.packs(); ++p)
+    K = std::max<int>(K, static_cast<int>(rows.offsets[p + 1] - rows.offsets[p]));
+  model::PackedBatch b = model::empty_batch(static_cast<int>(rows.packs()), S, K);
+  std::mt19937 rng(7);
+  for (int64_t p = 0; p < rows.packs(); ++p) {
+    int o = 0;
+    for (int64_t k = rows.offsets[p]; k < rows.offsets[p + 1]; ++k) {
+      const int L = lengths[rows.ids[k]], n_mask = std::max(1, static_cast<int>(0.15 * L + 0.5));
+      for (int i = 0; i < L; ++i) {
+        const size_t s = static_cast<size_t>(p) * S + o + i;
+        b.input_ids[s] = 1000 + static_cast<int>(rng() % static_cast<unsigned>(vocab - 1000));
+        b.position_ids[s] = i;
+        b.token_type_ids[s] = i >= L / 2;
+        b.sequence_ids[s] = static_cast<int>(k - rows.offsets[p]) + 1;
+        if (i > 0 && i <= n_mask) b.mlm_labels[s] = 1000 + static_cast<int>(rng() % 20000);
+      }
+      b.nsp_labels[static_cast<size_t>(p) * K + (k - rows.offsets[p])] = static_cast<int>(rng() % 2);
+      o += L;
+    }
+  }
+  return b;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dist_step_bench: packbert's training step, one process or under mpirun"};
+  std::string lengths_text, preset = "base", precision_text = "fp32";
+  int max_len = 512, steps = 3, warmup = 1, zero = 0;
+  app.add_option("--lengths", lengths_text, "Comma-separated sequence lengths of the whole step");
+  std::string allreduce;
+  app.add_option("--allreduce", allreduce,
+                 "Instead of a step: time the gradient all-reduce (start + wait, in place, sum) of "
+                 "these numbers of floats, one JSON line each (median of 7)");
+  app.add_option("--preset", preset, "Model preset")->capture_default_str();
+  app.add_option("--max-seq-len", max_len)->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps")->capture_default_str();
+  app.add_option("--warmup", warmup)->capture_default_str();
+  app.add_option("--zero", zero, "1: optimizer state sharded across the processes")
+      ->capture_default_str();
+  app.add_option("--precision", precision_text, "fp32 or bf16")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  dist::Comm& comm = dist::Comm::world();
+  if (!allreduce.empty()) {
+    std::stringstream ss(allreduce);
+    for (std::string tok; std::getline(ss, tok, ',');) {
+      const size_t n = std::stoull(tok);
+      std::vector<float> x(n, 1.0f);
+      std::vector<double> t;
+      for (int r = 0; r < 10; ++r) {
+        double t0 = now_seconds();
+        comm.start_allreduce(x.data(), n);
+        comm.wait_all();
+        double dt = now_seconds() - t0;
+        comm.allreduce_max(&dt, 1);
+        if (r >= 3) t.push_back(dt);
+      }
+      if (comm.root())
+        std::cout << nlohmann::json{{"processes", comm.size()},
+                                    {"bytes", n * sizeof(float)},
+                                    {"seconds", median(t)}}
+                         .dump()
+                  << std::endl;
+    }
+    dist::Comm::finalize();
+    return 0;
+  }
+  if (lengths_text.empty()) {
+    std::cerr << "dist_step_bench: error: --lengths (or --allreduce) is required\n";
+    return 2;
+  }
+  int code = 0;
+  try {
+    std::vector<int> lengths;
+    std::stringstream ss(lengths_text);
+    for (std::string tok; std::getline(ss, tok, ',');) lengths.push_back(std::stoi(tok));
+    model::BertConfig c = model::bert_preset(preset);
+    c.max_position_embeddings = std::max(512, max_len);
+    const model::PackedBatch whole = packed_batch(lengths, max_len, c.vocab_size);
+    model::BertModel<float> m(c, model::Heads{});
+    model::init_params(m.layout(), m.params().data(), 1);
+    train::LoopOptions lo;
+    lo.zero = zero;
+    lo.precision = model::parse_precision(precision_text);
+    lo.lr = 1e-4;
+    train::Stepper stepper(m, lo, lo.optimizer, 1, {}, comm);
+    std::vector<double> times, comm_s, imbalance;
+    int64_t tokens = 0;
+    for (int s = 0; s < warmup + steps; ++s) {
+      const double t0 = now_seconds();
+      const train::StepResult r = stepper.step(s, 1000, [&] { return whole; }, "");
+      double dt = now_seconds() - t0;
+      comm.allreduce_max(&dt, 1);  // the step ends when its slowest rank does
+      if (s < warmup) continue;
+      times.push_back(dt);
+      comm_s.push_back(r.comm_seconds);
+      imbalance.push_back(r.imbalance);
+      tokens = r.real_tokens;
+    }
+    double state = 2.0 * sizeof(float) * static_cast<double>(stepper.optimizer().m().size());
+    comm.allreduce_max(&state, 1);  // the most any rank holds
+    const double t = median(times);
+    if (comm.root())
+      std::cout << nlohmann::json{{"processes", comm.size()},
+                                  {"threads", omp_get_max_threads()},
+                                  {"zero", zero},
+                                  {"precision", precision_text},
+                                  {"rows", whole.B},
+                                  {"real_tokens", tokens},
+                                  {"step_seconds", t},
+                                  {"real_tokens_per_s", static_cast<double>(tokens) / t},
+                                  {"comm_seconds", median(comm_s)},
+                                  {"comm_share", median(comm_s) / t},
+                                  {"imbalance", median(imbalance)},
+                                  {"optimizer_state_mib", state / 1048576.0},
+                                  {"optimizer_state_unsharded_mib",
+                                   2.0 * sizeof(float) * static_cast<double>(m.layout().total()) /
+                                       1048576.0},
+                                  {"cpu", kernels::cpu_features().model},
+                                  {"isa", kernels::cpu_features().isa()}}
+                       .dump()
+                << std::endl;
+  } catch (const InputError& e) {
+    std::cerr << "dist_step_bench: error: " << e.what() << '\n';
+    code = 2;
+  }
+  dist::Comm::finalize();
+  return code;
+}
