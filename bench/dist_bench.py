@@ -4,7 +4,7 @@
     /usr/bin/python3 bench/dist_bench.py [--rounds 3] [--parts dp,memory,allreduce]
 
 dp: BERT-base training steps of packbert's one loop (forward, backward, gradient reduction,
-clipping, LAMB) on 16 sequence lengths drawn from data/wikipedia_512.hist, packed into rows of
+clipping, LAMB) on --sequences (16) lengths drawn from data/wikipedia_512.hist, packed into rows of
 512, as 1 process x 2 threads, 2 processes x 1 thread (mpirun, all-reduce overlapped with
 backward) and 2 processes x 1 thread with --zero 1; interleaved rounds, medians. "exposed comm"
 is the time a step waits on collectives after backward (bench/dist_step_bench.cpp).
@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--parts", default="dp,memory,allreduce")
+    ap.add_argument("--sequences", type=int, default=16, help="Wikipedia lengths in a step")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     a = ap.parse_args()
     bench = os.path.join(a.build, "dist_step_bench")
@@ -50,7 +51,7 @@ def main():
     parts = a.parts.split(",")
 
     if "dp" in parts:
-        lengths = ",".join(map(str, wiki_lengths(16, 5)))
+        lengths = ",".join(map(str, wiki_lengths(a.sequences, 5)))
         step = [bench, "--lengths", lengths, "--steps", str(a.steps), "--warmup", "1"]
         configs = {"1 process x 2 threads": lambda: run(step, 2)[0],
                    "2 processes x 1 thread": lambda: run(mpirun(2, 1, step), 1)[0],

@@ -65,8 +65,11 @@ class Dist : public testing::CliTest {
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir_ / "out"), slurp(dir_ / "err")};
   }
 
+  // The checkpoint of run `out`, or the model file of a fine-tuned model directory.
   io::SafetensorsFile checkpoint(const std::string& out) {
-    return io::SafetensorsFile::read((dir_ / out / "checkpoint.safetensors").string());
+    const fs::path model = dir_ / out / "model.safetensors";
+    return io::SafetensorsFile::read(
+        fs::exists(model) ? model.string() : (dir_ / out / "checkpoint.safetensors").string());
   }
 
   // The worst difference between a's and b's tensors of `prefix` (weights: "", moments:
@@ -74,11 +77,15 @@ class Dist : public testing::CliTest {
   // held to an absolute 1e-6 instead: their true gradient is zero (softmax ignores a shift of
   // every score of a row), so the optimizer moves them by float noise only, different noise
   // for another summation order, and they stay near 1e-7.
-  double worst_difference(const std::string& a, const std::string& b, const std::string& prefix) {
+  double worst_difference(const std::string& a, const std::string& b, const std::string& prefix,
+                          model::Heads heads = {}) {
     io::SafetensorsFile fa = checkpoint(a), fb = checkpoint(b);
+    const fs::path config = dir_ / a / "config.json";
     model::ParamLayout layout(
-        model::config_from_json(nlohmann::json::parse(fa.metadata().at("config")), a),
-        model::Heads{});
+        fs::exists(config)
+            ? model::config_from_json(nlohmann::json::parse(slurp(config)), config.string())
+            : model::config_from_json(nlohmann::json::parse(fa.metadata().at("config")), a),
+        heads);
     double worst = 0;
     for (const model::TensorSpec& t : layout.tensors()) {
       const std::vector<float> x = fa.floats(prefix + t.name), y = fb.floats(prefix + t.name);
@@ -202,6 +209,35 @@ TEST_F(Dist, MismatchedProcessesFailTogetherWithOneMessage) {
     ++lines;
   EXPECT_EQ(lines, 1u) << err;
   EXPECT_FALSE(fs::exists(dir_ / "mixed" / "checkpoint.safetensors"));
+}
+
+// finetune runs the same step: 2 processes x 4 rows fine-tune a classifier to the weights one
+// process with 8 rows reaches (dropout on, AdamW, two epochs with a short last step each).
+TEST_F(Dist, FinetuneOnTwoProcessesEqualsOne) {
+  ASSERT_EQ(pretrain(1, "base", "--steps 2 --batch-rows 8").code, 0) << slurp(dir_ / "err");
+  std::string train = "label\tsentence\n", dev = train;
+  for (int i = 0; i < 70; ++i)
+    (i < 50 ? train : dev) += std::string(i % 3 ? "fox" : "dog") + "\tthe " +
+                              (i % 3 ? "quick brown fox" : "lazy dog") + " number " +
+                              std::to_string(i) + (i % 2 ? " jumps" : " sleeps all day") + "\n";
+  const fs::path tr = write("train.tsv", train), dv = write("dev.tsv", dev);
+  auto finetune = [&](int np, const std::string& out, int rows) {
+    const std::string cmd = kMpirun + " -np " + std::to_string(np) + " " + PACKBERT_BINARY +
+                            " finetune --train " + tr.string() + " --dev " + dv.string() +
+                            " --init " + (dir_ / "base" / "checkpoint.safetensors").string() +
+                            " --out " + (dir_ / out).string() + " --max-seq-len 16 --epochs 2" +
+                            " --lr 1e-3 --warmup 2 --batch-rows " + std::to_string(rows) + " >" +
+                            (dir_ / "out").string() + " 2>" + (dir_ / "err").string();
+    const int status = std::system(cmd.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  ASSERT_EQ(finetune(1, "ft1", 8), 0) << slurp(dir_ / "err");
+  ASSERT_EQ(finetune(2, "ft2", 4), 0) << slurp(dir_ / "err");
+  EXPECT_NE(slurp(dir_ / "out").find("dev accuracy"), std::string::npos);  // rank 0's table once
+  model::Heads heads;
+  heads.pretraining = false;
+  heads.classifier = true;
+  EXPECT_LT(worst_difference("ft2", "ft1", "", heads), 1e-5);
 }
 
 // kill -9 of one process mid-run: the others end within 30 s, the launcher names the lost rank,
