@@ -19,7 +19,8 @@ struct SharedError : InputError {
 };
 
 // Bad input in an options struct's field: what() starts with the field's name ("rows_per_batch
-// must be at least 1"); the CLI, which alone knows flag names, says the flag instead.
+// must be at least 1"), and other fields the message names are in backquotes (`packs`); the
+// CLI, which alone knows flag names, says the flags instead.
 struct OptionError : InputError {
   OptionError(const std::string& field, const std::string& rest)
       : InputError(field + " " + rest), field_(field), rest_(rest) {}

@@ -147,6 +147,12 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
   EXPECT_NE(adjust.err.find("error: --packing-adjust expected none|ga|beta, got 'sideways'"),
             std::string::npos)
       << adjust.err;
+  Result rows =
+      run("pretrain --data " + seqs + " --out " + (dir_ / "r2").string() + " --one-per-row");
+  EXPECT_EQ(rows.code, 2);
+  EXPECT_NE(rows.err.find("error: --one-per-row lays out the packs of --packs: give --packs"),
+            std::string::npos)
+      << rows.err;
   fs::path other = write("other.txt", "Another text entirely.\nWith two sentences.\n");
   ASSERT_EQ(run("prepare " + other.string() + " --out " + (dir_ / "o.seqs").string() +
                 " --max-seq-len 32 --pack lpfhp")

@@ -380,10 +380,10 @@ TEST(Trainer, BadInputIsAnInputErrorNamingTheProblem) {
   o = w.options("bad");
   o.packs.clear();
   o.one_per_row = true;
-  expect_error(o, false, "--one-per-row lays out the packs of --packs");
+  expect_error(o, false, "one_per_row lays out the packs of `packs`");
   o = w.options("bad");
   o.compute_padding = true;  // packs laid out packed have no padding to compute
-  expect_error(o, false, "--compute-padding applies to padded rows");
+  expect_error(o, false, "compute_padding applies to padded rows");
   o = w.options("bad");
   o.target_accuracy = -0.1;
   expect_error(o, false, "target_accuracy must be in [0, 1]");

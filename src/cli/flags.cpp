@@ -99,7 +99,11 @@ std::string flag_of_field(const std::string& field) {
       {"decay_power", "--decay-power"},
       {"packing_adjust", "--packing-adjust"},
       {"eval_fraction", "--eval-fraction"},
-      {"target_accuracy", "--target-accuracy"}};
+      {"target_accuracy", "--target-accuracy"},
+      {"max_seq_len", "--max-seq-len"},
+      {"one_per_row", "--one-per-row"},
+      {"compute_padding", "--compute-padding"},
+      {"packs", "--packs"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;

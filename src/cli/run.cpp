@@ -14,7 +14,20 @@ namespace packbert::cli {
 
 namespace {
 
-bool failed_together = false;  // the error was a SharedError: every process has it
+bool failed_together = false;
+
+// An OptionError's text with each `field` it names turned into that field's flag.
+std::string with_flags(const std::string& text) {
+  std::string out;
+  size_t at = 0;
+  for (size_t open; (open = text.find('`', at)) != std::string::npos;) {
+    const size_t close = text.find('`', open + 1);
+    if (close == std::string::npos) break;
+    out += text.substr(at, open - at) + flag_of_field(text.substr(open + 1, close - open - 1));
+    at = close + 1;
+  }
+  return out + text.substr(at);
+}  // the error was a SharedError: every process has it
 
 int run_command(int argc, char** argv) {
   CLI::App app{"packbert: fast, memory-lean BERT training with sequence packing", "packbert"};
@@ -49,7 +62,8 @@ int run_command(int argc, char** argv) {
     failed_together = true;
     return 2;
   } catch (const OptionError& e) {
-    std::cerr << "packbert: error: " << flag_of_field(e.field()) << " " << e.rest() << '\n';
+    std::cerr << "packbert: error: " << flag_of_field(e.field()) << " " << with_flags(e.rest())
+              << '\n';
     return 2;
   } catch (const InputError& e) {
     std::cerr << "packbert: error: " << e.what() << '\n';

@@ -337,7 +337,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
 FinetuneResult finetune(const FinetuneOptions& o) {
   check_loop_options(o.loop);
   if (o.epochs < 1) throw OptionError("epochs", "must be at least 1");
-  if (o.max_seq_len < 8) throw InputError("--max-seq-len must be at least 8");
+  if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
   data::Vocab vocab = data::Vocab::load(o.vocab);
   data::Tokenizer tok(vocab, true);
   // Everything is written into a staging directory that replaces out_dir only at the end: a
@@ -363,8 +363,8 @@ FinetuneResult finetune(const FinetuneOptions& o) {
 }
 
 TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
-  if (o.max_seq_len < 8) throw InputError("--max-seq-len must be at least 8");
-  if (o.rows_per_batch < 1) throw InputError("--batch-rows must be at least 1");
+  if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
+  if (o.rows_per_batch < 1) throw OptionError("rows_per_batch", "must be at least 1");
   data::Vocab vocab = data::Vocab::load(o.vocab);
   data::Tokenizer tok(vocab, true);
   TaskEvalResult r;

@@ -152,13 +152,15 @@ void Trainer::setup(bool resume) {
   if (opt_.packing_adjust != "none" && opt_.packing_adjust != "ga" && opt_.packing_adjust != "beta")
     throw OptionError("packing_adjust", "expected none|ga|beta, got '" + opt_.packing_adjust + "'");
   if (opt_.one_per_row && opt_.packs.empty())
-    throw InputError("--one-per-row lays out the packs of --packs: give --packs");
+    throw OptionError("one_per_row", "lays out the packs of `packs`: give `packs`");
   if (opt_.compute_padding && !opt_.packs.empty() && !opt_.one_per_row)
-    throw InputError("--compute-padding applies to padded rows: drop --packs or add --one-per-row");
+    throw OptionError("compute_padding",
+                      "applies to padded rows: drop `packs` or add `one_per_row`");
   if (opt_.compute_padding && comm_.distributed())
-    throw InputError(
-        "--compute-padding is a one-process baseline (its padding is laid out after every real "
-        "token of the batch, which cannot be split across processes): run it without mpirun");
+    throw OptionError("compute_padding",
+                      "is a one-process baseline (its padding is laid out after every real token "
+                      "of the batch, which cannot be split across processes): run it without "
+                      "mpirun");
   if (opt_.out_dir.empty()) throw OptionError("out_dir", "is required");
   if (comm_.root()) {  // rank 0 alone writes into out_dir
     io::make_output_dir(opt_.out_dir, "--out");
