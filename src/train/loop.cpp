@@ -147,20 +147,11 @@ StepResult Stepper::step(int64_t index, int64_t total,
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < len; ++i) gs[i] *= inv;
   }
-  if (zero) {  // the global norm from each shard's part
-    double ss = 0;
-#pragma omp parallel for simd reduction(+ : ss)
-    for (size_t i = 0; i < n; ++i) ss += static_cast<double>(gs[i]) * gs[i];
-    comm_.allreduce_sum(&ss, 1);
-    r.grad_norm = std::sqrt(ss);
-    if (o_.clip_norm > 0 && r.grad_norm > o_.clip_norm) {
-      const float scale = static_cast<float>(o_.clip_norm / (r.grad_norm + 1e-6));
-#pragma omp parallel for simd
-      for (size_t i = 0; i < n; ++i) gs[i] *= scale;
-    }
-  } else {
-    r.grad_norm = clip_grad_norm(g.data(), g.size(), o_.clip_norm);
-  }
+  // The global norm: under ZeRO-1 from each shard's part, summed across ranks.
+  r.grad_norm = clip_grad_norm(
+      gs, n, o_.clip_norm,
+      zero ? Optimizer::Reduce([&](double* s, size_t k) { comm_.allreduce_sum(s, k); })
+           : Optimizer::Reduce());
   r.comm_seconds = now_seconds() - t0;
 
   const double acc = micros;
@@ -213,21 +204,15 @@ StepResult Stepper::step(int64_t index, int64_t total,
   return r;
 }
 
-void Stepper::gather_moments(std::vector<float>& m, std::vector<float>& v) {
-  const size_t total = m_.layout().total();
-  if (bounds_.size() == 2) {  // not sharded
-    m = opt_->m(), v = opt_->v();
-    return;
-  }
-  m.assign(comm_.root() ? total : 0, 0.0f), v.assign(comm_.root() ? total : 0, 0.0f);
-  comm_.gather(opt_->m().data(), m.data(), bounds_);
-  comm_.gather(opt_->v().data(), v.data(), bounds_);
-}
-
-void Stepper::load_moments(const std::vector<float>& m, const std::vector<float>& v) {
-  const long a = static_cast<long>(opt_->begin()), e = static_cast<long>(opt_->end());
-  std::copy(m.begin() + a, m.begin() + e, opt_->m().begin());
-  std::copy(v.begin() + a, v.begin() + e, opt_->v().begin());
+std::pair<const float*, const float*> Stepper::whole_moments(std::vector<float>& m_all,
+                                                             std::vector<float>& v_all) {
+  if (bounds_.size() == 2) return {opt_->m().data(), opt_->v().data()};  // not sharded
+  const size_t total = comm_.root() ? m_.layout().total() : 0;
+  m_all.assign(total, 0.0f), v_all.assign(total, 0.0f);
+  comm_.gather(opt_->m().data(), m_all.data(), bounds_);
+  comm_.gather(opt_->v().data(), v_all.data(), bounds_);
+  if (!comm_.root()) return {nullptr, nullptr};
+  return {m_all.data(), v_all.data()};
 }
 
 }  // namespace packbert::train

@@ -98,11 +98,10 @@ class Stepper {
   GradNormGuard& guard() { return guard_; }
   int64_t outlier_skips() const { return outlier_skips_; }
   void set_outlier_skips(int64_t n) { outlier_skips_ = n; }
-  // The moments of the whole arena: this rank's own under ZeRO-0; gathered onto the root (empty
-  // elsewhere) under ZeRO-1.
-  void gather_moments(std::vector<float>& m, std::vector<float>& v);
-  // Sets the moments from whole-arena arrays (every rank takes its shard).
-  void load_moments(const std::vector<float>& m, const std::vector<float>& v);
+  // The moments of the whole arena (m, v), for a checkpoint: the optimizer's own when it holds
+  // them all; under ZeRO-1 gathered into m_all and v_all on the root, and null elsewhere.
+  std::pair<const float*, const float*> whole_moments(std::vector<float>& m_all,
+                                                      std::vector<float>& v_all);
   // The rows of a whole batch that `rank` of `ranks` computes: balanced by real tokens (the
   // largest first, each to the rank with the fewest so far), in ascending order.
   static std::vector<int> rows_of_rank(const std::vector<int64_t>& tokens, int ranks, int rank);

@@ -28,6 +28,13 @@ Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config, s
   if (cfg_.kind == OptimizerKind::lamb) norms_.resize(2 * layout.tensors().size());
 }
 
+void Optimizer::set_moments(const model::TensorSpec& t, const float* m, const float* v) {
+  const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
+  if (a >= b) return;
+  std::copy(m + (a - t.offset), m + (b - t.offset), m_.begin() + static_cast<long>(a - begin_));
+  std::copy(v + (a - t.offset), v + (b - t.offset), v_.begin() + static_cast<long>(a - begin_));
+}
+
 namespace {
 
 // One AdamW update over n elements, in double like the PyTorch reference it is checked against.
@@ -127,10 +134,11 @@ void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
   if (bf16) m.weights16_written();
 }
 
-double clip_grad_norm(float* grads, size_t n, double max_norm) {
+double clip_grad_norm(float* grads, size_t n, double max_norm, const Optimizer::Reduce& reduce) {
   double s = 0;
 #pragma omp parallel for simd reduction(+ : s)
   for (size_t i = 0; i < n; ++i) s += static_cast<double>(grads[i]) * grads[i];
+  if (reduce) reduce(&s, 1);
   double norm = std::sqrt(s);
   if (max_norm > 0 && norm > max_norm) {
     const float scale = static_cast<float>(max_norm / (norm + 1e-6));

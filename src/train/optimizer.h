@@ -48,6 +48,8 @@ class Optimizer {
             const Reduce& reduce = {});
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
+  // Sets the moments of tensor t (m, v: the whole tensor's) where it lies in this shard.
+  void set_moments(const model::TensorSpec& t, const float* m, const float* v);
   int64_t steps() const { return t_; }
   // The moments of [begin(), end()).
   std::vector<float>& m() { return m_; }
@@ -72,8 +74,10 @@ void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
                   model::Precision precision);
 
 // Scales grads in place so their global L2 norm is at most max_norm (no-op if max_norm <= 0);
-// returns the norm before clipping.
-double clip_grad_norm(float* grads, size_t n, double max_norm);
+// returns the norm before clipping. With `reduce`, grads are one shard of the gradients: the
+// shards' sums of squares are added by it (an all-reduce) before the norm is taken.
+double clip_grad_norm(float* grads, size_t n, double max_norm,
+                      const Optimizer::Reduce& reduce = {});
 
 // Linear warmup for `warmup` steps, then polynomial decay (power 1 = linear) to 0 at `total`.
 double learning_rate(double base, int64_t step, int64_t warmup, int64_t total, double power = 1.0);

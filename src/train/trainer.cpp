@@ -311,15 +311,9 @@ void Trainer::setup(bool resume) {
   // The moments and step count of a training checkpoint: this run's own (resume), or the one
   // --init names (carried into a new phase).
   auto load_optimizer = [&](const io::SafetensorsFile& f, const json& st) {
-    const size_t total = model_->layout().total();
-    std::vector<float> m_all(total, 0.0f), v_all(total, 0.0f);
-    for (const model::TensorSpec& t : model_->layout().tensors()) {
-      auto m = f.floats("optimizer.m." + t.name, &t.shape),
-           v = f.floats("optimizer.v." + t.name, &t.shape);
-      std::copy(m.begin(), m.end(), m_all.begin() + static_cast<long>(t.offset));
-      std::copy(v.begin(), v.end(), v_all.begin() + static_cast<long>(t.offset));
-    }
-    stepper_->load_moments(m_all, v_all);
+    for (const model::TensorSpec& t : model_->layout().tensors())  // (this rank's shard of each)
+      stepper_->optimizer().set_moments(t, f.floats("optimizer.m." + t.name, &t.shape).data(),
+                                        f.floats("optimizer.v." + t.name, &t.shape).data());
     stepper_->optimizer().set_steps(st.at("optimizer_steps").get<int64_t>());
   };
   if (!resume && opt_.carry_optimizer) {
@@ -365,10 +359,11 @@ Trainer::~Trainer() = default;
 
 void Trainer::save_checkpoint() {
   const model::ParamLayout& L = model_->layout();
-  std::vector<float> m, v;  // the whole arena's moments, on rank 0 (gathered under ZeRO-1)
-  stepper_->gather_moments(m, v);
-  double bad = comm_.root() && (!all_finite(model_->params().data(), model_->params().size()) ||
-                                !all_finite(m.data(), m.size()) || !all_finite(v.data(), v.size()));
+  std::vector<float> m_all, v_all;  // the moments gathered on rank 0 under ZeRO-1
+  const auto [m, v] = stepper_->whole_moments(m_all, v_all);
+  const std::vector<float>& w = std::as_const(*model_).params();
+  double bad = comm_.root() && (!all_finite(w.data(), w.size()) || !all_finite(m, L.total()) ||
+                                !all_finite(v, L.total()));
   comm_.allreduce_max(&bad, 1);  // every rank learns rank 0's verdict
   if (bad)
     throw InputError("step " + std::to_string(step_) +
@@ -380,10 +375,9 @@ void Trainer::save_checkpoint() {
     saved_step_ = step_;
     return;
   }
-  std::vector<io::TensorToWrite> tensors =
-      model::weight_tensors(L, std::as_const(*model_).params().data());
-  auto mt = model::weight_tensors(L, m.data(), "optimizer.m.");
-  auto vt = model::weight_tensors(L, v.data(), "optimizer.v.");
+  std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w.data());
+  auto mt = model::weight_tensors(L, m, "optimizer.m.");
+  auto vt = model::weight_tensors(L, v, "optimizer.v.");
   tensors.insert(tensors.end(), mt.begin(), mt.end());
   tensors.insert(tensors.end(), vt.begin(), vt.end());
   const GradNormGuard& guard = stepper_->guard();
