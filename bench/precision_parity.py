@@ -1,9 +1,14 @@
 #!/usr/bin/python3
-"""Learning parity of --precision bf16 with fp32: bert-mini pre-trained on the demo corpus twice
-with the same seed, data order and dropout draws, differing only in precision; held-out MLM
-accuracy every --eval-every steps, the largest gap, and both curves in one SVG.
+"""Learning parity of the precisions: bert-mini pre-trained on the demo corpus once per setting
+with the same seed, data order and dropout draws, differing only in precision and master
+weights; held-out MLM accuracy every --eval-every steps, the largest gap, and the curves in one
+SVG.
 
     /usr/bin/python3 bench/precision_parity.py [--steps 1000] [--packs-per-step 32]
+        [--runs fp32,bf16,bf16/bf16,bf16/bf16-rn] [--parallel 2]
+
+A run is PRECISION or PRECISION/MASTERS (--precision, --master-weights). --parallel N trains N
+runs at a time, each on cores/N threads (the runs do not depend on the thread count).
 
 Needs build/packbert and the demo data (made with `packbert demo --max-steps 0` when absent).
 """
@@ -20,7 +25,8 @@ from time_to_train import COLORS, evals_of, svg  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--runs", default="fp32,bf16,bf16/bf16,bf16/bf16-rn")
+    ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--preset", default="mini")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--packs-per-step", type=int, default=32)
@@ -42,19 +48,32 @@ def main():
     print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, LAMB lr {a.lr}, "
           f"warmup {a.warmup}, {a.packs_per_step} packs a step, {a.steps} steps, seed {a.seed}; "
           f"held-out MLM accuracy every {a.eval_every} steps", flush=True)
-    runs = []
-    for p in a.precisions.split(","):
-        out = os.path.join(a.workdir, p)
+    specs = a.runs.split(",")
+    threads = max(1, (os.cpu_count() or 1) // a.parallel)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+
+    def start(spec):
+        precision, _, masters = spec.partition("/")
+        out = os.path.join(a.workdir, spec.replace("/", "_masters_"))
         cmd = [exe, "pretrain", "--data", seqs, "--packs", packs, "--preset", a.preset,
                "--steps", str(a.steps), "--lr", str(a.lr), "--warmup", str(a.warmup),
                "--batch-rows", str(a.packs_per_step), "--eval-every", str(a.eval_every),
-               "--eval-fraction", "0.005", "--seed", str(a.seed), "--precision", p,
-               "--out", out, "--overwrite"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        ev = evals_of(out)
-        runs.append({"name": p, "kind": p, "evals": ev})
-        print(f"  {p}: final accuracy {ev[-1][2]:.4f} after {ev[-1][0]} steps, "
-              f"{ev[-1][1]:.0f} s training", flush=True)
+               "--eval-fraction", "0.005", "--seed", str(a.seed), "--precision", precision,
+               "--master-weights", masters or "fp32", "--out", out, "--overwrite"]
+        return out, subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+
+    runs = []
+    for i in range(0, len(specs), a.parallel):
+        batch = [(spec, *start(spec)) for spec in specs[i:i + a.parallel]]
+        for spec, out, proc in batch:
+            if proc.wait() != 0:
+                sys.exit(f"{spec}: packbert pretrain failed (exit {proc.returncode}); see {out}")
+            ev = evals_of(out)
+            name = spec if "/" not in spec else spec.replace("/", ", masters ")
+            runs.append({"name": name, "kind": spec, "evals": ev})
+            print(f"  {name}: final accuracy {ev[-1][2]:.4f} after {ev[-1][0]} steps, "
+                  f"{ev[-1][1]:.0f} s training", flush=True)
     base = runs[0]["evals"]
     print("\n| step | " + " | ".join(r["name"] for r in runs) + " | largest gap to " +
           runs[0]["name"] + " |")
@@ -63,13 +82,15 @@ def main():
         accs = [r["evals"][i][2] for r in runs]
         print(f"| {e[0]} | " + " | ".join(f"{x:.4f}" for x in accs) +
               f" | {max(abs(x - accs[0]) for x in accs):.4f} |")
-    print("\n| precision | final accuracy | gap to " + runs[0]["name"] + " | training s |")
+    print("\n| run | final accuracy | gap to " + runs[0]["name"] + " | training s |")
     print("|---|---:|---:|---:|")
     for r in runs:
         print(f"| {r['name']} | {r['evals'][-1][2]:.4f} | "
               f"{r['evals'][-1][2] - base[-1][2]:+.4f} | {r['evals'][-1][1]:.0f} |")
+    palette = {"fp32": "#1f77b4", "bf16": "#d62728", "bf16/bf16": "#2ca02c",
+               "bf16/bf16-rn": "#ff7f0e"}
     for r in runs:
-        COLORS.setdefault(r["kind"], {"fp32": "#1f77b4", "bf16": "#d62728"}.get(r["kind"], "black"))
+        COLORS.setdefault(r["kind"], palette.get(r["kind"], "black"))
     svg(runs, 0.25, a.plot, x_field=0, x_label="optimizer steps",
         title=f"Held-out MLM accuracy, bert-{a.preset} on the demo corpus, by precision")
     print(json.dumps(runs))

@@ -322,6 +322,37 @@ TEST_F(Cli, PlanPredictsWhatFitsAndRefusesBadValues) {
   }
 }
 
+// --master-weights: plan counts bf16 masters (weights + moments under 0.55x of fp32 masters);
+// bf16 masters without bf16 compute, a bad name, or with --zero 1 are refused on one line
+// naming the flags.
+TEST_F(Cli, MasterWeightsArePlannedAndCheckedAgainstTheOtherFlags) {
+  auto state = [&](const std::string& masters) {
+    Result r =
+        run("plan --preset base --tokens 2048 --sequences 4 --precision bf16 --json "
+            "--master-weights " +
+            masters);
+    EXPECT_EQ(r.code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j.at("master_weights"), masters);
+    return j.at("params_bytes").get<double>() + j.at("optimizer_bytes").get<double>();
+  };
+  EXPECT_LE(state("bf16") / state("fp32"), 0.55);
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"plan --preset base --tokens 2048 --sequences 4 --master-weights bf16",
+            "--master-weights bf16 needs --precision bf16"},
+           {"pretrain --data x.seqs --out run --master-weights bf16",
+            "--master-weights bf16 needs --precision bf16"},
+           {"pretrain --data x.seqs --out run --master-weights fp16",
+            "--master-weights: expected fp32|bf16|bf16-rn, got 'fp16'"},
+           {"finetune --train t.tsv --dev d.tsv --init m --out o --master-weights bf16-rn",
+            "--master-weights bf16-rn needs --precision bf16"}}) {
+    Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 // `cmake --install` gives a binary that finds its vocabulary next to itself, wherever the
 // prefix is moved, without the source tree's copy (--help says where it was found).
 TEST_F(Cli, InstalledBinaryFindsItsVocabularyWhereverThePrefixMoves) {

@@ -185,6 +185,51 @@ TEST(ModelBf16, LossesAndGradientsTrackFp32) {
   EXPECT_NE(before.mlm_loss, after.mlm_loss);
 }
 
+// With bf16 master weights the model reads every weight from the bf16 masters (word embeddings
+// included) or from their fp32 widening: for weights that are bf16 values already, the step is
+// bit for bit the one with fp32 masters. A write to the masters reaches the fp32 tensors after
+// masters16_written().
+TEST(ModelBf16, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
+  if (!kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+  BertConfig c = tiny_config();
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 32;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.1;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel<float> a(c, heads), b(c, heads);
+  init_params(a.layout(), a.params().data(), 8);
+  for (float& w : a.params()) w = kernels::to_float(kernels::to_bf16(w));  // bf16 values
+  b.params() = std::as_const(a).params();
+  b.keep_masters_in_bf16();
+  ASSERT_TRUE(b.masters_in_bf16());
+  EXPECT_EQ(b.params().size(), fp32_kept_arena(b.layout()).total);
+  std::vector<float> whole;
+  const float* widened = b.weights_fp32(whole);
+  EXPECT_TRUE(std::equal(widened, widened + b.layout().total(), std::as_const(a).params().begin()));
+  PackedBatch batch = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
+  auto run = [&](BertModel<float>& m) {
+    m.zero_grads();
+    Outputs out = m.forward(batch, {true, 41, 3, Recompute{}, Precision::bf16});
+    m.backward();
+    return std::pair{out.loss(), m.grads()};
+  };
+  const auto [loss_a, grads_a] = run(a);
+  const auto [loss_b, grads_b] = run(b);
+  EXPECT_EQ(loss_a, loss_b);
+  EXPECT_EQ(grads_a, grads_b);
+  // Halve every master: the fp32 tensors follow once told.
+  kernels::bf16* w16 = b.weights16();
+  for (size_t i = 0; i < b.layout().total(); ++i)
+    w16[i] = kernels::to_bf16(0.5f * kernels::to_float(w16[i]));
+  b.masters16_written();
+  for (float& w : a.params()) w *= 0.5f;
+  EXPECT_EQ(run(a).first, run(b).first);
+  // fp32 steps need the fp32 weights, which bf16 masters do not keep.
+  EXPECT_THROW(b.forward(batch, {false, 0, 0, Recompute{}, Precision::fp32}), std::logic_error);
+}
+
 // What `plan` predicts is what the engine holds: the same record declarations, summed for the
 // step's shape, give the engine's activation and scratch bytes exactly, under every policy.
 TEST(ModelRecompute, PlanBytesAreTheEnginesBytes) {

@@ -1,11 +1,15 @@
 // Training pieces: optimizers against PyTorch goldens, clipping, schedules.
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
 #include "model/weights.h"
+#include "rng.h"
+#include "train/memory_plan.h"
 #include "train/optimizer.h"
 
 namespace packbert::train {
@@ -56,6 +60,134 @@ TEST(Optimizer, ClipGradNorm) {
   std::vector<float> h = {0.3f, 0.4f};
   clip_grad_norm(h.data(), 2, 1.0);
   EXPECT_FLOAT_EQ(h[0], 0.3f);  // under the limit: untouched
+}
+
+// Stochastic rounding is exactly unbiased: over all 2^16 random inputs, x rounds up for as many
+// of them as its distance from the lower neighbour in 2^-16 gaps, so the mean is x itself.
+TEST(StochasticRounding, IsExactlyUnbiasedAndLandsOnANeighbour) {
+  for (float x : {1.0f, 1.00390625f, 1.001f, -3.14159f, 1e-30f, -7.5e20f, 0.0f, 65504.3f}) {
+    const float lo = kernels::to_float(
+        kernels::bf16{static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16)});  // toward zero
+    double sum = 0;
+    for (uint32_t r = 0; r < 65536; ++r) {
+      const float y = kernels::to_float(kernels::to_bf16_stochastic(x, static_cast<uint16_t>(r)));
+      ASSERT_TRUE(y == lo || std::abs(y) > std::abs(lo)) << x;
+      ASSERT_LE(std::abs(y - lo), std::abs(lo) * 0x1p-7 + 1e-45) << x;  // one bf16 gap at most
+      sum += y;
+    }
+    EXPECT_EQ(sum / 65536.0, static_cast<double>(x)) << x;
+  }
+  EXPECT_TRUE(std::isinf(kernels::to_float(kernels::to_bf16_stochastic(INFINITY, 0xffff))));
+  EXPECT_TRUE(std::isnan(kernels::to_float(kernels::to_bf16_stochastic(NAN, 0xffff))));
+}
+
+// A model's worth of tensors with bf16 masters: weights random, gradients random.
+struct Bf16MasterState {
+  model::ParamLayout layout{[] {
+                              model::BertConfig c = model::bert_preset("tiny");
+                              c.vocab_size = 2000;
+                              return c;
+                            }(),
+                            model::Heads{}};
+  std::vector<kernels::bf16> w16;
+  std::vector<float> grads;
+  Bf16MasterState() {
+    std::vector<float> w(layout.total());
+    model::init_params(layout, w.data(), 3);
+    w16.resize(w.size());
+    kernels::to_bf16(w16.data(), w.data(), static_cast<int64_t>(w.size()));
+    grads.resize(w.size());
+    SplitMix64 rng(5);
+    for (float& g : grads)
+      g = static_cast<float>(static_cast<double>(rng.next() >> 11) * 0x1p-53 - 0.5);
+  }
+  std::vector<kernels::bf16> steps(OptimizerKind kind, Masters masters, int n, double lr,
+                                   int threads) {
+    OptimizerConfig c;
+    c.kind = kind, c.masters = masters, c.seed = 11;
+    Optimizer opt(layout, c);
+    std::vector<kernels::bf16> w = w16;
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    for (int s = 0; s < n; ++s) opt.step(nullptr, grads.data(), lr, w.data());
+    omp_set_num_threads(before);
+    return w;
+  }
+};
+
+bool same_bits(const std::vector<kernels::bf16>& a, const std::vector<kernels::bf16>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(),
+                    [](kernels::bf16 x, kernels::bf16 y) { return x.bits == y.bits; });
+}
+
+// The rounding bits are a function of (seed, step, tensor, index): the same on any number of
+// threads, and different from round-to-nearest.
+TEST(Optimizer, Bf16MastersAreReproducibleOnAnyThreadCount) {
+  Bf16MasterState s;
+  for (OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::lamb}) {
+    const auto one = s.steps(kind, Masters::bf16, 3, 1e-3, 1);
+    EXPECT_TRUE(same_bits(one, s.steps(kind, Masters::bf16, 3, 1e-3, 2)));
+    EXPECT_TRUE(same_bits(one, s.steps(kind, Masters::bf16, 3, 1e-3, 1)));
+    EXPECT_FALSE(same_bits(one, s.steps(kind, Masters::bf16_rn, 3, 1e-3, 1)));
+  }
+}
+
+// An AdamW step moves each weight by about lr: far below half a bf16 gap (2^-9 relative) for
+// weights near 1, so round-to-nearest loses every such update while stochastic rounding keeps
+// it on average. The weights here: the LayerNorm ones (1.0), whose gap above is 2^-7.
+TEST(Optimizer, SmallUpdatesSurviveStochasticRoundingAndVanishToNearest) {
+  Bf16MasterState s;
+  const double lr = 1e-4;
+  std::vector<size_t> ones;
+  for (const model::TensorSpec& t : s.layout.tensors())
+    if (t.is_layernorm_weight)
+      for (size_t i = 0; i < t.numel; ++i) ones.push_back(t.offset + i);
+  ASSERT_GT(ones.size(), 500u);
+  // How far the weights moved against their gradient, on average.
+  auto mean_move = [&](const std::vector<kernels::bf16>& w) {
+    double sum = 0;
+    for (size_t i : ones) sum += (kernels::to_float(w[i]) - 1.0) * (s.grads[i] > 0 ? -1 : 1);
+    return sum / static_cast<double>(ones.size());
+  };
+  const int n = 40;
+  EXPECT_EQ(mean_move(s.steps(OptimizerKind::adamw, Masters::bf16_rn, n, lr, 2)), 0.0);
+  // Adam moves every weight by about lr a step against a fixed gradient (m_hat / sqrt(v_hat) =
+  // sign(g)). Each stochastic rounding adds noise of up to a gap; averaged over the weights it
+  // leaves the sum of the steps.
+  EXPECT_NEAR(mean_move(s.steps(OptimizerKind::adamw, Masters::bf16, n, lr, 2)), n * lr,
+              0.3 * n * lr);
+}
+
+// What plan counts for weights and optimizer state is what the engine holds under bf16 masters; for
+// BERT-base that is at most 0.55x of fp32 masters (with their bf16 copy, at the same precision).
+TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
+  PlanRequest r{model::bert_preset("tiny"), model::Heads{}, OptimizerKind::lamb, {},
+                model::Precision::bf16,     Masters::bf16};
+  r.config.vocab_size = 2000;
+  r.shape = uniform_shape(64, 2, 1);
+  const StepPlan plan = plan_step(r, model::Recompute{});
+  model::BertModel<float> m(r.config, r.heads);
+  m.keep_masters_in_bf16();
+  OptimizerConfig c;
+  c.masters = Masters::bf16;
+  Optimizer opt(m.layout(), c);
+  EXPECT_EQ(plan.params_bytes,
+            m.params().size() * sizeof(float) + m.layout().total() * sizeof(kernels::bf16));
+  EXPECT_EQ(plan.optimizer_bytes, opt.state_bytes());
+  r.masters = Masters::fp32;
+  EXPECT_EQ(plan_step(r, model::Recompute{}).optimizer_bytes,
+            Optimizer(m.layout(), OptimizerConfig{}).state_bytes());
+
+  PlanRequest base{model::bert_preset("base"), model::Heads{}, OptimizerKind::lamb, {},
+                   model::Precision::bf16,     Masters::bf16};
+  base.shape = uniform_shape(2048, 4, 1);
+  const StepPlan b16 = plan_step(base, model::Recompute{});
+  base.masters = Masters::fp32;
+  const StepPlan b32 = plan_step(base, model::Recompute{});
+  const double ratio = static_cast<double>(b16.params_bytes + b16.optimizer_bytes) /
+                       static_cast<double>(b32.params_bytes + b32.optimizer_bytes);
+  EXPECT_LE(ratio, 0.55);
+  EXPECT_GE(ratio, 0.40);
 }
 
 TEST(Schedule, WarmupThenLinearOrPolynomialDecay) {
@@ -187,16 +319,19 @@ std::vector<double> losses_of(Trainer& t, int64_t stop_after,
 
 // Steps 1..5 run, but only the step-3 checkpoint survives (as after kill -9); resuming it must
 // retrace the uninterrupted run exactly: losses and every weight.
-void check_killed_run_resumes_bit_exactly(model::Precision precision) {
+void check_killed_run_resumes_bit_exactly(model::Precision precision,
+                                          Masters masters = Masters::fp32) {
   World w;
   PretrainOptions o = w.options("full");
   o.loop.precision = precision;
+  o.loop.optimizer.masters = masters;
   Trainer full(o, false);
   std::vector<double> reference = losses_of(full, 8);
   ASSERT_EQ(reference.size(), 8u);
 
   PretrainOptions p = w.options("killed");
   p.loop.precision = precision;
+  p.loop.optimizer.masters = masters;
   std::string saved = (w.dir / "step3.safetensors").string();
   {
     Trainer t(p, false);
@@ -213,6 +348,12 @@ void check_killed_run_resumes_bit_exactly(model::Precision precision) {
   for (size_t i = 0; i < after.size(); ++i)
     EXPECT_EQ(after[i], reference[3 + i]) << "step " << 3 + i;
   EXPECT_EQ(resumed.model().params(), full.model().params());
+  const size_t n = full.model().layout().total();
+  std::vector<float> a, b;
+  const float* weights = resumed.model().weights_fp32(a);
+  EXPECT_TRUE(std::equal(weights, weights + n, full.model().weights_fp32(b)));
+  const float* moment = resumed.optimizer().v_fp32(a);
+  EXPECT_TRUE(std::equal(moment, moment + n, full.optimizer().v_fp32(b)));
 }
 
 TEST(Trainer, KilledRunResumesBitExactly) {
@@ -243,6 +384,57 @@ TEST(Trainer, KilledBf16RunResumesBitExactlyAndKeepsItsPrecision) {
     EXPECT_NE(std::string(e.what()).find("was trained with --precision bf16"), std::string::npos)
         << e.what();
   }
+}
+
+// bf16 master weights: the checkpoint holds the masters and moments widened to fp32, which
+// round back to the same bf16 bits, so resume is bit-exact (the stochastic rounding bits are a
+// function of seed, step, tensor and index, not of the run's history). Resuming with other
+// masters is refused.
+TEST(Trainer, KilledBf16MastersRunResumesBitExactly) {
+  if (!kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+  check_killed_run_resumes_bit_exactly(model::Precision::bf16, Masters::bf16);
+  World w;
+  PretrainOptions o = w.options("switch");
+  o.loop.precision = model::Precision::bf16;
+  o.loop.optimizer.masters = Masters::bf16;
+  o.max_steps = 2;
+  {
+    Trainer t(o, false);
+    losses_of(t, 2);
+    // The masters are bf16 values and the model keeps only the small tensors in fp32.
+    EXPECT_TRUE(t.model().masters_in_bf16());
+    EXPECT_EQ(t.model().params().size(), model::fp32_kept_arena(t.model().layout()).total);
+    EXPECT_LT(t.model().params().size() * 4, t.model().layout().total());
+  }
+  o.loop.optimizer.masters = Masters::bf16_rn;
+  o.max_steps = 4;
+  try {
+    Trainer t(o, true);
+    FAIL() << "resumed a bf16-master checkpoint with round-to-nearest masters";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained with --master-weights bf16"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Stochastic rounding keeps learning where round-to-nearest stalls; both learn at this learning
+// rate on the synthetic corpus (the long comparison is bench/precision_parity.py).
+TEST(Trainer, LearnsTheSyntheticCorpusWithBf16Masters) {
+  if (!kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+  World w;
+  PretrainOptions o = w.learning_options("learn16");
+  o.loop.precision = model::Precision::bf16;
+  o.loop.optimizer.masters = Masters::bf16;
+  Trainer t(o, false);
+  EvalMetrics before = t.evaluate();
+  std::atomic<bool> stop{false};
+  t.run(stop, {}, {});
+  EvalMetrics after = t.evaluate();
+  EXPECT_LT(after.mlm_loss, before.mlm_loss - 0.5) << before.mlm_loss << " -> " << after.mlm_loss;
+  EXPECT_GT(after.mlm_acc, before.mlm_acc + 0.1) << before.mlm_acc << " -> " << after.mlm_acc;
 }
 
 TEST(Trainer, LearnsTheSyntheticCorpus) {

@@ -26,6 +26,7 @@ struct PlanArgs {
   bool recompute_given = false;
   std::optional<double> memory_limit;
   model::Precision precision = model::Precision::fp32;
+  train::Masters masters = train::Masters::fp32;
   bool json = false;
 };
 
@@ -65,6 +66,10 @@ void run_plan(const PlanArgs& a) {
                      std::to_string(r.config.max_position_embeddings) + " positions");
   r.shape = train::uniform_shape(a.tokens, a.sequences, omp_get_max_threads());
   r.precision = a.precision;
+  r.masters = a.masters;
+  if (a.masters != train::Masters::fp32 && a.precision != model::Precision::bf16)
+    throw InputError("--master-weights " + std::string(train::masters_name(a.masters)) +
+                     " needs --precision bf16");
   const double limit = a.memory_limit.value_or(train::available_memory());
   const std::string limit_text =
       train::format_bytes(limit) + (a.memory_limit ? " (--memory-limit)" : " (available now)");
@@ -93,6 +98,7 @@ void run_plan(const PlanArgs& a) {
                         {"memory_limit_bytes", limit},
                         {"recompute", asked.policy.name()},
                         {"precision", model::precision_name(a.precision)},
+                        {"master_weights", train::masters_name(a.masters)},
                         {"params_bytes", asked.params_bytes},
                         {"grads_bytes", asked.grads_bytes},
                         {"optimizer_bytes", asked.optimizer_bytes},
@@ -128,7 +134,9 @@ void run_plan(const PlanArgs& a) {
             << model::precision_name(a.precision) << ", " << r.shape.threads << " threads; limit "
             << limit_text << "\n"
             << "parameters " << gib(asked.params_bytes)
-            << (a.precision == model::Precision::bf16 ? " GiB (with their bf16 copy)" : " GiB")
+            << (a.masters != train::Masters::fp32       ? " GiB (bf16 masters)"
+                : a.precision == model::Precision::bf16 ? " GiB (with their bf16 copy)"
+                                                        : " GiB")
             << ", gradients " << gib(asked.grads_bytes) << " GiB, optimizer state "
             << gib(asked.optimizer_bytes) << " GiB, runtime " << gib(asked.runtime_bytes)
             << " GiB (in every total)\n\n";
@@ -165,6 +173,7 @@ void register_plan(CLI::App& app) {
       ->capture_default_str();
   recompute_flags(cmd, a->recompute, &a->memory_limit);
   precision_flag(cmd, a->precision, false);
+  master_weights_flag(cmd, a->masters);
   cmd->add_flag("--json", a->json, "One JSON object instead of the tables");
   cmd->callback([a, cmd] {
     a->recompute_given = cmd->count("--recompute") > 0;

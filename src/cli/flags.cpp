@@ -103,10 +103,25 @@ std::string flag_of_field(const std::string& field) {
       {"max_seq_len", "--max-seq-len"},
       {"one_per_row", "--one-per-row"},
       {"compute_padding", "--compute-padding"},
-      {"packs", "--packs"}};
+      {"packs", "--packs"},
+      {"masters", "--master-weights"},
+      {"precision", "--precision"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;
+}
+
+void master_weights_flag(CLI::App* cmd, train::Masters& masters) {
+  cmd->add_option_function<std::string>(
+         "--master-weights",
+         [&masters](const std::string& text) {
+           masters = train::parse_masters(text, "--master-weights");
+         },
+         "fp32 | bf16 | bf16-rn: where the weights and Adam/LAMB moments live. bf16 (with "
+         "--precision bf16) keeps them in bf16 only, 6 bytes per parameter instead of 14, the "
+         "optimizer writing them with stochastic rounding; bf16-rn rounds to nearest instead (for "
+         "comparison: small updates then vanish)")
+      ->default_str("fp32");
 }
 
 LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& optimizer,
@@ -138,6 +153,7 @@ LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& op
          0, 1000);
   recompute_flags(cmd, o.recompute, &o.memory_limit);
   precision_flag(cmd, o.precision);
+  master_weights_flag(cmd, o.optimizer.masters);
   number(cmd, "--zero", o.zero,
          "Under mpirun: 1 shards the optimizer state (moments) across the processes, each "
          "holding 1/N of it (ZeRO stage 1); 0 = every process holds all of it",

@@ -46,6 +46,8 @@ void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<doub
 // without AVX512-BF16 or AMX-BF16 is a one-line error naming the missing feature, exit 2 (plan,
 // which runs nothing, does not check).
 void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu = true);
+// --master-weights fp32|bf16|bf16-rn (into `masters`).
+void master_weights_flag(CLI::App* cmd, train::Masters& masters);
 
 // --doc-stride, --max-query-length, --max-answer-length: SQuAD's windowing and answer limits
 // (finetune and eval --task squad).

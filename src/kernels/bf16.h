@@ -25,6 +25,22 @@ inline bf16 to_bf16(float x) {
   return bf16{static_cast<uint16_t>(rounded >> 16)};
 }
 
+// Stochastic rounding (Gupta et al. 2015): x rounds to one of its two bf16 neighbours, up with
+// probability equal to its distance from the lower one in units of the gap, so the rounding is
+// unbiased on average. `random` supplies 16 uniform bits: added below the 16 bits bf16 keeps,
+// the sum is truncated. Infinities and NaN round to nearest; a finite x within a gap of the
+// largest bf16 may round up to infinity, as it would by any rounding of a larger value.
+inline bf16 to_bf16_stochastic(float x, uint16_t random) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return to_bf16(x);
+  return bf16{static_cast<uint16_t>((u + random) >> 16)};
+}
+
+// True when x is neither infinite nor NaN.
+inline bool is_finite(bf16 x) {
+  return (x.bits & 0x7f80u) != 0x7f80u;
+}
+
 // out[i] = to_bf16(in[i]), [n]; in parallel over chunks for large n.
 void to_bf16(bf16* out, const float* in, int64_t n);
 // out[i] = to_float(in[i]), [n].

@@ -334,6 +334,19 @@ void embedding_forward(T* out, const int32_t* ids, const int32_t* pos, const int
   }
 }
 
+void embedding_forward(float* out, const int32_t* ids, const int32_t* pos, const int32_t* types,
+                       const bf16* word, const float* position, const float* token_type,
+                       int n_tokens, int C) {
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < n_tokens; ++t) {
+    const bf16* w = word + static_cast<int64_t>(ids[t]) * C;
+    const float* p = position + static_cast<int64_t>(pos[t]) * C;
+    const float* y = token_type + static_cast<int64_t>(types[t]) * C;
+    float* o = out + static_cast<int64_t>(t) * C;
+    for (int c = 0; c < C; ++c) o[c] = to_float(w[c]) + p[c] + y[c];
+  }
+}
+
 template <typename T>
 void embedding_backward(T* dword, T* dposition, T* dtoken_type, const T* dout, const int32_t* ids,
                         const int32_t* pos, const int32_t* types, int n_tokens, int C) {

@@ -67,6 +67,10 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const int32_t* pos, const int32_t* types,
                        const T* word, const T* position, const T* token_type, int n_tokens, int C);
+// The same with the word embeddings in bf16 (`--master-weights bf16`), widened as read.
+void embedding_forward(float* out, const int32_t* ids, const int32_t* pos, const int32_t* types,
+                       const bf16* word, const float* position, const float* token_type,
+                       int n_tokens, int C);
 template <typename T>
 void embedding_backward(T* dword, T* dposition, T* dtoken_type, const T* dout, const int32_t* ids,
                         const int32_t* pos, const int32_t* types, int n_tokens, int C);

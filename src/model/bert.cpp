@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <type_traits>
 
@@ -50,6 +51,54 @@ kernels::bf16* BertModel<T>::weights16() {
     p16_ = std::make_unique<ParamView<kernels::bf16>>(layout_, params16_.data());
   }
   return params16_.data();
+}
+
+template <typename T>
+void BertModel<T>::keep_masters_in_bf16() {
+  if constexpr (!std::is_same_v<T, float>) {
+    throw std::logic_error("bf16 master weights need a float model");
+  } else {
+    if (masters16_) return;
+    kernels::to_bf16(weights16(), params_.data(), static_cast<int64_t>(params_.size()));
+    const KeptArena arena = fp32_kept_arena(layout_);
+    kept_fp32_ = arena.places;
+    std::vector<T> kept(arena.total, T(0));
+    std::map<size_t, size_t> at;  // whole offset -> kept offset
+    for (const KeptPlace& k : kept_fp32_) {
+      std::copy_n(params_.data() + k.whole, k.numel, kept.data() + k.kept);
+      at[k.whole] = k.kept;
+    }
+    params_ = std::move(kept);
+    T* base = params_.data();
+    p_ = ParamView<T>(layout_, [&](const TensorSpec& t) -> T* {
+      auto it = at.find(t.offset);
+      return it == at.end() ? nullptr : base + it->second;
+    });
+    masters16_ = true;
+    weights16_written();
+  }
+}
+
+template <typename T>
+void BertModel<T>::masters16_written() {
+  if constexpr (std::is_same_v<T, float>) {
+    for (const KeptPlace& k : kept_fp32_)
+      kernels::to_float(params_.data() + k.kept, params16_.data() + k.whole,
+                        static_cast<int64_t>(k.numel));
+    weights16_written();
+  }
+}
+
+template <typename T>
+const T* BertModel<T>::weights_fp32(std::vector<T>& scratch) const {
+  if constexpr (std::is_same_v<T, float>) {
+    if (masters16_) {
+      scratch.resize(layout_.total());
+      kernels::to_float(scratch.data(), params16_.data(), static_cast<int64_t>(scratch.size()));
+      return scratch.data();
+    }
+  }
+  return params_.data();
 }
 
 template <typename T>
@@ -162,9 +211,11 @@ template <typename T>
 Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& options) {
   if (options.recompute.automatic)
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
+  if (masters16_ && options.precision != Precision::bf16)
+    throw std::logic_error("a model with bf16 master weights runs Precision::bf16 steps only");
   if (options.precision == Precision::bf16) {
     if constexpr (std::is_same_v<T, float>) {
-      if (params16_version_ != params_version_) {  // the weights changed since their copy
+      if (!masters16_ && params16_version_ != params_version_) {  // changed since their copy
         kernels::to_bf16(weights16(), params_.data(), static_cast<int64_t>(params_.size()));
         weights16_written();
       }

@@ -57,6 +57,18 @@ class BertModel {
   // weights16_written() afterwards instead.
   kernels::bf16* weights16();
   void weights16_written() { params16_version_ = params_version_; }
+  // Master weights in bf16 (`--master-weights bf16`; T = float, Precision::bf16 steps only): the
+  // bf16 copy, rounded to nearest from params() now, becomes the weights themselves, and params()
+  // shrinks to the tensors kernels also read in fp32 (read_only_in_bf16 in model/params.h: about
+  // 1% of BERT's), widened from the masters after each update. The weights then take 2 bytes per
+  // parameter instead of 6. For good: call it after the weights are loaded.
+  void keep_masters_in_bf16();
+  bool masters_in_bf16() const { return masters16_; }
+  // After the optimizer rewrote the bf16 masters (weights16()): widens them into params().
+  void masters16_written();
+  // The whole weight arena in fp32 (params()' layout): params() itself, or under bf16 masters
+  // their values widened into `scratch`.
+  const T* weights_fp32(std::vector<T>& scratch) const;
   const ParamView<T>& p() const { return p_; }
 
   void zero_grads();
@@ -101,6 +113,8 @@ class BertModel {
   std::vector<kernels::bf16> params16_;
   std::unique_ptr<ParamView<kernels::bf16>> p16_;
   uint64_t params_version_ = 0, params16_version_ = ~uint64_t{0};
+  bool masters16_ = false;
+  std::vector<KeptPlace> kept_fp32_;  // under bf16 masters: what params() keeps, and where
 
   // State of the last forward (everything backward needs is copied: the batch may be gone).
   // Vectors keep their capacity, and the workspace its arena, so steady-state steps allocate

@@ -145,7 +145,11 @@ void embeddings_forward(const StepContext<T>& s, const ParamView<T>& p, const in
   const int Tn = s.T_(), C = s.config.hidden_size;
   T* sum = s.ws.get(Rec::emb_sum);
   T* ln = s.p_hidden > 0 ? s.ws.get(Rec::tmp) : out;
-  embedding_forward(sum, ids, pos, types, p.word, p.position, p.token_type, Tn, C);
+  // Under bf16 master weights the word embeddings exist in bf16 only (p.word is null).
+  if constexpr (std::is_same_v<T, float>)
+    if (!p.word)
+      embedding_forward(sum, ids, pos, types, s.p16->word, p.position, p.token_type, Tn, C);
+  if (p.word) embedding_forward(sum, ids, pos, types, p.word, p.position, p.token_type, Tn, C);
   layernorm_forward(ln, s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), sum, p.emb_ln_w,
                     p.emb_ln_b, Tn, C, static_cast<T>(s.config.layer_norm_eps));
   if (s.p_hidden > 0) dropout_site(s, out, ln, static_cast<int64_t>(Tn) * C, kNoLayer, kEmbeddings);

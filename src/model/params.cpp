@@ -82,11 +82,42 @@ const TensorSpec* ParamLayout::find(const std::string& name) const {
   return nullptr;
 }
 
+bool read_only_in_bf16(const TensorSpec& t) {
+  auto ends_with = [&](const std::string& tail) {
+    return t.name.size() >= tail.size() &&
+           t.name.compare(t.name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (t.name == "bert.embeddings.word_embeddings.weight" ||
+      t.name == "cls.predictions.transform.dense.weight")
+    return true;
+  if (t.name.rfind("bert.encoder.layer.", 0) != 0) return false;
+  return ends_with(".query.weight") || ends_with(".key.weight") || ends_with(".value.weight") ||
+         ends_with(".dense.weight");
+}
+
+KeptArena fp32_kept_arena(const ParamLayout& layout) {
+  KeptArena a;
+  size_t prev_end = SIZE_MAX;
+  for (const TensorSpec& t : layout.tensors()) {
+    if (read_only_in_bf16(t)) continue;
+    if (t.offset != prev_end) a.total = (a.total + 15) / 16 * 16;
+    a.places.push_back({t.offset, a.total, t.numel});
+    a.total += t.numel;
+    prev_end = t.offset + t.numel;
+  }
+  return a;
+}
+
 template <typename T>
-ParamView<T>::ParamView(const ParamLayout& layout, T* base) {
+ParamView<T>::ParamView(const ParamLayout& layout, T* base)
+    : ParamView(layout, [base](const TensorSpec& t) { return base + t.offset; }) {}
+
+template <typename T>
+ParamView<T>::ParamView(const ParamLayout& layout,
+                        const std::function<T*(const TensorSpec&)>& place) {
   auto at = [&](const std::string& name) -> T* {
     const TensorSpec* t = layout.find(name);
-    return t ? base + t->offset : nullptr;
+    return t ? place(*t) : nullptr;
   };
   word = at("bert.embeddings.word_embeddings.weight");
   position = at("bert.embeddings.position_embeddings.weight");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -65,7 +66,29 @@ struct ParamView {
   T *span_w = nullptr, *span_b = nullptr;
 
   ParamView(const ParamLayout& layout, T* base);
+  // Each tensor where `at` places it (null: nowhere in this view).
+  ParamView(const ParamLayout& layout, const std::function<T*(const TensorSpec&)>& at);
 };
+
+// Whether the bf16 engine (Precision::bf16) reads tensor t only in bf16: the encoder layers'
+// and the MLM transform's matrices (GEMM operands) and the word embeddings (the MLM decoder's
+// operand, and the embedding gather under bf16 master weights). Every other tensor (biases,
+// LayerNorm, position and token-type embeddings, the pooler and the small heads) is also read
+// in fp32.
+bool read_only_in_bf16(const TensorSpec& t);
+
+// Under bf16 master weights the fp32 arena keeps only the tensors not read_only_in_bf16, in
+// arena order: where each lies in the whole arena and in the kept one. A tensor that follows the
+// previous kept one directly in the arena (the key and value biases after the query's) follows
+// it in the kept arena too; the others start on a 64-byte boundary, as in the arena.
+struct KeptPlace {
+  size_t whole, kept, numel;
+};
+struct KeptArena {
+  std::vector<KeptPlace> places;
+  size_t total = 0;  // elements
+};
+KeptArena fp32_kept_arena(const ParamLayout& layout);
 
 // Hugging Face initialisation: Linear and Embedding weights ~ N(0, initializer_range), biases 0,
 // LayerNorm weight 1 and bias 0. Deterministic for a seed.

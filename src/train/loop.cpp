@@ -20,6 +20,15 @@ void check_loop_options(const LoopOptions& o) {
   if (!(o.outlier_z >= 0)) throw OptionError("outlier_z", "must be 0 (off) or positive");
   if (o.nan_abort < 1) throw OptionError("nan_abort", "must be at least 1");
   if (o.zero != 0 && o.zero != 1) throw OptionError("zero", "must be 0 or 1");
+  if (o.optimizer.masters != Masters::fp32) {
+    const std::string name = masters_name(o.optimizer.masters);
+    if (o.precision != model::Precision::bf16)
+      throw OptionError("masters", name +
+                                       " needs `precision` bf16: bf16 master weights are the bf16 "
+                                       "GEMMs' operands");
+    if (o.zero != 0)
+      throw OptionError("masters", name + " does not shard (`zero` 1) yet: use one or the other");
+  }
 }
 
 bool all_finite(const float* x, size_t n) {
@@ -69,8 +78,11 @@ Stepper::Stepper(model::BertModel<float>& m, const LoopOptions& o, const Optimiz
     begin = bounds_[static_cast<size_t>(comm.rank())];
     end = bounds_[static_cast<size_t>(comm.rank()) + 1];
   }
+  OptimizerConfig c = oc;
+  c.masters = o.optimizer.masters, c.seed = o.seed;
+  if (c.masters != Masters::fp32) m.keep_masters_in_bf16();
   io::AllocationScope scope("the optimizer's moments");
-  opt_ = std::make_unique<Optimizer>(m.layout(), oc, begin, end);
+  opt_ = std::make_unique<Optimizer>(m.layout(), c, begin, end);
 }
 
 StepResult Stepper::step(int64_t index, int64_t total,
@@ -196,7 +208,10 @@ StepResult Stepper::step(int64_t index, int64_t total,
     apply_update(*opt_, m_, r.lr, o_.precision);
   }
   const std::vector<float>& w = std::as_const(m_).params();
-  if (!all_finite(w.data(), w.size()))
+  const kernels::bf16* w16 = m_.masters_in_bf16() ? m_.weights16() : nullptr;
+  if (!all_finite(w.data(), w.size()) ||
+      (w16 && !std::all_of(w16, w16 + m_.layout().total(),
+                           [](kernels::bf16 x) { return kernels::is_finite(x); })))
     throw InputError("the update of step " + std::to_string(index + 1) +
                      " made parameters non-finite (learning rate " + std::to_string(r.lr) +
                      " too high? weight decay?); " + kept);
@@ -206,7 +221,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
 
 std::pair<const float*, const float*> Stepper::whole_moments(std::vector<float>& m_all,
                                                              std::vector<float>& v_all) {
-  if (bounds_.size() == 2) return {opt_->m().data(), opt_->v().data()};  // not sharded
+  if (bounds_.size() == 2) return {opt_->m_fp32(m_all), opt_->v_fp32(v_all)};  // not sharded
   const size_t total = comm_.root() ? m_.layout().total() : 0;
   m_all.assign(total, 0.0f), v_all.assign(total, 0.0f);
   comm_.gather(opt_->m().data(), m_all.data(), bounds_);

@@ -98,8 +98,9 @@ class Stepper {
   GradNormGuard& guard() { return guard_; }
   int64_t outlier_skips() const { return outlier_skips_; }
   void set_outlier_skips(int64_t n) { outlier_skips_ = n; }
-  // The moments of the whole arena (m, v), for a checkpoint: the optimizer's own when it holds
-  // them all; under ZeRO-1 gathered into m_all and v_all on the root, and null elsewhere.
+  // The moments of the whole arena (m, v) in fp32, for a checkpoint: the optimizer's own when it
+  // holds them all in fp32 (widened into m_all and v_all under bf16 masters); under ZeRO-1
+  // gathered into m_all and v_all on the root, and null elsewhere.
   std::pair<const float*, const float*> whole_moments(std::vector<float>& m_all,
                                                       std::vector<float>& v_all);
   // The rows of a whole batch that `rank` of `ranks` computes: balanced by real tokens (the

@@ -67,12 +67,19 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   const model::ParamLayout layout(r.config, r.heads);
   const size_t n = layout.total();
   p.params_bytes = p.grads_bytes = n * sizeof(float);
-  size_t largest = 0;  // LAMB's per-tensor update direction, in double
-  for (const model::TensorSpec& t : layout.tensors()) largest = std::max(largest, t.numel);
-  p.optimizer_bytes =
-      2 * n * sizeof(float) + (r.optimizer == OptimizerKind::lamb ? largest * sizeof(double) : 0);
-  // Under bf16 the weights also have their bf16 copy.
+  // The two moments (LAMB rebuilds its update direction from them: no buffer), and LAMB's two
+  // squared norms per tensor.
+  const size_t lamb =
+      r.optimizer == OptimizerKind::lamb ? 2 * layout.tensors().size() * sizeof(double) : 0;
+  p.optimizer_bytes = 2 * n * sizeof(float) + lamb;
+  // Under bf16 the weights also have their bf16 copy; bf16 masters are that copy, with the
+  // tensors also read in fp32 beside it, and bf16 moments.
   if (r.precision == model::Precision::bf16) p.params_bytes += n * sizeof(kernels::bf16);
+  if (r.masters != Masters::fp32) {
+    p.params_bytes =
+        n * sizeof(kernels::bf16) + model::fp32_kept_arena(layout).total * sizeof(float);
+    p.optimizer_bytes = 2 * n * sizeof(kernels::bf16) + lamb;
+  }
   p.records = model::workspace_records(r.config, r.heads, policy, r.shape, r.precision);
   for (const model::RecordSize& rec : p.records)
     (rec.storage == model::Storage::activation ? p.activation_bytes : p.workspace_bytes) +=

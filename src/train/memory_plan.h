@@ -34,6 +34,7 @@ struct PlanRequest {
   OptimizerKind optimizer = OptimizerKind::lamb;
   model::StepShape shape;
   model::Precision precision = model::Precision::fp32;
+  Masters masters = Masters::fp32;
 };
 
 StepPlan plan_step(const PlanRequest& request, const model::Recompute& policy);

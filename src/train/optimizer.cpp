@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "error.h"
+#include "rng.h"
 
 namespace packbert::train {
 
@@ -17,25 +18,106 @@ OptimizerKind parse_optimizer(const std::string& name, const std::string& flag) 
   throw InputError(flag + ": expected adamw|lamb, got '" + name + "'");
 }
 
+const char* masters_name(Masters masters) {
+  switch (masters) {
+    case Masters::fp32:
+      return "fp32";
+    case Masters::bf16:
+      return "bf16";
+    case Masters::bf16_rn:
+      return "bf16-rn";
+  }
+  return "?";
+}
+
+Masters parse_masters(const std::string& name, const std::string& flag) {
+  for (Masters m : {Masters::fp32, Masters::bf16, Masters::bf16_rn})
+    if (name == masters_name(m)) return m;
+  throw InputError(flag + ": expected fp32|bf16|bf16-rn, got '" + name + "'");
+}
+
+RoundingBits rounding_bits(uint64_t seed, int64_t step, size_t tensor, size_t index) {
+  constexpr uint64_t kRounding = 0x726f756e64ULL;  // "round": apart from dropout's keys
+  const uint64_t key = mix64(static_cast<uint64_t>(step) * kGolden64 + tensor) ^ kRounding;
+  const uint64_t h = counter_bits(seed, key, index);
+  return {static_cast<uint16_t>(h), static_cast<uint16_t>(h >> 16), static_cast<uint16_t>(h >> 32)};
+}
+
 Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config, size_t begin,
                      size_t end)
     : layout_(layout),
       cfg_(config),
       begin_(std::min(begin, layout.total())),
       end_(std::min(end, layout.total())),
-      m_(end_ - begin_, 0.0f),
-      v_(end_ - begin_, 0.0f) {
+      bf16_(config.masters != Masters::fp32) {
+  if (bf16_)
+    m16_.resize(end_ - begin_), v16_.resize(end_ - begin_);
+  else
+    m_.resize(end_ - begin_, 0.0f), v_.resize(end_ - begin_, 0.0f);
   if (cfg_.kind == OptimizerKind::lamb) norms_.resize(2 * layout.tensors().size());
 }
 
 void Optimizer::set_moments(const model::TensorSpec& t, const float* m, const float* v) {
   const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
   if (a >= b) return;
-  std::copy(m + (a - t.offset), m + (b - t.offset), m_.begin() + static_cast<long>(a - begin_));
-  std::copy(v + (a - t.offset), v + (b - t.offset), v_.begin() + static_cast<long>(a - begin_));
+  const float *ms = m + (a - t.offset), *vs = v + (a - t.offset);
+  const int64_t n = static_cast<int64_t>(b - a);
+  if (bf16_) {  // (values a checkpoint widened from bf16 round back exactly)
+    kernels::to_bf16(m16_.data() + (a - begin_), ms, n);
+    kernels::to_bf16(v16_.data() + (a - begin_), vs, n);
+    return;
+  }
+  std::copy_n(ms, n, m_.begin() + static_cast<long>(a - begin_));
+  std::copy_n(vs, n, v_.begin() + static_cast<long>(a - begin_));
+}
+
+const float* Optimizer::m_fp32(std::vector<float>& scratch) const {
+  if (!bf16_) return m_.data();
+  scratch.resize(m16_.size());
+  kernels::to_float(scratch.data(), m16_.data(), static_cast<int64_t>(m16_.size()));
+  return scratch.data();
+}
+
+const float* Optimizer::v_fp32(std::vector<float>& scratch) const {
+  if (!bf16_) return v_.data();
+  scratch.resize(v16_.size());
+  kernels::to_float(scratch.data(), v16_.data(), static_cast<int64_t>(v16_.size()));
+  return scratch.data();
+}
+
+size_t Optimizer::state_bytes() const {
+  return (bf16_ ? 2 * m16_.size() * sizeof(kernels::bf16) : 2 * m_.size() * sizeof(float)) +
+         norms_.size() * sizeof(double);
 }
 
 namespace {
+
+using kernels::bf16;
+using kernels::to_float;
+
+// How the bf16 masters of one part of a tensor are written: stochastically with the bits of
+// (seed, step, tensor, index), or to nearest.
+struct Rounder {
+  bool stochastic;
+  uint64_t seed;
+  int64_t step;
+  size_t tensor;
+  void operator()(size_t index, float p, float m, float v, bf16& p16, bf16& m16, bf16& v16) const {
+    if (!stochastic) {
+      p16 = kernels::to_bf16(p), m16 = kernels::to_bf16(m), v16 = kernels::to_bf16(v);
+      return;
+    }
+    const RoundingBits r = rounding_bits(seed, step, tensor, index);
+    p16 = kernels::to_bf16_stochastic(p, r.weight);
+    m16 = kernels::to_bf16_stochastic(m, r.m);
+    v16 = kernels::to_bf16_stochastic(v, r.v);
+  }
+  bf16 one(size_t index, float p) const {
+    return stochastic
+               ? kernels::to_bf16_stochastic(p, rounding_bits(seed, step, tensor, index).weight)
+               : kernels::to_bf16(p);
+  }
+};
 
 // One AdamW update over n elements, in double like the PyTorch reference it is checked against.
 template <bool kMirror>
@@ -56,6 +138,7 @@ void adamw_block(float* __restrict p, kernels::bf16* __restrict p16, float* __re
 
 void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16* params16,
                      const Reduce& reduce) {
+  if (bf16_) return step16(params16, grads, lr, reduce);
   ++t_;
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
   const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_)),
@@ -126,8 +209,88 @@ void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16
   });
 }
 
+void Optimizer::step16(bf16* params16, const float* grads, double lr, const Reduce& reduce) {
+  ++t_;
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
+  const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_)),
+               c2 = 1.0 - std::pow(b2, static_cast<double>(t_));
+  const std::vector<model::TensorSpec>& tensors = layout_.tensors();
+  auto each_part = [&](auto f) {
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const model::TensorSpec& t = tensors[k];
+      const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
+      if (a < b) f(k, t, a, static_cast<int64_t>(b - a));
+    }
+  };
+  auto rounder = [&](size_t k) { return Rounder{cfg_.masters == Masters::bf16, cfg_.seed, t_, k}; };
+  if (cfg_.kind == OptimizerKind::adamw) {
+    each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
+      bf16 *p = params16 + a, *m = m16_.data() + (a - begin_), *v = v16_.data() + (a - begin_);
+      const float* g = grads + a;
+      const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
+      const Rounder round = rounder(k);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const double pi = to_float(p[i]) * (1.0 - lr * wd);
+        const double mi = b1 * to_float(m[i]) + (1 - b1) * g[i],
+                     vi = b2 * to_float(v[i]) + (1 - b2) * g[i] * g[i];
+        const double pn = pi - lr * (mi / c1) / (std::sqrt(vi / c2) + eps);
+        round(a + static_cast<size_t>(i), static_cast<float>(pn), static_cast<float>(mi),
+              static_cast<float>(vi), p[i], m[i], v[i]);
+      }
+    });
+    return;
+  }
+  // LAMB as in step(): the moments written (rounded) first, the direction rebuilt from them.
+  std::fill(norms_.begin(), norms_.end(), 0.0);
+  auto direction = [&](double m, double v, double p, double wd) {
+    return (m / c1) / (std::sqrt(v / c2) + eps) + wd * p;
+  };
+  each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
+    const bf16* p = params16 + a;
+    const float* g = grads + a;
+    bf16 *m = m16_.data() + (a - begin_), *v = v16_.data() + (a - begin_);
+    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
+    const Rounder round = rounder(k);
+    double pn = 0, un = 0;
+#pragma omp parallel for schedule(static) reduction(+ : pn, un)
+    for (int64_t i = 0; i < n; ++i) {
+      const float mi = static_cast<float>(b1 * to_float(m[i]) + (1 - b1) * g[i]);
+      const float vi = static_cast<float>(b2 * to_float(v[i]) + (1 - b2) * g[i] * g[i]);
+      bf16 unused;
+      round(a + static_cast<size_t>(i), 0.0f, mi, vi, unused, m[i], v[i]);
+      const double pi = to_float(p[i]);
+      const double u = direction(to_float(m[i]), to_float(v[i]), pi, wd);
+      pn += pi * pi;
+      un += u * u;
+    }
+    norms_[2 * k] = pn, norms_[2 * k + 1] = un;
+  });
+  if (reduce) reduce(norms_.data(), norms_.size());
+  each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
+    bf16* p = params16 + a;
+    const bf16 *m = m16_.data() + (a - begin_), *v = v16_.data() + (a - begin_);
+    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
+    const double pn = std::sqrt(norms_[2 * k]), un = std::sqrt(norms_[2 * k + 1]);
+    const double step = lr * ((t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un);
+    const Rounder round = rounder(k);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const double pi = to_float(p[i]);
+      p[i] = round.one(
+          a + static_cast<size_t>(i),
+          static_cast<float>(pi - step * direction(to_float(m[i]), to_float(v[i]), pi, wd)));
+    }
+  });
+}
+
 void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
                   model::Precision precision) {
+  if (m.masters_in_bf16()) {
+    optimizer.step(nullptr, m.grads().data(), lr, m.weights16());
+    m.masters16_written();
+    return;
+  }
   const bool bf16 = precision == model::Precision::bf16;
   kernels::bf16* copy = bf16 ? m.weights16() : nullptr;
   optimizer.step(m.params().data(), m.grads().data(), lr, copy);

@@ -21,10 +21,32 @@ const char* optimizer_name(OptimizerKind kind);
 // The kind a name stands for; InputError naming `flag` for any other name.
 OptimizerKind parse_optimizer(const std::string& name, const std::string& flag);
 
+// Where the weights and the moments live and how updates are written to them
+// (`--master-weights`): fp32; bf16 written with stochastic rounding; bf16 rounded to nearest
+// (the comparison that shows what stochastic rounding is for).
+enum class Masters { fp32, bf16, bf16_rn };
+
+// "fp32", "bf16" or "bf16-rn": the names flags and checkpoints use.
+const char* masters_name(Masters masters);
+// The setting a name stands for; InputError naming `flag` for any other name.
+Masters parse_masters(const std::string& name, const std::string& flag);
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::lamb;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-6, weight_decay = 0.01;
+  Masters masters = Masters::fp32;
+  // Stochastic rounding's stream: bits for element i of tensor k at step t are the counter-based
+  // draw (seed, key(t, k), i) (rng.h), so they do not depend on threads or shards.
+  uint64_t seed = 0;
 };
+
+// The rounding of the bf16 masters at `step` (from 1) of element `index` of tensor `tensor`
+// (its offset in the arena): 16 random bits each for the weight, the first and the second
+// moment.
+struct RoundingBits {
+  uint16_t weight, m, v;
+};
+RoundingBits rounding_bits(uint64_t seed, int64_t step, size_t tensor, size_t index);
 
 // AdamW (Loshchilov & Hutter, as torch.optim.AdamW): p -= lr * wd * p, then the bias-corrected
 // Adam step p -= lr * m_hat / (sqrt(v_hat) + eps).
@@ -44,6 +66,10 @@ class Optimizer {
   // One update with learning rate lr; `step` counts from 1 (bias correction). params, grads and
   // params16 span the whole arena. params16, when given, is the bf16 copy of the weights
   // (`--precision bf16`), rewritten from each updated element in the same pass.
+  //
+  // Under bf16 masters (config().masters) params is null and params16 the weights themselves;
+  // the moments are bf16 too. Each element is widened, updated in fp32/double as above, and
+  // written back rounded: stochastically (Masters::bf16) or to nearest (Masters::bf16_rn).
   void step(float* params, const float* grads, double lr, kernels::bf16* params16 = nullptr,
             const Reduce& reduce = {});
   size_t begin() const { return begin_; }
@@ -51,25 +77,36 @@ class Optimizer {
   // Sets the moments of tensor t (m, v: the whole tensor's) where it lies in this shard.
   void set_moments(const model::TensorSpec& t, const float* m, const float* v);
   int64_t steps() const { return t_; }
-  // The moments of [begin(), end()).
+  // The moments of [begin(), end()) as held under fp32 masters (empty under bf16 masters).
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
   const std::vector<float>& m() const { return m_; }
   const std::vector<float>& v() const { return v_; }
+  // The moments of [begin(), end()) in fp32 under any masters: the optimizer's own, or under
+  // bf16 masters their values widened into `scratch`.
+  const float* m_fp32(std::vector<float>& scratch) const;
+  const float* v_fp32(std::vector<float>& scratch) const;
+  // Bytes of the optimizer state held: the moments, and LAMB's per-tensor norms.
+  size_t state_bytes() const;
   void set_steps(int64_t t) { t_ = t; }
   const OptimizerConfig& config() const { return cfg_; }
 
  private:
+  void step16(kernels::bf16* params16, const float* grads, double lr, const Reduce& reduce);
   const model::ParamLayout& layout_;
   OptimizerConfig cfg_;
   size_t begin_, end_;
-  std::vector<float> m_, v_;   // of [begin_, end_)
+  bool bf16_ = false;                     // masters (and so moments) in bf16
+  std::vector<float> m_, v_;              // of [begin_, end_), fp32 masters
+  std::vector<kernels::bf16> m16_, v16_;  // of [begin_, end_), bf16 masters
   std::vector<double> norms_;  // LAMB: per tensor, the squared norms of the weights and update
   int64_t t_ = 0;
 };
 
 // One update of the model's weights with lr; under bf16 the optimizer rewrites the weights' bf16
 // copy in the same pass (model::BertModel::weights16).
+// Under bf16 masters the optimizer writes the masters themselves and the model then widens
+// the tensors it also reads in fp32 (BertModel::keep_masters_in_bf16).
 void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
                   model::Precision precision);
 

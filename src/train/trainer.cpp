@@ -62,7 +62,6 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
 
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,
                        const std::string& vocab_path, const std::vector<std::string>& label_names) {
-  auto& mm = const_cast<model::BertModel<float>&>(m);
   const model::Heads& h = m.layout().heads();
   const char* architecture = h.classifier ? "BertForSequenceClassification"
                              : h.span     ? "BertForQuestionAnswering"
@@ -70,8 +69,10 @@ void write_model_files(const model::BertModel<float>& m, const std::string& dir,
   io::write_file_atomic(
       dir + "/config.json",
       model::config_to_json(m.config(), architecture, label_names).dump(2) + "\n");
+  std::vector<float> widened;  // (under bf16 master weights)
   io::write_safetensors(dir + "/model.safetensors",
-                        model::weight_tensors(m.layout(), mm.params().data()), {{"format", "pt"}});
+                        model::weight_tensors(m.layout(), m.weights_fp32(widened)),
+                        {{"format", "pt"}});
   if (!vocab_path.empty()) io::write_file_atomic(dir + "/vocab.txt", io::read_file(vocab_path));
 }
 
@@ -126,6 +127,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
                                       {"lr", opt_.loop.lr},
                                       {"optimizer", optimizer_name(opt_.loop.optimizer.kind)},
                                       {"precision", model::precision_name(opt_.loop.precision)},
+                                      {"master_weights", masters_name(opt_.loop.optimizer.masters)},
                                       {"zero", opt_.loop.zero},
                                       {"max_steps", opt_.max_steps}}
                                      .dump()}};
@@ -218,6 +220,11 @@ void Trainer::setup(bool resume) {
       throw InputError(checkpoint_path() + ": was trained with --precision " + precision +
                        "; resume needs the same (bit-exact resume), not " +
                        model::precision_name(lo.precision));
+    const std::string masters = state.value("master_weights", std::string("fp32"));
+    if (masters != masters_name(lo.optimizer.masters))
+      throw InputError(checkpoint_path() + ": was trained with --master-weights " + masters +
+                       "; resume needs the same (bit-exact resume), not " +
+                       masters_name(lo.optimizer.masters));
     model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads);
     model::load_weights(model_->layout(), model_->params().data(), *ckpt);
   } else if (!opt_.init.empty()) {
@@ -253,7 +260,7 @@ void Trainer::setup(bool resume) {
   {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
-    PlanRequest plan{c, heads, oc.kind, {}, lo.precision};
+    PlanRequest plan{c, heads, oc.kind, {}, lo.precision, lo.optimizer.masters};
     int64_t rows = lo.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
@@ -361,8 +368,9 @@ void Trainer::save_checkpoint() {
   const model::ParamLayout& L = model_->layout();
   std::vector<float> m_all, v_all;  // the moments gathered on rank 0 under ZeRO-1
   const auto [m, v] = stepper_->whole_moments(m_all, v_all);
-  const std::vector<float>& w = std::as_const(*model_).params();
-  double bad = comm_.root() && (!all_finite(w.data(), w.size()) || !all_finite(m, L.total()) ||
+  std::vector<float> widened;  // the weights in fp32 under bf16 master weights
+  const float* w = model_->weights_fp32(widened);
+  double bad = comm_.root() && (!all_finite(w, L.total()) || !all_finite(m, L.total()) ||
                                 !all_finite(v, L.total()));
   comm_.allreduce_max(&bad, 1);  // every rank learns rank 0's verdict
   if (bad)
@@ -375,7 +383,7 @@ void Trainer::save_checkpoint() {
     saved_step_ = step_;
     return;
   }
-  std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w.data());
+  std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w);
   auto mt = model::weight_tensors(L, m, "optimizer.m.");
   auto vt = model::weight_tensors(L, v, "optimizer.v.");
   tensors.insert(tensors.end(), mt.begin(), mt.end());
@@ -392,6 +400,7 @@ void Trainer::save_checkpoint() {
                 {"packed", packs_.has_value()},
                 {"one_per_row", opt_.one_per_row},
                 {"precision", model::precision_name(opt_.loop.precision)},
+                {"master_weights", masters_name(opt_.loop.optimizer.masters)},
                 {"rows_per_batch", step_rows_},
                 {"processes", comm_.size()},
                 {"seed", opt_.loop.seed},
