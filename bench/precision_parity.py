@@ -27,6 +27,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="fp32,bf16,bf16/bf16,bf16/bf16-rn")
     ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep a run whose workdir already holds its final evaluation")
     ap.add_argument("--preset", default="mini")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--packs-per-step", type=int, default=32)
@@ -52,9 +54,15 @@ def main():
     threads = max(1, (os.cpu_count() or 1) // a.parallel)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
 
+    def done(out):
+        path = os.path.join(out, "metrics.jsonl")
+        return os.path.exists(path) and any(e[0] == a.steps for e in evals_of(out))
+
     def start(spec):
         precision, _, masters = spec.partition("/")
         out = os.path.join(a.workdir, spec.replace("/", "_masters_"))
+        if a.reuse and done(out):
+            return out, None
         cmd = [exe, "pretrain", "--data", seqs, "--packs", packs, "--preset", a.preset,
                "--steps", str(a.steps), "--lr", str(a.lr), "--warmup", str(a.warmup),
                "--batch-rows", str(a.packs_per_step), "--eval-every", str(a.eval_every),
@@ -67,7 +75,7 @@ def main():
     for i in range(0, len(specs), a.parallel):
         batch = [(spec, *start(spec)) for spec in specs[i:i + a.parallel]]
         for spec, out, proc in batch:
-            if proc.wait() != 0:
+            if proc and proc.wait() != 0:
                 sys.exit(f"{spec}: packbert pretrain failed (exit {proc.returncode}); see {out}")
             ev = evals_of(out)
             name = spec if "/" not in spec else spec.replace("/", ", masters ")

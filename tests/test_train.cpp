@@ -593,6 +593,37 @@ TEST(Export, RoundTripsThroughTheHuggingFaceLayout) {
   EXPECT_EQ(n->config().hidden_size, 16);
 }
 
+// --dtype bf16: BF16 tensors (half the bytes), torch_dtype bfloat16, and loading them back gives
+// each weight rounded to nearest. A model trained with bf16 master weights exports its masters
+// exactly, in either dtype.
+TEST(Export, Bf16StoresEachWeightRoundedToNearestInHalfTheBytes) {
+  World w;
+  auto m = load_model(w.init, model::Heads{});
+  const std::string wide = (w.dir / "wide").string(), narrow = (w.dir / "narrow").string();
+  export_model(*m, wide, "");
+  export_model(*m, narrow, "", false, model::Precision::bf16);
+  const auto a = fs::file_size(wide + "/model.safetensors"),
+             b = fs::file_size(narrow + "/model.safetensors");
+  // The payload halves; the header grows by a byte per tensor ("BF16" for "F32") at most, padded.
+  const double tensors = static_cast<double>(m->layout().tensors().size());
+  EXPECT_NEAR(static_cast<double>(a - b), 2.0 * static_cast<double>(m->layout().total()),
+              tensors + 8);
+  std::ifstream cf(narrow + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(cf).at("torch_dtype"), "bfloat16");
+  auto n = load_model(narrow, model::Heads{});
+  const std::vector<float>& before = std::as_const(*m).params();
+  const std::vector<float> after = std::as_const(*n).params();
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 0; i < before.size(); ++i)
+    ASSERT_EQ(after[i], kernels::to_float(kernels::to_bf16(before[i]))) << i;
+  // bf16 masters: exported in fp32 they load back as the same bf16 values, bit for bit.
+  n->keep_masters_in_bf16();
+  const std::string masters = (w.dir / "masters").string();
+  export_model(*n, masters, "");
+  auto back = load_model(masters, model::Heads{});
+  EXPECT_EQ(std::as_const(*back).params(), after);
+}
+
 }  // namespace
 }  // namespace packbert::train
 

@@ -18,10 +18,17 @@ void register_export(CLI::App& app) {
   vocab_option(ex, *xv, "vocab.txt to include");
   auto xo = std::make_shared<bool>(false);
   ex->add_flag("--overwrite", *xo, "Replace a model directory already at --out");
-  ex->callback([x, xv, xo] {
+  auto dtype = std::make_shared<std::string>("fp32");
+  ex->add_option("--dtype", *dtype,
+                 "fp32 | bf16: how model.safetensors stores the weights (bf16: rounded to "
+                 "nearest, half the bytes, torch_dtype bfloat16 in config.json)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  ex->callback([x, xv, xo, dtype] {
     auto m = train::load_model(x->first, model::Heads{});
-    train::export_model(*m, x->second, *xv, *xo);
-    std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt}\n";
+    train::export_model(*m, x->second, *xv, *xo, model::parse_precision(*dtype));
+    std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt} (" << *dtype
+              << ")\n";
   });
 }
 

@@ -61,25 +61,36 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
 }
 
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,
-                       const std::string& vocab_path, const std::vector<std::string>& label_names) {
+                       const std::string& vocab_path, const std::vector<std::string>& label_names,
+                       model::Precision dtype) {
   const model::Heads& h = m.layout().heads();
   const char* architecture = h.classifier ? "BertForSequenceClassification"
                              : h.span     ? "BertForQuestionAnswering"
                                           : "BertForPreTraining";
-  io::write_file_atomic(
-      dir + "/config.json",
-      model::config_to_json(m.config(), architecture, label_names).dump(2) + "\n");
+  const bool bf16 = dtype == model::Precision::bf16;
+  json config = model::config_to_json(m.config(), architecture, label_names);
+  config["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  io::write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
   std::vector<float> widened;  // (under bf16 master weights)
-  io::write_safetensors(dir + "/model.safetensors",
-                        model::weight_tensors(m.layout(), m.weights_fp32(widened)),
-                        {{"format", "pt"}});
+  const float* w = m.weights_fp32(widened);
+  std::vector<io::TensorToWrite> tensors = model::weight_tensors(m.layout(), w);
+  std::vector<kernels::bf16> narrow;
+  if (bf16) {
+    narrow.resize(m.layout().total());
+    kernels::to_bf16(narrow.data(), w, static_cast<int64_t>(narrow.size()));
+    for (io::TensorToWrite& t : tensors) {
+      const size_t offset = static_cast<size_t>(static_cast<const float*>(t.data) - w);
+      t.dtype = "BF16", t.data = narrow.data() + offset, t.bytes /= 2;
+    }
+  }
+  io::write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   if (!vocab_path.empty()) io::write_file_atomic(dir + "/vocab.txt", io::read_file(vocab_path));
 }
 
 void export_model(const model::BertModel<float>& m, const std::string& dir,
-                  const std::string& vocab_path, bool overwrite) {
+                  const std::string& vocab_path, bool overwrite, model::Precision dtype) {
   io::StagedDirectory out(dir, "--out", overwrite);
-  write_model_files(m, out.path(), vocab_path);
+  write_model_files(m, out.path(), vocab_path, {}, dtype);
   out.publish();
 }
 

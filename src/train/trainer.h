@@ -140,13 +140,17 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
 // Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
 // into an existing directory (each file atomically). The architecture follows the model's head:
 // BertForSequenceClassification (label_names, in id order, go to id2label),
-// BertForQuestionAnswering (qa_outputs.*), else BertForPreTraining.
+// BertForQuestionAnswering (qa_outputs.*), else BertForPreTraining. The weights are stored as
+// `dtype`: fp32 (F32), or bf16 (BF16, rounded to nearest; half the bytes) with config.json's
+// torch_dtype saying which.
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,
                        const std::string& vocab_path,
-                       const std::vector<std::string>& label_names = {});
+                       const std::vector<std::string>& label_names = {},
+                       model::Precision dtype = model::Precision::fp32);
 // The same as a whole: `dir` appears complete or not at all; an earlier model directory there
 // is replaced only with `overwrite` (io::StagedDirectory).
 void export_model(const model::BertModel<float>& m, const std::string& dir,
-                  const std::string& vocab_path, bool overwrite = false);
+                  const std::string& vocab_path, bool overwrite = false,
+                  model::Precision dtype = model::Precision::fp32);
 
 }  // namespace packbert::train
