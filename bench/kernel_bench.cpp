@@ -1,13 +1,19 @@
 // Google Benchmark microbenchmarks: one line per kernel at BERT-base shapes (T = 512 real
-// tokens, C = 768, 12 heads, I = 3072), forward and backward. `build/kernel_bench`.
+// tokens, C = 768, 12 heads, I = 3072), forward and backward; a `_bf16` row for each kernel whose
+// `--precision bf16` path differs (skipped, saying why, on a CPU without bf16 instructions), and
+// the optimizer's update pass per master-weights setting. `build/kernel_bench`; the context
+// lines name the CPU and the instruction sets it has.
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/bf16.h"
+#include "kernels/cpu.h"
 #include "kernels/dropout.h"
 #include "kernels/layers.h"
+#include "train/optimizer.h"
 
 using namespace packbert::kernels;
 
@@ -21,6 +27,19 @@ std::vector<float> randn(size_t n, float scale = 1.0f) {
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);
   return v;
+}
+
+std::vector<bf16> narrow(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  to_bf16(out.data(), v.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+// False (and the row skipped, saying why) on a CPU without native bf16.
+bool bf16_runs(benchmark::State& s) {
+  const std::string why = bf16_unavailable_reason();
+  if (!why.empty()) s.SkipWithError(why.c_str());
+  return why.empty();
 }
 
 void BM_layernorm(benchmark::State& s) {
@@ -107,6 +126,104 @@ void BM_dropout(benchmark::State& s) {
   s.SetItemsProcessed(s.iterations() * T);
 }
 
+void BM_layernorm_bf16(benchmark::State& s) {
+  auto x = randn(T * C), w = randn(C), b = randn(C), out = randn(T * C), dx = randn(T * C);
+  const auto x16 = narrow(x);
+  std::vector<bf16> out16(T * C);
+  std::vector<float> mean(T), rstd(T), dw(C), db(C);
+  for (auto _ : s) {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x16.data(), w.data(), b.data(), T, C,
+                      1e-12f, out16.data());
+    layernorm_backward(dx.data(), dw.data(), db.data(), out.data(), x16.data(), w.data(),
+                       mean.data(), rstd.data(), T, C);
+  }
+  s.SetItemsProcessed(s.iterations() * T);
+}
+
+void BM_gelu_bf16(benchmark::State& s) {
+  const auto x16 = narrow(randn(T * I));
+  auto dout = randn(T * I), dx = randn(T * I);
+  std::vector<bf16> out16(T * I);
+  for (auto _ : s) {
+    gelu_forward(out16.data(), x16.data(), T * I);
+    gelu_backward(dx.data(), x16.data(), dout.data(), T * I);
+  }
+  s.SetItemsProcessed(s.iterations() * T);
+}
+
+void BM_linear_ffn_bf16(benchmark::State& s) {
+  if (!bf16_runs(s)) return;
+  const auto x16 = narrow(randn(T * C)), w16 = narrow(randn(I * C, 0.02f));
+  auto b = randn(I), out = randn(T * I), dx = randn(T * C), dw = randn(I * C), db = randn(I);
+  std::vector<bf16> dout16(T * I);
+  for (auto _ : s) {
+    linear_forward(out.data(), x16.data(), w16.data(), b.data(), T, C, I);
+    linear_backward(dx.data(), dw.data(), db.data(), out.data(), dout16.data(), x16.data(),
+                    w16.data(), T, C, I);
+  }
+  s.counters["GFLOP/s"] =
+      benchmark::Counter(6.0 * T * C * I * s.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
+void BM_attention_bf16(benchmark::State& s) {
+  const int L = static_cast<int>(s.range(0));
+  std::vector<int32_t> cu;
+  for (int a = 0; a <= T; a += L) cu.push_back(a);
+  const int n_seq = static_cast<int>(cu.size()) - 1;
+  const auto qkv16 = narrow(randn(T * 3 * C, 0.1f));
+  auto dout = randn(T * C), dqkv = randn(T * 3 * C);
+  std::vector<bf16> out16(T * C), probs16(attention_probs_offsets(cu.data(), n_seq, NH).back());
+  AttentionDropout d{0.1, 1, 2};
+  for (auto _ : s) {
+    attention_forward(out16.data(), probs16.data(), qkv16.data(), cu.data(), n_seq, C, NH, d);
+    attention_backward(dqkv.data(), dout.data(), qkv16.data(), probs16.data(), cu.data(), n_seq, C,
+                       NH, d);
+  }
+  s.SetItemsProcessed(s.iterations() * T);
+}
+
+// The word embeddings in bf16 (`--master-weights bf16`): the gather widens them.
+void BM_embedding_bf16(benchmark::State& s) {
+  const auto word16 = narrow(randn(static_cast<size_t>(V) * C));
+  auto word = randn(static_cast<size_t>(V) * C), pos = randn(512 * C), typ = randn(2 * C),
+       out = randn(T * C);
+  std::vector<int32_t> ids(T), p(T), y(T, 0);
+  for (int t = 0; t < T; ++t) ids[t] = (t * 7919) % V, p[t] = t;
+  for (auto _ : s) {
+    embedding_forward(out.data(), ids.data(), p.data(), y.data(), word16.data(), pos.data(),
+                      typ.data(), T, C);
+    embedding_backward(word.data(), pos.data(), typ.data(), out.data(), ids.data(), p.data(),
+                       y.data(), T, C);
+  }
+  s.SetItemsProcessed(s.iterations() * T);
+}
+
+// One LAMB update of an FFN's weights (768 x 3072 and its bias) per master-weights setting:
+// 0 fp32 (with the bf16 copy rewritten, as under --precision bf16), 1 bf16 with stochastic
+// rounding, 2 bf16 rounded to nearest.
+void BM_lamb_update(benchmark::State& s) {
+  namespace tr = packbert::train;
+  namespace md = packbert::model;
+  md::BertConfig c = md::bert_preset("tiny");
+  c.hidden_size = C, c.intermediate_size = I, c.num_hidden_layers = 1, c.vocab_size = 2;
+  c.num_attention_heads = NH, c.max_position_embeddings = 2;
+  const md::ParamLayout layout(c, md::Heads{false, false, false});
+  const tr::Masters masters = static_cast<tr::Masters>(s.range(0));
+  tr::OptimizerConfig oc;
+  oc.masters = masters;
+  tr::Optimizer opt(layout, oc);
+  auto w = randn(layout.total(), 0.02f), g = randn(layout.total(), 1e-3f);
+  auto w16 = narrow(w);
+  for (auto _ : s) {
+    if (masters == tr::Masters::fp32)
+      opt.step(w.data(), g.data(), 1e-3, w16.data());
+    else
+      opt.step(nullptr, g.data(), 1e-3, w16.data());
+  }
+  s.SetLabel(tr::masters_name(masters));
+  s.SetItemsProcessed(s.iterations() * static_cast<int64_t>(layout.total()));
+}
+
 }  // namespace
 
 BENCHMARK(BM_layernorm)->Unit(benchmark::kMicrosecond);
@@ -116,4 +233,20 @@ BENCHMARK(BM_attention)->Arg(512)->Arg(128)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_embedding)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_cross_entropy_mlm)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_dropout)->Unit(benchmark::kMicrosecond);
-BENCHMARK_MAIN();
+BENCHMARK(BM_layernorm_bf16)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_gelu_bf16)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_linear_ffn_bf16)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_bf16)->Arg(512)->Arg(128)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_embedding_bf16)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_lamb_update)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+
+int main(int argc, char** argv) {
+  const CpuFeatures& cpu = cpu_features();
+  benchmark::AddCustomContext("cpu_model", cpu.model);
+  benchmark::AddCustomContext("isa", cpu.isa());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
