@@ -21,7 +21,9 @@
 #include "data/embedded.h"
 #include "data/gcide.h"
 #include "data/sequences.h"
+#include "error.h"
 #include "io/atomic_file.h"
+#include "kernels/cpu.h"
 #include "pack/histogram.h"
 #include "stopwatch.h"
 #include "train/trainer.h"
@@ -37,6 +39,8 @@ struct DemoArgs {
   int64_t warmup = 40, eval_every = 100;
   double lr = 5e-3, target = 0.20;
   uint64_t seed = 1;
+  std::string precision = "auto";  // auto: bf16 where the CPU runs it natively, else fp32
+  model::Precision resolved = model::Precision::fp32;
 };
 
 void packing_tables() {
@@ -90,6 +94,7 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
   o.eval_every = a.eval_every;
   o.eval_fraction = 0.005;  // ~1,100 sequences, the same for both runs
   o.loop.seed = a.seed;
+  o.loop.precision = a.resolved;
   o.target_accuracy = a.target;
   std::filesystem::remove_all(o.out_dir);
   train::Trainer t(o, false);
@@ -132,7 +137,14 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
 
 void pretrain_comparison(const DemoArgs& a, const std::string& seqs, const std::string& packs) {
   std::cout << "\n== 3. Pre-training bert-" << a.preset << " on it to " << fixed(a.target, 2)
-            << " held-out MLM accuracy, packed vs padded (seed " << a.seed << ")\n";
+            << " held-out MLM accuracy, packed vs padded (seed " << a.seed << ", "
+            << model::precision_name(a.resolved)
+            << (a.precision == "auto"
+                    ? std::string(" (auto: ") + (a.resolved == model::Precision::bf16
+                                                     ? "this CPU runs bf16 natively)"
+                                                     : "no native bf16 on this CPU)")
+                    : std::string())
+            << ")\n";
   Run runs[2];
   runs[0].name = "padded (one sequence per row, padding computed)";
   runs[0].color = "#d62728";
@@ -190,7 +202,8 @@ void pretrain_comparison(const DemoArgs& a, const std::string& seqs, const std::
        padded.steps_to_target > 0 ? nlohmann::json(padded.steps_to_target) : nlohmann::json()},
       {"max_steps", a.max_steps},
       {"packs_per_step", a.packs_per_step},
-      {"lr", a.lr}};
+      {"lr", a.lr},
+      {"precision", model::precision_name(a.resolved)}};
   io::write_file_atomic(a.workdir + "/summary.json", summary.dump(2) + "\n");
 
   std::vector<Series> series;
@@ -265,7 +278,17 @@ void register_demo(CLI::App& app) {
   number(cmd, "--target", a->target, "Held-out MLM accuracy each run trains to", 1e-6, 1);
   number(cmd, "--eval-every", a->eval_every, "Steps between held-out evaluations", 1, kMaxCount);
   number(cmd, "--seed", a->seed, "Seed of both runs (initialisation, order, dropout)", 0, kMaxSeed);
+  cmd->add_option("--precision", a->precision,
+                  "auto | fp32 | bf16 for the pre-training runs (auto: bf16 where the CPU has "
+                  "AVX512-BF16 or AMX-BF16, else fp32)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+      ->capture_default_str();
   cmd->callback([a] {
+    const std::string why = kernels::bf16_unavailable_reason();
+    if (a->precision == "bf16" && !why.empty()) throw InputError(why);
+    a->resolved = a->precision == "bf16" || (a->precision == "auto" && why.empty())
+                      ? model::Precision::bf16
+                      : model::Precision::fp32;
     packing_tables();
     demo_corpus(*a);
   });

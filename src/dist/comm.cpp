@@ -164,6 +164,14 @@ void Comm::allgather(float* x, const std::vector<size_t>& bounds) {
                  MPI_COMM_WORLD);
 }
 
+void Comm::allgather(uint16_t* x, const std::vector<size_t>& bounds) {
+  if (size_ == 1) return;
+  std::vector<int> displs;
+  std::vector<int> counts = counts_of(bounds, &displs);
+  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, counts.data(), displs.data(), MPI_UINT16_T,
+                 MPI_COMM_WORLD);
+}
+
 void Comm::gather(const float* mine, float* all, const std::vector<size_t>& bounds, int root) {
   std::vector<int> displs;
   std::vector<int> counts = counts_of(bounds, &displs);
@@ -195,6 +203,7 @@ std::vector<std::string> Comm::allgather(const std::string& s) {
 }
 void Comm::broadcast(std::string&, int) {}
 void Comm::start_allreduce(float*, size_t) {}
+void Comm::allgather(uint16_t*, const std::vector<size_t>&) {}
 void Comm::progress() {}
 double Comm::wait_all() {
   return 0;

@@ -54,6 +54,8 @@ class Comm {
   // values) lands in its range of `all` on root (`all` is not used elsewhere).
   void reduce_scatter_sum(float* x, const std::vector<size_t>& bounds);
   void allgather(float* x, const std::vector<size_t>& bounds);
+  // The same for 16-bit elements (bf16 master weights, as their bits).
+  void allgather(uint16_t* x, const std::vector<size_t>& bounds);
   void gather(const float* mine, float* all, const std::vector<size_t>& bounds, int root = 0);
 
  private:

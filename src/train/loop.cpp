@@ -26,8 +26,6 @@ void check_loop_options(const LoopOptions& o) {
       throw OptionError("masters", name +
                                        " needs `precision` bf16: bf16 master weights are the bf16 "
                                        "GEMMs' operands");
-    if (o.zero != 0)
-      throw OptionError("masters", name + " does not shard (`zero` 1) yet: use one or the other");
   }
 }
 
@@ -198,11 +196,21 @@ StepResult Stepper::step(int64_t index, int64_t total,
   if (zero) {
     // This rank's shard moves; LAMB's per-tensor norms are summed over the shards first. The
     // weights' bf16 copy (under bf16) is rebuilt by the next forward from the gathered weights.
+    // Under bf16 masters the shard's masters move and are gathered as bf16; the stochastic
+    // rounding bits follow the arena index, so sharding does not change them.
+    const Optimizer::Reduce reduce = [&](double* s, size_t k) { comm_.allreduce_sum(s, k); };
+    const bool masters16 = m_.masters_in_bf16();
     std::vector<float>& w = m_.params();
-    opt_->step(w.data(), g.data(), r.lr, nullptr,
-               [&](double* s, size_t k) { comm_.allreduce_sum(s, k); });
+    kernels::bf16* w16 = masters16 ? m_.weights16() : nullptr;
+    opt_->step(masters16 ? nullptr : w.data(), g.data(), r.lr, w16, reduce);
     const double t1 = now_seconds();
-    comm_.allgather(w.data(), bounds_);
+    if (masters16) {
+      static_assert(sizeof(kernels::bf16) == sizeof(uint16_t));
+      comm_.allgather(reinterpret_cast<uint16_t*>(w16), bounds_);
+      m_.masters16_written();
+    } else {
+      comm_.allgather(w.data(), bounds_);
+    }
     r.comm_seconds += now_seconds() - t1;
   } else {
     apply_update(*opt_, m_, r.lr, o_.precision);
@@ -224,8 +232,9 @@ std::pair<const float*, const float*> Stepper::whole_moments(std::vector<float>&
   if (bounds_.size() == 2) return {opt_->m_fp32(m_all), opt_->v_fp32(v_all)};  // not sharded
   const size_t total = comm_.root() ? m_.layout().total() : 0;
   m_all.assign(total, 0.0f), v_all.assign(total, 0.0f);
-  comm_.gather(opt_->m().data(), m_all.data(), bounds_);
-  comm_.gather(opt_->v().data(), v_all.data(), bounds_);
+  std::vector<float> widened;  // this shard's moments in fp32, under bf16 masters
+  comm_.gather(opt_->m_fp32(widened), m_all.data(), bounds_);
+  comm_.gather(opt_->v_fp32(widened), v_all.data(), bounds_);
   if (!comm_.root()) return {nullptr, nullptr};
   return {m_all.data(), v_all.data()};
 }
