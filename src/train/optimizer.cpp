@@ -138,20 +138,10 @@ void adamw_block(float* __restrict p, kernels::bf16* __restrict p16, float* __re
 
 void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16* params16,
                      const Reduce& reduce) {
-  if (bf16_) return step16(params16, grads, lr, reduce);
   ++t_;
+  if (bf16_) return step16(params16, grads, lr, reduce);
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
-  const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_)),
-               c2 = 1.0 - std::pow(b2, static_cast<double>(t_));
-  const std::vector<model::TensorSpec>& tensors = layout_.tensors();
-  // Calls f(k, tensor, first, n): the part [first, first + n) of tensor k inside this shard.
-  auto each_part = [&](auto f) {
-    for (size_t k = 0; k < tensors.size(); ++k) {
-      const model::TensorSpec& t = tensors[k];
-      const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
-      if (a < b) f(k, t, a, static_cast<int64_t>(b - a));
-    }
-  };
+  const auto [c1, c2] = bias_corrections();
   if (cfg_.kind == OptimizerKind::adamw) {
     each_part([&](size_t, const model::TensorSpec& t, size_t a, int64_t n) {
       float *p = params + a, *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
@@ -209,19 +199,14 @@ void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16
   });
 }
 
+std::pair<double, double> Optimizer::bias_corrections() const {
+  return {1.0 - std::pow(cfg_.beta1, static_cast<double>(t_)),
+          1.0 - std::pow(cfg_.beta2, static_cast<double>(t_))};
+}
+
 void Optimizer::step16(bf16* params16, const float* grads, double lr, const Reduce& reduce) {
-  ++t_;
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
-  const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_)),
-               c2 = 1.0 - std::pow(b2, static_cast<double>(t_));
-  const std::vector<model::TensorSpec>& tensors = layout_.tensors();
-  auto each_part = [&](auto f) {
-    for (size_t k = 0; k < tensors.size(); ++k) {
-      const model::TensorSpec& t = tensors[k];
-      const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
-      if (a < b) f(k, t, a, static_cast<int64_t>(b - a));
-    }
-  };
+  const auto [c1, c2] = bias_corrections();
   auto rounder = [&](size_t k) { return Rounder{cfg_.masters == Masters::bf16, cfg_.seed, t_, k}; };
   if (cfg_.kind == OptimizerKind::adamw) {
     each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {

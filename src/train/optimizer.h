@@ -3,9 +3,11 @@
 // LayerNorm) get no weight decay and, in LAMB, no trust ratio.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/bf16.h"
@@ -92,7 +94,21 @@ class Optimizer {
   const OptimizerConfig& config() const { return cfg_; }
 
  private:
+  // step() under bf16 masters (t_ already advanced).
   void step16(kernels::bf16* params16, const float* grads, double lr, const Reduce& reduce);
+  // Adam's bias corrections 1 - beta^t for the step t_.
+  std::pair<double, double> bias_corrections() const;
+  // Calls f(k, tensor, first, n) for the part [first, first + n) of each tensor k inside this
+  // shard.
+  template <typename F>
+  void each_part(F f) const {
+    const std::vector<model::TensorSpec>& tensors = layout_.tensors();
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const model::TensorSpec& t = tensors[k];
+      const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
+      if (a < b) f(k, t, a, static_cast<int64_t>(b - a));
+    }
+  }
   const model::ParamLayout& layout_;
   OptimizerConfig cfg_;
   size_t begin_, end_;
