@@ -695,6 +695,20 @@ TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
   TaskEvalResult ev = evaluate_task(eo);
   EXPECT_EQ(ev.examples, 100);
   EXPECT_NEAR(ev.accuracy, r.dev_accuracy.back(), 0.011);
+  // With bf16 master weights (and bf16 compute) it learns the rule too, and exports its masters:
+  // every weight a bf16 value.
+  if (kernels::bf16_unavailable_reason().empty()) {
+    FinetuneOptions b = o;
+    b.out_dir = (w.dir / "ft16").string();
+    b.loop.precision = model::Precision::bf16;
+    b.loop.optimizer.masters = Masters::bf16;
+    FinetuneResult r16 = finetune(b);
+    EXPECT_GT(r16.dev_accuracy.back(), r16.majority_baseline + 0.15)
+        << r16.dev_accuracy.back() << " vs majority " << r16.majority_baseline;
+    io::SafetensorsFile st = io::SafetensorsFile::read(b.out_dir + "/model.safetensors");
+    for (const char* name : {"bert.encoder.layer.0.attention.self.query.weight", "classifier.bias"})
+      for (float x : st.floats(name)) ASSERT_EQ(x, kernels::to_float(kernels::to_bf16(x))) << name;
+  }
   // Dev labels must be known from training; columns must exist.
   std::ofstream(w.dir / "bad.tsv") << "label\tsentence\nmaybe\tw5 w6\n";
   o.dev = (w.dir / "bad.tsv").string();
