@@ -139,11 +139,9 @@ void pretrain_comparison(const DemoArgs& a, const std::string& seqs, const std::
   std::cout << "\n== 3. Pre-training bert-" << a.preset << " on it to " << fixed(a.target, 2)
             << " held-out MLM accuracy, packed vs padded (seed " << a.seed << ", "
             << model::precision_name(a.resolved)
-            << (a.precision == "auto"
-                    ? std::string(" (auto: ") + (a.resolved == model::Precision::bf16
-                                                     ? "this CPU runs bf16 natively)"
-                                                     : "no native bf16 on this CPU)")
-                    : std::string())
+            << (a.precision != "auto"                  ? ""
+                : a.resolved == model::Precision::bf16 ? ", which this CPU runs natively"
+                                                       : ": this CPU has no native bf16")
             << ")\n";
   Run runs[2];
   runs[0].name = "padded (one sequence per row, padding computed)";

@@ -134,6 +134,48 @@ void adamw_block(float* __restrict p, kernels::bf16* __restrict p16, float* __re
   }
 }
 
+// LAMB's constants for one step, in float: the element math runs in float (16 lanes), the
+// per-tensor norms are summed in double.
+struct LambStep {
+  float b1, b2, a1, a2, rc1, rc2, eps;  // a = 1 - b (taken in double), rc = 1 / bias correction
+  // The update direction m_hat / (sqrt(v_hat) + eps) + wd p.
+  float direction(float m, float v, float p, float wd) const {
+    return m * rc1 / (std::sqrt(v * rc2) + eps) + wd * p;
+  }
+};
+
+// LAMB's first pass over n elements: the moments moved, and the squared norms of the weights
+// and of the update direction added to pn and un.
+void lamb_moments_block(const float* __restrict p, const float* __restrict g, float* __restrict m,
+                        float* __restrict v, int64_t n, const LambStep& k, float wd, double& pn,
+                        double& un) {
+  double sp = 0, su = 0;
+#pragma omp simd reduction(+ : sp, su)
+  for (int64_t i = 0; i < n; ++i) {
+    const float mi = k.b1 * m[i] + k.a1 * g[i], vi = k.b2 * v[i] + k.a2 * g[i] * g[i];
+    m[i] = mi, v[i] = vi;
+    const float u = k.direction(mi, vi, p[i], wd);
+    sp += static_cast<double>(p[i]) * p[i];
+    su += static_cast<double>(u) * u;
+  }
+  pn += sp, un += su;
+}
+
+// LAMB's second pass: p -= step * direction, rebuilt from the stored moments; the bf16 copy
+// rewritten alongside when kMirror.
+template <bool kMirror>
+void lamb_apply_block(float* __restrict p, kernels::bf16* __restrict p16, const float* __restrict m,
+                      const float* __restrict v, int64_t n, const LambStep& k, float wd,
+                      float step) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] -= step * k.direction(m[i], v[i], p[i], wd);
+    if constexpr (kMirror) p16[i] = kernels::to_bf16(p[i]);
+  }
+}
+
+constexpr int64_t kBlock = 16384;  // elements a thread takes at a time
+
 }  // namespace
 
 void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16* params16,
@@ -150,7 +192,6 @@ void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16
       const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
       // Blocks per thread around a plain loop over restrict pointers, which GCC vectorises
       // (it does not under `omp parallel for simd` here).
-      constexpr int64_t kBlock = 16384;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; i += kBlock) {
         const int64_t w = std::min(kBlock, n - i);
@@ -165,36 +206,36 @@ void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16
   // LAMB: the moments and each tensor's squared norms of weights and update direction u, summed
   // over the shards; then the trust-scaled step, with u rebuilt from the stored moments.
   std::fill(norms_.begin(), norms_.end(), 0.0);
-  auto direction = [&](double m, double v, double p, double wd) {
-    return (m / c1) / (std::sqrt(v / c2) + eps) + wd * p;
-  };
-  each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
+  const LambStep k{static_cast<float>(b1),     static_cast<float>(b2),
+                   static_cast<float>(1 - b1), static_cast<float>(1 - b2),
+                   static_cast<float>(1 / c1), static_cast<float>(1 / c2),
+                   static_cast<float>(eps)};
+  each_part([&](size_t t_index, const model::TensorSpec& t, size_t a, int64_t n) {
     const float *p = params + a, *g = grads + a;
     float *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
-    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
+    const float wd = t.no_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
     double pn = 0, un = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pn, un)
-    for (int64_t i = 0; i < n; ++i) {
-      m[i] = static_cast<float>(b1 * m[i] + (1 - b1) * g[i]);
-      v[i] = static_cast<float>(b2 * v[i] + (1 - b2) * g[i] * g[i]);
-      const double u = direction(m[i], v[i], p[i], wd);
-      pn += static_cast<double>(p[i]) * p[i];
-      un += u * u;
-    }
-    norms_[2 * k] = pn, norms_[2 * k + 1] = un;
+    for (int64_t i = 0; i < n; i += kBlock)
+      lamb_moments_block(p + i, g + i, m + i, v + i, std::min(kBlock, n - i), k, wd, pn, un);
+    norms_[2 * t_index] = pn, norms_[2 * t_index + 1] = un;
   });
   if (reduce) reduce(norms_.data(), norms_.size());
-  each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
+  each_part([&](size_t t_index, const model::TensorSpec& t, size_t a, int64_t n) {
     float* p = params + a;
     const float *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
     kernels::bf16* p16 = params16 ? params16 + a : nullptr;
-    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
-    const double pn = std::sqrt(norms_[2 * k]), un = std::sqrt(norms_[2 * k + 1]);
-    const double step = lr * ((t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un);
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      p[i] = static_cast<float>(p[i] - step * direction(m[i], v[i], p[i], wd));
-      if (p16) p16[i] = kernels::to_bf16(p[i]);
+    const float wd = t.no_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
+    const double pn = std::sqrt(norms_[2 * t_index]), un = std::sqrt(norms_[2 * t_index + 1]);
+    const float step =
+        static_cast<float>(lr * ((t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t w = std::min(kBlock, n - i);
+      if (p16)
+        lamb_apply_block<true>(p + i, p16 + i, m + i, v + i, w, k, wd, step);
+      else
+        lamb_apply_block<false>(p + i, nullptr, m + i, v + i, w, k, wd, step);
     }
   });
 }
