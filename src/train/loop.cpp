@@ -36,6 +36,13 @@ bool all_finite(const float* x, size_t n) {
   return ok;
 }
 
+bool all_finite(const kernels::bf16* x, size_t n) {
+  bool ok = true;
+#pragma omp parallel for reduction(&& : ok)
+  for (size_t i = 0; i < n; ++i) ok = ok && kernels::is_finite(x[i]);
+  return ok;
+}
+
 bool GradNormGuard::is_outlier(double norm, double z) const {
   if (accepted < kMinHistory) return false;
   const int64_t n = std::min<int64_t>(accepted, kWindow);
@@ -216,10 +223,8 @@ StepResult Stepper::step(int64_t index, int64_t total,
     apply_update(*opt_, m_, r.lr, o_.precision);
   }
   const std::vector<float>& w = std::as_const(m_).params();
-  const kernels::bf16* w16 = m_.masters_in_bf16() ? m_.weights16() : nullptr;
   if (!all_finite(w.data(), w.size()) ||
-      (w16 && !std::all_of(w16, w16 + m_.layout().total(),
-                           [](kernels::bf16 x) { return kernels::is_finite(x); })))
+      (m_.masters_in_bf16() && !all_finite(m_.weights16(), m_.layout().total())))
     throw InputError("the update of step " + std::to_string(index + 1) +
                      " made parameters non-finite (learning rate " + std::to_string(r.lr) +
                      " too high? weight decay?); " + kept);

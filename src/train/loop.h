@@ -78,6 +78,7 @@ struct StepResult {
 
 // True when no element is NaN or infinite.
 bool all_finite(const float* x, size_t n);
+bool all_finite(const kernels::bf16* x, size_t n);
 
 class Stepper {
  public:
