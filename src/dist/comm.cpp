@@ -156,20 +156,25 @@ void Comm::reduce_scatter_sum(float* x, const std::vector<size_t>& bounds) {
                        x + mine + counts[static_cast<size_t>(rank_)]);
 }
 
-void Comm::allgather(float* x, const std::vector<size_t>& bounds) {
-  if (size_ == 1) return;
+namespace {
+
+// Every rank's shard [bounds[r], bounds[r + 1]) of x, of elements of `type`, gathered into
+// every rank's x in place.
+void allgather_shards(void* x, const std::vector<size_t>& bounds, MPI_Datatype type) {
   std::vector<int> displs;
   std::vector<int> counts = counts_of(bounds, &displs);
-  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, counts.data(), displs.data(), MPI_FLOAT,
+  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, counts.data(), displs.data(), type,
                  MPI_COMM_WORLD);
 }
 
+}  // namespace
+
+void Comm::allgather(float* x, const std::vector<size_t>& bounds) {
+  if (size_ > 1) allgather_shards(x, bounds, MPI_FLOAT);
+}
+
 void Comm::allgather(uint16_t* x, const std::vector<size_t>& bounds) {
-  if (size_ == 1) return;
-  std::vector<int> displs;
-  std::vector<int> counts = counts_of(bounds, &displs);
-  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, counts.data(), displs.data(), MPI_UINT16_T,
-                 MPI_COMM_WORLD);
+  if (size_ > 1) allgather_shards(x, bounds, MPI_UINT16_T);
 }
 
 void Comm::gather(const float* mine, float* all, const std::vector<size_t>& bounds, int root) {

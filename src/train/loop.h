@@ -82,7 +82,9 @@ bool all_finite(const kernels::bf16* x, size_t n);
 
 class Stepper {
  public:
-  // oc: the optimizer after any packing adjustment; recompute: resolved (not `auto`).
+  // oc: the optimizer after any packing adjustment; recompute: resolved (not `auto`). Under
+  // bf16 master weights (o.optimizer.masters) it turns the model's weights into them
+  // (BertModel::keep_masters_in_bf16): load the weights first.
   Stepper(model::BertModel<float>& m, const LoopOptions& o, const OptimizerConfig& oc,
           int accumulation, model::Recompute recompute, dist::Comm& comm);
 

@@ -71,18 +71,25 @@ void Optimizer::set_moments(const model::TensorSpec& t, const float* m, const fl
   std::copy_n(vs, n, v_.begin() + static_cast<long>(a - begin_));
 }
 
-const float* Optimizer::m_fp32(std::vector<float>& scratch) const {
-  if (!bf16_) return m_.data();
-  scratch.resize(m16_.size());
-  kernels::to_float(scratch.data(), m16_.data(), static_cast<int64_t>(m16_.size()));
+namespace {
+
+// A moment in fp32: `wide` itself, or `narrow` widened into `scratch`.
+const float* fp32_of(bool bf16, const std::vector<float>& wide,
+                     const std::vector<kernels::bf16>& narrow, std::vector<float>& scratch) {
+  if (!bf16) return wide.data();
+  scratch.resize(narrow.size());
+  kernels::to_float(scratch.data(), narrow.data(), static_cast<int64_t>(narrow.size()));
   return scratch.data();
 }
 
+}  // namespace
+
+const float* Optimizer::m_fp32(std::vector<float>& scratch) const {
+  return fp32_of(bf16_, m_, m16_, scratch);
+}
+
 const float* Optimizer::v_fp32(std::vector<float>& scratch) const {
-  if (!bf16_) return v_.data();
-  scratch.resize(v16_.size());
-  kernels::to_float(scratch.data(), v16_.data(), static_cast<int64_t>(v16_.size()));
-  return scratch.data();
+  return fp32_of(bf16_, v_, v16_, scratch);
 }
 
 size_t Optimizer::state_bytes() const {
