@@ -21,6 +21,7 @@
 #include "kernels/fastmath.h"
 #include "kernels/gemm.h"
 #include "kernels/layers.h"
+#include "kernels/sparse.h"
 
 namespace packbert::kernels {
 namespace {
@@ -552,6 +553,32 @@ std::vector<KernelCase> kernel_cases() {
         [=](auto& e) {
           span_cross_entropy_backward(e.grad("logits"), e["probs"], e.ints("cu_seqlens"),
                                       e.ints("targets"), e.grad("losses"), n_seq);
+        }));
+  }
+  for (const int B : {1, 4, 8, 16}) {
+    // Block-sparse linear: PyTorch's golden is F.linear on the masked dense weight.
+    const std::string key = "sparse_linear_b" + std::to_string(B);
+    const int N = golden_int(key.c_str(), "N");
+    BlockPattern p;
+    p.rows = golden_int(key.c_str(), "OC");
+    p.cols = golden_int(key.c_str(), "C");
+    p.block = B;
+    p.slot_row = golden_ints(key.c_str(), "slot_row");
+    p.slot_col = golden_ints(key.c_str(), "slot_col");
+    p.index();
+    const size_t nx = static_cast<size_t>(N) * p.cols, no = static_cast<size_t>(N) * p.rows;
+    rows.push_back(row(
+        {key,
+         key,
+         {{"inp", nx}, {"values", size_t(p.values_size())}, {"bias", size_t(p.rows)}},
+         {{"out", no}},
+         {{"scratch", size_t(sparse_linear_scratch(p, N))}}},
+        [=](auto& e) {
+          sparse_linear_forward(e["out"], e["inp"], p, e["values"], e["bias"], N, e["scratch"]);
+        },
+        [=](auto& e) {
+          sparse_linear_backward(e.grad("inp"), e.grad("values"), e.grad("bias"), e.grad("out"),
+                                 e["inp"], p, e["values"], N, e["scratch"]);
         }));
   }
   {

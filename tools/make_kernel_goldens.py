@@ -147,8 +147,31 @@ def span_cross_entropy():
                 dlosses=t(dlosses), losses=t(losses), dlogits=t(logits.grad))
 
 
+def sparse_linear(B):
+    # A block-sparse weight is a dense one with its other blocks zero: the peer is F.linear on
+    # the masked dense weight; the value gradients are its gradient read at the kept blocks.
+    N, C, OC = 7, 32, 48
+    R, Cb = OC // B, C // B
+    kept = max(1, round(0.3 * R * Cb))
+    ids = torch.randperm(R * Cb)[:kept].tolist()
+    slot_row, slot_col = [i // Cb for i in ids], [i % Cb for i in ids]
+    values = leaf(kept, B, B, scale=0.5)
+    x, b = leaf(N, C), leaf(OC)
+    w = torch.zeros(OC, C)
+    for s, (r, c) in enumerate(zip(slot_row, slot_col)):
+        w = w.index_put((torch.arange(r * B, r * B + B).unsqueeze(1),
+                         torch.arange(c * B, c * B + B).unsqueeze(0)), values[s])
+    out = F.linear(x, w, b)
+    dout = torch.randn(N, OC)
+    out.backward(dout)
+    return dict(N=N, C=C, OC=OC, block=B, slot_row=slot_row, slot_col=slot_col, inp=t(x),
+                values=t(values), bias=t(b), dout=t(dout), out=t(out), dinp=t(x.grad),
+                dvalues=t(values.grad), dbias=t(b.grad))
+
+
 goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu(),
                linear=linear(), cross_entropy=cross_entropy(), attention=attention(),
                embedding=embedding(), tanh=tanh(), gather_rows=gather_rows(),
-               span_cross_entropy=span_cross_entropy())
+               span_cross_entropy=span_cross_entropy(),
+               **{f"sparse_linear_b{B}": sparse_linear(B) for B in (1, 4, 8, 16)})
 print(json.dumps(goldens))

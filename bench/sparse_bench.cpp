@@ -1,0 +1,117 @@
+// Block-sparse against dense linear layers at one shape (default BERT-base's FFN up-projection,
+// 768 -> 3072 over 2,048 tokens, sparsity 0.9): forward plus both backward products (input and
+// weight gradient) and the bias gradient, fp32, on all of this process's threads. For each
+// block size, the dense layer and the sparse one run alternately, --runs times each; one JSON
+// line per block size gives the medians:
+//   {"block":16,"sparsity":0.9,"dense_ms":...,"sparse_ms":...,"speedup":...,...}
+// `build/sparse_bench [--tokens N] [--in C] [--out OC] [--sparsity s] [--runs R] [--blocks 1,4]`
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu.h"
+#include "kernels/layers.h"
+#include "kernels/sparse.h"
+#include "stopwatch.h"
+
+using namespace packbert;
+using namespace packbert::kernels;
+
+namespace {
+
+std::vector<float> randn(size_t n, float scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Block-sparse vs dense linear layer: forward + input and weight gradients"};
+  int N = 2048, C = 768, OC = 3072, runs = 5;
+  double sparsity = 0.9;
+  std::vector<int> blocks{16, 8, 4, 1};
+  app.add_option("--tokens", N, "tokens (rows of the input)")->check(CLI::PositiveNumber);
+  app.add_option("--in", C, "input features")->check(CLI::PositiveNumber);
+  app.add_option("--out", OC, "output features")->check(CLI::PositiveNumber);
+  app.add_option("--sparsity", sparsity, "fraction of blocks that are zero")
+      ->check(CLI::Range(0.0, 0.999));
+  app.add_option("--runs", runs, "timed runs of each layer (the median is reported)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--blocks", blocks, "block sizes (1, 4, 8, 16)")->delimiter(',');
+  CLI11_PARSE(app, argc, argv);
+  for (int b : blocks)
+    if (!supported_block(b) || C % b || OC % b) {
+      std::cerr << "sparse_bench: --blocks " << b << " does not divide " << C << " x " << OC
+                << " (block sizes 1, 4, 8, 16)\n";
+      return 2;
+    }
+
+  const CpuFeatures& cpu = cpu_features();
+  const auto x = randn(static_cast<size_t>(N) * C, 1.0f, 1);
+  const auto dy = randn(static_cast<size_t>(N) * OC, 1.0f, 2);
+  const auto w = randn(static_cast<size_t>(OC) * C, 0.02f, 3);
+  const auto bias = randn(OC, 0.02f, 4);
+  std::vector<float> y(static_cast<size_t>(N) * OC), dx(static_cast<size_t>(N) * C),
+      dw(static_cast<size_t>(OC) * C), db(OC);
+
+  auto dense_step = [&] {
+    linear_forward(y.data(), x.data(), w.data(), bias.data(), N, C, OC);
+    linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
+  };
+  for (int B : blocks) {
+    const BlockPattern p =
+        random_block_pattern(OC, C, B, blocks_kept(OC, C, B, sparsity), 1234 + B);
+    std::vector<float> values(p.values_size()), dvalues(p.values_size());
+    gather_blocks(values.data(), p, w.data());
+    std::vector<float> scratch(sparse_linear_scratch(p, N));
+    auto sparse_step = [&] {
+      sparse_linear_forward(y.data(), x.data(), p, values.data(), bias.data(), N, scratch.data());
+      sparse_linear_backward(dx.data(), dvalues.data(), db.data(), dy.data(), x.data(), p,
+                             values.data(), N, scratch.data());
+    };
+    dense_step();  // warm-up: first-touch pages, oneDNN's kernels generated
+    sparse_step();
+    std::vector<double> dense_s, sparse_s;
+    for (int r = 0; r < runs; ++r) {
+      Stopwatch d;
+      dense_step();
+      dense_s.push_back(d.seconds());
+      Stopwatch s;
+      sparse_step();
+      sparse_s.push_back(s.seconds());
+    }
+    const double dense_ms = 1e3 * median(dense_s), sparse_ms = 1e3 * median(sparse_s);
+    const double gemm_flops = 6.0 * N * C * OC;
+    nlohmann::json line = {{"block", B},
+                           {"sparsity", sparsity},
+                           {"dense_ms", dense_ms},
+                           {"sparse_ms", sparse_ms},
+                           {"speedup", dense_ms / sparse_ms},
+                           {"density", static_cast<double>(p.nnz()) * B * B / (double(OC) * C)},
+                           {"dense_gflops", gemm_flops / dense_ms * 1e-6},
+                           {"tokens", N},
+                           {"in", C},
+                           {"out", OC},
+                           {"runs", runs},
+                           {"threads", omp_get_max_threads()},
+                           {"cpu", cpu.model},
+                           {"isa", cpu.isa()}};
+    std::cout << line.dump() << std::endl;
+  }
+  return 0;
+}

@@ -1,0 +1,73 @@
+// Block-sparse linear layers. A weight of dense shape [rows, cols] (PyTorch's [OC, C]) keeps a
+// fixed number of non-zero B x B blocks, B in {1, 4, 8, 16} (B divides both sides). The values
+// live in storage slots, [nnz][B][B], row-major inside a block:
+//   values[s][o][i] = W[slot_row[s] * B + o][slot_col[s] * B + i].
+// A pattern update moves a slot to another block; the storage never moves or grows, so the
+// optimizer's moments stay attached to their slot. Two indexes over the slots (BSR by block
+// row for the forward product, by block column for the input gradient) are rebuilt after each
+// update by a counting sort, O(nnz + rows / B + cols / B).
+//
+// The kernels work token-major: the activations are transposed into the caller's scratch,
+// [features][Np] with Np = N rounded up to 128 and zero-padded, so one vector register holds
+// one feature of 16 tokens. A block's weights are broadcast and each multiplies a whole vector
+// of tokens, which keeps every block size, 1 x 1 included, at full vector width: the same code
+// serves all four sizes (the row-major alternative vectorises along the block's own B columns,
+// a quarter of a 512-bit register at B = 4 and one lane at B = 1). The price is a transpose of
+// the input (and of the output gradient in backward), O(N * features), next to the product's
+// O(N * nnz * B^2 / ...) work.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace packbert::kernels {
+
+struct BlockPattern {
+  int rows = 0, cols = 0, block = 1;        // dense shape [rows, cols], block size B
+  std::vector<int32_t> slot_row, slot_col;  // [nnz]: the block each storage slot holds
+  // Slots by block row: by_row[by_row_start[r] .. by_row_start[r + 1]) in ascending column.
+  std::vector<int32_t> by_row_start, by_row;
+  // Slots by block column: by_col[by_col_start[c] .. by_col_start[c + 1]) in ascending row.
+  std::vector<int32_t> by_col_start, by_col;
+
+  int nnz() const { return static_cast<int>(slot_row.size()); }
+  int block_rows() const { return rows / block; }
+  int block_cols() const { return cols / block; }
+  int64_t values_size() const { return static_cast<int64_t>(nnz()) * block * block; }
+  // Rebuilds by_row* and by_col* from slot_row/slot_col. Throws std::invalid_argument when a
+  // slot is out of range or two slots hold the same block.
+  void index();
+};
+
+// The block sizes the kernels run.
+bool supported_block(int block);
+
+// A uniformly random pattern: nnz distinct blocks of the [rows, cols] weight drawn with
+// SplitMix64(seed), indexed. rows and cols must be multiples of block; 0 <= nnz <= all blocks.
+BlockPattern random_block_pattern(int rows, int cols, int block, int nnz, uint64_t seed);
+// The number of blocks a weight keeps at sparsity s (the fraction of blocks that are zero):
+// round((1 - s) * blocks), at least 1.
+int blocks_kept(int rows, int cols, int block, double sparsity);
+
+// dense[rows, cols] = the pattern's values, zeros elsewhere (overwrites every element).
+template <typename T>
+void densify(T* dense, const BlockPattern& p, const T* values);
+// values = the pattern's blocks read out of dense[rows, cols].
+template <typename T>
+void gather_blocks(T* values, const BlockPattern& p, const T* dense);
+
+// Elements of scratch the kernels need for N tokens: (cols + rows) * Np.
+int64_t sparse_linear_scratch(const BlockPattern& p, int N);
+
+// out[N, rows] = inp[N, cols] . W^T + bias (bias [rows], may be null); W as p and values hold it.
+template <typename T>
+void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T* values,
+                           const T* bias, int N, T* scratch);
+// Accumulates (+=): dinp[N, cols] += dout . W, dvalues [nnz, B, B] += the pattern's blocks of
+// dout^T . inp (no other weight gradient is formed), dbias[rows] += column sums of dout. dinp
+// and dbias may be null.
+template <typename T>
+void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const T* inp,
+                            const BlockPattern& p, const T* values, int N, T* scratch);
+
+}  // namespace packbert::kernels
