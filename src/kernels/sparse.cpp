@@ -1,13 +1,19 @@
 #include "kernels/sparse.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "rng.h"
+#include "stopwatch.h"
 
 namespace packbert::kernels {
 
@@ -170,6 +176,160 @@ void bias_grad(T* dbias, const T* dout, int N, int OC) {
   }
 }
 
+// Row-major kernels, float only, one vector of B lanes per block row or column: they need no
+// transposed activations, only the activations packed tile by tile: [tiles][blocks][R][B], R
+// tokens per tile (zeros past N). A tile's values of one block column sit together, so R
+// tokens of one block are R x B floats at fixed offsets from one pointer, and a whole tile (R
+// rows of the activation) is one contiguous stretch that stays in cache while every output
+// block is computed from it. A block's B outputs (forward), B inputs (input gradient) or B
+// columns (weight gradient) are one vector; R tokens are the register tile.
+template <int B>
+struct Lanes {
+  typedef float type __attribute__((vector_size(4 * B)));
+};
+template <int B>
+inline typename Lanes<B>::type load_lanes(const float* p) {
+  typename Lanes<B>::type v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <int B>
+inline void store_lanes(float* p, typename Lanes<B>::type v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+constexpr int kRowTile = 24;  // tokens per tile and register tile of the row-major kernels
+
+int row_tiles(int N) {
+  return (N + kRowTile - 1) / kRowTile;
+}
+
+// packed = src [N, width] packed tile by tile (above). With colsum, also colsum[c] += sum over
+// t of src[t][c] (the bias gradient, taken while dout streams by): each tile's sums go to
+// partial[tile][width], then each column adds its tiles in order, so the sum does not depend on
+// the thread count.
+template <int B>
+void pack_tiles(float* packed, const float* src, int N, int width, float* colsum, float* partial) {
+  using V = typename Lanes<B>::type;
+  constexpr int R = kRowTile;
+  const int blocks = width / B, tiles = row_tiles(N);
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int tile = 0; tile < tiles; ++tile) {
+      float* dst = packed + static_cast<int64_t>(tile) * R * width;
+      float* sums = colsum ? partial + static_cast<int64_t>(tile) * width : nullptr;
+      if (sums) std::fill(sums, sums + width, 0.0f);
+      for (int r = 0; r < R; ++r) {
+        const int t = tile * R + r;
+        for (int cb = 0; cb < blocks; ++cb) {
+          const V v = t < N ? load_lanes<B>(src + static_cast<int64_t>(t) * width + cb * B) : V{};
+          store_lanes<B>(dst + (cb * R + r) * B, v);
+          if (sums) store_lanes<B>(sums + cb * B, load_lanes<B>(sums + cb * B) + v);
+        }
+      }
+    }
+    if (colsum) {
+#pragma omp for schedule(static)
+      for (int c = 0; c < width; ++c) {
+        float sum = 0;
+        for (int tile = 0; tile < tiles; ++tile)
+          sum += partial[static_cast<int64_t>(tile) * width + c];
+        colsum[c] += sum;
+      }
+    }
+  }
+}
+
+// R tokens of one output block: acc[t] += sum over the list's slots and b < B of
+// tile[src_block(s)][t][b] * wrows(s)[b][:]. R is a constant so the accumulators stay in
+// registers and the R chains of FMAs interleave.
+template <int B, int R>
+inline void row_tile(typename Lanes<B>::type (&acc)[R], const float* tile, int e0, int e1,
+                     const int32_t* list, const int32_t* src_block, const float* wrows) {
+  using V = typename Lanes<B>::type;
+  for (int e = e0; e < e1; ++e) {
+    const int s = list[e];
+    const float* w = wrows + static_cast<int64_t>(s) * B * B;
+    const float* xb = tile + src_block[s] * R * B;
+#pragma GCC unroll 16
+    for (int b = 0; b < B; ++b) {
+      const V wv = load_lanes<B>(w + b * B);
+#pragma GCC unroll 32
+      for (int t = 0; t < R; ++t) acc[t] += xb[t * B + b] * wv;
+    }
+  }
+}
+
+// out[t][ob * B ..] (+)= sum over the list's slots s and b < B of src[t][src_block(s) * B + b] *
+// wrow(s, b) (+ bias), src packed (pack_tiles, width ld_src), wrow(s, b) a row of B weights:
+// forward, rows of the transposed blocks; input gradient, rows of the blocks as stored. One
+// thread per (token tile, output block) sums in list order: independent of the thread count.
+template <int B>
+void row_product(float* out, int ld_out, bool accumulate, const float* bias, const float* packed,
+                 int ld_src, int N, const std::vector<int32_t>& start,
+                 const std::vector<int32_t>& list, const std::vector<int32_t>& src_block,
+                 const float* wrows) {
+  using V = typename Lanes<B>::type;
+  constexpr int R = kRowTile;
+  const int n_out = static_cast<int>(start.size()) - 1;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int tile = 0; tile < row_tiles(N); ++tile)
+    for (int ob = 0; ob < n_out; ++ob) {
+      const int t0 = tile * R, nt = std::min(R, N - t0);
+      V acc[R] = {};
+      row_tile<B, R>(acc, packed + static_cast<int64_t>(tile) * R * ld_src, start[ob],
+                     start[ob + 1], list.data(), src_block.data(), wrows);
+      V bv = {};
+      if (bias) bv = load_lanes<B>(bias + ob * B);
+      for (int t = 0; t < nt; ++t) {
+        float* o = out + static_cast<int64_t>(t0 + t) * ld_out + ob * B;
+        store_lanes<B>(o, accumulate ? load_lanes<B>(o) + acc[t] : acc[t] + bv);
+      }
+    }
+}
+
+// dvalues[s][o][:] += sum over tokens of dout[t][row(s) * B + o] * inp[t][col(s) * B ..], both
+// packed: one slot's B row vectors in registers over all tiles in order. Slots go row by row,
+// so a thread keeps the output gradient's block row in cache across the row's slots. A slot is
+// one thread's sum in token order: independent of the thread count.
+template <int B>
+void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_packed,
+                     const float* inp_packed, int N) {
+  using V = typename Lanes<B>::type;
+  constexpr int R = kRowTile;
+  const int n = p.nnz(), tiles = row_tiles(N);
+#pragma omp parallel for schedule(static)
+  for (int e = 0; e < n; ++e) {
+    const int s = p.by_row[e];
+    float* dv = dvalues + static_cast<int64_t>(s) * B * B;
+    V acc[B];
+    for (int o = 0; o < B; ++o) acc[o] = load_lanes<B>(dv + o * B);
+    for (int tile = 0; tile < tiles; ++tile) {
+      const float* dy =
+          dout_packed + static_cast<int64_t>(tile) * R * p.rows + p.slot_row[s] * R * B;
+      const float* x = inp_packed + static_cast<int64_t>(tile) * R * p.cols + p.slot_col[s] * R * B;
+      for (int t = 0; t < R; ++t) {
+        const V xv = load_lanes<B>(x + t * B);
+#pragma GCC unroll 16
+        for (int o = 0; o < B; ++o) acc[o] += dy[t * B + o] * xv;
+      }
+    }
+    for (int o = 0; o < B; ++o) store_lanes<B>(dv + o * B, acc[o]);
+  }
+}
+
+// valuesT[s] = values[s]^T, each block transposed: the forward product's weight rows.
+void transpose_blocks(float* valuesT, const float* values, int nnz, int B) {
+#pragma omp parallel for schedule(static)
+  for (int s = 0; s < nnz; ++s) {
+    const float* v = values + static_cast<int64_t>(s) * B * B;
+    float* vt = valuesT + static_cast<int64_t>(s) * B * B;
+    for (int i = 0; i < B; ++i)
+      for (int o = 0; o < B; ++o) vt[i * B + o] = v[o * B + i];
+  }
+}
+
 // Calls f with the block size as a compile-time constant and the token vectors per tile that
 // keep B * K accumulators within the 32 vector registers (with room for the inputs).
 template <typename F>
@@ -186,6 +346,13 @@ void with_block(int block, F f) {
   }
   throw std::invalid_argument("block size " + std::to_string(block) +
                               " is not supported (1, 4, 8 or 16)");
+}
+
+bool row_major(int block) {
+  static const char* path = std::getenv("PACKBERT_SPARSE_PATH");
+  if (path && std::string(path) == "token") return false;
+  if (path && std::string(path) == "row") return block > 1;
+  return block > 1;
 }
 
 }  // namespace
@@ -283,12 +450,30 @@ void gather_blocks(T* values, const BlockPattern& p, const T* dense) {
 }
 
 int64_t sparse_linear_scratch(const BlockPattern& p, int N) {
-  return static_cast<int64_t>(p.cols + p.rows) * padded_tokens(N);
+  const int64_t sides = p.cols + p.rows;
+  const int64_t packed = sides * row_tiles(N) * kRowTile;
+  return std::max({sides * padded_tokens(N), packed + p.values_size(),
+                   packed + static_cast<int64_t>(row_tiles(N)) * p.rows});
 }
 
 template <typename T>
 void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T* values,
                            const T* bias, int N, T* scratch) {
+  if constexpr (std::is_same_v<T, float>)
+    if (row_major(p.block)) {
+      // scratch: [values: blocks transposed][inp packed]
+      float* valuesT = scratch;
+      float* inp_packed = scratch + p.values_size();
+      transpose_blocks(valuesT, values, p.nnz(), p.block);
+      with_block(p.block, [&]<int B, int K>() {
+        if constexpr (B > 1) {
+          pack_tiles<B>(inp_packed, inp, N, p.cols, nullptr, nullptr);
+          row_product<B>(out, p.rows, false, bias, inp_packed, p.cols, N, p.by_row_start, p.by_row,
+                         p.slot_col, valuesT);
+        }
+      });
+      return;
+    }
   const int Np = padded_tokens(N);
   transpose_tokens(scratch, inp, N, p.cols, Np);
   with_block(p.block, [&]<int B, int K>() {
@@ -300,6 +485,25 @@ void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T*
 template <typename T>
 void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const T* inp,
                             const BlockPattern& p, const T* values, int N, T* scratch) {
+  if constexpr (std::is_same_v<T, float>)
+    if (row_major(p.block)) {
+      // scratch: [dout packed][inp packed][the bias gradient's sums per tile]
+      const int64_t rows_packed = static_cast<int64_t>(row_tiles(N)) * kRowTile;
+      float* dout_packed = scratch;
+      float* inp_packed = dout_packed + rows_packed * p.rows;
+      float* partial = inp_packed + rows_packed * p.cols;
+      with_block(p.block, [&]<int B, int K>() {
+        if constexpr (B > 1) {
+          pack_tiles<B>(dout_packed, dout, N, p.rows, dbias, partial);
+          pack_tiles<B>(inp_packed, inp, N, p.cols, nullptr, nullptr);
+          if (dinp)
+            row_product<B>(dinp, p.cols, true, nullptr, dout_packed, p.rows, N, p.by_col_start,
+                           p.by_col, p.slot_row, values);
+          row_weight_grad<B>(dvalues, p, dout_packed, inp_packed, N);
+        }
+      });
+      return;
+    }
   const int Np = padded_tokens(N);
   T* inT = scratch;
   T* doutT = scratch + static_cast<int64_t>(p.cols) * Np;
