@@ -1,11 +1,14 @@
 #include "kernels/sparse.h"
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
+// reports wherever they are inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -36,8 +39,11 @@ using Vec = typename VecOf<T>::type;
 template <typename T>
 constexpr int kLanes = 64 / sizeof(T);
 
-// Token padding of the transposed activations: every tile width below divides it.
-constexpr int kTokenPad = 128;
+// Token-major kernels (every block size, float and double): the activations are packed in
+// transposed tiles, [tiles][features][TT] with TT = 128 tokens (zeros past N), so one vector
+// holds one feature of 16 (8) consecutive tokens, and a tile's features sit in one stretch that
+// stays in cache while every output block is computed from it.
+constexpr int kTokenTile = 128;
 
 template <typename T>
 inline Vec<T> load(const T* p) {
@@ -53,127 +59,219 @@ inline T hsum(Vec<T> v) {
   return s;
 }
 
-int padded_tokens(int N) {
-  return (N + kTokenPad - 1) / kTokenPad * kTokenPad;
+// dst[j][i] = src[i][j] for i < rows, j < cols (both <= 16), rows of src lds apart and of dst
+// ldd apart. A full 16 x 16 float tile is transposed in AVX-512 registers where the CPU has them.
+template <typename T>
+inline void transpose_tile(const T* src, int64_t lds, T* dst, int64_t ldd, int rows, int cols) {
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<T, float>)
+    if (rows == 16 && cols == 16) {
+      __m512 r[16], t[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+      for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+      }
+      // Per group g of 4 rows, u[4g + k] holds column 4l + k of the group's rows in lane l.
+      __m512 u[16];
+      for (int g = 0; g < 4; ++g) {
+        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * g + 1]), d = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+      }
+      for (int k = 0; k < 4; ++k) {
+        const __m512 w0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
+        const __m512 w1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
+        const __m512 w2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+        const __m512 w3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+        _mm512_storeu_ps(dst + k * ldd, _mm512_shuffle_f32x4(w0, w2, 0x88));
+        _mm512_storeu_ps(dst + (k + 8) * ldd, _mm512_shuffle_f32x4(w0, w2, 0xdd));
+        _mm512_storeu_ps(dst + (k + 4) * ldd, _mm512_shuffle_f32x4(w1, w3, 0x88));
+        _mm512_storeu_ps(dst + (k + 12) * ldd, _mm512_shuffle_f32x4(w1, w3, 0xdd));
+      }
+      return;
+    }
+#endif
+  for (int j = 0; j < cols; ++j)
+    for (int i = 0; i < rows; ++i) dst[j * ldd + i] = src[i * lds + j];
 }
 
-// dst[C][Np] = src[N][C] transposed, tokens N..Np zero. Tiles of 16 x 16 keep both sides'
-// lines in cache.
+int token_tiles(int N) {
+  return (N + kTokenTile - 1) / kTokenTile;
+}
+
+// packedT[tile][c][t] = src[tile * TT + t][c] for src [N, width], zeros past N. With colsum,
+// also colsum[c] += sum over t of src[t][c] (the bias gradient): per-tile sums in
+// partial[tile][width], then each column adds its tiles in order (thread-count independent).
 template <typename T>
-void transpose_tokens(T* __restrict dst, const T* __restrict src, int N, int C, int Np) {
-  constexpr int kTile = 16;
-  const int tiles_c = (C + kTile - 1) / kTile, tiles_t = Np / kTile;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int tc = 0; tc < tiles_c; ++tc)
-    for (int tt = 0; tt < tiles_t; ++tt) {
-      const int c0 = tc * kTile, c1 = std::min(C, c0 + kTile);
-      const int t0 = tt * kTile, t1 = std::min(N, t0 + kTile);
-      for (int c = c0; c < c1; ++c) {
-        T* d = dst + static_cast<int64_t>(c) * Np;
-        for (int t = t0; t < t1; ++t) d[t] = src[static_cast<int64_t>(t) * C + c];
-        for (int t = std::max(t0, t1); t < t0 + kTile; ++t) d[t] = T(0);
+void pack_tiles_transposed(T* packedT, const T* src, int N, int width, T* colsum, T* partial) {
+  constexpr int TT = kTokenTile, kCols = 16;
+  const int tiles = token_tiles(N), chunks = (width + kCols - 1) / kCols;
+#pragma omp parallel
+  {
+#pragma omp for collapse(2) schedule(static)
+    for (int tile = 0; tile < tiles; ++tile)
+      for (int ch = 0; ch < chunks; ++ch) {
+        const int c0 = ch * kCols, nc = std::min(kCols, width - c0);
+        const int nt = std::min(TT, N - tile * TT);
+        T* dst = packedT + (static_cast<int64_t>(tile) * width + c0) * TT;
+        const T* rows = src + static_cast<int64_t>(tile) * TT * width + c0;
+        for (int t0 = 0; t0 < TT; t0 += 16) {
+          if (t0 < nt)
+            transpose_tile(rows + static_cast<int64_t>(t0) * width, width, dst + t0, TT,
+                           std::min(16, nt - t0), nc);
+          for (int c = 0; c < nc; ++c)
+            std::fill(dst + c * TT + std::max(t0, std::min(nt, t0 + 16)), dst + c * TT + t0 + 16,
+                      T(0));
+        }
+        if (colsum)
+          for (int c = 0; c < nc; ++c) {
+            T sum = 0;
+            for (int t = 0; t < nt; ++t) sum += dst[c * TT + t];
+            partial[static_cast<int64_t>(tile) * width + c0 + c] = sum;
+          }
+      }
+    if (colsum) {
+#pragma omp for schedule(static)
+      for (int c = 0; c < width; ++c) {
+        T sum = 0;
+        for (int tile = 0; tile < tiles; ++tile)
+          sum += partial[static_cast<int64_t>(tile) * width + c];
+        colsum[c] += sum;
       }
     }
+  }
 }
 
-// The product both directions share: for each output block `ob` and tile of K vectors of
-// tokens, acc[a] = sum over the list's slots s and b < B of w(s, a, b) * srcT[src_block(s) * B +
-// b][tile], then out[t][ob * B + a] (+)= acc[a][t] (+ bias). Forward: outputs are W's rows,
-// the list is by block row, w = values[s][a][b]. Input gradient: outputs are W's columns, the
-// list by block column, w = values[s][b][a] (Transposed). Each output element is one thread's
-// sum in list order: the result does not depend on the thread count.
+// The product both directions share, for each output block `ob` and K vectors of tokens:
+// acc[a] = sum over the list's slots s and b < B of w(s, a, b) * srcT[src_block(s) * B + b], then
+// out[t][ob * B + a] (+)= acc[a][t] (+ bias). Forward: outputs are W's rows, the list is by
+// block row, w = values[s][a][b]. Input gradient: outputs are W's columns, the list by block
+// column, w = values[s][b][a] (Transposed). srcT is packed (pack_tiles_transposed, width
+// src_width). One thread per (tile, output block) sums in list order: the result does not
+// depend on the thread count.
 template <typename T, int B, int K, bool Transposed>
-void block_product(T* out, int ld_out, bool accumulate, const T* bias, const T* srcT, int Np, int N,
-                   const std::vector<int32_t>& start, const std::vector<int32_t>& list,
+void token_product(T* out, int ld_out, bool accumulate, const T* bias, const T* srcT, int src_width,
+                   int N, const std::vector<int32_t>& start, const std::vector<int32_t>& list,
                    const std::vector<int32_t>& src_block, const T* values) {
-  constexpr int L = kLanes<T>, TW = K * L;
-  const int n_out = static_cast<int>(start.size()) - 1;
-  const int n_tiles = (N + TW - 1) / TW;
+  constexpr int L = kLanes<T>, TW = K * L, TT = kTokenTile, G = 16;
+  constexpr int OB = G / B;  // output blocks per group of 16 features
+  static_assert(TT % TW == 0 && TT % 16 == 0);
+  const int n_out = static_cast<int>(start.size()) - 1, groups = (n_out + OB - 1) / OB;
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int tile = 0; tile < n_tiles; ++tile)
-    for (int ob = 0; ob < n_out; ++ob) {
-      Vec<T> acc[B][K] = {};
-      for (int e = start[ob]; e < start[ob + 1]; ++e) {
-        const int s = list[e];
-        const T* w = values + static_cast<int64_t>(s) * B * B;
-        const T* src = srcT + static_cast<int64_t>(src_block[s]) * B * Np + tile * TW;
-        for (int b = 0; b < B; ++b) {
-          Vec<T> x[K];
-          for (int k = 0; k < K; ++k) x[k] = load(src + static_cast<int64_t>(b) * Np + k * L);
-          for (int a = 0; a < B; ++a) {
-            const T wv = Transposed ? w[b * B + a] : w[a * B + b];
-            for (int k = 0; k < K; ++k) acc[a][k] += wv * x[k];
+  for (int tile = 0; tile < token_tiles(N); ++tile)
+    for (int g = 0; g < groups; ++g) {
+      const T* panel = srcT + static_cast<int64_t>(tile) * src_width * TT;
+      const int t_first = tile * TT, nt = std::min(TT, N - t_first);
+      const int ob0 = g * OB, nob = std::min(OB, n_out - ob0);
+      T buf[G][TT];  // the group's outputs for the tile's tokens, feature-major
+      for (int j = 0; j < nob; ++j) {
+        const int ob = ob0 + j;
+        for (int sub = 0; sub * TW < nt; ++sub) {
+          Vec<T> acc[B][K] = {};
+          for (int e = start[ob]; e < start[ob + 1]; ++e) {
+            const int s = list[e];
+            const T* w = values + static_cast<int64_t>(s) * B * B;
+            const T* x = panel + static_cast<int64_t>(src_block[e]) * B * TT + sub * TW;
+#pragma GCC unroll 16
+            for (int b = 0; b < B; ++b) {
+              Vec<T> xv[K];
+              for (int k = 0; k < K; ++k) xv[k] = load(x + b * TT + k * L);
+#pragma GCC unroll 16
+              for (int a = 0; a < B; ++a) {
+                const T wv = Transposed ? w[b * B + a] : w[a * B + b];
+                for (int k = 0; k < K; ++k) acc[a][k] += wv * xv[k];
+              }
+            }
+          }
+          for (int a = 0; a < B; ++a)
+            for (int k = 0; k < K; ++k)
+              std::memcpy(&buf[j * B + a][sub * TW + k * L], &acc[a][k], sizeof(Vec<T>));
+        }
+      }
+      // Token-major back to rows, 16 x 16 at a time.
+      const int f0 = ob0 * B, nf = nob * B;
+      for (int t0 = 0; t0 < nt; t0 += 16) {
+        const int rows = std::min(16, nt - t0);
+        T tr[16][16];
+        transpose_tile(&buf[0][t0], TT, &tr[0][0], 16, nf, rows);
+        for (int t = 0; t < rows; ++t) {
+          T* row = out + static_cast<int64_t>(t_first + t0 + t) * ld_out + f0;
+          for (int f = 0; f < nf; ++f) {
+            const T v = tr[t][f] + (bias ? bias[f0 + f] : T(0));
+            row[f] = accumulate ? row[f] + v : v;
           }
         }
       }
-      const int t0 = tile * TW, t1 = std::min(N, t0 + TW);
-      for (int t = t0; t < t1; ++t) {
-        T* row = out + static_cast<int64_t>(t) * ld_out + ob * B;
-        const int k = (t - t0) / L, lane = (t - t0) % L;
-        for (int a = 0; a < B; ++a) {
-          T v = acc[a][k][lane];
-          if (bias) v += bias[ob * B + a];
-          row[a] = accumulate ? row[a] + v : v;
-        }
-      }
     }
 }
 
-// dvalues[s][o][i] += sum over tokens of doutT[row(s) * B + o][t] * inT[col(s) * B + i][t], in
-// sub-tiles of SO x SI dot products held in registers (U vectors of tokens in flight each, so
-// the 1 x 1 case is not bound by the FMA latency). Slots go row by row, so a thread reuses the
-// output gradient's rows across a row's slots.
+// dvalues[s][o][i] += sum over tokens of doutT[row(s) * B + o][t] * inT[col(s) * B + i][t], both
+// packed, tile by tile in order, in sub-tiles of S x S dot products held in registers (summed
+// across lanes once, at the end). Slots go row by row, so a thread reuses the output gradient's
+// rows across a row's slots. One thread per slot: independent of the thread count.
 template <typename T, int B>
-void block_weight_grad(T* dvalues, const BlockPattern& p, const T* doutT, const T* inT, int Np) {
-  constexpr int L = kLanes<T>;
-  constexpr int S = B < 4 ? B : 4;   // sub-tile side
-  constexpr int U = B == 1 ? 4 : 1;  // independent accumulators per dot product
-  const int n = p.nnz();
+void token_weight_grad(T* dvalues, const BlockPattern& p, const T* doutT, const T* inT, int N) {
+  constexpr int L = kLanes<T>, TT = kTokenTile;
+  constexpr int S = B < 4 ? B : 4;
+  const int n = p.nnz(), tiles = token_tiles(N);
 #pragma omp parallel for schedule(static)
   for (int e = 0; e < n; ++e) {
     const int s = p.by_row[e];
-    const T* dy = doutT + static_cast<int64_t>(p.slot_row[s]) * B * Np;
-    const T* x = inT + static_cast<int64_t>(p.slot_col[s]) * B * Np;
     T* dv = dvalues + static_cast<int64_t>(s) * B * B;
     for (int o0 = 0; o0 < B; o0 += S)
       for (int i0 = 0; i0 < B; i0 += S) {
-        Vec<T> acc[U][S][S] = {};
-        for (int t = 0; t < Np; t += U * L)
-          for (int u = 0; u < U; ++u) {
+        Vec<T> acc[S][S] = {};
+        for (int tile = 0; tile < tiles; ++tile) {
+          const T* dy = doutT + (static_cast<int64_t>(tile) * p.rows + p.slot_row[s] * B + o0) * TT;
+          const T* x = inT + (static_cast<int64_t>(tile) * p.cols + p.slot_col[s] * B + i0) * TT;
+          for (int t = 0; t < TT; t += L) {
             Vec<T> d[S], v[S];
+            for (int a = 0; a < S; ++a) d[a] = load(dy + a * TT + t);
+            for (int b = 0; b < S; ++b) v[b] = load(x + b * TT + t);
             for (int a = 0; a < S; ++a)
-              d[a] = load(dy + static_cast<int64_t>(o0 + a) * Np + t + u * L);
-            for (int b = 0; b < S; ++b)
-              v[b] = load(x + static_cast<int64_t>(i0 + b) * Np + t + u * L);
-            for (int a = 0; a < S; ++a)
-              for (int b = 0; b < S; ++b) acc[u][a][b] += d[a] * v[b];
+              for (int b = 0; b < S; ++b) acc[a][b] += d[a] * v[b];
           }
+        }
         for (int a = 0; a < S; ++a)
-          for (int b = 0; b < S; ++b) {
-            Vec<T> sum = acc[0][a][b];
-            for (int u = 1; u < U; ++u) sum += acc[u][a][b];
-            dv[(o0 + a) * B + i0 + b] += hsum<T>(sum);
-          }
+          for (int b = 0; b < S; ++b) dv[(o0 + a) * B + i0 + b] += hsum<T>(acc[a][b]);
       }
   }
 }
 
-// dbias[OC] += column sums of dout[N, OC], each column summed in token order by one thread.
+// The 1 x 1 weight gradient: a row's slots share the row of doutT, so G of them go together
+// (one load of the output gradient per G FMAs), with U vectors of tokens in flight to cover the
+// FMA latency.
 template <typename T>
-void bias_grad(T* dbias, const T* dout, int N, int OC) {
-  constexpr int kCols = 64;
-  const int blocks = (OC + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
-  for (int cb = 0; cb < blocks; ++cb) {
-    const int c0 = cb * kCols, c1 = std::min(OC, c0 + kCols);
-    T sum[kCols] = {};
-    for (int t = 0; t < N; ++t) {
-      const T* row = dout + static_cast<int64_t>(t) * OC;
-#pragma omp simd
-      for (int c = c0; c < c1; ++c) sum[c - c0] += row[c];
+void token_weight_grad_1x1(T* dvalues, const BlockPattern& p, const T* doutT, const T* inT, int N) {
+  constexpr int L = kLanes<T>, TT = kTokenTile, G = 4, U = 2;
+  const int tiles = token_tiles(N), R = p.block_rows();
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int r = 0; r < R; ++r)
+    for (int e0 = p.by_row_start[r]; e0 < p.by_row_start[r + 1]; e0 += G) {
+      const int g = std::min(G, p.by_row_start[r + 1] - e0);
+      int cols[G];
+      for (int j = 0; j < G; ++j) cols[j] = p.by_row_col[e0 + std::min(j, g - 1)];
+      Vec<T> acc[G][U] = {};
+      for (int tile = 0; tile < tiles; ++tile) {
+        const T* dy = doutT + (static_cast<int64_t>(tile) * p.rows + r) * TT;
+        const T* x = inT + static_cast<int64_t>(tile) * p.cols * TT;
+        for (int t = 0; t < TT; t += U * L)
+          for (int u = 0; u < U; ++u) {
+            const Vec<T> d = load(dy + t + u * L);
+            for (int j = 0; j < G; ++j)
+              acc[j][u] += d * load(x + static_cast<int64_t>(cols[j]) * TT + t + u * L);
+          }
+      }
+      for (int j = 0; j < g; ++j) {
+        Vec<T> sum = acc[j][0];
+        for (int u = 1; u < U; ++u) sum += acc[j][u];
+        dvalues[p.by_row[e0 + j]] += hsum<T>(sum);
+      }
     }
-    for (int c = c0; c < c1; ++c) dbias[c] += sum[c - c0];
-  }
 }
 
 // Row-major kernels, float only, one vector of B lanes per block row or column: they need no
@@ -251,7 +349,7 @@ inline void row_tile(typename Lanes<B>::type (&acc)[R], const float* tile, int e
   for (int e = e0; e < e1; ++e) {
     const int s = list[e];
     const float* w = wrows + static_cast<int64_t>(s) * B * B;
-    const float* xb = tile + src_block[s] * R * B;
+    const float* xb = tile + src_block[e] * R * B;
 #pragma GCC unroll 16
     for (int b = 0; b < B; ++b) {
       const V wv = load_lanes<B>(w + b * B);
@@ -348,11 +446,10 @@ void with_block(int block, F f) {
                               " is not supported (1, 4, 8 or 16)");
 }
 
+// The row-major kernels fill a whole vector per block row only at B = 8 and 16 (half or all of
+// a 512-bit register); smaller blocks go token-major, where every size fills one.
 bool row_major(int block) {
-  static const char* path = std::getenv("PACKBERT_SPARSE_PATH");
-  if (path && std::string(path) == "token") return false;
-  if (path && std::string(path) == "row") return block > 1;
-  return block > 1;
+  return block >= 8;
 }
 
 }  // namespace
@@ -388,6 +485,12 @@ void BlockPattern::index() {
   by_col.assign(n, 0);
   fill.assign(by_col_start.begin(), by_col_start.end() - 1);
   for (int s : by_row) by_col[fill[slot_col[s]]++] = s;
+  by_row_col.resize(n);
+  by_col_row.resize(n);
+  for (int e = 0; e < n; ++e) {
+    by_row_col[e] = slot_col[by_row[e]];
+    by_col_row[e] = slot_row[by_col[e]];
+  }
   for (int r = 0; r < R; ++r)
     for (int e = by_row_start[r] + 1; e < by_row_start[r + 1]; ++e)
       if (slot_col[by_row[e]] == slot_col[by_row[e - 1]])
@@ -452,8 +555,9 @@ void gather_blocks(T* values, const BlockPattern& p, const T* dense) {
 int64_t sparse_linear_scratch(const BlockPattern& p, int N) {
   const int64_t sides = p.cols + p.rows;
   const int64_t packed = sides * row_tiles(N) * kRowTile;
-  return std::max({sides * padded_tokens(N), packed + p.values_size(),
-                   packed + static_cast<int64_t>(row_tiles(N)) * p.rows});
+  const int64_t packedT = sides * token_tiles(N) * kTokenTile;
+  return std::max({packedT + static_cast<int64_t>(token_tiles(N)) * p.rows,
+                   packed + p.values_size(), packed + static_cast<int64_t>(row_tiles(N)) * p.rows});
 }
 
 template <typename T>
@@ -469,16 +573,16 @@ void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T*
         if constexpr (B > 1) {
           pack_tiles<B>(inp_packed, inp, N, p.cols, nullptr, nullptr);
           row_product<B>(out, p.rows, false, bias, inp_packed, p.cols, N, p.by_row_start, p.by_row,
-                         p.slot_col, valuesT);
+                         p.by_row_col, valuesT);
         }
       });
       return;
     }
-  const int Np = padded_tokens(N);
-  transpose_tokens(scratch, inp, N, p.cols, Np);
+  T* inT = scratch;
+  pack_tiles_transposed<T>(inT, inp, N, p.cols, nullptr, nullptr);
   with_block(p.block, [&]<int B, int K>() {
-    block_product<T, B, K, false>(out, p.rows, false, bias, scratch, Np, N, p.by_row_start,
-                                  p.by_row, p.slot_col, values);
+    token_product<T, B, K, false>(out, p.rows, false, bias, inT, p.cols, N, p.by_row_start,
+                                  p.by_row, p.by_row_col, values);
   });
 }
 
@@ -498,24 +602,28 @@ void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const 
           pack_tiles<B>(inp_packed, inp, N, p.cols, nullptr, nullptr);
           if (dinp)
             row_product<B>(dinp, p.cols, true, nullptr, dout_packed, p.rows, N, p.by_col_start,
-                           p.by_col, p.slot_row, values);
+                           p.by_col, p.by_col_row, values);
           row_weight_grad<B>(dvalues, p, dout_packed, inp_packed, N);
         }
       });
       return;
     }
-  const int Np = padded_tokens(N);
+  // scratch: [inp packed][dout packed][the bias gradient's sums per tile]
+  const int64_t tokens_packed = static_cast<int64_t>(token_tiles(N)) * kTokenTile;
   T* inT = scratch;
-  T* doutT = scratch + static_cast<int64_t>(p.cols) * Np;
-  transpose_tokens(inT, inp, N, p.cols, Np);
-  transpose_tokens(doutT, dout, N, p.rows, Np);
+  T* doutT = inT + tokens_packed * p.cols;
+  T* partial = doutT + tokens_packed * p.rows;
+  pack_tiles_transposed<T>(inT, inp, N, p.cols, nullptr, nullptr);
+  pack_tiles_transposed<T>(doutT, dout, N, p.rows, dbias, partial);
   with_block(p.block, [&]<int B, int K>() {
     if (dinp)
-      block_product<T, B, K, true>(dinp, p.cols, true, nullptr, doutT, Np, N, p.by_col_start,
-                                   p.by_col, p.slot_row, values);
-    block_weight_grad<T, B>(dvalues, p, doutT, inT, Np);
+      token_product<T, B, K, true>(dinp, p.cols, true, nullptr, doutT, p.rows, N, p.by_col_start,
+                                   p.by_col, p.by_col_row, values);
+    if constexpr (B == 1)
+      token_weight_grad_1x1<T>(dvalues, p, doutT, inT, N);
+    else
+      token_weight_grad<T, B>(dvalues, p, doutT, inT, N);
   });
-  if (dbias) bias_grad(dbias, dout, N, p.rows);
 }
 
 #define PACKBERT_SPARSE(T)                                                                      \

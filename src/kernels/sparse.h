@@ -25,10 +25,12 @@ namespace packbert::kernels {
 struct BlockPattern {
   int rows = 0, cols = 0, block = 1;        // dense shape [rows, cols], block size B
   std::vector<int32_t> slot_row, slot_col;  // [nnz]: the block each storage slot holds
-  // Slots by block row: by_row[by_row_start[r] .. by_row_start[r + 1]) in ascending column.
-  std::vector<int32_t> by_row_start, by_row;
-  // Slots by block column: by_col[by_col_start[c] .. by_col_start[c + 1]) in ascending row.
-  std::vector<int32_t> by_col_start, by_col;
+  // Slots by block row: by_row[by_row_start[r] .. by_row_start[r + 1]) in ascending column;
+  // by_row_col[e] = slot_col[by_row[e]] (so a kernel's next block needs no dependent load).
+  std::vector<int32_t> by_row_start, by_row, by_row_col;
+  // Slots by block column: by_col[by_col_start[c] .. by_col_start[c + 1]) in ascending row;
+  // by_col_row[e] = slot_row[by_col[e]].
+  std::vector<int32_t> by_col_start, by_col, by_col_row;
 
   int nnz() const { return static_cast<int>(slot_row.size()); }
   int block_rows() const { return rows / block; }
