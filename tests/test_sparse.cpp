@@ -11,6 +11,8 @@
 
 #include "kernels/layers.h"
 #include "kernels/sparse.h"
+#include "model/bert.h"
+#include "model_batches.h"
 
 namespace packbert::kernels {
 namespace {
@@ -174,3 +176,161 @@ TEST(SparseLinear, ResultsDoNotDependOnTheThreadCount) {
 
 }  // namespace
 }  // namespace packbert::kernels
+
+namespace packbert::model {
+namespace {
+
+BertConfig small_config() {
+  BertConfig c;
+  c.vocab_size = 29;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 32;
+  c.max_position_embeddings = 32;
+  c.num_labels = 3;
+  c.initializer_range = 0.3;
+  c.hidden_dropout_prob = 0.1;
+  c.attention_probs_dropout_prob = 0.1;
+  return c;
+}
+
+Heads all_heads() {
+  Heads h;
+  h.classifier = h.span = true;
+  return h;
+}
+
+// A dense model holding the sparse one's weights: its own tensors as they are, the sparse ones
+// densified (zeros outside the pattern).
+template <typename T>
+void copy_to_dense(BertModel<T>& sparse, BertModel<T>& dense) {
+  std::vector<T> w(dense.layout().total(), T(0));
+  auto tensors = sparse.sparse_tensors();
+  for (const TensorSpec& t : sparse.layout().tensors()) {
+    const TensorSpec* d = dense.layout().find(t.name);
+    const T* v = sparse.params().data() + t.offset;
+    if (!t.block) {
+      std::copy_n(v, t.numel, w.begin() + d->offset);
+      continue;
+    }
+    for (const SparseTensor& st : tensors)
+      if (st.spec == &t) {
+        std::vector<float> vf(v, v + t.numel);
+        const std::vector<float> dw = dense_weight(st, vf.data());
+        std::copy(dw.begin(), dw.end(), w.begin() + d->offset);
+      }
+  }
+  dense.params() = w;
+}
+
+// The sparse model is the dense model on the masked weights: same losses with dropout on and all
+// four heads over packed rows; the same gradients for every dense tensor, and for each sparse
+// tensor the dense gradient read at the pattern's blocks; for every block size.
+TEST(SparseModel, EqualsTheDenseModelOnTheMaskedWeights) {
+  const BertConfig c = small_config();
+  const PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
+  for (const int B : {1, 4, 8, 16}) {
+    BertModel<float> sparse(c, all_heads(), Sparsity{B, 0.6});
+    BertModel<float> dense(c, all_heads());
+    init_params(sparse.layout(), sparse.params().data(), 8);
+    sparse.init_patterns(3);
+    copy_to_dense(sparse, dense);
+    const StepOptions opt{true, 41, 3, {}};
+    sparse.zero_grads(), dense.zero_grads();
+    const Outputs so = sparse.forward(b, opt), dout = dense.forward(b, opt);
+    EXPECT_NEAR(so.loss(), dout.loss(), 1e-5 * std::abs(dout.loss())) << "B=" << B;
+    sparse.backward(), dense.backward();
+    auto tensors = sparse.sparse_tensors();
+    int sparse_seen = 0;
+    for (const TensorSpec& t : sparse.layout().tensors()) {
+      const TensorSpec* d = dense.layout().find(t.name);
+      const float* gd = dense.grads().data() + d->offset;
+      std::vector<float> want(gd, gd + d->numel);
+      if (t.block) {
+        ++sparse_seen;
+        for (const SparseTensor& st : tensors)
+          if (st.spec == &t) {
+            // The dense gradient at the tensor's blocks, in slot order.
+            want.assign(t.numel, 0.0f);
+            const int cols = static_cast<int>(t.shape[1]);
+            for (int j = 0; j < t.kept_blocks; ++j) {
+              const int r = st.pattern->slot_row[st.first_slot + j] - st.first_row;
+              const int col = st.pattern->slot_col[st.first_slot + j];
+              for (int o = 0; o < B; ++o)
+                for (int i = 0; i < B; ++i)
+                  want[(static_cast<size_t>(j) * B + o) * B + i] =
+                      gd[static_cast<size_t>(r * B + o) * cols + col * B + i];
+            }
+          }
+      }
+      const float* gs = sparse.grads().data() + t.offset;
+      std::vector<float> got(gs, gs + t.numel);
+      double d2 = 0, r2 = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        d2 += (got[i] - want[i]) * double(got[i] - want[i]), r2 += want[i] * double(want[i]);
+      // (The floor is for the key bias, whose true gradient is zero: rounding noise alone.)
+      EXPECT_LE(std::sqrt(d2), 1e-5 * std::sqrt(r2) + 1e-7) << "B=" << B << " " << t.name;
+    }
+    EXPECT_EQ(sparse_seen, 6 * c.num_hidden_layers);
+  }
+}
+
+// Whole sparse model in double against central differences (block 4, dropout on, all heads):
+// every 5th value of the sparse weights and all of the rest.
+TEST(SparseModel, WholeModelFiniteDifferences) {
+  BertConfig c = small_config();
+  c.hidden_size = 8, c.intermediate_size = 16;
+  BertModel<double> m(c, all_heads(), Sparsity{4, 0.5});
+  init_params(m.layout(), m.params().data(), 3);
+  m.init_patterns(5);
+  const PackedBatch b = make_batch({{5, 3, 4}, {9}, {2, 6}}, 13, c.vocab_size, 5);
+  const StepOptions opt{true, 77, 9, {}};
+  m.forward(b, opt);
+  m.zero_grads();
+  m.backward();
+  const std::vector<double> analytic = m.grads();
+  const double h = 1e-5;
+  int checked = 0;
+  for (const TensorSpec& t : m.layout().tensors()) {
+    const size_t stride = t.block ? 5 : (t.numel > 64 ? 7 : 1);
+    for (size_t i = 0; i < t.numel; i += stride) {
+      double& w = m.params()[t.offset + i];
+      const double keep = w;
+      w = keep + h;
+      const double up = m.forward(b, opt).loss();
+      w = keep - h;
+      const double down = m.forward(b, opt).loss();
+      w = keep;
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(analytic[t.offset + i], numeric, 1e-6 * (1 + std::abs(numeric)))
+          << t.name << "[" << i << "]";
+      checked += t.block != 0;
+    }
+  }
+  EXPECT_GT(checked, 40);
+}
+
+// Recompute policies rebuild through the sparse kernels too: bit-identical gradients.
+TEST(SparseModel, GradientsAreBitwiseIdenticalUnderEveryRecomputePolicy) {
+  const BertConfig c = small_config();
+  BertModel<float> m(c, all_heads(), Sparsity{8, 0.5});
+  init_params(m.layout(), m.params().data(), 8);
+  m.init_patterns(2);
+  const PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
+  auto run = [&](const std::string& policy) {
+    m.zero_grads();
+    const Outputs out = m.forward(b, {true, 41, 3, parse_recompute(policy)});
+    m.backward();
+    return std::pair{out.loss(), m.grads()};
+  };
+  const auto [loss0, grads0] = run("none");
+  for (const std::string policy : {"gelu,ln,residual", "attention", "layer", "every:2"}) {
+    const auto [loss, grads] = run(policy);
+    EXPECT_EQ(loss, loss0) << policy;
+    EXPECT_EQ(grads, grads0) << policy;
+  }
+}
+
+}  // namespace
+}  // namespace packbert::model

@@ -552,12 +552,46 @@ void gather_blocks(T* values, const BlockPattern& p, const T* dense) {
                   B, values + (static_cast<int64_t>(s) * B + o) * B);
 }
 
+int64_t sparse_linear_scratch(int rows, int cols, int block, int64_t nnz, int N) {
+  const int64_t sides = rows + cols;
+  if (row_major(block)) {  // both sides packed; then the blocks transposed or the bias's sums
+    const int64_t packed = sides * row_tiles(N) * kRowTile;
+    return packed + std::max(nnz * block * block, static_cast<int64_t>(row_tiles(N)) * rows);
+  }
+  return sides * token_tiles(N) * kTokenTile + static_cast<int64_t>(token_tiles(N)) * rows;
+}
+
 int64_t sparse_linear_scratch(const BlockPattern& p, int N) {
-  const int64_t sides = p.cols + p.rows;
-  const int64_t packed = sides * row_tiles(N) * kRowTile;
-  const int64_t packedT = sides * token_tiles(N) * kTokenTile;
-  return std::max({packedT + static_cast<int64_t>(token_tiles(N)) * p.rows,
-                   packed + p.values_size(), packed + static_cast<int64_t>(row_tiles(N)) * p.rows});
+  return sparse_linear_scratch(p.rows, p.cols, p.block, p.nnz(), N);
+}
+
+template <typename T>
+BlockPattern top_blocks_by_l1(const T* dense, int rows, int cols, int block, int nnz) {
+  BlockPattern p;
+  p.rows = rows;
+  p.cols = cols;
+  p.block = block;
+  const int Cb = cols / block;
+  const int64_t all = static_cast<int64_t>(rows / block) * Cb;
+  std::vector<double> l1(all, 0.0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      l1[static_cast<int64_t>(r / block) * Cb + c / block] +=
+          std::abs(static_cast<double>(dense[static_cast<int64_t>(r) * cols + c]));
+  std::vector<int64_t> ids(all);
+  std::iota(ids.begin(), ids.end(), 0);
+  // Largest first; ties to the lower block number, so the choice is reproducible.
+  std::partial_sort(ids.begin(), ids.begin() + nnz, ids.end(), [&](int64_t a, int64_t b) {
+    return l1[a] > l1[b] || (l1[a] == l1[b] && a < b);
+  });
+  ids.resize(nnz);
+  std::sort(ids.begin(), ids.end());
+  for (int64_t id : ids) {
+    p.slot_row.push_back(static_cast<int32_t>(id / Cb));
+    p.slot_col.push_back(static_cast<int32_t>(id % Cb));
+  }
+  p.index();
+  return p;
 }
 
 template <typename T>
@@ -627,6 +661,7 @@ void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const 
 }
 
 #define PACKBERT_SPARSE(T)                                                                      \
+  template BlockPattern top_blocks_by_l1<T>(const T*, int, int, int, int);                      \
   template void densify<T>(T*, const BlockPattern&, const T*);                                  \
   template void gather_blocks<T>(T*, const BlockPattern&, const T*);                            \
   template void sparse_linear_forward<T>(T*, const T*, const BlockPattern&, const T*, const T*, \

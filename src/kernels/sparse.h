@@ -58,8 +58,14 @@ void densify(T* dense, const BlockPattern& p, const T* values);
 template <typename T>
 void gather_blocks(T* values, const BlockPattern& p, const T* dense);
 
-// Elements of scratch the kernels need for N tokens: (cols + rows) * Np.
+// Elements of scratch the kernels need for N tokens (about (rows + cols) * N: both sides packed).
 int64_t sparse_linear_scratch(const BlockPattern& p, int N);
+int64_t sparse_linear_scratch(int rows, int cols, int block, int64_t nnz, int N);
+
+// The pattern of the nnz blocks of dense[rows, cols] with the largest L1 norms (ties to the
+// lower block index), slots in row-major block order: `--init` from a dense model.
+template <typename T>
+BlockPattern top_blocks_by_l1(const T* dense, int rows, int cols, int block, int nnz);
 
 // out[N, rows] = inp[N, cols] . W^T + bias (bias [rows], may be null); W as p and values hold it.
 template <typename T>

@@ -16,8 +16,9 @@
 namespace packbert::model {
 
 template <typename T>
-BertModel<T>::BertModel(const BertConfig& config, Heads heads)
-    : layout_(config, heads),
+BertModel<T>::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity)
+    : layout_(config, heads, sparsity),
+      patterns_(random_patterns(layout_, 0)),
       params_(layout_.total(), T(0)),
       grads_(layout_.total(), T(0)),
       p_(layout_, params_.data()),
@@ -106,6 +107,7 @@ StepContext<T> BertModel<T>::context() const {
   const BertConfig& c = config();
   StepContext<T> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute};
   if (opt_.precision == Precision::bf16) s.p16 = p16_.get();
+  if (!patterns_.empty()) s.patterns = patterns_.data();
   s.p_hidden = opt_.training ? c.hidden_dropout_prob : 0.0;
   s.p_attn = opt_.training ? c.attention_probs_dropout_prob : 0.0;
   s.seed = opt_.seed;
@@ -213,6 +215,8 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
   if (masters16_ && options.precision != Precision::bf16)
     throw std::logic_error("a model with bf16 master weights runs Precision::bf16 steps only");
+  if (options.precision == Precision::bf16 && !patterns_.empty())
+    throw std::logic_error("block-sparse layers run in fp32 only");
   if (options.precision == Precision::bf16) {
     if constexpr (std::is_same_v<T, float>) {
       if (!masters16_ && params16_version_ != params_version_) {  // changed since their copy
@@ -243,7 +247,9 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
                                    probs_offsets_.data());
   share_ = batch.share;
   if (!share_.places.empty()) place_rows(batch);
-  ws_.prepare(c, heads, opt_.recompute, shape_of(tl_, omp_get_max_threads()), opt_.precision);
+  StepShape shape = shape_of(tl_, omp_get_max_threads());
+  shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
+  ws_.prepare(c, heads, opt_.recompute, shape, opt_.precision);
   const StepContext<T> s = context();
 
   if (s.p16) {  // bf16: the embeddings in fp32 in scratch (dx is free until backward), rounded

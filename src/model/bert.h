@@ -13,6 +13,7 @@
 #include "model/batch.h"
 #include "model/encoder_layer.h"
 #include "model/params.h"
+#include "model/sparse.h"
 #include "model/workspace.h"
 
 namespace packbert::model {
@@ -39,7 +40,9 @@ struct Outputs {
 template <typename T>
 class BertModel {
  public:
-  BertModel(const BertConfig& config, Heads heads);
+  // With sparsity on, the encoder's linear weights are block-sparse (model/sparse.h), on
+  // uniformly random patterns until init_patterns or a load sets them.
+  BertModel(const BertConfig& config, Heads heads, Sparsity sparsity = {});
 
   const ParamLayout& layout() const { return layout_; }
   const BertConfig& config() const { return layout_.config(); }
@@ -70,6 +73,13 @@ class BertModel {
   // their values widened into `scratch`.
   const T* weights_fp32(std::vector<T>& scratch) const;
   const ParamView<T>& p() const { return p_; }
+  // The block-sparse patterns, one set per layer (empty when dense). Whoever moves slots
+  // (prune and regrow, a checkpoint load) calls index_patterns on them afterwards.
+  std::vector<LayerPatterns>& patterns() { return patterns_; }
+  const std::vector<LayerPatterns>& patterns() const { return patterns_; }
+  std::vector<SparseTensor> sparse_tensors() { return model::sparse_tensors(layout_, patterns_); }
+  // Draws new uniformly random patterns from seed (a new run's start).
+  void init_patterns(uint64_t seed) { patterns_ = random_patterns(layout_, seed); }
 
   void zero_grads();
   Outputs forward(const PackedBatch& batch, const StepOptions& options);
@@ -108,6 +118,7 @@ class BertModel {
   void place_rows(const PackedBatch& batch);
 
   ParamLayout layout_;
+  std::vector<LayerPatterns> patterns_;
   std::vector<T> params_, grads_;
   ParamView<T> p_, g_;
   std::vector<kernels::bf16> params16_;

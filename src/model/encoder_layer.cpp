@@ -6,6 +6,7 @@
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
 #include "kernels/layers.h"
+#include "kernels/sparse.h"
 
 namespace packbert::model {
 
@@ -40,21 +41,33 @@ const T* through_dropout(const StepContext<T>& s, T* scratch, const T* dout, int
 }
 
 // The step's linear layers: out = in . W^T + b with fp32 operands, or with the bf16 twins of the
-// input and weight when the caller passes them (T = float, Precision::bf16).
+// input and weight when the caller passes them (T = float, Precision::bf16), or block-sparse
+// when the layer has a pattern (W then holds its kept blocks' values; fp32 only).
 template <typename T>
-void linear(T* out, const T* in, const bf16* in16, const T* W, const bf16* W16, const T* b, int N,
-            int C, int OC) {
+void linear(const StepContext<T>& s, const BlockPattern* pattern, T* out, const T* in,
+            const bf16* in16, const T* W, const bf16* W16, const T* b, int N, int C, int OC) {
+  if (pattern) return sparse_linear_forward(out, in, *pattern, W, b, N, s.ws.get(Rec::sparse));
   if constexpr (std::is_same_v<T, float>)
     if (W16) return linear_forward(out, in16, W16, b, N, C, OC);
   linear_forward(out, in, W, b, N, C, OC);
 }
 template <typename T>
-void linear_grad(const StepContext<T>& s, T* dinp, T* dW, T* db, const T* dout, const T* in,
-                 const bf16* in16, const T* W, const bf16* W16, int N, int C, int OC) {
+void linear_grad(const StepContext<T>& s, const BlockPattern* pattern, T* dinp, T* dW, T* db,
+                 const T* dout, const T* in, const bf16* in16, const T* W, const bf16* W16, int N,
+                 int C, int OC) {
+  if (pattern)
+    return sparse_linear_backward(dinp, dW, db, dout, in, *pattern, W, N, s.ws.get(Rec::sparse));
   if constexpr (std::is_same_v<T, float>)
     if (W16)
       return linear_backward(dinp, dW, db, dout, s.ws.get16(Rec::dout16), in16, W16, N, C, OC);
   linear_backward(dinp, dW, db, dout, in, W, N, C, OC);
+}
+
+// A layer's pattern of one of its linear layers, or null when the model is dense.
+template <typename T>
+const BlockPattern* pattern_of(const StepContext<T>& s, int layer,
+                               BlockPattern LayerPatterns::*which) {
+  return s.patterns ? &(s.patterns[layer].*which) : nullptr;
 }
 
 // A residual sum r = dropout(x) + skip at (layer, site): in T, or under bf16 from the bf16
@@ -194,19 +207,23 @@ void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T
     }
   }
   if (!w16) {
-    linear_forward(a.qkv, in, w.qkv_w, w.qkv_b, Tn, C, 3 * C);
+    linear(s, pattern_of(s, layer, &LayerPatterns::qkv), a.qkv, in, in16, w.qkv_w,
+           static_cast<const bf16*>(nullptr), w.qkv_b, Tn, C, 3 * C);
     attention_forward(a.att, a.probs, a.qkv, cu, s.n_seq(), C, c.num_attention_heads, drop, work);
   }
-  linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn, C,
-         C);
+  linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), tmp, a.att, a.att16, w.attn_out_w,
+         W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn, C, C);
   residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   ln_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, a.r1_16, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
   if constexpr (std::is_same_v<T, float>) {
     if (w16) linear_forward(a.inter16, a.h1_16, w16->inter_w, w.inter_b, Tn, C, I);
   }
-  if (!w16) linear_forward(a.inter, a.h1, w.inter_w, w.inter_b, Tn, C, I);
+  if (!w16)
+    linear(s, pattern_of(s, layer, &LayerPatterns::inter), a.inter, a.h1, a.h1_16, w.inter_w,
+           static_cast<const bf16*>(nullptr), w.inter_b, Tn, C, I);
   gelu_out(a, static_cast<int64_t>(Tn) * I);
-  linear(tmp, a.gelu, a.gelu16, w.out_w, W16(&LayerView<bf16>::out_w), w.out_b, Tn, I, C);
+  linear(s, pattern_of(s, layer, &LayerPatterns::out), tmp, a.gelu, a.gelu16, w.out_w,
+         W16(&LayerView<bf16>::out_w), w.out_b, Tn, I, C);
   residual_site(s, a.r2, a.r2_16, tmp, a.h1, a.h1_16, TC, l, kFfnOut);
   ln_forward(out, a.ln2_mean, a.ln2_rstd, a.r2, a.r2_16, w.ln2_w, w.ln2_b, Tn, C, eps, out16);
 }
@@ -229,8 +246,8 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   // Rebuild what the policy did not keep (the same kernels on the same inputs: bit for bit).
   if (s.policy.residual) {  // r1 = dropout(att . Wao + b) + in
     T* tmp = ws.get(Rec::tmp);
-    linear(tmp, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn,
-           C, C);
+    linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), tmp, a.att, a.att16, w.attn_out_w,
+           W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn, C, C);
     residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   }
   if (s.policy.ln)
@@ -243,14 +260,14 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   std::copy(dres, dres + TC, dh1);  // the residual branch
   const T* dffn = through_dropout(s, dtmp, dres, TC, l, kFfnOut);
   zero_fill(dgelu, TI);
-  linear_grad(s, dgelu, g.out_w, g.out_b, dffn, a.gelu, a.gelu16, w.out_w,
+  linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu, a.gelu16, w.out_w,
               W16(&LayerView<bf16>::out_w), Tn, I, C);
   zero_fill(dinter, TI);
   if constexpr (std::is_same_v<T, float>) {
     if (a.inter16) gelu_backward(dinter, a.inter16, dgelu, TI);
   }
   if (a.inter) gelu_backward(dinter, a.inter, dgelu, TI);
-  linear_grad(s, dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
+  linear_grad(s, pattern_of(s, layer, &LayerPatterns::inter), dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
               W16(&LayerView<bf16>::inter_w), Tn, C, I);
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
@@ -259,7 +276,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   residual_forward(dinp, dinp, dres, TC);  // the residual branch
   const T* dproj = through_dropout(s, dtmp, dres, TC, l, kAttnOut);
   zero_fill(datt, TC);
-  linear_grad(s, datt, g.attn_out_w, g.attn_out_b, dproj, a.att, a.att16, w.attn_out_w,
+  linear_grad(s, pattern_of(s, layer, &LayerPatterns::attn_out), datt, g.attn_out_w, g.attn_out_b, dproj, a.att, a.att16, w.attn_out_w,
               W16(&LayerView<bf16>::attn_out_w), Tn, C, C);
   zero_fill(dqkv, 3 * TC);
   const AttentionWork<T> work{s.probs_offsets, ws.get(Rec::attn_work)};
@@ -271,7 +288,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   if (a.qkv)
     attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
                        c.num_attention_heads, attention_dropout(s, layer), work);
-  linear_grad(s, dinp, g.qkv_w, g.qkv_b, dqkv, in, in16, w.qkv_w, W16(&LayerView<bf16>::qkv_w), Tn,
+  linear_grad(s, pattern_of(s, layer, &LayerPatterns::qkv), dinp, g.qkv_w, g.qkv_b, dqkv, in, in16, w.qkv_w, W16(&LayerView<bf16>::qkv_w), Tn,
               C, 3 * C);
 }
 

@@ -8,6 +8,7 @@
 
 #include "model/batch.h"
 #include "model/params.h"
+#include "model/sparse.h"
 #include "model/workspace.h"
 
 namespace packbert::model {
@@ -32,6 +33,9 @@ struct StepContext {
   // The bf16 copy of the weights under Precision::bf16 (null under fp32): GEMMs then take bf16
   // operands, and the records only GEMMs read are held in bf16 (LayerRecord's *16 fields).
   const ParamView<kernels::bf16>* p16 = nullptr;
+  // The block-sparse patterns, one per layer (null when the model is dense): the encoder's
+  // linear weights then hold the kept blocks' values (model/sparse.h).
+  const LayerPatterns* patterns = nullptr;
   double p_hidden = 0, p_attn = 0;  // dropout probabilities (0 when not training)
   uint64_t seed = 0, step = 0;      // dropout stream
   const DropoutPlaces* places = nullptr;

@@ -3,13 +3,26 @@
 #include <algorithm>
 #include <cmath>
 
+#include "error.h"
 #include "kernels/bf16.h"
+#include "kernels/sparse.h"
 #include "rng.h"
 
 namespace packbert::model {
 
-ParamLayout::ParamLayout(const BertConfig& c, Heads heads) : config_(c), heads_(heads) {
+ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity)
+    : config_(c), heads_(heads), sparsity_(sparsity) {
   const int64_t C = c.hidden_size, I = c.intermediate_size;
+  if (sparsity.on()) {
+    if (!kernels::supported_block(sparsity.block))
+      throw InputError("--block " + std::to_string(sparsity.block) + ": expected 1, 4, 8 or 16");
+    if (C % sparsity.block || I % sparsity.block)
+      throw InputError("--block " + std::to_string(sparsity.block) + " does not divide hidden_size " +
+                       std::to_string(C) + " and intermediate_size " + std::to_string(I));
+    if (!(sparsity.sparsity >= 0 && sparsity.sparsity < 1))
+      throw InputError("--sparsity " + std::to_string(sparsity.sparsity) + ": expected [0, 1)");
+  }
+  const bool sp = sparsity.on();
   add("bert.embeddings.word_embeddings.weight", {c.vocab_size, C});
   add("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, C});
   add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, C});
@@ -19,19 +32,19 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads) : config_(c), heads_(
     std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
     // query/key/value weights adjacent, then their biases adjacent: the fused QKV views.
     // (no alignment padding between the three, or the fused [3C, C] / [3C] views would break).
-    add(p + "attention.self.query.weight", {C, C});
-    add(p + "attention.self.key.weight", {C, C}, false);
-    add(p + "attention.self.value.weight", {C, C}, false);
+    add(p + "attention.self.query.weight", {C, C}, true, sp);
+    add(p + "attention.self.key.weight", {C, C}, false, sp);
+    add(p + "attention.self.value.weight", {C, C}, false, sp);
     add(p + "attention.self.query.bias", {C});
     add(p + "attention.self.key.bias", {C}, false);
     add(p + "attention.self.value.bias", {C}, false);
-    add(p + "attention.output.dense.weight", {C, C});
+    add(p + "attention.output.dense.weight", {C, C}, true, sp);
     add(p + "attention.output.dense.bias", {C});
     add(p + "attention.output.LayerNorm.weight", {C});
     add(p + "attention.output.LayerNorm.bias", {C});
-    add(p + "intermediate.dense.weight", {I, C});
+    add(p + "intermediate.dense.weight", {I, C}, true, sp);
     add(p + "intermediate.dense.bias", {I});
-    add(p + "output.dense.weight", {C, I});
+    add(p + "output.dense.weight", {C, I}, true, sp);
     add(p + "output.dense.bias", {C});
     add(p + "output.LayerNorm.weight", {C});
     add(p + "output.LayerNorm.bias", {C});
@@ -57,12 +70,20 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads) : config_(c), heads_(
   }
 }
 
-void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool align) {
+void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool align,
+                      bool sparse) {
   TensorSpec t;
   t.name = name;
   t.shape = std::move(shape);
   t.numel = 1;
   for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
+  if (sparse) {
+    const int B = sparsity_.block;
+    t.block = B;
+    t.kept_blocks = kernels::blocks_kept(static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1]),
+                                         B, sparsity_.sparsity);
+    t.numel = static_cast<size_t>(t.kept_blocks) * B * B;
+  }
   // Tensors start at a multiple of 16 elements from the arena's start (64 bytes of floats)
   // unless they continue a fused group; their addresses are 64-byte aligned only as far as the
   // arena's own storage is (a std::vector's: 16 bytes guaranteed).

@@ -18,11 +18,27 @@ struct Heads {
   bool span = false;        // SQuAD start/end logits per token
 };
 
+// Block-sparse encoder weights (docs/DESIGN.md §7): every encoder linear weight (query, key,
+// value, attention output, FFN up and down) keeps a fixed number of block x block blocks, the
+// fraction 1 - sparsity of its blocks (kernels/sparse.h). block 0: dense.
+struct Sparsity {
+  int block = 0;
+  double sparsity = 0;
+  bool on() const { return block > 0; }
+  bool operator==(const Sparsity&) const = default;
+};
+
 struct TensorSpec {
   std::string name;  // Hugging Face name, e.g. bert.encoder.layer.0.attention.self.query.weight
-  std::vector<int64_t> shape;  // PyTorch shape (Linear weights are [out, in])
+  std::vector<int64_t> shape;  // PyTorch shape (Linear weights are [out, in]), dense
   size_t offset = 0;           // in elements, into the arena
-  size_t numel = 0;
+  size_t numel = 0;            // elements held: the kept blocks' values when block-sparse
+  int block = 0;               // block-sparse: the block size (0 = dense)
+  int kept_blocks = 0;         // block-sparse: the blocks kept (numel = kept_blocks * block^2)
+  // What the arena holds: `shape`, or [kept_blocks, block, block] when block-sparse.
+  std::vector<int64_t> stored_shape() const {
+    return block ? std::vector<int64_t>{kept_blocks, block, block} : shape;
+  }
   bool no_decay = false;        // biases and LayerNorm: no weight decay, no LAMB trust ratio
   bool is_matrix_init = false;  // initialised N(0, initializer_range); else zeros / LayerNorm ones
   bool is_layernorm_weight = false;
@@ -30,17 +46,21 @@ struct TensorSpec {
 
 class ParamLayout {
  public:
-  ParamLayout(const BertConfig& config, Heads heads);
+  // Throws InputError when a sparse block size does not divide the encoder's weights.
+  ParamLayout(const BertConfig& config, Heads heads, Sparsity sparsity = {});
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   size_t total() const { return total_; }
   const TensorSpec* find(const std::string& name) const;  // null if absent
   const BertConfig& config() const { return config_; }
   const Heads& heads() const { return heads_; }
+  const Sparsity& sparsity() const { return sparsity_; }
 
  private:
-  void add(const std::string& name, std::vector<int64_t> shape, bool align = true);
+  void add(const std::string& name, std::vector<int64_t> shape, bool align = true,
+           bool sparse = false);
   BertConfig config_;
   Heads heads_;
+  Sparsity sparsity_;
   std::vector<TensorSpec> tensors_;
   size_t total_ = 0;
 };

@@ -195,6 +195,9 @@ const RecordSpec kRecords[] = {
        return std::max({3 * TC(s, c), TI(s, c), s.masked * static_cast<int64_t>(c.vocab_size)});
      },
      Dtype::twin},
+    // The block-sparse linear layers' packed activations (0 when dense).
+    {Rec::sparse, "scratch.sparse_linear", Role::scratch, Need::encoder,
+     [](S s, B) { return s.sparse_scratch; }},
     {Rec::dh, "grad.layer_out", Role::scratch, Need::encoder, TC},
     {Rec::dx, "grad.layer_in", Role::scratch, Need::encoder, TC},
     {Rec::dres, "grad.residual", Role::scratch, Need::encoder, TC},

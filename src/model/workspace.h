@@ -62,6 +62,7 @@ struct StepShape {
   int64_t attention = 0;  // sum over sequences of L^2
   int64_t max_len = 0;    // longest sequence
   int threads = 1;        // OpenMP threads (attention scratch is per thread)
+  int64_t sparse_scratch = 0;  // elements the block-sparse linear layers need (model/sparse.h)
 };
 StepShape shape_of(const TokenLayout& tl, int threads);
 
@@ -137,6 +138,7 @@ enum class Rec : uint8_t {
   head_losses,
   seg_hidden,
   dout16,
+  sparse,
   dpooled,
   dpre,
   dcls,
