@@ -106,7 +106,9 @@ int main(int argc, char** argv) {
     policy = model::parse_recompute(recompute);
     std::optional<double> limit;
     if (!memory_limit.empty()) limit = train::parse_bytes(memory_limit, "--memory-limit");
-    train::PlanRequest req{c, model::Heads{}, train::OptimizerKind::lamb, {}, precision};
+    train::PlanRequest req;
+    req.config = c;
+    req.precision = precision;
     int64_t tokens = 0, sum_sq = 0, longest = 0;
     for (const int64_t L : lengths) tokens += L, sum_sq += L * L, longest = std::max(longest, L);
     req.shape = train::uniform_shape(tokens, 1, omp_get_max_threads());

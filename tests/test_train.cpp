@@ -162,7 +162,7 @@ TEST(Optimizer, SmallUpdatesSurviveStochasticRoundingAndVanishToNearest) {
 // BERT-base that is at most 0.55x of fp32 masters (with their bf16 copy, at the same precision).
 TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
   PlanRequest r{model::bert_preset("tiny"), model::Heads{}, OptimizerKind::lamb, {},
-                model::Precision::bf16,     Masters::bf16};
+                model::Precision::bf16,     Masters::bf16,  {}};
   r.config.vocab_size = 2000;
   r.shape = uniform_shape(64, 2, 1);
   const StepPlan plan = plan_step(r, model::Recompute{});
@@ -179,7 +179,7 @@ TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
             Optimizer(m.layout(), OptimizerConfig{}).state_bytes());
 
   PlanRequest base{model::bert_preset("base"), model::Heads{}, OptimizerKind::lamb, {},
-                   model::Precision::bf16,     Masters::bf16};
+                   model::Precision::bf16,     Masters::bf16,  {}};
   base.shape = uniform_shape(2048, 4, 1);
   const StepPlan b16 = plan_step(base, model::Recompute{});
   base.masters = Masters::fp32;

@@ -187,6 +187,7 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          "Stop (with a checkpoint) at the first evaluation (--eval-every) whose held-out MLM "
          "accuracy reaches this: time to train, as MLPerf measures it (0 = off)",
          0, 1);
+  sparse_flags(cmd, o->sparse, true);
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "

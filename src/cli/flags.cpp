@@ -105,7 +105,10 @@ std::string flag_of_field(const std::string& field) {
       {"compute_padding", "--compute-padding"},
       {"packs", "--packs"},
       {"masters", "--master-weights"},
-      {"precision", "--precision"}};
+      {"precision", "--precision"},
+      {"sparsity", "--sparsity"},
+      {"prune_ratio", "--prune-ratio"},
+      {"regrow", "--regrow"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;
@@ -122,6 +125,64 @@ void master_weights_flag(CLI::App* cmd, train::Masters& masters) {
          "optimizer writing them with stochastic rounding; bf16-rn rounds to nearest instead (for "
          "comparison: small updates then vanish)")
       ->default_str("fp32");
+}
+
+void sparse_flags(CLI::App* cmd, train::SparseOptions& o, bool training) {
+  // The block size waits for --sparsity: the pattern is on only when the sparsity is above 0.
+  auto block = std::make_shared<int>(16);
+  cmd->add_option_function<double>(
+         "--sparsity",
+         [&o, block](double s) {
+           o.sparsity.sparsity = s;
+           o.sparsity.block = s > 0 ? *block : 0;
+         },
+         "Fraction of each encoder linear weight's blocks that are zero (block-sparse query, "
+         "key, value, attention output and FFN weights; 0 = dense)")
+      ->check(in_range(0, 0.999, false))
+      ->default_str("0");
+  cmd->add_option_function<int>(
+         "--block",
+         [&o, block](int b) {
+           *block = b;
+           if (o.sparsity.on()) o.sparsity.block = b;
+         },
+         "Block size of the sparse weights: 1, 4, 8 or 16")
+      ->check(CLI::IsMember({1, 4, 8, 16}))
+      ->default_str("16")
+      ->trigger_on_parse();
+  if (!training) return;
+  number(cmd, "--prune-ratio", o.prune_ratio,
+         "Fraction of each weight's blocks pruned (smallest L1) and regrown at the first pattern "
+         "update, cosine-decayed towards 0 at the last step",
+         0, 1);
+  number(cmd, "--sparse-updates", o.updates,
+         "Pattern updates over the run, one every steps/N (0 = Graphcore's: 160 for --block 1, "
+         "80 otherwise)",
+         0, 1e6);
+  cmd->add_option_function<std::string>(
+         "--regrow",
+         [&o](const std::string& text) { o.regrow = train::parse_regrow(text, "--regrow"); },
+         "random | gradient: where pruned blocks regrow, among blocks not active before the "
+         "update (gradient: largest L1 norm of the dense weight gradient, one process only)")
+      ->default_str("random");
+  cmd->add_option_function<std::string>(
+         "--sparse-lr-scale",
+         [&o](const std::string& text) {
+           if (text == "auto") {
+             o.lr_scale = 0;
+             return;
+           }
+           char* end = nullptr;
+           const double x = std::strtod(text.c_str(), &end);
+           if (end == text.c_str() || *end || !(x > 0 && x < 1e3))
+             throw CLI::ValidationError("--sparse-lr-scale",
+                                        text + ": expected auto or a number in (0, 1000)");
+           o.lr_scale = x;
+         },
+         "Learning-rate factor of sparse training: auto = exp(1.969 s^2 + 0.2905 s) (Graphcore; "
+         "6.4 at s = 0.9), or a number")
+      ->default_str("auto");
+  o.lr_scale = 0;  // auto unless given
 }
 
 LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& optimizer,

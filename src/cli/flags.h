@@ -14,6 +14,7 @@
 #include "data/squad.h"
 #include "model/workspace.h"
 #include "train/loop.h"
+#include "train/sparsity.h"
 
 namespace packbert::cli {
 
@@ -48,6 +49,11 @@ void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<doub
 void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu = true);
 // --master-weights fp32|bf16|bf16-rn (into `masters`).
 void master_weights_flag(CLI::App* cmd, train::Masters& masters);
+
+// --sparsity, --block and, with `training`, --prune-ratio, --sparse-updates, --regrow and
+// --sparse-lr-scale: block-sparse encoder weights (train/sparsity.h). Sparse when --sparsity > 0;
+// `o.sparsity` is set by the callback once parsed.
+void sparse_flags(CLI::App* cmd, train::SparseOptions& o, bool training);
 
 // --doc-stride, --max-query-length, --max-answer-length: SQuAD's windowing and answer limits
 // (finetune and eval --task squad).

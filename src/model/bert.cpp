@@ -41,6 +41,30 @@ BertModel<T>::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity
 }
 
 template <typename T>
+void BertModel<T>::collect_block_grads(bool on) {
+  block_grads_.clear();
+  dense_grad_scratch_.clear();
+  dense_grad_scratch_.shrink_to_fit();
+  if (!on || patterns_.empty()) return;
+  block_grads_.resize(patterns_.size());
+  size_t widest = 0;
+  for (size_t l = 0; l < patterns_.size(); ++l) {
+    const LayerPatterns& lp = patterns_[l];
+    LayerBlockGrads& g = block_grads_[l];
+    auto blocks = [](const kernels::BlockPattern& p) {
+      return static_cast<size_t>(p.block_rows()) * p.block_cols();
+    };
+    g.qkv.assign(blocks(lp.qkv), 0.0f);
+    g.attn_out.assign(blocks(lp.attn_out), 0.0f);
+    g.inter.assign(blocks(lp.inter), 0.0f);
+    g.out.assign(blocks(lp.out), 0.0f);
+    for (const kernels::BlockPattern* p : {&lp.qkv, &lp.attn_out, &lp.inter, &lp.out})
+      widest = std::max(widest, static_cast<size_t>(p->rows) * p->cols);
+  }
+  dense_grad_scratch_.resize(widest);
+}
+
+template <typename T>
 void BertModel<T>::zero_grads() {
   std::fill(grads_.begin(), grads_.end(), T(0));
 }
@@ -103,11 +127,15 @@ const T* BertModel<T>::weights_fp32(std::vector<T>& scratch) const {
 }
 
 template <typename T>
-StepContext<T> BertModel<T>::context() const {
+StepContext<T> BertModel<T>::context() {
   const BertConfig& c = config();
   StepContext<T> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute};
   if (opt_.precision == Precision::bf16) s.p16 = p16_.get();
   if (!patterns_.empty()) s.patterns = patterns_.data();
+  if (!block_grads_.empty()) {
+    s.block_grads = block_grads_.data();
+    s.dense_scratch = dense_grad_scratch_.data();
+  }
   s.p_hidden = opt_.training ? c.hidden_dropout_prob : 0.0;
   s.p_attn = opt_.training ? c.attention_probs_dropout_prob : 0.0;
   s.seed = opt_.seed;

@@ -80,6 +80,10 @@ class BertModel {
   std::vector<SparseTensor> sparse_tensors() { return model::sparse_tensors(layout_, patterns_); }
   // Draws new uniformly random patterns from seed (a new run's start).
   void init_patterns(uint64_t seed) { patterns_ = random_patterns(layout_, seed); }
+  // Gradient regrow: while on, backward also adds the block L1 norms of each sparse layer's dense
+  // weight gradient into block_grads() (zeroed when turned on; an extra dense GEMM per layer).
+  void collect_block_grads(bool on);
+  const std::vector<LayerBlockGrads>& block_grads() const { return block_grads_; }
 
   void zero_grads();
   Outputs forward(const PackedBatch& batch, const StepOptions& options);
@@ -100,7 +104,7 @@ class BertModel {
   const TokenLayout& tokens() const { return tl_; }
 
  private:
-  StepContext<T> context() const;
+  StepContext<T> context();  // (non-const: backward writes block_grads_ through it)
   bool kept(int l) const;  // is layer l's input a kept checkpoint (always, unless every:K)
   struct Slot {
     Rec rec;
@@ -119,6 +123,8 @@ class BertModel {
 
   ParamLayout layout_;
   std::vector<LayerPatterns> patterns_;
+  std::vector<LayerBlockGrads> block_grads_;  // empty unless collecting
+  std::vector<T> dense_grad_scratch_;
   std::vector<T> params_, grads_;
   ParamView<T> p_, g_;
   std::vector<kernels::bf16> params16_;

@@ -1,10 +1,12 @@
 #include "model/encoder_layer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
+#include "kernels/gemm.h"
 #include "kernels/layers.h"
 #include "kernels/sparse.h"
 
@@ -51,16 +53,40 @@ void linear(const StepContext<T>& s, const BlockPattern* pattern, T* out, const 
     if (W16) return linear_forward(out, in16, W16, b, N, C, OC);
   linear_forward(out, in, W, b, N, C, OC);
 }
+// block_l1[rb * C / B + cb] += the L1 norm of block (rb, cb) of dout^T . in, the dense weight
+// gradient (formed in s.dense_scratch).
+template <typename T>
+void add_block_grads(const StepContext<T>& s, std::vector<float>& block_l1, const T* dout,
+                     const T* in, int N, int C, int OC, int B) {
+  T* dW = s.dense_scratch;
+  gemm(true, false, OC, C, N, T(1), dout, OC, in, C, T(0), dW, C);
+  const int Cb = C / B;
+#pragma omp parallel for schedule(static)
+  for (int rb = 0; rb < OC / B; ++rb)
+    for (int o = 0; o < B; ++o)
+      for (int c = 0; c < C; ++c)
+        block_l1[static_cast<size_t>(rb) * Cb + c / B] +=
+            static_cast<float>(std::abs(dW[static_cast<int64_t>(rb * B + o) * C + c]));
+}
+
 template <typename T>
 void linear_grad(const StepContext<T>& s, const BlockPattern* pattern, T* dinp, T* dW, T* db,
                  const T* dout, const T* in, const bf16* in16, const T* W, const bf16* W16, int N,
-                 int C, int OC) {
+                 int C, int OC, std::vector<float>* block_l1 = nullptr) {
+  if (block_l1) add_block_grads(s, *block_l1, dout, in, N, C, OC, pattern->block);
   if (pattern)
     return sparse_linear_backward(dinp, dW, db, dout, in, *pattern, W, N, s.ws.get(Rec::sparse));
   if constexpr (std::is_same_v<T, float>)
     if (W16)
       return linear_backward(dinp, dW, db, dout, s.ws.get16(Rec::dout16), in16, W16, N, C, OC);
   linear_backward(dinp, dW, db, dout, in, W, N, C, OC);
+}
+
+// The block gradient norms backward collects for one of a layer's linear layers, or null.
+template <typename T>
+std::vector<float>* block_grads_of(const StepContext<T>& s, int layer,
+                                   std::vector<float> LayerBlockGrads::*which) {
+  return s.block_grads ? &(s.block_grads[layer].*which) : nullptr;
 }
 
 // A layer's pattern of one of its linear layers, or null when the model is dense.
@@ -260,15 +286,17 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   std::copy(dres, dres + TC, dh1);  // the residual branch
   const T* dffn = through_dropout(s, dtmp, dres, TC, l, kFfnOut);
   zero_fill(dgelu, TI);
-  linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu, a.gelu16, w.out_w,
-              W16(&LayerView<bf16>::out_w), Tn, I, C);
+  linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu,
+              a.gelu16, w.out_w, W16(&LayerView<bf16>::out_w), Tn, I, C,
+              block_grads_of(s, layer, &LayerBlockGrads::out));
   zero_fill(dinter, TI);
   if constexpr (std::is_same_v<T, float>) {
     if (a.inter16) gelu_backward(dinter, a.inter16, dgelu, TI);
   }
   if (a.inter) gelu_backward(dinter, a.inter, dgelu, TI);
-  linear_grad(s, pattern_of(s, layer, &LayerPatterns::inter), dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
-              W16(&LayerView<bf16>::inter_w), Tn, C, I);
+  linear_grad(s, pattern_of(s, layer, &LayerPatterns::inter), dh1, g.inter_w, g.inter_b, dinter,
+              a.h1, a.h1_16, w.inter_w, W16(&LayerView<bf16>::inter_w), Tn, C, I,
+              block_grads_of(s, layer, &LayerBlockGrads::inter));
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
   zero_fill(dres, TC);
@@ -276,8 +304,9 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   residual_forward(dinp, dinp, dres, TC);  // the residual branch
   const T* dproj = through_dropout(s, dtmp, dres, TC, l, kAttnOut);
   zero_fill(datt, TC);
-  linear_grad(s, pattern_of(s, layer, &LayerPatterns::attn_out), datt, g.attn_out_w, g.attn_out_b, dproj, a.att, a.att16, w.attn_out_w,
-              W16(&LayerView<bf16>::attn_out_w), Tn, C, C);
+  linear_grad(s, pattern_of(s, layer, &LayerPatterns::attn_out), datt, g.attn_out_w, g.attn_out_b,
+              dproj, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), Tn, C, C,
+              block_grads_of(s, layer, &LayerBlockGrads::attn_out));
   zero_fill(dqkv, 3 * TC);
   const AttentionWork<T> work{s.probs_offsets, ws.get(Rec::attn_work)};
   if constexpr (std::is_same_v<T, float>) {
@@ -288,8 +317,9 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   if (a.qkv)
     attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
                        c.num_attention_heads, attention_dropout(s, layer), work);
-  linear_grad(s, pattern_of(s, layer, &LayerPatterns::qkv), dinp, g.qkv_w, g.qkv_b, dqkv, in, in16, w.qkv_w, W16(&LayerView<bf16>::qkv_w), Tn,
-              C, 3 * C);
+  linear_grad(s, pattern_of(s, layer, &LayerPatterns::qkv), dinp, g.qkv_w, g.qkv_b, dqkv, in, in16,
+              w.qkv_w, W16(&LayerView<bf16>::qkv_w), Tn, C, 3 * C,
+              block_grads_of(s, layer, &LayerBlockGrads::qkv));
 }
 
 #define PACKBERT_INSTANTIATE(T)                                                                    \

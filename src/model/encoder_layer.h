@@ -36,6 +36,10 @@ struct StepContext {
   // The block-sparse patterns, one per layer (null when the model is dense): the encoder's
   // linear weights then hold the kept blocks' values (model/sparse.h).
   const LayerPatterns* patterns = nullptr;
+  // When set (gradient regrow), backward also forms each sparse layer's dense weight gradient in
+  // dense_scratch ([rows, cols] of the largest) and adds its block L1 norms here, one per layer.
+  LayerBlockGrads* block_grads = nullptr;
+  T* dense_scratch = nullptr;
   double p_hidden = 0, p_attn = 0;  // dropout probabilities (0 when not training)
   uint64_t seed = 0, step = 0;      // dropout stream
   const DropoutPlaces* places = nullptr;

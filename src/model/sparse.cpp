@@ -57,10 +57,16 @@ std::vector<SparseTensor> sparse_tensors(const ParamLayout& layout,
     if (!t.block) continue;
     const Place pl = place_of(t.name);
     const int rows = static_cast<int>(t.shape[0]);
-    out.push_back({&t, &(patterns.at(layer_of(t.name)).*pl.pattern), pl.part * t.kept_blocks,
+    const int layer = layer_of(t.name);
+    out.push_back({&t, &(patterns.at(layer).*pl.pattern), layer, pl.part * t.kept_blocks,
                    pl.part * rows / t.block});
   }
   return out;
+}
+
+std::vector<SparseTensor> sparse_tensors(const ParamLayout& layout,
+                                         const std::vector<LayerPatterns>& patterns) {
+  return sparse_tensors(layout, const_cast<std::vector<LayerPatterns>&>(patterns));
 }
 
 std::vector<LayerPatterns> random_patterns(const ParamLayout& layout, uint64_t seed) {

@@ -18,18 +18,28 @@ struct LayerPatterns {
   kernels::BlockPattern qkv, attn_out, inter, out;
 };
 
+// Per linear layer of a layer: the L1 norm of every block of its dense weight gradient, [rows /
+// block, cols / block] row-major, summed over the backward passes that collected them (what
+// gradient regrow ranks the inactive blocks by).
+struct LayerBlockGrads {
+  std::vector<float> qkv, attn_out, inter, out;
+};
+
 // One block-sparse weight of the layout: its spec, the layer pattern holding it, and its slots
 // [first_slot, first_slot + spec->kept_blocks) there, whose rows lie in [first_row, first_row +
 // rows / block).
 struct SparseTensor {
   const TensorSpec* spec;
   kernels::BlockPattern* pattern;
-  int first_slot = 0, first_row = 0;
+  int layer = 0, first_slot = 0, first_row = 0;
 };
 
 // Every sparse weight of the layout in arena order, pointing into `patterns` (one per layer).
 std::vector<SparseTensor> sparse_tensors(const ParamLayout& layout,
                                          std::vector<LayerPatterns>& patterns);
+// The same for reading only (the patterns are not changed through the result).
+std::vector<SparseTensor> sparse_tensors(const ParamLayout& layout,
+                                         const std::vector<LayerPatterns>& patterns);
 
 // Uniformly random patterns for every layer (each tensor its own draw from `seed`), indexed.
 // Empty when the layout is dense.

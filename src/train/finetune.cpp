@@ -135,8 +135,8 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   const int64_t micros = (static_cast<int64_t>(rows.size()) + step_rows - 1) / step_rows;
   const int64_t per_epoch = (micros + lo.accumulation - 1) / lo.accumulation;
   const int64_t total = per_epoch * o.epochs;
-  PlanRequest plan{m.config(), m.layout().heads(), lo.optimizer.kind,
-                   {},         lo.precision,       lo.optimizer.masters};
+  PlanRequest plan{m.config(),  m.layout().heads(),   lo.optimizer.kind, {},
+                   lo.precision, lo.optimizer.masters, m.layout().sparsity()};
   plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
                              lo.rows_per_batch, omp_get_max_threads());
   const model::Recompute recompute = check_step_fits(plan, lo.recompute, lo.memory_limit);

@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "model/params.h"
+#include "model/sparse.h"
 
 namespace packbert::train {
 
@@ -21,12 +22,19 @@ struct Flops {
   double forward = 0, recompute = 0;
 };
 
-Flops step_flops(const model::BertConfig& c, const model::Heads& h, const model::StepShape& s,
+Flops step_flops(const model::ParamLayout& layout, const model::StepShape& s,
                  const model::Recompute& p) {
-  const double T = static_cast<double>(s.tokens), C = c.hidden_size, I = c.intermediate_size;
+  const model::BertConfig& c = layout.config();
+  const model::Heads& h = layout.heads();
+  const double T = static_cast<double>(s.tokens), C = c.hidden_size;
   const double n = static_cast<double>(s.sequences), M = static_cast<double>(s.masked);
   const double attn_scores = 2.0 * static_cast<double>(s.attention) * C;  // Q Kᵀ, all heads
-  const double layer = 2 * T * C * (3 * C + C + 2 * I) + 2 * attn_scores;
+  // The layer's linear weights as held: C x (3C + C + 2I) dense, their kept blocks when sparse.
+  double weights = 0;
+  for (const model::TensorSpec& t : layout.tensors())
+    if (t.name.rfind("bert.encoder.layer.0.", 0) == 0 && t.shape.size() == 2)
+      weights += static_cast<double>(t.numel);
+  const double layer = 2 * T * weights + 2 * attn_scores;
   Flops f;
   f.forward = c.num_hidden_layers * layer + 2 * n * C * C;
   if (h.pretraining) f.forward += 2 * M * C * (C + c.vocab_size) + 2 * n * C * 2;
@@ -64,7 +72,7 @@ model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads) {
 StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   StepPlan p;
   p.policy = policy;
-  const model::ParamLayout layout(r.config, r.heads);
+  const model::ParamLayout layout(r.config, r.heads, r.sparsity);
   const size_t n = layout.total();
   p.params_bytes = p.grads_bytes = n * sizeof(float);
   // The two moments (LAMB rebuilds its update direction from them: no buffer), and LAMB's two
@@ -80,13 +88,26 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
         n * sizeof(kernels::bf16) + model::fp32_kept_arena(layout).total * sizeof(float);
     p.optimizer_bytes = 2 * n * sizeof(kernels::bf16) + lamb;
   }
-  p.records = model::workspace_records(r.config, r.heads, policy, r.shape, r.precision);
+  // A sparse weight's pattern: each slot's block row and column, and the two indexes over them
+  // (slot, and the other coordinate, per entry), plus their start arrays.
+  if (r.sparsity.on()) {
+    size_t blocks = 0, starts = 0;
+    for (const model::TensorSpec& t : layout.tensors())
+      if (t.block) blocks += static_cast<size_t>(t.kept_blocks);
+    const int B = r.sparsity.block, C = r.config.hidden_size, I = r.config.intermediate_size;
+    starts = static_cast<size_t>(r.config.num_hidden_layers) *
+             ((3 * C + C + I + C) / B + (C + C + C + I) / B + 8);
+    p.params_bytes += (6 * blocks + starts) * sizeof(int32_t);
+  }
+  model::StepShape shape = r.shape;
+  shape.sparse_scratch = model::sparse_scratch_elems(layout, shape.tokens);
+  p.records = model::workspace_records(r.config, r.heads, policy, shape, r.precision);
   for (const model::RecordSize& rec : p.records)
     (rec.storage == model::Storage::activation ? p.activation_bytes : p.workspace_bytes) +=
         rec.bytes();
   p.runtime_bytes = kRuntimeBytes;
   p.total_bytes = p.state_bytes() + p.activation_bytes + p.workspace_bytes + p.runtime_bytes;
-  const Flops f = step_flops(r.config, r.heads, r.shape, policy);
+  const Flops f = step_flops(layout, r.shape, policy);
   p.flops_per_step = 3 * f.forward + f.recompute;
   return p;
 }

@@ -35,6 +35,7 @@ struct PlanRequest {
   model::StepShape shape;
   model::Precision precision = model::Precision::fp32;
   Masters masters = Masters::fp32;
+  model::Sparsity sparsity;  // block-sparse encoder weights (block 0: dense)
 };
 
 StepPlan plan_step(const PlanRequest& request, const model::Recompute& policy);

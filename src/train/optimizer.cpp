@@ -71,6 +71,22 @@ void Optimizer::set_moments(const model::TensorSpec& t, const float* m, const fl
   std::copy_n(vs, n, v_.begin() + static_cast<long>(a - begin_));
 }
 
+void Optimizer::zero_moments(size_t first, size_t n) {
+  const size_t a = std::max(first, begin_), b = std::min(first + n, end_);
+  if (a >= b) return;
+  if (bf16_) {
+    std::fill(m16_.begin() + static_cast<long>(a - begin_),
+              m16_.begin() + static_cast<long>(b - begin_), kernels::bf16{});
+    std::fill(v16_.begin() + static_cast<long>(a - begin_),
+              v16_.begin() + static_cast<long>(b - begin_), kernels::bf16{});
+    return;
+  }
+  std::fill(m_.begin() + static_cast<long>(a - begin_), m_.begin() + static_cast<long>(b - begin_),
+            0.0f);
+  std::fill(v_.begin() + static_cast<long>(a - begin_), v_.begin() + static_cast<long>(b - begin_),
+            0.0f);
+}
+
 namespace {
 
 // A moment in fp32: `wide` itself, or `narrow` widened into `scratch`.

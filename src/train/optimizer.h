@@ -78,6 +78,9 @@ class Optimizer {
   size_t end() const { return end_; }
   // Sets the moments of tensor t (m, v: the whole tensor's) where it lies in this shard.
   void set_moments(const model::TensorSpec& t, const float* m, const float* v);
+  // Zeroes both moments of the arena range [first, first + n) where it lies in this shard (a
+  // regrown block of a sparse weight starts afresh).
+  void zero_moments(size_t first, size_t n);
   int64_t steps() const { return t_; }
   // The moments of [begin(), end()) as held under fp32 masters (empty under bf16 masters).
   std::vector<float>& m() { return m_; }

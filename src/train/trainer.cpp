@@ -3,9 +3,11 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "dist/comm.h"
 #include "error.h"
@@ -36,7 +38,29 @@ model::BertConfig config_of(const io::SafetensorsFile& f) {
 
 }  // namespace
 
-std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads) {
+namespace {
+
+// The block sparsity a packbert checkpoint was trained with (dense for any other file).
+model::Sparsity sparsity_of(const io::SafetensorsFile& f) {
+  auto it = f.metadata().find("packbert");
+  if (it == f.metadata().end()) return {};
+  const json state = json::parse(it->second, nullptr, false);
+  if (state.is_discarded() || !state.contains("sparsity")) return {};
+  const json& sp = state["sparsity"];
+  return {sp.value("block", 0), sp.value("sparsity", 0.0)};
+}
+
+std::string sparsity_text(const model::Sparsity& s) {
+  if (!s.on()) return "dense weights";
+  std::ostringstream out;
+  out << "--block " << s.block << " --sparsity " << s.sparsity;
+  return out.str();
+}
+
+}  // namespace
+
+std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
+                                                    model::Sparsity sparsity) {
   std::unique_ptr<model::BertModel<float>> m;
   if (fs::is_directory(path)) {
     std::ifstream cf(path + "/config.json");
@@ -49,14 +73,28 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
       throw InputError(path + "/config.json: not valid JSON");
     }
     m = std::make_unique<model::BertModel<float>>(
-        model::config_from_json(cj, path + "/config.json"), heads);
+        model::config_from_json(cj, path + "/config.json"), heads, sparsity);
     io::SafetensorsFile f = io::SafetensorsFile::read(path + "/model.safetensors");
-    model::load_weights(m->layout(), m->params().data(), f);
-  } else {
-    io::SafetensorsFile f = io::SafetensorsFile::read(path);
-    m = std::make_unique<model::BertModel<float>>(config_of(f), heads);
-    model::load_weights(m->layout(), m->params().data(), f);
+    model::load_model_weights(*m, f);
+    return m;
   }
+  io::SafetensorsFile f = io::SafetensorsFile::read(path);
+  const model::Sparsity was = sparsity_of(f);
+  if (was.on() && !sparsity.on()) {  // a sparse checkpoint, wanted dense: its dense equivalent
+    model::BertModel<float> sparse(config_of(f), heads, was);
+    model::load_model_weights(sparse, f);
+    m = std::make_unique<model::BertModel<float>>(config_of(f), heads);
+    const model::OwnedTensors dense = model::dense_weight_tensors(sparse, sparse.params().data());
+    float* params = m->params().data();
+    for (const io::TensorToWrite& t : dense.tensors)
+      std::memcpy(params + m->layout().find(t.name)->offset, t.data, t.bytes);
+    return m;
+  }
+  if (was.on() && !(was == sparsity))
+    throw InputError(path + ": was trained with " + sparsity_text(was) + ", not " +
+                     sparsity_text(sparsity) + " (a dense model can be pruned to any pattern)");
+  m = std::make_unique<model::BertModel<float>>(config_of(f), heads, sparsity);
+  model::load_model_weights(*m, f);
   return m;
 }
 
@@ -73,14 +111,17 @@ void write_model_files(const model::BertModel<float>& m, const std::string& dir,
   io::write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
   std::vector<float> widened;  // (under bf16 master weights)
   const float* w = m.weights_fp32(widened);
-  std::vector<io::TensorToWrite> tensors = model::weight_tensors(m.layout(), w);
-  std::vector<kernels::bf16> narrow;
+  // Block-sparse weights go out dense, zeros outside their pattern: loadable anywhere.
+  model::OwnedTensors out = model::dense_weight_tensors(m, w);
+  std::vector<io::TensorToWrite>& tensors = out.tensors;
+  std::vector<std::vector<kernels::bf16>> narrow;
   if (bf16) {
-    narrow.resize(m.layout().total());
-    kernels::to_bf16(narrow.data(), w, static_cast<int64_t>(narrow.size()));
+    narrow.reserve(tensors.size());
     for (io::TensorToWrite& t : tensors) {
-      const size_t offset = static_cast<size_t>(static_cast<const float*>(t.data) - w);
-      t.dtype = "BF16", t.data = narrow.data() + offset, t.bytes /= 2;
+      const float* src = static_cast<const float*>(t.data);
+      narrow.emplace_back(t.bytes / sizeof(float));
+      kernels::to_bf16(narrow.back().data(), src, static_cast<int64_t>(narrow.back().size()));
+      t.dtype = "BF16", t.data = narrow.back().data(), t.bytes /= 2;
     }
   }
   io::write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
@@ -140,6 +181,8 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
                                       {"precision", model::precision_name(opt_.loop.precision)},
                                       {"master_weights", masters_name(opt_.loop.optimizer.masters)},
                                       {"zero", opt_.loop.zero},
+                                      {"sparsity", sparsity_text(opt_.sparse.sparsity)},
+                                      {"regrow", regrow_name(opt_.sparse.regrow)},
                                       {"max_steps", opt_.max_steps}}
                                      .dump()}};
   const std::vector<std::string> all = comm_.allgather(mine.dump());
@@ -174,6 +217,17 @@ void Trainer::setup(bool resume) {
                       "is a one-process baseline (its padding is laid out after every real token "
                       "of the batch, which cannot be split across processes): run it without "
                       "mpirun");
+  if (opt_.sparse.sparsity.on()) {
+    if (lo.precision != model::Precision::fp32)
+      throw OptionError("sparsity", "trains in fp32 only (the block-sparse kernels have no bf16 "
+                                    "path yet): drop --precision bf16");
+    if (!(opt_.sparse.prune_ratio >= 0 && opt_.sparse.prune_ratio <= 1))
+      throw OptionError("prune_ratio", "must be in [0, 1]");
+    if (opt_.sparse.regrow == Regrow::gradient && comm_.distributed())
+      throw OptionError("regrow",
+                        "gradient ranks blocks by the whole step's dense gradient, which one "
+                        "process of several does not have: use random under mpirun");
+  }
   if (opt_.out_dir.empty()) throw OptionError("out_dir", "is required");
   if (comm_.root()) {  // rank 0 alone writes into out_dir
     io::make_output_dir(opt_.out_dir, "--out");
@@ -236,18 +290,24 @@ void Trainer::setup(bool resume) {
       throw InputError(checkpoint_path() + ": was trained with --master-weights " + masters +
                        "; resume needs the same (bit-exact resume), not " +
                        masters_name(lo.optimizer.masters));
-    model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads);
-    model::load_weights(model_->layout(), model_->params().data(), *ckpt);
+    const model::Sparsity was = sparsity_of(*ckpt);
+    if (!(was == opt_.sparse.sparsity))
+      throw InputError(checkpoint_path() + ": was trained with " + sparsity_text(was) +
+                       "; resume needs the same, not " + sparsity_text(opt_.sparse.sparsity));
+    model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads, was);
+    model::load_model_weights(*model_, *ckpt);
+    train_flops_ = state.value("train_flops", 0.0);
   } else if (!opt_.init.empty()) {
     io::AllocationScope scope("the model loaded from " + opt_.init);
-    model_ = load_model(opt_.init, heads);
+    model_ = load_model(opt_.init, heads, opt_.sparse.sparsity);
   } else {
     model::BertConfig c = model::bert_preset(opt_.preset);
     c.vocab_size = seqs_.vocab_size;
     c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
     io::AllocationScope scope("the parameters and gradients of bert-" + opt_.preset);
-    model_ = std::make_unique<model::BertModel<float>>(c, heads);
+    model_ = std::make_unique<model::BertModel<float>>(c, heads, opt_.sparse.sparsity);
     model::init_params(model_->layout(), model_->params().data(), lo.seed);
+    model_->init_patterns(lo.seed);
   }
   const model::BertConfig& c = model_->config();
   if (c.vocab_size != seqs_.vocab_size)
@@ -271,7 +331,8 @@ void Trainer::setup(bool resume) {
   {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
-    PlanRequest plan{c, heads, oc.kind, {}, lo.precision, lo.optimizer.masters};
+    PlanRequest plan{c,  heads, oc.kind, {}, lo.precision, lo.optimizer.masters,
+                     opt_.sparse.sparsity};
     int64_t rows = lo.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
@@ -284,7 +345,12 @@ void Trainer::setup(bool resume) {
     plan.shape.masked = (tokens + 4) / 5;
     recompute_ = check_step_fits(plan, lo.recompute, lo.memory_limit);
   }
-  stepper_ = std::make_unique<Stepper>(*model_, lo, oc, accumulation_, recompute_, comm_);
+  // Sparse training's learning rate: scaled as the sparsity needs (Graphcore's eta(s)).
+  LoopOptions stepped = lo;
+  if (opt_.sparse.sparsity.on())
+    stepped.lr *= opt_.sparse.lr_scale > 0 ? opt_.sparse.lr_scale
+                                           : sparse_lr_scale(opt_.sparse.sparsity.sparsity);
+  stepper_ = std::make_unique<Stepper>(*model_, stepped, oc, accumulation_, recompute_, comm_);
 
   // Held out: the documents the file records as held out, else the file's last sequences;
   // evaluated one per row without dropout, the same sequences whether training is packed or
@@ -329,9 +395,11 @@ void Trainer::setup(bool resume) {
   // The moments and step count of a training checkpoint: this run's own (resume), or the one
   // --init names (carried into a new phase).
   auto load_optimizer = [&](const io::SafetensorsFile& f, const json& st) {
-    for (const model::TensorSpec& t : model_->layout().tensors())  // (this rank's shard of each)
-      stepper_->optimizer().set_moments(t, f.floats("optimizer.m." + t.name, &t.shape).data(),
-                                        f.floats("optimizer.v." + t.name, &t.shape).data());
+    for (const model::TensorSpec& t : model_->layout().tensors()) {  // (this rank's shard of each)
+      const std::vector<int64_t> shape = t.stored_shape();
+      stepper_->optimizer().set_moments(t, f.floats("optimizer.m." + t.name, &shape).data(),
+                                        f.floats("optimizer.v." + t.name, &shape).data());
+    }
     stepper_->optimizer().set_steps(st.at("optimizer_steps").get<int64_t>());
   };
   if (!resume && opt_.carry_optimizer) {
@@ -399,6 +467,8 @@ void Trainer::save_checkpoint() {
   auto vt = model::weight_tensors(L, v, "optimizer.v.");
   tensors.insert(tensors.end(), mt.begin(), mt.end());
   tensors.insert(tensors.end(), vt.begin(), vt.end());
+  const model::OwnedTensors patterns = model::pattern_tensors(*model_);
+  tensors.insert(tensors.end(), patterns.tensors.begin(), patterns.tensors.end());
   const GradNormGuard& guard = stepper_->guard();
   json state = {{"format", "packbert.checkpoint"},
                 {"version", 1},
@@ -418,7 +488,14 @@ void Trainer::save_checkpoint() {
                 {"elapsed", elapsed_},
                 {"recent_grad_norms", guard.recent},
                 {"accepted_steps", guard.accepted},
-                {"outlier_skips", stepper_->outlier_skips()}};
+                {"outlier_skips", stepper_->outlier_skips()},
+                {"train_flops", train_flops_}};
+  if (opt_.sparse.sparsity.on())
+    state["sparsity"] = {{"block", opt_.sparse.sparsity.block},
+                         {"sparsity", opt_.sparse.sparsity.sparsity},
+                         {"prune_ratio", opt_.sparse.prune_ratio},
+                         {"updates", opt_.sparse.updates_or_default()},
+                         {"regrow", regrow_name(opt_.sparse.regrow)}};
   io::write_safetensors(
       checkpoint_path(), tensors,
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
@@ -469,6 +546,8 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
   }
   new_log_ = false;
+  const double flops_per_token = nonembedding_flops_per_token(model_->layout());
+  const uint64_t lo_seed = opt_.loop.seed;  // regrowth's stream
   int64_t evaluated_at = -1;
   bool reached = false;  // an evaluation met opt_.target_accuracy (rank 0's verdict)
   auto do_eval = [&] {
@@ -517,8 +596,19 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
       break;
     }
     const double t0 = now_seconds();
+    // A step that ends with a pattern update under gradient regrow collects the dense gradient's
+    // block norms on the way.
+    const bool update = is_update_step(opt_.sparse, step_ + 1, opt_.max_steps);
+    if (update && opt_.sparse.regrow == Regrow::gradient) model_->collect_block_grads(true);
     const StepResult r = stepper_->step(
         step_, opt_.max_steps, [&] { return loader_->next(); }, no_checkpoint());
+    UpdateStats moved;
+    if (update) {
+      moved = update_patterns(*model_, stepper_->optimizer(), opt_.sparse, step_ + 1,
+                              opt_.max_steps, lo_seed);
+      model_->collect_block_grads(false);
+    }
+    train_flops_ += flops_per_token * static_cast<double>(r.real_tokens);
     StepMetrics s;
     s.step = step_ + 1;
     s.mlm_loss = r.mlm_loss, s.nsp_loss = r.nsp_loss, s.loss = r.loss();
@@ -530,6 +620,8 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     s.real_tokens = r.real_tokens, s.sequences = r.sequences;
     s.skipped = r.skipped, s.skip_reason = r.skip_reason;
     s.imbalance = r.imbalance, s.comm_seconds = r.comm_seconds;
+    s.train_flops = train_flops_;
+    s.pattern_update = update, s.blocks_moved = moved.moved, s.churn = moved.churn();
     cursor_ = loader_->cursor();
     ++step_;
     s.seconds = now_seconds() - t0;
@@ -551,7 +643,12 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                 {"elapsed", s.elapsed},
                 {"skipped", s.skipped},
                 {"skip_reason", s.skip_reason},
-                {"outlier_skips", stepper_->outlier_skips()}};
+                {"outlier_skips", stepper_->outlier_skips()},
+                {"train_flops", s.train_flops}};
+      if (s.pattern_update) {
+        line["blocks_moved"] = s.blocks_moved;
+        line["churn"] = s.churn;
+      }
       if (comm_.distributed()) {
         line["processes"] = comm_.size();
         line["imbalance"] = s.imbalance;

@@ -15,6 +15,7 @@
 #include "train/loader.h"
 #include "train/loop.h"
 #include "train/optimizer.h"
+#include "train/sparsity.h"
 
 namespace packbert::train {
 
@@ -31,6 +32,7 @@ struct PretrainOptions {
   bool carry_optimizer = false;
   std::string preset = "mini";          // model shape when not initialised from a checkpoint
   LoopOptions loop;                     // optimizer, schedule, batch, precision, recompute, ZeRO
+  SparseOptions sparse;                 // block-sparse encoder weights (train/sparsity.h)
   std::string packing_adjust = "none";  // none | ga | beta (Graphcore)
   int64_t max_steps = 100;
   int64_t checkpoint_every = 0;  // 0 = only at the end (and on stop)
@@ -62,6 +64,13 @@ struct StepMetrics {
   // Under mpirun: the most real tokens one process computed over the mean, and the seconds spent
   // waiting on collectives outside backward.
   double imbalance = 1, comm_seconds = 0;
+  // Training FLOPs of the encoder's linear layers so far (nonembedding_flops_per_token x real
+  // tokens, summed over resumed runs), and, after a step that updated the sparse patterns, the
+  // blocks it moved and their share of all kept blocks.
+  double train_flops = 0;
+  bool pattern_update = false;
+  int64_t blocks_moved = 0;
+  double churn = 0;
 };
 
 struct EvalMetrics {
@@ -131,11 +140,16 @@ class Trainer {
   double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included
   int64_t saved_step_ = -1;
   bool new_log_ = false;  // run() replaces metrics.jsonl (a new run) instead of appending
+  double train_flops_ = 0;  // the encoder's linear-layer training FLOPs so far (resumes too)
 };
 
 // Loads model weights from an HF-layout directory (config.json + model.safetensors) or a
-// packbert checkpoint file; throws InputError naming what is missing or mismatched.
-std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads);
+// packbert checkpoint file; throws InputError naming what is missing or mismatched. With
+// `sparsity` on, dense weights are pruned to their largest blocks (L1) and a block-sparse
+// checkpoint must have the same block and sparsity; without, a block-sparse checkpoint loads as
+// its dense equivalent (zeros outside the pattern).
+std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
+                                                    model::Sparsity sparsity = {});
 
 // Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
 // into an existing directory (each file atomically). The architecture follows the model's head:
