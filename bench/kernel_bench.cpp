@@ -1,5 +1,6 @@
 // Google Benchmark microbenchmarks: one line per kernel at BERT-base shapes (T = 512 real
-// tokens, C = 768, 12 heads, I = 3072), forward and backward; a `_bf16` row for each kernel whose
+// tokens, C = 768, 12 heads, I = 3072), forward and backward (the FFN up-projection also
+// block-sparse, per block size); a `_bf16` row for each kernel whose
 // `--precision bf16` path differs (skipped, saying why, on a CPU without bf16 instructions), and
 // the optimizer's update pass per master-weights setting. `build/kernel_bench`; the context
 // lines name the CPU and the instruction sets it has.
@@ -13,6 +14,7 @@
 #include "kernels/cpu.h"
 #include "kernels/dropout.h"
 #include "kernels/layers.h"
+#include "kernels/sparse.h"
 #include "train/optimizer.h"
 
 using namespace packbert::kernels;
@@ -72,6 +74,25 @@ void BM_linear_ffn(benchmark::State& s) {
   }
   s.counters["GFLOP/s"] =
       benchmark::Counter(6.0 * T * C * I * s.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
+// The FFN up-projection block-sparse at s = 0.9 (Arg: the block size), forward and both
+// backward products: compare with BM_linear_ffn (dense, same shape); bench/sparse_bench.cpp times
+// the two interleaved.
+void BM_sparse_linear_ffn(benchmark::State& s) {
+  const int B = static_cast<int>(s.range(0));
+  const BlockPattern p = random_block_pattern(I, C, B, blocks_kept(I, C, B, 0.9), 1);
+  auto x = randn(T * C), values = randn(p.values_size(), 0.02f), b = randn(I), out = randn(T * I),
+       dx = randn(T * C), dv = randn(p.values_size()), db = randn(I);
+  std::vector<float> scratch(sparse_linear_scratch(p, T));
+  for (auto _ : s) {
+    sparse_linear_forward(out.data(), x.data(), p, values.data(), b.data(), T, scratch.data());
+    sparse_linear_backward(dx.data(), dv.data(), db.data(), out.data(), x.data(), p, values.data(),
+                           T, scratch.data());
+  }
+  s.counters["GFLOP/s"] =
+      benchmark::Counter(6.0 * T * static_cast<double>(p.values_size()) * s.iterations() * 1e-9,
+                         benchmark::Counter::kIsRate);
 }
 
 void BM_attention(benchmark::State& s) {
@@ -229,6 +250,7 @@ void BM_lamb_update(benchmark::State& s) {
 BENCHMARK(BM_layernorm)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_gelu)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_linear_ffn)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_sparse_linear_ffn)->Arg(16)->Arg(8)->Arg(4)->Arg(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention)->Arg(512)->Arg(128)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_embedding)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_cross_entropy_mlm)->Unit(benchmark::kMillisecond);

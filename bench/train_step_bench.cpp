@@ -83,7 +83,16 @@ int main(int argc, char** argv) {
                "Also run a LAMB update after each backward (its state counts in the plan)");
   app.add_option("--precision", precision_text, "fp32 or bf16 (bf16 GEMM operands)")
       ->capture_default_str();
+  model::Sparsity sparsity;
+  app.add_option("--sparsity", sparsity.sparsity,
+                 "Block-sparse encoder weights: the fraction of blocks that are zero (0 = dense)")
+      ->check(CLI::Range(0.0, 0.999));
+  int block = 16;
+  app.add_option("--block", block, "Block size of the sparse weights")
+      ->check(CLI::IsMember({1, 4, 8, 16}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (sparsity.sparsity > 0) sparsity.block = block;
 
   std::vector<int> lengths;
   std::stringstream ss(lengths_text);
@@ -106,9 +115,12 @@ int main(int argc, char** argv) {
     policy = model::parse_recompute(recompute);
     std::optional<double> limit;
     if (!memory_limit.empty()) limit = train::parse_bytes(memory_limit, "--memory-limit");
+    if (sparsity.on() && precision != model::Precision::fp32)
+      throw InputError("--sparsity runs in fp32 only");
     train::PlanRequest req;
     req.config = c;
     req.precision = precision;
+    req.sparsity = sparsity;
     int64_t tokens = 0, sum_sq = 0, longest = 0;
     for (const int64_t L : lengths) tokens += L, sum_sq += L * L, longest = std::max(longest, L);
     req.shape = train::uniform_shape(tokens, 1, omp_get_max_threads());
@@ -161,8 +173,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  model::BertModel<float> m(c, model::Heads{});
+  model::BertModel<float> m(c, model::Heads{}, sparsity);
   model::init_params(m.layout(), m.params().data(), 1);
+  m.init_patterns(1);
   std::optional<train::Optimizer> optimizer;
   if (optimizer_step) optimizer.emplace(m.layout(), train::OptimizerConfig{});
   double rate = peak_gflops<float>();
@@ -190,12 +203,16 @@ int main(int argc, char** argv) {
       gemm_share.push_back(kernels::gemm_counters().seconds / dt);
     }
   }
-  // Model FLOPs of one step (forward x 3): every matmul of the model, attention included.
-  const double C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, T = real_tokens;
-  double att = 0;
+  // Model FLOPs of one step (forward x 3): every matmul of the model, attention included; a
+  // sparse layer's kept blocks only.
+  const double C = c.hidden_size, V = c.vocab_size, T = real_tokens;
+  double att = 0, layer_weights = 0;
   for (int l : lengths) att += 2.0 * 2.0 * static_cast<double>(l) * l * C;
-  double fwd = c.num_hidden_layers * (2 * T * C * (3 * C + C + 2 * I) + att) +
-               2.0 * masked * C * (C + V) + 2.0 * static_cast<double>(lengths.size()) * C * (C + 2);
+  for (const model::TensorSpec& t : m.layout().tensors())
+    if (t.name.rfind("bert.encoder.layer.0.", 0) == 0 && t.shape.size() == 2)
+      layer_weights += static_cast<double>(t.numel);
+  double fwd = c.num_hidden_layers * (2 * T * layer_weights + att) + 2.0 * masked * C * (C + V) +
+               2.0 * static_cast<double>(lengths.size()) * C * (C + 2);
   flops = 3 * fwd;
   std::sort(times.begin(), times.end());
   std::sort(gemm_share.begin(), gemm_share.end());
@@ -213,6 +230,8 @@ int main(int argc, char** argv) {
                         {"model_gflops", flops / t * 1e-9},
                         {"sgemm_gflops", rate},
                         {"precision", model::precision_name(precision)},
+                        {"sparsity", sparsity.sparsity},
+                        {"block", sparsity.block},
                         {"bf16_matmul_gflops", rate16},
                         {"cpu", kernels::cpu_features().model},
                         {"isa", kernels::cpu_features().isa()},

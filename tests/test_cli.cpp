@@ -353,6 +353,35 @@ TEST_F(Cli, MasterWeightsArePlannedAndCheckedAgainstTheOtherFlags) {
   }
 }
 
+// Block sparsity shrinks what plan counts for weights, gradients and moments by about the kept
+// share, and its flags are checked before any work (one line, exit 2).
+TEST_F(Cli, SparseFlagsArePlannedAndChecked) {
+  auto state = [&](const std::string& flags) {
+    Result r = run("plan --preset base --tokens 2048 --sequences 4 --json " + flags);
+    EXPECT_EQ(r.code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    return j.at("params_bytes").get<double>() + j.at("optimizer_bytes").get<double>();
+  };
+  const double dense = state(""), sparse = state("--sparsity 0.9 --block 16");
+  // BERT-base's encoder linear weights are 85M of its 110M parameters: 10% of them remain.
+  EXPECT_LT(sparse / dense, 0.35);
+  EXPECT_GT(sparse / dense, 0.25);
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {"pretrain --data x.seqs --out run --sparsity 0.9 --block 3", "--block: 3 not in {1,4,8,16}"},
+      {"pretrain --data x.seqs --out run --sparsity 0.9 --sparse-lr-scale fast",
+       "--sparse-lr-scale"},
+      {"pretrain --data x.seqs --out run --sparsity 1.5", "--sparsity"}};
+  if (packbert::kernels::bf16_unavailable_reason().empty())
+    cases.push_back({"pretrain --data x.seqs --out run --sparsity 0.9 --precision bf16",
+                     "--sparsity trains in fp32 only"});
+  for (const auto& [args, needle] : cases) {
+    Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 // `cmake --install` gives a binary that finds its vocabulary next to itself, wherever the
 // prefix is moved, without the source tree's copy (--help says where it was found).
 TEST_F(Cli, InstalledBinaryFindsItsVocabularyWhereverThePrefixMoves) {

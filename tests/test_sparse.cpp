@@ -13,6 +13,7 @@
 #include "kernels/sparse.h"
 #include "model/bert.h"
 #include "model_batches.h"
+#include "train/sparsity.h"
 
 namespace packbert::kernels {
 namespace {
@@ -329,6 +330,147 @@ TEST(SparseModel, GradientsAreBitwiseIdenticalUnderEveryRecomputePolicy) {
     const auto [loss, grads] = run(policy);
     EXPECT_EQ(loss, loss0) << policy;
     EXPECT_EQ(grads, grads0) << policy;
+  }
+}
+
+// A model with random values in every weight and an AdamW optimizer whose moments are all 1.
+struct UpdateFixture {
+  BertModel<float> m;
+  train::Optimizer opt;
+  explicit UpdateFixture(int block)
+      : m(small_config(), Heads{}, Sparsity{block, 0.5}),
+        opt(m.layout(), train::OptimizerConfig{train::OptimizerKind::adamw}) {
+    init_params(m.layout(), m.params().data(), 4);
+    m.init_patterns(9);
+    for (const TensorSpec& t : m.layout().tensors()) {
+      const std::vector<float> ones(t.numel, 1.0f);
+      opt.set_moments(t, ones.data(), ones.data());
+    }
+  }
+};
+
+std::vector<std::vector<int32_t>> all_slots(BertModel<float>& m) {
+  std::vector<std::vector<int32_t>> out;
+  for (const SparseTensor& t : m.sparse_tensors()) {
+    std::vector<int32_t> r, c;
+    tensor_slots(t, r, c);
+    out.push_back(r);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// One update keeps every weight's block count, prunes exactly round(pr * kept) slots, those of
+// smallest L1 norm, moves them to blocks that were not active before, zeroes their values and
+// moments and leaves every other slot as it was; the same seed moves the same blocks.
+TEST(SparseUpdate, PrunesTheSmallestRegrowsOnlyInactiveBlocksAndZeroesThem) {
+  for (const int B : {1, 4, 8}) {
+    UpdateFixture f(B);
+    const std::vector<float> before = f.m.params();
+    const auto slots_before = all_slots(f.m);
+    train::SparseOptions o;
+    o.sparsity = {B, 0.5};
+    const double pr = train::prune_fraction(o, 3, 10);
+    const train::UpdateStats stats = train::update_patterns(f.m, f.opt, o, 3, 10, 77);
+    const auto slots_after = all_slots(f.m);
+    int64_t moved_total = 0, t_index = 0;
+    for (const SparseTensor& t : f.m.sparse_tensors()) {
+      const int kept = t.spec->kept_blocks, BB = B * B;
+      const auto& r0 = slots_before[2 * t_index];
+      const auto& c0 = slots_before[2 * t_index + 1];
+      const auto& r1 = slots_after[2 * t_index];
+      const auto& c1 = slots_after[2 * t_index + 1];
+      ++t_index;
+      ASSERT_EQ(static_cast<int>(r1.size()), kept);
+      std::set<std::pair<int, int>> old_blocks, new_blocks;
+      for (int j = 0; j < kept; ++j) old_blocks.insert({r0[j], c0[j]});
+      for (int j = 0; j < kept; ++j) new_blocks.insert({r1[j], c1[j]});
+      EXPECT_EQ(static_cast<int>(new_blocks.size()), kept) << t.spec->name << ": a block twice";
+      auto l1 = [&](int j) {
+        double s = 0;
+        for (int e = 0; e < BB; ++e) s += std::abs(before[t.spec->offset + j * BB + e]);
+        return s;
+      };
+      double max_pruned = 0, min_kept = 1e300;
+      int moved = 0;
+      for (int j = 0; j < kept; ++j) {
+        const size_t at = t.spec->offset + static_cast<size_t>(j) * BB;
+        if (r0[j] == r1[j] && c0[j] == c1[j]) {
+          min_kept = std::min(min_kept, l1(j));
+          for (int e = 0; e < BB; ++e) {
+            EXPECT_EQ(f.m.params()[at + e], before[at + e]);
+            EXPECT_EQ(f.opt.m()[at + e], 1.0f);
+          }
+          continue;
+        }
+        ++moved;
+        max_pruned = std::max(max_pruned, l1(j));
+        EXPECT_EQ(old_blocks.count({r1[j], c1[j]}), 0u)
+            << t.spec->name << ": regrew a block active before the update";
+        for (int e = 0; e < BB; ++e) {
+          EXPECT_EQ(f.m.params()[at + e], 0.0f);
+          EXPECT_EQ(f.opt.m()[at + e], 0.0f);
+          EXPECT_EQ(f.opt.v()[at + e], 0.0f);
+        }
+      }
+      EXPECT_EQ(moved, static_cast<int>(std::llround(pr * kept))) << t.spec->name;
+      EXPECT_LE(max_pruned, min_kept) << t.spec->name << ": pruned a larger block than it kept";
+      moved_total += moved;
+    }
+    EXPECT_EQ(stats.moved, moved_total);
+    EXPECT_GT(moved_total, 0);
+
+    UpdateFixture again(B), other(B);
+    train::update_patterns(again.m, again.opt, o, 3, 10, 77);
+    train::update_patterns(other.m, other.opt, o, 3, 10, 78);
+    EXPECT_EQ(all_slots(again.m), slots_after) << "B=" << B << ": same seed, other blocks";
+    EXPECT_NE(all_slots(other.m), slots_after) << "B=" << B << ": other seed, same blocks";
+  }
+}
+
+// Gradient regrow takes, among the blocks not active before, those where the step's dense weight
+// gradient has the largest L1 norm.
+TEST(SparseUpdate, GradientRegrowTakesTheLargestDenseGradientBlocks) {
+  UpdateFixture f(4);
+  const PackedBatch b = make_batch({{9, 3, 12}, {20}}, 25, small_config().vocab_size, 6);
+  f.m.collect_block_grads(true);
+  f.m.zero_grads();
+  f.m.forward(b, {true, 41, 3, {}});
+  f.m.backward();
+  const auto slots_before = all_slots(f.m);
+  train::SparseOptions o;
+  o.sparsity = {4, 0.5};
+  o.regrow = train::Regrow::gradient;
+  train::update_patterns(f.m, f.opt, o, 1, 10, 5);
+  const auto slots_after = all_slots(f.m);
+  int64_t t_index = 0;
+  for (const SparseTensor& t : f.m.sparse_tensors()) {
+    const auto& r0 = slots_before[2 * t_index];
+    const auto& c0 = slots_before[2 * t_index + 1];
+    const auto& r1 = slots_after[2 * t_index];
+    const auto& c1 = slots_after[2 * t_index + 1];
+    ++t_index;
+    const LayerBlockGrads& g = f.m.block_grads()[t.layer];
+    const LayerPatterns& lp = f.m.patterns()[t.layer];
+    const std::vector<float>& norms = t.pattern == &lp.qkv        ? g.qkv
+                                      : t.pattern == &lp.attn_out ? g.attn_out
+                                      : t.pattern == &lp.inter    ? g.inter
+                                                                  : g.out;
+    const int Cb = static_cast<int>(t.spec->shape[1]) / 4;
+    auto norm = [&](int r, int c) { return norms[static_cast<size_t>(r + t.first_row) * Cb + c]; };
+    std::set<std::pair<int, int>> old_blocks, grown;
+    for (size_t j = 0; j < r0.size(); ++j) old_blocks.insert({r0[j], c0[j]});
+    for (size_t j = 0; j < r1.size(); ++j)
+      if (!old_blocks.count({r1[j], c1[j]})) grown.insert({r1[j], c1[j]});
+    ASSERT_FALSE(grown.empty()) << t.spec->name;
+    float least_grown = 1e30f;
+    for (auto [r, c] : grown) least_grown = std::min(least_grown, norm(r, c));
+    EXPECT_GT(least_grown, 0.0f) << t.spec->name << ": the norms were not collected";
+    for (int r = 0; r < static_cast<int>(t.spec->shape[0]) / 4; ++r)
+      for (int c = 0; c < Cb; ++c)
+        if (!old_blocks.count({r, c}) && !grown.count({r, c})) {
+          EXPECT_LE(norm(r, c), least_grown) << t.spec->name << ": passed over a larger block";
+        }
   }
 }
 

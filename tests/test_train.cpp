@@ -161,8 +161,13 @@ TEST(Optimizer, SmallUpdatesSurviveStochasticRoundingAndVanishToNearest) {
 // What plan counts for weights and optimizer state is what the engine holds under bf16 masters; for
 // BERT-base that is at most 0.55x of fp32 masters (with their bf16 copy, at the same precision).
 TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
-  PlanRequest r{model::bert_preset("tiny"), model::Heads{}, OptimizerKind::lamb, {},
-                model::Precision::bf16,     Masters::bf16,  {}};
+  PlanRequest r{model::bert_preset("tiny"),
+                model::Heads{},
+                OptimizerKind::lamb,
+                {},
+                model::Precision::bf16,
+                Masters::bf16,
+                {}};
   r.config.vocab_size = 2000;
   r.shape = uniform_shape(64, 2, 1);
   const StepPlan plan = plan_step(r, model::Recompute{});
@@ -178,8 +183,13 @@ TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
   EXPECT_EQ(plan_step(r, model::Recompute{}).optimizer_bytes,
             Optimizer(m.layout(), OptimizerConfig{}).state_bytes());
 
-  PlanRequest base{model::bert_preset("base"), model::Heads{}, OptimizerKind::lamb, {},
-                   model::Precision::bf16,     Masters::bf16,  {}};
+  PlanRequest base{model::bert_preset("base"),
+                   model::Heads{},
+                   OptimizerKind::lamb,
+                   {},
+                   model::Precision::bf16,
+                   Masters::bf16,
+                   {}};
   base.shape = uniform_shape(2048, 4, 1);
   const StepPlan b16 = plan_step(base, model::Recompute{});
   base.masters = Masters::fp32;
@@ -320,11 +330,13 @@ std::vector<double> losses_of(Trainer& t, int64_t stop_after,
 // Steps 1..5 run, but only the step-3 checkpoint survives (as after kill -9); resuming it must
 // retrace the uninterrupted run exactly: losses and every weight.
 void check_killed_run_resumes_bit_exactly(model::Precision precision,
-                                          Masters masters = Masters::fp32) {
+                                          Masters masters = Masters::fp32,
+                                          const std::function<void(PretrainOptions&)>& tweak = {}) {
   World w;
   PretrainOptions o = w.options("full");
   o.loop.precision = precision;
   o.loop.optimizer.masters = masters;
+  if (tweak) tweak(o);
   Trainer full(o, false);
   std::vector<double> reference = losses_of(full, 8);
   ASSERT_EQ(reference.size(), 8u);
@@ -332,6 +344,7 @@ void check_killed_run_resumes_bit_exactly(model::Precision precision,
   PretrainOptions p = w.options("killed");
   p.loop.precision = precision;
   p.loop.optimizer.masters = masters;
+  if (tweak) tweak(p);
   std::string saved = (w.dir / "step3.safetensors").string();
   {
     Trainer t(p, false);
@@ -354,10 +367,98 @@ void check_killed_run_resumes_bit_exactly(model::Precision precision,
   EXPECT_TRUE(std::equal(weights, weights + n, full.model().weights_fp32(b)));
   const float* moment = resumed.optimizer().v_fp32(a);
   EXPECT_TRUE(std::equal(moment, moment + n, full.optimizer().v_fp32(b)));
+  const auto& pr = resumed.model().patterns();
+  const auto& pf = full.model().patterns();
+  ASSERT_EQ(pr.size(), pf.size());
+  for (size_t l = 0; l < pr.size(); ++l) {
+    EXPECT_EQ(pr[l].qkv.slot_row, pf[l].qkv.slot_row) << "layer " << l;
+    EXPECT_EQ(pr[l].qkv.slot_col, pf[l].qkv.slot_col) << "layer " << l;
+    EXPECT_EQ(pr[l].inter.slot_col, pf[l].inter.slot_col) << "layer " << l;
+    EXPECT_EQ(pr[l].out.slot_row, pf[l].out.slot_row) << "layer " << l;
+  }
 }
 
 TEST(Trainer, KilledRunResumesBitExactly) {
   check_killed_run_resumes_bit_exactly(model::Precision::fp32);
+}
+
+// Block-sparse training with pattern updates at steps 2, 4 and 6 (around the step-3 checkpoint):
+// the checkpoint holds the patterns, and the regrowth draws are keyed by (seed, step, tensor), so
+// the resumed run moves the same blocks (random and gradient regrow). Resuming with another
+// sparsity is refused.
+TEST(Trainer, KilledSparseRunResumesBitExactly) {
+  for (const Regrow regrow : {Regrow::random, Regrow::gradient})
+    check_killed_run_resumes_bit_exactly(model::Precision::fp32, Masters::fp32,
+                                         [regrow](PretrainOptions& o) {
+                                           o.sparse.sparsity = {8, 0.5};
+                                           o.sparse.updates = 4;
+                                           o.sparse.regrow = regrow;
+                                         });
+  World w;
+  PretrainOptions o = w.options("switch");
+  o.sparse.sparsity = {8, 0.5};
+  o.max_steps = 2;
+  {
+    Trainer t(o, false);
+    losses_of(t, 2);
+  }
+  o.sparse.sparsity = {4, 0.5};
+  o.max_steps = 4;
+  try {
+    Trainer t(o, true);
+    FAIL() << "resumed a --block 8 checkpoint with --block 4";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained with --block 8 --sparsity 0.5"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A sparse run started from a dense model keeps each weight's blocks of largest L1 norm; its
+// export is dense (zeros outside the pattern) and loads anywhere as those weights; loading its
+// checkpoint without sparsity gives the same dense weights.
+TEST(Trainer, SparseRunPrunesItsDenseInitAndExportsDense) {
+  World w;
+  PretrainOptions o = w.options("sparse");
+  o.sparse.sparsity = {4, 0.75};
+  o.max_steps = 2;
+  Trainer t(o, false);
+  auto dense_init = load_model(w.init, model::Heads{});
+  for (const model::SparseTensor& st : t.model().sparse_tensors()) {
+    const model::TensorSpec* d = dense_init->layout().find(st.spec->name);
+    const float* init_w = dense_init->params().data() + d->offset;
+    const int rows = static_cast<int>(st.spec->shape[0]),
+              cols = static_cast<int>(st.spec->shape[1]);
+    const kernels::BlockPattern top =
+        kernels::top_blocks_by_l1(init_w, rows, cols, 4, st.spec->kept_blocks);
+    std::vector<int32_t> r, c;
+    model::tensor_slots(st, r, c);
+    EXPECT_EQ(r, top.slot_row) << st.spec->name;
+    EXPECT_EQ(c, top.slot_col) << st.spec->name;
+    const std::vector<float> kept =
+        model::dense_weight(st, t.model().params().data() + st.spec->offset);
+    for (int64_t i = 0; i < rows * cols; ++i)
+      if (kept[i] != 0.0f) {
+        EXPECT_EQ(kept[i], init_w[i]) << st.spec->name << "[" << i << "]";
+      }
+  }
+  std::atomic<bool> stop{false};
+  t.run(stop, {}, {});
+  const std::string out = (w.dir / "exported").string();
+  export_model(t.model(), out, w.vocab);
+  auto exported = load_model(out, model::Heads{});
+  auto from_checkpoint = load_model(t.checkpoint_path(), model::Heads{});
+  EXPECT_EQ(exported->params(), from_checkpoint->params());
+  for (const model::SparseTensor& st : t.model().sparse_tensors()) {
+    const std::vector<float> dense =
+        model::dense_weight(st, t.model().params().data() + st.spec->offset);
+    const float* got = exported->params().data() + exported->layout().find(st.spec->name)->offset;
+    EXPECT_TRUE(std::equal(dense.begin(), dense.end(), got)) << st.spec->name;
+    int64_t zeros = 0;
+    for (float v : dense) zeros += v == 0.0f;
+    EXPECT_GE(zeros, static_cast<int64_t>(0.75 * static_cast<double>(dense.size())))
+        << st.spec->name;
+  }
 }
 
 // bf16: the checkpoint holds the fp32 masters; the resumed run's bf16 weight copy is rebuilt from
@@ -436,6 +537,19 @@ void check_learns(const PretrainOptions& o) {
 TEST(Trainer, LearnsTheSyntheticCorpus) {
   World w;
   check_learns(w.learning_options("learn"));
+}
+
+// Block-sparse weights (1 x 1 and 8 x 8, half the blocks, patterns updated along the way) still
+// learn the corpus.
+TEST(Trainer, LearnsTheSyntheticCorpusBlockSparse) {
+  World w;
+  for (const int block : {1, 8}) {
+    PretrainOptions o = w.learning_options("learn" + std::to_string(block));
+    o.sparse.sparsity = {block, 0.5};
+    o.sparse.updates = 10;
+    o.sparse.lr_scale = 1;
+    check_learns(o);
+  }
 }
 
 // bf16 master weights written with stochastic rounding learn it too (the long comparison with

@@ -27,6 +27,7 @@ struct PlanArgs {
   std::optional<double> memory_limit;
   model::Precision precision = model::Precision::fp32;
   train::Masters masters = train::Masters::fp32;
+  train::SparseOptions sparse;
   bool json = false;
 };
 
@@ -67,6 +68,7 @@ void run_plan(const PlanArgs& a) {
   r.shape = train::uniform_shape(a.tokens, a.sequences, omp_get_max_threads());
   r.precision = a.precision;
   r.masters = a.masters;
+  r.sparsity = a.sparse.sparsity;
   if (a.masters != train::Masters::fp32 && a.precision != model::Precision::bf16)
     throw InputError("--master-weights " + std::string(train::masters_name(a.masters)) +
                      " needs --precision bf16");
@@ -99,6 +101,8 @@ void run_plan(const PlanArgs& a) {
                         {"recompute", asked.policy.name()},
                         {"precision", model::precision_name(a.precision)},
                         {"master_weights", train::masters_name(a.masters)},
+                        {"sparsity", a.sparse.sparsity.sparsity},
+                        {"block", a.sparse.sparsity.block},
                         {"params_bytes", asked.params_bytes},
                         {"grads_bytes", asked.grads_bytes},
                         {"optimizer_bytes", asked.optimizer_bytes},
@@ -131,8 +135,12 @@ void run_plan(const PlanArgs& a) {
   }
   std::cout << out["model"].get<std::string>() << ": " << with_commas(a.tokens) << " tokens in "
             << a.sequences << " sequences per micro-batch, " << a.optimizer << ", "
-            << model::precision_name(a.precision) << ", " << r.shape.threads << " threads; limit "
-            << limit_text << "\n"
+            << model::precision_name(a.precision)
+            << (r.sparsity.on() ? ", block-sparse " + fixed(r.sparsity.sparsity, 3) + " (" +
+                                      std::to_string(r.sparsity.block) + "x" +
+                                      std::to_string(r.sparsity.block) + " blocks)"
+                                : std::string())
+            << ", " << r.shape.threads << " threads; limit " << limit_text << "\n"
             << "parameters " << gib(asked.params_bytes)
             << (a.masters != train::Masters::fp32       ? " GiB (bf16 masters)"
                 : a.precision == model::Precision::bf16 ? " GiB (with their bf16 copy)"
@@ -174,6 +182,7 @@ void register_plan(CLI::App& app) {
   recompute_flags(cmd, a->recompute, &a->memory_limit);
   precision_flag(cmd, a->precision, false);
   master_weights_flag(cmd, a->masters);
+  sparse_flags(cmd, a->sparse, false);
   cmd->add_flag("--json", a->json, "One JSON object instead of the tables");
   cmd->callback([a, cmd] {
     a->recompute_given = cmd->count("--recompute") > 0;

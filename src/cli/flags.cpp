@@ -181,6 +181,7 @@ void sparse_flags(CLI::App* cmd, train::SparseOptions& o, bool training) {
          },
          "Learning-rate factor of sparse training: auto = exp(1.969 s^2 + 0.2905 s) (Graphcore; "
          "6.4 at s = 0.9), or a number")
+      ->type_name("X")
       ->default_str("auto");
   o.lr_scale = 0;  // auto unless given
 }

@@ -554,11 +554,16 @@ void gather_blocks(T* values, const BlockPattern& p, const T* dense) {
 
 int64_t sparse_linear_scratch(int rows, int cols, int block, int64_t nnz, int N) {
   const int64_t sides = rows + cols;
-  if (row_major(block)) {  // both sides packed; then the blocks transposed or the bias's sums
-    const int64_t packed = sides * row_tiles(N) * kRowTile;
-    return packed + std::max(nnz * block * block, static_cast<int64_t>(row_tiles(N)) * rows);
-  }
-  return sides * token_tiles(N) * kTokenTile + static_cast<int64_t>(token_tiles(N)) * rows;
+  // Token-major: both sides transposed, then the bias's sums per tile (every block size in
+  // double, 1 and 4 in float).
+  const int64_t token =
+      sides * token_tiles(N) * kTokenTile + static_cast<int64_t>(token_tiles(N)) * rows;
+  if (!row_major(block)) return token;
+  // Row-major (8 and 16 in float): both sides packed, then the blocks transposed or the bias's
+  // sums.
+  const int64_t packed = sides * row_tiles(N) * kRowTile;
+  return std::max(
+      token, packed + std::max(nnz * block * block, static_cast<int64_t>(row_tiles(N)) * rows));
 }
 
 int64_t sparse_linear_scratch(const BlockPattern& p, int N) {

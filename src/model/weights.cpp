@@ -84,8 +84,10 @@ OwnedTensors pattern_tensors(const BertModel<float>& m) {
     tensor_slots(st, rows, cols);
     for (auto [part, v] : {std::pair{"rows", &rows}, std::pair{"cols", &cols}}) {
       o.ints.push_back(std::move(*v));
-      o.tensors.push_back({pattern_name(st.spec->name, part), "I32",
-                           {static_cast<int64_t>(o.ints.back().size())}, o.ints.back().data(),
+      o.tensors.push_back({pattern_name(st.spec->name, part),
+                           "I32",
+                           {static_cast<int64_t>(o.ints.back().size())},
+                           o.ints.back().data(),
                            o.ints.back().size() * sizeof(int32_t)});
     }
   }
