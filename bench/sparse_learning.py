@@ -1,0 +1,165 @@
+#!/usr/bin/python3
+"""Learning at equal FLOPs: dense bert-mini against block-sparse bert-medium (s = 0.9) on the
+demo corpus, the same data and seed, each run given the same non-embedding training FLOPs (the
+encoder's linear layers, 6 x kept weights per real token, as Graphcore counts them): the sparse
+model's steps are the dense run's scaled by the ratio of FLOPs per token. Held-out MLM loss every
+--eval-every steps; the table gives each run's final loss and wall-clock, the SVG the loss
+against FLOPs and against training seconds.
+
+    /usr/bin/python3 bench/sparse_learning.py [--dense-steps 600] [--blocks 1,16] [--seeds 1]
+
+Needs build/packbert and the demo data (made with `packbert demo --max-steps 0` when absent).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, cpu  # noqa: E402
+
+PRESETS = {"mini": (4, 256), "medium": (8, 512)}  # layers, hidden (intermediate = 4 x hidden)
+
+
+def kept(rows, cols, block, sparsity):
+    """kernels::blocks_kept: round((1 - s) x blocks), at least 1."""
+    blocks = (rows // block) * (cols // block)
+    return max(1, min(blocks, int(math.floor((1 - sparsity) * blocks + 0.5)))) * block * block
+
+
+def flops_per_token(preset, block=0, sparsity=0.0):
+    """train::nonembedding_flops_per_token: 6 x the encoder's linear weights as held."""
+    layers, c = PRESETS[preset]
+    shapes = [(c, c)] * 4 + [(4 * c, c), (c, 4 * c)]
+    per_layer = sum(kept(r, k, block, sparsity) if block else r * k for r, k in shapes)
+    return 6.0 * layers * per_layer
+
+
+def records(run_dir, kind):
+    out = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("type", "step") == kind:
+                out.append(r)
+    return out
+
+
+def curves(run_dir):
+    """[(step, training seconds, train FLOPs so far, held-out MLM loss)] per evaluation."""
+    flops = {r["step"]: r.get("train_flops", 0.0) for r in records(run_dir, "step")}
+    return [(e["step"], e["elapsed"], flops.get(e["step"], 0.0), e["mlm_loss"])
+            for e in records(run_dir, "eval")]
+
+
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+
+
+def svg(runs, path, title):
+    """Two panels: held-out MLM loss against training FLOPs and against training seconds."""
+    W, H, L, R, T, B, GAP = 1000, 420, 60, 170, 40, 50, 60
+    pw = (W - L - R - GAP) / 2
+    ymin = min(e[3] for r in runs for e in r["curve"])
+    ymax = max(e[3] for r in runs for e in r["curve"])
+    ymin, ymax = ymin - 0.05 * (ymax - ymin), ymax + 0.05 * (ymax - ymin)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+             f'font-family="sans-serif" font-size="12">', f'<rect width="{W}" height="{H}" '
+             'fill="white"/>', f'<text x="{L}" y="20" font-size="14">{title}</text>']
+    Y = lambda y: H - B - (H - T - B) * (y - ymin) / (ymax - ymin)  # noqa: E731
+    for p, (field, label, scale) in enumerate([(2, "non-embedding training PFLOP", 1e-15),
+                                               (1, "training seconds", 1.0)]):
+        x0 = L + p * (pw + GAP)
+        xmax = max(e[field] for r in runs for e in r["curve"]) * scale or 1.0
+        X = lambda x: x0 + pw * x * scale / xmax  # noqa: E731
+        parts += [f'<line x1="{x0}" y1="{H - B}" x2="{x0 + pw}" y2="{H - B}" stroke="black"/>',
+                  f'<line x1="{x0}" y1="{T}" x2="{x0}" y2="{H - B}" stroke="black"/>',
+                  f'<text x="{x0 + pw / 2:.0f}" y="{H - 12}" text-anchor="middle">{label}</text>']
+        for i in range(5):
+            xv, yv = xmax * i / 4, ymin + (ymax - ymin) * i / 4
+            parts.append(f'<text x="{x0 + pw * i / 4:.1f}" y="{H - B + 16}" '
+                         f'text-anchor="middle">{xv:.3g}</text>')
+            parts.append(f'<text x="{x0 - 6}" y="{Y(yv) + 4:.1f}" text-anchor="end">'
+                         f'{yv:.2f}</text>')
+        for k, r in enumerate(runs):
+            pts = " ".join(f"{X(e[field]):.1f},{Y(e[3]):.1f}" for e in r["curve"])
+            parts.append(f'<polyline points="{pts}" fill="none" stroke="{COLORS[k % 6]}" '
+                         'stroke-width="1.5"/>')
+    for k, r in enumerate(runs):
+        parts.append(f'<text x="{W - R + 10}" y="{T + 16 * k + 10}" fill="{COLORS[k % 6]}">'
+                     f'{r["name"]}</text>')
+    parts.append(f'<text x="14" y="{(T + H - B) / 2:.0f}" transform="rotate(-90 14 '
+                 f'{(T + H - B) / 2:.0f})" text-anchor="middle">held-out MLM loss</text>')
+    parts.append("</svg>")
+    with open(path + ".tmp", "w") as f:
+        f.write("\n".join(parts) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dense-steps", type=int, default=600)
+    ap.add_argument("--blocks", default="1,16", help="sparse block sizes to run")
+    ap.add_argument("--sparsity", type=float, default=0.9)
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--packs-per-step", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=5e-3, help="dense LAMB learning rate; the sparse "
+                    "runs scale it by --sparse-lr-scale auto")
+    ap.add_argument("--warmup-fraction", type=float, default=0.04)
+    ap.add_argument("--evals", type=int, default=10)
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep a run whose workdir already holds its final evaluation")
+    ap.add_argument("--data", default=os.path.join(ROOT, "out", "demo"))
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "sparse_learning"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "sparse_learning.svg"))
+    a = ap.parse_args()
+    exe = os.path.join(a.build, "packbert")
+    seqs, packs = os.path.join(a.data, "gcide.seqs"), os.path.join(a.data, "gcide.packs")
+    if not (os.path.exists(seqs) and os.path.exists(packs)):
+        subprocess.run([exe, "demo", "--max-steps", "0", "--workdir", a.data], check=True,
+                       stdout=subprocess.DEVNULL)
+    model, isa = cpu()
+    dense_fpt = flops_per_token("mini")
+    configs = [("dense bert-mini", "mini", 0, a.dense_steps)]
+    for b in [int(x) for x in a.blocks.split(",") if x]:
+        fpt = flops_per_token("medium", b, a.sparsity)
+        configs.append((f"bert-medium s={a.sparsity} {b}x{b}", "medium", b,
+                        int(round(a.dense_steps * dense_fpt / fpt))))
+    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; demo corpus, fp32, LAMB, "
+          f"{a.packs_per_step} packs a step; equal non-embedding FLOPs: "
+          + ", ".join(f"{n} {s} steps" for n, _, _, s in configs), flush=True)
+    runs = []
+    for seed in range(1, a.seeds + 1):
+        for name, preset, block, steps in configs:
+            out = os.path.join(a.workdir, f"{preset}_b{block}_seed{seed}")
+            done = os.path.exists(os.path.join(out, "metrics.jsonl")) and any(
+                e[0] == steps for e in curves(out))
+            if not (a.reuse and done):
+                cmd = [exe, "pretrain", "--data", seqs, "--packs", packs, "--preset", preset,
+                       "--steps", str(steps), "--lr", str(a.lr),
+                       "--warmup", str(max(1, int(a.warmup_fraction * steps))),
+                       "--batch-rows", str(a.packs_per_step),
+                       "--eval-every", str(max(1, steps // a.evals)), "--eval-fraction", "0.005",
+                       "--seed", str(seed), "--out", out, "--overwrite"]
+                if block:
+                    cmd += ["--sparsity", str(a.sparsity), "--block", str(block)]
+                if subprocess.run(cmd, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL).returncode != 0:
+                    sys.exit(f"{name}: packbert pretrain failed; see {out}")
+            c = curves(out)
+            runs.append({"name": f"{name}, seed {seed}", "curve": c})
+            print(f"  {name}, seed {seed}: {steps} steps, held-out MLM loss {c[-1][3]:.4f}, "
+                  f"{c[-1][2] * 1e-15:.3f} PFLOP, {c[-1][1]:.0f} s training", flush=True)
+    print("\n| run | steps | non-embedding PFLOP | held-out MLM loss | training s |")
+    print("|---|---:|---:|---:|---:|")
+    for r in runs:
+        e = r["curve"][-1]
+        print(f"| {r['name']} | {e[0]} | {e[2] * 1e-15:.3f} | {e[3]:.4f} | {e[1]:.0f} |")
+    svg(runs, a.plot, "Held-out MLM loss at equal non-embedding FLOPs (demo corpus)")
+    print(json.dumps(runs))
+
+
+if __name__ == "__main__":
+    main()
