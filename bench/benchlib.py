@@ -29,3 +29,10 @@ def cpu():
                 flags = line
     isa = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {x}" in flags]
     return model, "+".join(isa)
+
+
+def write_atomic(path, text):
+    """Writes text to path through a temporary file renamed over it (a reader never sees half)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, cpu  # noqa: E402
+from benchlib import ROOT, cpu, write_atomic  # noqa: E402
 
 PRESETS = {"mini": (4, 256), "medium": (8, 512)}  # layers, hidden (intermediate = 4 x hidden)
 
@@ -92,9 +92,7 @@ def svg(runs, path, title):
     parts.append(f'<text x="14" y="{(T + H - B) / 2:.0f}" transform="rotate(-90 14 '
                  f'{(T + H - B) / 2:.0f})" text-anchor="middle">held-out MLM loss</text>')
     parts.append("</svg>")
-    with open(path + ".tmp", "w") as f:
-        f.write("\n".join(parts) + "\n")
-    os.replace(path + ".tmp", path)
+    write_atomic(path, "\n".join(parts) + "\n")
 
 
 def main():

@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, cpu  # noqa: E402
+from benchlib import ROOT, cpu, write_atomic  # noqa: E402
 
 COLORS = {"packed": "#1f77b4", "padded": "#d62728", "ga": "#2ca02c", "beta": "#9467bd"}
 
@@ -72,9 +72,7 @@ def svg(runs, target, path, x_field=1, x_label="training time (s)", title=None):
         parts.append(f'<text x="{W - R + 10}" y="{T + 16 * k + 10}" fill="{color}">{r["name"]}'
                      f'</text>')
     parts.append("</svg>")
-    with open(path + ".tmp", "w") as f:
-        f.write("\n".join(parts) + "\n")
-    os.replace(path + ".tmp", path)
+    write_atomic(path, "\n".join(parts) + "\n")
 
 
 def main():

@@ -106,6 +106,19 @@ int token_tiles(int N) {
   return (N + kTokenTile - 1) / kTokenTile;
 }
 
+// colsum[c] += the sum over tiles, in tile order, of partial[tile][c] (the bias gradient from
+// per-tile column sums: the order depends on N only, not on the thread count). Called inside a
+// parallel region: the team shares the columns.
+template <typename T>
+void add_tile_sums(T* colsum, const T* partial, int tiles, int width) {
+#pragma omp for schedule(static)
+  for (int c = 0; c < width; ++c) {
+    T sum = 0;
+    for (int tile = 0; tile < tiles; ++tile) sum += partial[static_cast<int64_t>(tile) * width + c];
+    colsum[c] += sum;
+  }
+}
+
 // packedT[tile][c][t] = src[tile * TT + t][c] for src [N, width], zeros past N. With colsum,
 // also colsum[c] += sum over t of src[t][c] (the bias gradient): per-tile sums in
 // partial[tile][width], then each column adds its tiles in order (thread-count independent).
@@ -137,15 +150,7 @@ void pack_tiles_transposed(T* packedT, const T* src, int N, int width, T* colsum
             partial[static_cast<int64_t>(tile) * width + c0 + c] = sum;
           }
       }
-    if (colsum) {
-#pragma omp for schedule(static)
-      for (int c = 0; c < width; ++c) {
-        T sum = 0;
-        for (int tile = 0; tile < tiles; ++tile)
-          sum += partial[static_cast<int64_t>(tile) * width + c];
-        colsum[c] += sum;
-      }
-    }
+    if (colsum) add_tile_sums(colsum, partial, tiles, width);
   }
 }
 
@@ -337,15 +342,7 @@ void pack_tiles(float* packed, const float* src, int N, int width, float* colsum
         }
       }
     }
-    if (colsum) {
-#pragma omp for schedule(static)
-      for (int c = 0; c < width; ++c) {
-        float sum = 0;
-        for (int tile = 0; tile < tiles; ++tile)
-          sum += partial[static_cast<int64_t>(tile) * width + c];
-        colsum[c] += sum;
-      }
-    }
+    if (colsum) add_tile_sums(colsum, partial, tiles, width);
   }
 }
 
