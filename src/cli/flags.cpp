@@ -130,26 +130,28 @@ void master_weights_flag(CLI::App* cmd, train::Masters& masters) {
 void sparse_flags(CLI::App* cmd, train::SparseOptions& o, bool training) {
   // The block size waits for --sparsity: the pattern is on only when the sparsity is above 0.
   auto block = std::make_shared<int>(16);
-  cmd->add_option_function<double>(
-         "--sparsity",
-         [&o, block](double s) {
-           o.sparsity.sparsity = s;
-           o.sparsity.block = s > 0 ? *block : 0;
-         },
-         "Fraction of each encoder linear weight's blocks that are zero (block-sparse query, "
-         "key, value, attention output and FFN weights; 0 = dense)")
-      ->check(in_range(0, 0.999, false))
-      ->default_str("0");
+  CLI::Option* sparsity =
+      cmd->add_option_function<double>(
+             "--sparsity",
+             [&o, block](double s) {
+               o.sparsity.sparsity = s;
+               o.sparsity.block = s > 0 ? *block : 0;
+             },
+             "Fraction of each encoder linear weight's blocks that are zero (block-sparse query, "
+             "key, value, attention output and FFN weights; 0 = dense)")
+          ->check(in_range(0, 0.999, false))
+          ->default_str("0");
   cmd->add_option_function<int>(
          "--block",
          [&o, block](int b) {
            *block = b;
            if (o.sparsity.on()) o.sparsity.block = b;
          },
-         "Block size of the sparse weights: 1, 4, 8 or 16")
+         "Block size of the sparse weights: 1, 4, 8 or 16 (with --sparsity)")
       ->check(CLI::IsMember({1, 4, 8, 16}))
       ->default_str("16")
-      ->trigger_on_parse();
+      ->trigger_on_parse()
+      ->needs(sparsity);
   if (!training) return;
   number(cmd, "--prune-ratio", o.prune_ratio,
          "Fraction of each weight's blocks pruned (smallest L1) and regrown at the first pattern "
