@@ -206,11 +206,9 @@ int main(int argc, char** argv) {
   // Model FLOPs of one step (forward x 3): every matmul of the model, attention included; a
   // sparse layer's kept blocks only.
   const double C = c.hidden_size, V = c.vocab_size, T = real_tokens;
-  double att = 0, layer_weights = 0;
+  const double layer_weights = static_cast<double>(model::layer_linear_numel(m.layout()));
+  double att = 0;
   for (int l : lengths) att += 2.0 * 2.0 * static_cast<double>(l) * l * C;
-  for (const model::TensorSpec& t : m.layout().tensors())
-    if (t.name.rfind("bert.encoder.layer.0.", 0) == 0 && t.shape.size() == 2)
-      layer_weights += static_cast<double>(t.numel);
   double fwd = c.num_hidden_layers * (2 * T * layer_weights + att) + 2.0 * masked * C * (C + V) +
                2.0 * static_cast<double>(lengths.size()) * C * (C + 2);
   flops = 3 * fwd;

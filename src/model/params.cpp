@@ -17,8 +17,9 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity)
     if (!kernels::supported_block(sparsity.block))
       throw InputError("--block " + std::to_string(sparsity.block) + ": expected 1, 4, 8 or 16");
     if (C % sparsity.block || I % sparsity.block)
-      throw InputError("--block " + std::to_string(sparsity.block) + " does not divide hidden_size " +
-                       std::to_string(C) + " and intermediate_size " + std::to_string(I));
+      throw InputError("--block " + std::to_string(sparsity.block) +
+                       " does not divide hidden_size " + std::to_string(C) +
+                       " and intermediate_size " + std::to_string(I));
     if (!(sparsity.sparsity >= 0 && sparsity.sparsity < 1))
       throw InputError("--sparsity " + std::to_string(sparsity.sparsity) + ": expected [0, 1)");
   }
@@ -101,6 +102,13 @@ const TensorSpec* ParamLayout::find(const std::string& name) const {
   for (const TensorSpec& t : tensors_)
     if (t.name == name) return &t;
   return nullptr;
+}
+
+size_t layer_linear_numel(const ParamLayout& layout) {
+  size_t n = 0;
+  for (const TensorSpec& t : layout.tensors())
+    if (t.name.rfind("bert.encoder.layer.0.", 0) == 0 && t.shape.size() == 2) n += t.numel;
+  return n;
 }
 
 bool read_only_in_bf16(const TensorSpec& t) {

@@ -90,6 +90,11 @@ struct ParamView {
   ParamView(const ParamLayout& layout, const std::function<T*(const TensorSpec&)>& at);
 };
 
+// Elements one encoder layer's linear weights hold (query, key, value, attention output, FFN up
+// and down): C x (3C + C + 2I) dense, their kept blocks' values when block-sparse. Every layer
+// holds the same; the FLOP counts of plan, metrics and benchmarks derive from it.
+size_t layer_linear_numel(const ParamLayout& layout);
+
 // Whether the bf16 engine (Precision::bf16) reads tensor t only in bf16: the encoder layers'
 // and the MLM transform's matrices (GEMM operands) and the word embeddings (the MLM decoder's
 // operand, and the embedding gather under bf16 master weights). Every other tensor (biases,

@@ -29,11 +29,7 @@ Flops step_flops(const model::ParamLayout& layout, const model::StepShape& s,
   const double T = static_cast<double>(s.tokens), C = c.hidden_size;
   const double n = static_cast<double>(s.sequences), M = static_cast<double>(s.masked);
   const double attn_scores = 2.0 * static_cast<double>(s.attention) * C;  // Q Kᵀ, all heads
-  // The layer's linear weights as held: C x (3C + C + 2I) dense, their kept blocks when sparse.
-  double weights = 0;
-  for (const model::TensorSpec& t : layout.tensors())
-    if (t.name.rfind("bert.encoder.layer.0.", 0) == 0 && t.shape.size() == 2)
-      weights += static_cast<double>(t.numel);
+  const double weights = static_cast<double>(model::layer_linear_numel(layout));
   const double layer = 2 * T * weights + 2 * attn_scores;
   Flops f;
   f.forward = c.num_hidden_layers * layer + 2 * n * C * C;

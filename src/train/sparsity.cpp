@@ -131,11 +131,8 @@ UpdateStats update_patterns(model::BertModel<float>& m, Optimizer& optimizer,
 }
 
 double nonembedding_flops_per_token(const model::ParamLayout& layout) {
-  double flops = 0;
-  for (const model::TensorSpec& t : layout.tensors())
-    if (t.name.rfind("bert.encoder.layer.", 0) == 0 && t.shape.size() == 2)
-      flops += 6.0 * static_cast<double>(t.numel);  // numel = in x out x density
-  return flops;
+  return 6.0 * layout.config().num_hidden_layers *
+         static_cast<double>(model::layer_linear_numel(layout));
 }
 
 }  // namespace packbert::train
