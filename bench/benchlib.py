@@ -2,6 +2,7 @@
 import os
 import platform
 import random
+import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,3 +37,14 @@ def write_atomic(path, text):
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
+
+
+def demo_data(build, data):
+    """(packbert, the demo corpus's .seqs, its .packs): made by `packbert demo --max-steps 0` in
+    `data` when absent."""
+    exe = os.path.join(build, "packbert")
+    seqs, packs = os.path.join(data, "gcide.seqs"), os.path.join(data, "gcide.packs")
+    if not (os.path.exists(seqs) and os.path.exists(packs)):
+        subprocess.run([exe, "demo", "--max-steps", "0", "--workdir", data], check=True,
+                       stdout=subprocess.DEVNULL)
+    return exe, seqs, packs

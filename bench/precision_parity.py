@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, cpu  # noqa: E402
+from benchlib import ROOT, cpu, demo_data  # noqa: E402
 from time_to_train import COLORS, evals_of, svg  # noqa: E402
 
 
@@ -41,11 +41,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "precision_parity.svg"))
     a = ap.parse_args()
-    exe = os.path.join(a.build, "packbert")
-    seqs, packs = os.path.join(a.data, "gcide.seqs"), os.path.join(a.data, "gcide.packs")
-    if not (os.path.exists(seqs) and os.path.exists(packs)):
-        subprocess.run([exe, "demo", "--max-steps", "0", "--workdir", a.data], check=True,
-                       stdout=subprocess.DEVNULL)
+    exe, seqs, packs = demo_data(a.build, a.data)
     model, isa = cpu()
     print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, LAMB lr {a.lr}, "
           f"warmup {a.warmup}, {a.packs_per_step} packs a step, {a.steps} steps, seed {a.seed}; "

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, cpu, write_atomic  # noqa: E402
+from benchlib import ROOT, cpu, demo_data, write_atomic  # noqa: E402
 
 PRESETS = {"mini": (4, 256), "medium": (8, 512)}  # layers, hidden (intermediate = 4 x hidden)
 
@@ -113,11 +113,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "sparse_learning.svg"))
     a = ap.parse_args()
-    exe = os.path.join(a.build, "packbert")
-    seqs, packs = os.path.join(a.data, "gcide.seqs"), os.path.join(a.data, "gcide.packs")
-    if not (os.path.exists(seqs) and os.path.exists(packs)):
-        subprocess.run([exe, "demo", "--max-steps", "0", "--workdir", a.data], check=True,
-                       stdout=subprocess.DEVNULL)
+    exe, seqs, packs = demo_data(a.build, a.data)
     model, isa = cpu()
     dense_fpt = flops_per_token("mini")
     configs = [("dense bert-mini", "mini", 0, a.dense_steps)]

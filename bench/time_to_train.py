@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, cpu, write_atomic  # noqa: E402
+from benchlib import ROOT, cpu, demo_data, write_atomic  # noqa: E402
 
 COLORS = {"packed": "#1f77b4", "padded": "#d62728", "ga": "#2ca02c", "beta": "#9467bd"}
 
@@ -92,11 +92,7 @@ def main():
     ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "time_to_train"))
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     a = ap.parse_args()
-    exe = os.path.join(a.build, "packbert")
-    seqs, packs = os.path.join(a.data, "gcide.seqs"), os.path.join(a.data, "gcide.packs")
-    if not (os.path.exists(seqs) and os.path.exists(packs)):
-        subprocess.run([exe, "demo", "--max-steps", "0", "--workdir", a.data], check=True,
-                       stdout=subprocess.DEVNULL)
+    exe, seqs, packs = demo_data(a.build, a.data)
     os.makedirs(a.workdir, exist_ok=True)
     model, isa = cpu()
     print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, fp32, LAMB "
