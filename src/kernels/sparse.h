@@ -7,14 +7,16 @@
 // row for the forward product, by block column for the input gradient) are rebuilt after each
 // update by a counting sort, O(nnz + rows / B + cols / B).
 //
-// The kernels work token-major: the activations are transposed into the caller's scratch,
-// [features][Np] with Np = N rounded up to 128 and zero-padded, so one vector register holds
-// one feature of 16 tokens. A block's weights are broadcast and each multiplies a whole vector
-// of tokens, which keeps every block size, 1 x 1 included, at full vector width: the same code
-// serves all four sizes (the row-major alternative vectorises along the block's own B columns,
-// a quarter of a 512-bit register at B = 4 and one lane at B = 1). The price is a transpose of
-// the input (and of the output gradient in backward), O(N * features), next to the product's
-// O(N * nnz * B^2 / ...) work.
+// Two layouts, both over activations packed into the caller's scratch (no allocation):
+// - row-major (float, B = 8 and 16): a block's B outputs (inputs, weight columns) are one
+//   vector, 24 tokens the register tile; the activations are packed tile by tile so a tile's
+//   block columns sit at fixed offsets from one pointer.
+// - token-major (B = 1 and 4, and every size in double): one vector holds one feature of 16
+//   tokens (8 in double), the activations transposed in tiles of 128 tokens; a block's weights
+//   are broadcast, which keeps 1 x 1 and 4 x 4 at full vector width where row-major would fill a
+//   quarter of a 512-bit register or one lane.
+// Either way every output element is one thread's sum in a fixed order: the results do not
+// depend on the thread count.
 #pragma once
 
 #include <cstdint>

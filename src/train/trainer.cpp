@@ -40,14 +40,18 @@ model::BertConfig config_of(const io::SafetensorsFile& f) {
 
 namespace {
 
-// The block sparsity a packbert checkpoint was trained with (dense for any other file).
-model::Sparsity sparsity_of(const io::SafetensorsFile& f) {
-  auto it = f.metadata().find("packbert");
-  if (it == f.metadata().end()) return {};
-  const json state = json::parse(it->second, nullptr, false);
-  if (state.is_discarded() || !state.contains("sparsity")) return {};
+// The block sparsity a packbert checkpoint's state records (dense when it records none).
+model::Sparsity sparsity_of(const json& state) {
+  if (!state.is_object() || !state.contains("sparsity")) return {};
   const json& sp = state["sparsity"];
   return {sp.value("block", 0), sp.value("sparsity", 0.0)};
+}
+
+// The same for any file (dense for one that is not a packbert checkpoint).
+model::Sparsity sparsity_of(const io::SafetensorsFile& f) {
+  auto it = f.metadata().find("packbert");
+  return it == f.metadata().end() ? model::Sparsity{}
+                                  : sparsity_of(json::parse(it->second, nullptr, false));
 }
 
 std::string sparsity_text(const model::Sparsity& s) {
@@ -219,8 +223,9 @@ void Trainer::setup(bool resume) {
                       "mpirun");
   if (opt_.sparse.sparsity.on()) {
     if (lo.precision != model::Precision::fp32)
-      throw OptionError("sparsity", "trains in fp32 only (the block-sparse kernels have no bf16 "
-                                    "path yet): drop --precision bf16");
+      throw OptionError("sparsity",
+                        "trains in fp32 only (the block-sparse kernels have no bf16 "
+                        "path yet): drop --precision bf16");
     if (!(opt_.sparse.prune_ratio >= 0 && opt_.sparse.prune_ratio <= 1))
       throw OptionError("prune_ratio", "must be in [0, 1]");
     if (opt_.sparse.regrow == Regrow::gradient && comm_.distributed())
@@ -290,7 +295,7 @@ void Trainer::setup(bool resume) {
       throw InputError(checkpoint_path() + ": was trained with --master-weights " + masters +
                        "; resume needs the same (bit-exact resume), not " +
                        masters_name(lo.optimizer.masters));
-    const model::Sparsity was = sparsity_of(*ckpt);
+    const model::Sparsity was = sparsity_of(state);
     if (!(was == opt_.sparse.sparsity))
       throw InputError(checkpoint_path() + ": was trained with " + sparsity_text(was) +
                        "; resume needs the same, not " + sparsity_text(opt_.sparse.sparsity));
@@ -331,8 +336,8 @@ void Trainer::setup(bool resume) {
   {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
-    PlanRequest plan{c,  heads, oc.kind, {}, lo.precision, lo.optimizer.masters,
-                     opt_.sparse.sparsity};
+    PlanRequest plan{
+        c, heads, oc.kind, {}, lo.precision, lo.optimizer.masters, opt_.sparse.sparsity};
     int64_t rows = lo.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
@@ -547,7 +552,6 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
   }
   new_log_ = false;
   const double flops_per_token = nonembedding_flops_per_token(model_->layout());
-  const uint64_t lo_seed = opt_.loop.seed;  // regrowth's stream
   int64_t evaluated_at = -1;
   bool reached = false;  // an evaluation met opt_.target_accuracy (rank 0's verdict)
   auto do_eval = [&] {
@@ -605,7 +609,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     UpdateStats moved;
     if (update) {
       moved = update_patterns(*model_, stepper_->optimizer(), opt_.sparse, step_ + 1,
-                              opt_.max_steps, lo_seed);
+                              opt_.max_steps, opt_.loop.seed);
       model_->collect_block_grads(false);
     }
     train_flops_ += flops_per_token * static_cast<double>(r.real_tokens);
