@@ -19,6 +19,7 @@ void register_plan(CLI::App& app);
 void register_pretrain(CLI::App& app, int& exit_code);
 void register_eval(CLI::App& app);
 void register_export(CLI::App& app);
+void register_convert(CLI::App& app);
 void register_check_golden(CLI::App& app, int& exit_code);
 
 // Runs the CLI on argv; returns the process exit code (0 ok, 2 bad input, 1 internal error).

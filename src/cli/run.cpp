@@ -43,6 +43,7 @@ int run_command(int argc, char** argv) {
   register_pretrain(app, exit_code);
   register_eval(app);
   register_export(app);
+  register_convert(app);
   register_finetune(app);
   register_plan(app);
   register_check_golden(app, exit_code);

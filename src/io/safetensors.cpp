@@ -170,6 +170,11 @@ std::vector<float> SafetensorsFile::floats(const std::string& name,
   return out;
 }
 
+std::string_view SafetensorsFile::raw(const std::string& name) const {
+  const TensorEntry& e = entry(name);
+  return {bytes_.data() + data_start_ + e.begin, e.end - e.begin};
+}
+
 std::vector<int32_t> SafetensorsFile::ints(const std::string& name) const {
   const TensorEntry& e = entry(name);
   const char* p = bytes_.data() + data_start_ + e.begin;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace packbert::io {
@@ -32,6 +33,8 @@ class SafetensorsFile {
   std::vector<float> floats(const std::string& name,
                             const std::vector<int64_t>* expected_shape = nullptr) const;
   std::vector<int32_t> ints(const std::string& name) const;
+  // The tensor's bytes as stored (little-endian, its own dtype). Throws InputError if missing.
+  std::string_view raw(const std::string& name) const;
   const std::string& source() const { return source_; }
 
  private:

@@ -15,6 +15,7 @@
 #include "io/fault.h"
 #include "io/memory.h"
 #include "io/safetensors.h"
+#include "model/hf_import.h"
 #include "model/weights.h"
 #include "stopwatch.h"
 #include "train/memory_plan.h"
@@ -66,20 +67,10 @@ std::string sparsity_text(const model::Sparsity& s) {
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
                                                     model::Sparsity sparsity) {
   std::unique_ptr<model::BertModel<float>> m;
-  if (fs::is_directory(path)) {
-    std::ifstream cf(path + "/config.json");
-    if (!cf)
-      throw InputError(path + "/config.json: cannot open (not a Hugging Face model directory?)");
-    json cj;
-    try {
-      cj = json::parse(cf);
-    } catch (const json::exception&) {
-      throw InputError(path + "/config.json: not valid JSON");
-    }
-    m = std::make_unique<model::BertModel<float>>(
-        model::config_from_json(cj, path + "/config.json"), heads, sparsity);
-    io::SafetensorsFile f = io::SafetensorsFile::read(path + "/model.safetensors");
-    model::load_model_weights(*m, f);
+  if (!model::is_packbert_checkpoint(path)) {  // a Hugging Face model, in any of its forms
+    const model::ImportedModel hf = model::import_model(path);
+    m = std::make_unique<model::BertModel<float>>(hf.config, heads, sparsity);
+    model::load_model_weights(*m, hf.weights);
     return m;
   }
   io::SafetensorsFile f = io::SafetensorsFile::read(path);

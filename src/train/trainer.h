@@ -143,8 +143,9 @@ class Trainer {
   double train_flops_ = 0;  // the encoder's linear-layer training FLOPs so far (resumes too)
 };
 
-// Loads model weights from an HF-layout directory (config.json + model.safetensors) or a
-// packbert checkpoint file; throws InputError naming what is missing or mismatched. With
+// Loads a model from a packbert checkpoint file or a Hugging Face model in any form
+// model::import_model reads (a directory with model.safetensors or pytorch_model.bin, sharded or
+// not, or a single weights file); throws InputError naming what is missing or mismatched. With
 // `sparsity` on, dense weights are pruned to their largest blocks (L1) and a block-sparse
 // checkpoint must have the same block and sparsity; without, a block-sparse checkpoint loads as
 // its dense equivalent (zeros outside the pattern).

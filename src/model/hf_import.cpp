@@ -1,0 +1,223 @@
+#include "model/hf_import.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "error.h"
+#include "io/atomic_file.h"
+#include "io/torch_file.h"
+
+namespace packbert::model {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// One file's tensors, as torch_file reads them (safetensors files are copied into the same form).
+std::vector<io::TorchTensor> read_tensors(const std::string& path) {
+  std::string bytes = io::read_file(path);
+  if (bytes.compare(0, 2, "PK") == 0 ||
+      (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80))
+    return io::parse_torch_file(std::move(bytes), path);
+  const io::SafetensorsFile f = io::SafetensorsFile::parse(std::move(bytes), path);
+  std::vector<io::TorchTensor> out;
+  for (const auto& [name, e] : f.tensors())
+    out.push_back({name, e.dtype, e.shape, std::string(f.raw(name))});
+  return out;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open");
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw InputError(path + ": not a JSON object");
+  return j;
+}
+
+// The tensors of a shard index ({"weight_map": {tensor: shard file}}), each shard read once;
+// every tensor the map names must be in its shard.
+std::vector<io::TorchTensor> read_shards(const std::string& index, int& shards) {
+  const json j = read_json(index);
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    throw InputError(index + ": no \"weight_map\" object (not a shard index)");
+  std::map<std::string, std::set<std::string>> by_shard;
+  for (const auto& [tensor, shard] : j["weight_map"].items()) {
+    if (!shard.is_string() || shard.get<std::string>().find('/') != std::string::npos)
+      throw InputError(index + ": weight_map entry '" + tensor + "' is not a file name");
+    by_shard[shard.get<std::string>()].insert(tensor);
+  }
+  std::vector<io::TorchTensor> out;
+  for (auto& [shard, names] : by_shard) {
+    const std::string path = (fs::path(index).parent_path() / shard).string();
+    for (io::TorchTensor& t : read_tensors(path)) {
+      names.erase(t.name);
+      out.push_back(std::move(t));
+    }
+    if (!names.empty())
+      throw InputError(path + ": has no tensor '" + *names.begin() + "' (" + index +
+                       " places it there)");
+  }
+  shards = static_cast<int>(by_shard.size());
+  return out;
+}
+
+// BertForPreTraining's name for a tensor (see the header); `bare`: the file is a BertModel's.
+std::string hf_name(std::string n, bool bare) {
+  if (n.ends_with(".gamma")) n.replace(n.size() - 6, 6, ".weight");
+  if (n.ends_with(".beta")) n.replace(n.size() - 5, 5, ".bias");
+  if (bare &&
+      (n.starts_with("embeddings.") || n.starts_with("encoder.") || n.starts_with("pooler.")))
+    n = "bert." + n;
+  return n;
+}
+
+int dim(const io::SafetensorsFile& w, const std::string& name, size_t d) {
+  const io::TensorEntry& e = w.entry(name);
+  if (e.shape.size() <= d)
+    throw InputError(w.source() + ": tensor '" + name + "' has too few dimensions");
+  return static_cast<int>(e.shape[d]);
+}
+
+BertConfig infer_config(const io::SafetensorsFile& w) {
+  BertConfig c;
+  c.vocab_size = dim(w, "bert.embeddings.word_embeddings.weight", 0);
+  c.hidden_size = dim(w, "bert.embeddings.word_embeddings.weight", 1);
+  c.max_position_embeddings = dim(w, "bert.embeddings.position_embeddings.weight", 0);
+  c.type_vocab_size = dim(w, "bert.embeddings.token_type_embeddings.weight", 0);
+  c.num_hidden_layers = 0;
+  while (w.has("bert.encoder.layer." + std::to_string(c.num_hidden_layers) +
+               ".attention.self.query.weight"))
+    ++c.num_hidden_layers;
+  c.intermediate_size = dim(w, "bert.encoder.layer.0.intermediate.dense.weight", 0);
+  if (c.hidden_size % 64)
+    throw InputError(w.source() + ": hidden size " + std::to_string(c.hidden_size) +
+                     " is not a multiple of 64, so the head count cannot be inferred; give "
+                     "--config");
+  c.num_attention_heads = c.hidden_size / 64;
+  if (w.has("classifier.weight")) c.num_labels = dim(w, "classifier.weight", 0);
+  c.validate(w.source() + " (inferred config)");
+  return c;
+}
+
+}  // namespace
+
+ImportedModel import_model(const std::string& src, const std::string& config_path) {
+  ImportedModel m;
+  std::string dir = src, weights = src;
+  int shards = 0;
+  if (fs::is_directory(src)) {
+    weights.clear();
+    for (const char* name : {"model.safetensors", "model.safetensors.index.json",
+                             "pytorch_model.bin", "pytorch_model.bin.index.json"})
+      if (fs::exists(fs::path(src) / name)) {
+        weights = (fs::path(src) / name).string();
+        break;
+      }
+    if (weights.empty())
+      throw InputError(src +
+                       ": no model.safetensors or pytorch_model.bin (or their "
+                       ".index.json) in the directory");
+  } else {
+    if (!fs::exists(src)) throw InputError(src + ": cannot open (no such file or directory)");
+    dir = fs::path(src).parent_path().string();
+    if (dir.empty()) dir = ".";
+  }
+  std::vector<io::TorchTensor> tensors =
+      weights.ends_with(".json") ? read_shards(weights, shards) : read_tensors(weights);
+  m.format =
+      std::string(weights.find(".safetensors") != std::string::npos ? "safetensors" : "torch.save");
+  if (shards) m.format += ", " + std::to_string(shards) + " shards";
+
+  bool bare = true;
+  for (const io::TorchTensor& t : tensors) bare = bare && !t.name.starts_with("bert.");
+  std::vector<io::TensorToWrite> out;
+  std::set<std::string> seen;
+  for (io::TorchTensor& t : tensors) {
+    std::string name = hf_name(t.name, bare);
+    if (name != t.name) ++m.renamed;
+    if (!seen.insert(name).second)
+      throw InputError(weights + ": two tensors named '" + name + "' (after bringing '" + t.name +
+                       "' to Hugging Face's name)");
+    out.push_back({name, t.dtype, t.shape, t.data.data(), t.data.size()});
+  }
+  m.weights =
+      io::SafetensorsFile::parse(io::serialize_safetensors(out, {{"format", "pt"}}), weights);
+
+  const std::string beside = (fs::path(dir) / "config.json").string();
+  m.config_from = !config_path.empty() ? config_path : fs::exists(beside) ? beside : "";
+  if (m.config_from.empty()) {
+    m.config = infer_config(m.weights);
+    m.config_from = "inferred from the tensor shapes";
+  } else {
+    m.config_json = io::read_file(m.config_from);
+    json j = json::parse(m.config_json, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw InputError(m.config_from + ": not a JSON object");
+    m.config = config_from_json(j, m.config_from);
+  }
+  const std::string vocab = (fs::path(dir) / "vocab.txt").string();
+  if (fs::exists(vocab)) m.vocab = vocab;
+  return m;
+}
+
+Heads heads_present(const io::SafetensorsFile& w) {
+  Heads h;
+  h.pretraining = w.has("cls.predictions.transform.dense.weight");
+  h.classifier = w.has("classifier.weight");
+  h.span = w.has("qa_outputs.weight");
+  return h;
+}
+
+std::vector<std::string> check_imported(const ImportedModel& m, const Heads& heads) {
+  const ParamLayout layout(m.config, heads);
+  std::vector<std::string> absent;
+  for (const TensorSpec& t : layout.tensors()) {
+    if (!m.weights.has(t.name)) {
+      if (t.name.starts_with("bert.embeddings.") || t.name.starts_with("bert.encoder."))
+        throw InputError(m.weights.source() + ": missing tensor '" + t.name + "' (config from " +
+                         m.config_from + ")");
+      absent.push_back(t.name);
+      continue;
+    }
+    (void)m.weights.floats(t.name, &t.shape);  // shape and dtype, named on failure
+  }
+  return absent;
+}
+
+void write_imported(const ImportedModel& m, const std::string& dir) {
+  std::string config = m.config_json;
+  if (config.empty()) {
+    const Heads h = heads_present(m.weights);
+    const char* architecture = h.classifier    ? "BertForSequenceClassification"
+                               : h.span        ? "BertForQuestionAnswering"
+                               : h.pretraining ? "BertForPreTraining"
+                                               : "BertModel";
+    config = config_to_json(m.config, architecture).dump(2) + "\n";
+  }
+  io::write_file_atomic(dir + "/config.json", config);
+  std::vector<io::TensorToWrite> out;
+  for (const auto& [name, e] : m.weights.tensors()) {
+    const std::string_view raw = m.weights.raw(name);
+    out.push_back({name, e.dtype, e.shape, raw.data(), raw.size()});
+  }
+  io::write_safetensors(dir + "/model.safetensors", out, {{"format", "pt"}});
+}
+
+bool is_packbert_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char len[8];
+  if (fs::is_directory(path) || !in.read(reinterpret_cast<char*>(len), 8)) return false;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | len[i];
+  if (n > (uint64_t{1} << 28)) return false;
+  std::string header(n, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(n))) return false;
+  const json j = json::parse(header, nullptr, false);
+  return j.is_object() && j.contains("__metadata__") && j["__metadata__"].is_object() &&
+         j["__metadata__"].contains("config");
+}
+
+}  // namespace packbert::model

@@ -1,0 +1,289 @@
+// packbert convert and the readers behind it (io/zip, io/torch_file, model/hf_import), against
+// fixtures torch.save wrote (tools/make_torch_fixtures.py): tensors must come out bit-identical
+// to what PyTorch held, and nothing in a hostile file may run or crash the reader.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "cli_runner.h"
+#include "error.h"
+#include "io/safetensors.h"
+#include "io/torch_file.h"
+#include "io/zip.h"
+#include "model/hf_import.h"
+#include "train/trainer.h"
+
+namespace packbert {
+namespace {
+
+using testing::CliTest;
+using testing::Result;
+namespace fs = std::filesystem;
+
+const std::string kTorch = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/torch";
+
+// A zip archive of stored entries with correct CRCs; `zip64` writes every size and offset
+// through zip64 records, as an archive past 4 GiB has them.
+std::string make_zip(const std::vector<std::pair<std::string, std::string>>& entries, bool zip64) {
+  auto put = [](std::string& s, uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) s += static_cast<char>(v >> (8 * i) & 0xff);
+  };
+  std::string out, dir;
+  for (const auto& [name, data] : entries) {
+    const uint64_t header = out.size();
+    const uint32_t crc = io::crc32(data);
+    put(out, 0x04034b50, 4), put(out, 45, 2), put(out, 0, 2), put(out, 0, 2), put(out, 0, 4);
+    put(out, crc, 4), put(out, data.size(), 4), put(out, data.size(), 4);
+    put(out, name.size(), 2), put(out, 0, 2);
+    out += name + data;
+    put(dir, 0x02014b50, 4), put(dir, 45, 2), put(dir, 45, 2), put(dir, 0, 2), put(dir, 0, 2);
+    put(dir, 0, 4), put(dir, crc, 4);
+    put(dir, zip64 ? 0xffffffff : data.size(), 4), put(dir, zip64 ? 0xffffffff : data.size(), 4);
+    put(dir, name.size(), 2), put(dir, zip64 ? 28 : 0, 2), put(dir, 0, 2), put(dir, 0, 2);
+    put(dir, 0, 2), put(dir, 0, 4), put(dir, zip64 ? 0xffffffff : header, 4);
+    dir += name;
+    if (zip64)
+      put(dir, 1, 2), put(dir, 24, 2), put(dir, data.size(), 8), put(dir, data.size(), 8),
+          put(dir, header, 8);
+  }
+  const uint64_t dir_at = out.size();
+  out += dir;
+  if (zip64) {
+    const uint64_t end64 = out.size();
+    put(out, 0x06064b50, 4), put(out, 44, 8), put(out, 45, 2), put(out, 45, 2), put(out, 0, 4);
+    put(out, 0, 4), put(out, entries.size(), 8), put(out, entries.size(), 8);
+    put(out, dir.size(), 8), put(out, dir_at, 8);
+    put(out, 0x07064b50, 4), put(out, 0, 4), put(out, end64, 8), put(out, 1, 4);
+  }
+  put(out, 0x06054b50, 4), put(out, 0, 4);
+  put(out, zip64 ? 0xffff : entries.size(), 2), put(out, zip64 ? 0xffff : entries.size(), 2);
+  put(out, zip64 ? 0xffffffff : dir.size(), 4), put(out, zip64 ? 0xffffffff : dir_at, 4);
+  put(out, 0, 2);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> zip_entries(const std::string& path) {
+  const io::ZipArchive z = io::ZipArchive::read(path);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, e] : z.entries()) out.push_back({name, std::string(z.bytes(name))});
+  return out;
+}
+
+// Every tensor of `expected` is in `got` with the same dtype, shape and bytes, and nothing else.
+void expect_identical(const io::SafetensorsFile& got, const io::SafetensorsFile& expected) {
+  EXPECT_EQ(got.tensors().size(), expected.tensors().size());
+  for (const auto& [name, e] : expected.tensors()) {
+    ASSERT_TRUE(got.has(name)) << name;
+    EXPECT_EQ(got.entry(name).dtype, e.dtype) << name;
+    EXPECT_EQ(got.entry(name).shape, e.shape) << name;
+    EXPECT_TRUE(got.raw(name) == expected.raw(name)) << name << ": bytes differ";
+  }
+}
+
+io::SafetensorsFile expected(const std::string& suffix = "") {
+  return io::SafetensorsFile::read(kTorch + "/expected" + suffix + ".safetensors");
+}
+
+using Convert = CliTest;
+
+TEST_F(Convert, TorchSaveWithATiedDecoderComesOutBitIdentical) {
+  const Result r = run("convert " + kTorch + "/tied --out " + (dir_ / "m").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("49 (48 F32, 1 I64"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("heads:   pre-training"), std::string::npos) << r.out;
+  const io::SafetensorsFile got =
+      io::SafetensorsFile::read((dir_ / "m/model.safetensors").string());
+  expect_identical(got, expected());
+  // The decoder shared the embeddings' storage; each comes out whole.
+  EXPECT_TRUE(got.raw("cls.predictions.decoder.weight") ==
+              got.raw("bert.embeddings.word_embeddings.weight"));
+  EXPECT_EQ(testing::slurp(dir_ / "m/config.json"), testing::slurp(kTorch + "/tied/config.json"));
+  EXPECT_EQ(testing::slurp(dir_ / "m/vocab.txt"), testing::slurp(kTorch + "/tied/vocab.txt"));
+}
+
+TEST_F(Convert, ShardsEqualTheUnshardedFile) {
+  const Result r = run("convert " + kTorch + "/sharded --out " + (dir_ / "m").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("2 shards"), std::string::npos) << r.out;
+  expect_identical(io::SafetensorsFile::read((dir_ / "m/model.safetensors").string()), expected());
+  // A shard the index names but that lacks the tensor is refused, naming both.
+  fs::copy(kTorch + "/sharded", dir_ / "bad");
+  fs::copy_file(kTorch + "/sharded/pytorch_model-00002-of-00002.bin",
+                dir_ / "bad/pytorch_model-00001-of-00002.bin",
+                fs::copy_options::overwrite_existing);
+  const Result bad = run("convert " + (dir_ / "bad").string() + " --out " + (dir_ / "n").string());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("pytorch_model-00001-of-00002.bin: has no tensor"), std::string::npos)
+      << bad.err;
+  EXPECT_FALSE(fs::exists(dir_ / "n"));
+}
+
+TEST_F(Convert, HalfAndBfloat16StoragesConvertExactly) {
+  for (const std::string kind : {"half", "bfloat16"}) {
+    const fs::path out = dir_ / kind;
+    const Result r =
+        run("convert " + kTorch + "/" + kind + "/pytorch_model.bin --out " + out.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    expect_identical(io::SafetensorsFile::read((out / "model.safetensors").string()),
+                     expected("_" + kind));
+  }
+}
+
+TEST_F(Convert, OldNamesAreBroughtToBertForPreTrainingsAndAConfigIsNeeded) {
+  const Result none = run("convert " + kTorch + "/old_names.bin --out " + (dir_ / "m").string());
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.err.find("hidden size 16 is not a multiple of 64"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("give --config"), std::string::npos) << none.err;
+  const Result r = run("convert " + kTorch + "/old_names.bin --config " + kTorch +
+                       "/tied/config.json --out " + (dir_ / "m").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("40 renamed"), std::string::npos) << r.out;
+  const io::SafetensorsFile got =
+      io::SafetensorsFile::read((dir_ / "m/model.safetensors").string());
+  const io::SafetensorsFile want = expected();
+  EXPECT_EQ(got.tensors().size(), 40u);
+  for (const auto& [name, e] : got.tensors()) {
+    ASSERT_TRUE(want.has(name)) << name;
+    EXPECT_TRUE(got.raw(name) == want.raw(name)) << name;
+  }
+}
+
+TEST_F(Convert, APickleWithAForeignGlobalIsRefusedAndNothingRuns) {
+  const Result r = run("convert " + kTorch + "/evil.bin --out " + (dir_ / "m").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("refused global 'posix.system'"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("must never run"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "m"));
+}
+
+TEST_F(Convert, TheLegacyFormatIsRefusedNamingIt) {
+  const Result r = run("convert " + kTorch + "/legacy.bin --out " + (dir_ / "m").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("legacy torch.save format (PyTorch before 1.6)"), std::string::npos)
+      << r.err;
+}
+
+TEST_F(Convert, AWrongVocabularyIsRefused) {
+  const Result r =
+      run("convert " + kTorch + "/sharded --vocab " + kTorch +
+          "/../../../assets/bert-base-uncased-vocab.txt --out " + (dir_ / "m").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("30522 tokens, the model's vocab_size is 40"), std::string::npos) << r.err;
+}
+
+// --init (train::load_model) reads every form convert does, with the same values.
+TEST(Import, LoadModelReadsEveryForm) {
+  const io::SafetensorsFile want = expected();
+  for (const std::string src : {"/tied", "/sharded", "/sharded/pytorch_model.bin.index.json",
+                                "/tied/pytorch_model.bin", "/half", "/bfloat16"}) {
+    SCOPED_TRACE(src);
+    auto m = train::load_model(kTorch + src, model::Heads{});
+    const float* p = m->params().data();
+    const io::SafetensorsFile low = src == "/half"       ? expected("_half")
+                                    : src == "/bfloat16" ? expected("_bfloat16")
+                                                         : want;
+    for (const model::TensorSpec& t : m->layout().tensors()) {
+      const std::vector<float> v = low.floats(t.name);
+      ASSERT_EQ(v.size(), t.numel) << t.name;
+      EXPECT_EQ(0, std::memcmp(v.data(), p + t.offset, v.size() * sizeof(float))) << t.name;
+    }
+  }
+}
+
+TEST(TorchFile, Zip64RecordsReadTheSame) {
+  const std::string path = kTorch + "/tied/pytorch_model.bin";
+  const std::vector<io::TorchTensor> plain = io::read_torch_file(path);
+  const std::vector<io::TorchTensor> z64 =
+      io::parse_torch_file(make_zip(zip_entries(path), true), "zip64");
+  ASSERT_EQ(plain.size(), z64.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(plain[i].name, z64[i].name);
+    EXPECT_EQ(plain[i].data, z64[i].data) << plain[i].name;
+  }
+}
+
+TEST(TorchFile, CorruptionIsNamed) {
+  const std::string path = kTorch + "/tied/pytorch_model.bin";
+  auto entries = zip_entries(path);
+  auto error_of = [](const std::string& bytes) {
+    try {
+      io::parse_torch_file(bytes, "f");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string bytes = testing::slurp(path);
+  EXPECT_NE(error_of(bytes.substr(0, bytes.size() / 2)).find("no end-of-central-directory"),
+            std::string::npos);
+  // A flipped data byte fails its entry's CRC-32.
+  const io::ZipArchive z = io::ZipArchive::parse(bytes, "f");
+  const std::string pkl(z.bytes("pytorch_model/data.pkl").substr(0, 16));
+  std::string flipped = testing::slurp(path);
+  const size_t at = flipped.find(pkl);
+  ASSERT_NE(at, std::string::npos);
+  flipped[at + 5] ^= 0x40;
+  EXPECT_NE(error_of(flipped).find("data.pkl: corrupted (CRC-32 mismatch)"), std::string::npos);
+  // A storage shorter than the tensors that view it.
+  for (auto& [name, data] : entries)
+    if (name == "pytorch_model/data/0") data.resize(data.size() - 4);
+  EXPECT_NE(error_of(make_zip(entries, false)).find("expected"), std::string::npos);
+  // An unknown opcode, placed where the pickle starts.
+  for (auto& [name, data] : zip_entries(path))
+    if (name == "pytorch_model/data.pkl") {
+      auto e = zip_entries(path);
+      for (auto& [n, d] : e)
+        if (n == name) d[2] = static_cast<char>(0xff);
+      EXPECT_NE(error_of(make_zip(e, false)).find("unsupported pickle opcode 0xff"),
+                std::string::npos);
+    }
+}
+
+// Random damage to the container and, with CRCs made right again, to the pickle itself: the
+// reader returns tensors or one InputError, never crashes or reads out of bounds (ASan in CI).
+TEST(TorchFile, FuzzedFilesNeverCrash) {
+  const std::string path = kTorch + "/tied/pytorch_model.bin";
+  const std::string good = testing::slurp(path);
+  const auto entries = zip_entries(path);
+  std::mt19937 rng(7);
+  int errors = 0, parsed = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string bad;
+    if (trial % 2) {  // the pickle, re-zipped with its CRC fixed
+      auto e = entries;
+      for (auto& [name, d] : e) {
+        if (!name.ends_with("data.pkl")) continue;
+        switch (trial % 6) {
+          case 1:
+            d.resize(rng() % d.size());
+            break;
+          case 3:
+            for (int k = 0; k < 3; ++k) d[rng() % d.size()] = static_cast<char>(rng());
+            break;
+          default:
+            d.insert(rng() % d.size(), 1, static_cast<char>(rng()));
+        }
+      }
+      bad = make_zip(e, trial % 4 == 1);
+    } else {  // the container
+      bad = good;
+      if (trial % 4 == 0) {
+        bad.resize(rng() % bad.size());
+      } else {
+        for (int k = 0; k < 4; ++k) bad[bad.size() - 1 - rng() % 4000] = static_cast<char>(rng());
+      }
+    }
+    try {
+      (void)io::parse_torch_file(bad, "fuzz");
+      ++parsed;
+    } catch (const InputError&) {
+      ++errors;
+    }
+  }
+  EXPECT_GT(errors, 1000);
+  EXPECT_GT(parsed, 0);  // some damage (in names or padding) leaves a readable file
+}
+
+}  // namespace
+}  // namespace packbert
