@@ -10,52 +10,19 @@
 #include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
 
+#include "bench_batch.h"
 #include "dist/comm.h"
 #include "error.h"
 #include "kernels/cpu.h"
 #include "model/bert.h"
-#include "pack/assign.h"
-#include "pack/plan.h"
 #include "stopwatch.h"
 #include "train/loop.h"
 
 using namespace packbert;
 
 namespace {
-
-// The sequences packed by the optimal packer into rows of S slots, random tokens, 15% masked.
-model::PackedBatch packed_batch(const std::vector<int>& lengths, int S, int vocab) {
-  pack::PackOptions po;
-  po.max_len = S;
-  const pack::PackPlan plan =
-      pack::run_packer(pack::Algo::optimal, pack::histogram_of(lengths, S), po);
-  const pack::PackAssignment rows = pack::assign_sequences(plan, lengths, 1);
-  int K = 0;
-  for (int64_t p = 0; p < rows.packs(); ++p)
-    K = std::max<int>(K, static_cast<int>(rows.offsets[p + 1] - rows.offsets[p]));
-  model::PackedBatch b = model::empty_batch(static_cast<int>(rows.packs()), S, K);
-  std::mt19937 rng(7);
-  for (int64_t p = 0; p < rows.packs(); ++p) {
-    int o = 0;
-    for (int64_t k = rows.offsets[p]; k < rows.offsets[p + 1]; ++k) {
-      const int L = lengths[rows.ids[k]], n_mask = std::max(1, static_cast<int>(0.15 * L + 0.5));
-      for (int i = 0; i < L; ++i) {
-        const size_t s = static_cast<size_t>(p) * S + o + i;
-        b.input_ids[s] = 1000 + static_cast<int>(rng() % static_cast<unsigned>(vocab - 1000));
-        b.position_ids[s] = i;
-        b.token_type_ids[s] = i >= L / 2;
-        b.sequence_ids[s] = static_cast<int>(k - rows.offsets[p]) + 1;
-        if (i > 0 && i <= n_mask) b.mlm_labels[s] = 1000 + static_cast<int>(rng() % 20000);
-      }
-      b.nsp_labels[static_cast<size_t>(p) * K + (k - rows.offsets[p])] = static_cast<int>(rng() % 2);
-      o += L;
-    }
-  }
-  return b;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -117,7 +84,7 @@ int main(int argc, char** argv) {
     for (std::string tok; std::getline(ss, tok, ',');) lengths.push_back(std::stoi(tok));
     model::BertConfig c = model::bert_preset(preset);
     c.max_position_embeddings = std::max(512, max_len);
-    const model::PackedBatch whole = packed_batch(lengths, max_len, c.vocab_size);
+    const model::PackedBatch whole = bench::bench_batch(lengths, max_len, c.vocab_size);
     model::BertModel<float> m(c, model::Heads{});
     model::init_params(m.layout(), m.params().data(), 1);
     train::LoopOptions lo;
@@ -129,7 +96,8 @@ int main(int argc, char** argv) {
     int64_t tokens = 0;
     for (int s = 0; s < warmup + steps; ++s) {
       const double t0 = now_seconds();
-      const train::StepResult r = stepper.step(s, 1000, [&] { return whole; }, "");
+      const train::StepResult r = stepper.step(
+          s, 1000, [&] { return whole; }, "");
       double dt = now_seconds() - t0;
       comm.allreduce_max(&dt, 1);  // the step ends when its slowest rank does
       if (s < warmup) continue;

@@ -10,16 +10,14 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <type_traits>
 
+#include "bench_batch.h"
 #include "error.h"
 #include "kernels/cpu.h"
 #include "kernels/gemm.h"
 #include "model/bert.h"
-#include "pack/assign.h"
-#include "pack/plan.h"
 #include "stopwatch.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
@@ -140,37 +138,11 @@ int main(int argc, char** argv) {
   }
 
   // Rows: packs from the optimal packer, or one sequence per row.
-  pack::PackOptions po;
-  po.max_len = max_len;
-  pack::PackPlan plan = pack::run_packer(padded ? pack::Algo::none : pack::Algo::optimal,
-                                         pack::histogram_of(lengths, max_len), po);
-  pack::PackAssignment rows = pack::assign_sequences(plan, lengths, 1);
-
-  int K = 0;
-  for (int64_t p = 0; p < rows.packs(); ++p)
-    K = std::max<int>(K, static_cast<int>(rows.offsets[p + 1] - rows.offsets[p]));
-  model::PackedBatch b = model::empty_batch(static_cast<int>(rows.packs()), max_len, K);
-  std::mt19937 rng(7);
+  const model::PackedBatch b = bench::bench_batch(lengths, max_len, c.vocab_size, padded);
   int64_t real_tokens = 0, masked = 0;
-  for (int64_t p = 0; p < rows.packs(); ++p) {
-    int o = 0;
-    for (int64_t k = rows.offsets[p]; k < rows.offsets[p + 1]; ++k) {
-      int L = lengths[rows.ids[k]];
-      int n_mask = std::max(1, static_cast<int>(0.15 * L + 0.5));
-      for (int i = 0; i < L; ++i) {
-        size_t s = static_cast<size_t>(p) * b.S + o + i;
-        b.input_ids[s] = 1000 + static_cast<int>(rng() % 29000);
-        b.position_ids[s] = i;
-        b.token_type_ids[s] = i >= L / 2;
-        b.sequence_ids[s] = static_cast<int>(k - rows.offsets[p]) + 1;
-        if (i > 0 && i <= n_mask && i < L) b.mlm_labels[s] = 1000 + static_cast<int>(rng() % 29000);
-      }
-      masked += std::min(n_mask, L - 1);
-      b.nsp_labels[static_cast<size_t>(p) * b.K + (k - rows.offsets[p])] =
-          static_cast<int>(rng() % 2);
-      real_tokens += L;
-      o += L;
-    }
+  for (size_t s = 0; s < b.sequence_ids.size(); ++s) {
+    real_tokens += b.sequence_ids[s] > 0;
+    masked += b.mlm_labels[s] != -100;
   }
 
   model::BertModel<float> m(c, model::Heads{}, sparsity);

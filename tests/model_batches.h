@@ -15,27 +15,24 @@ inline PackedBatch make_batch(const std::vector<std::vector<int>>& packs, int S,
   std::mt19937 rng(seed);
   int K = 0;
   for (auto& p : packs) K = std::max(K, static_cast<int>(p.size()));
-  PackedBatch b = empty_batch(static_cast<int>(packs.size()), S, K);
-  for (int p = 0; p < b.B; ++p) {
-    int o = 0;
+  BatchBuilder b(static_cast<int>(packs.size()), S, K);
+  std::vector<int32_t> tokens, labels;
+  for (size_t p = 0; p < packs.size(); ++p)
     for (size_t k = 0; k < packs[p].size(); ++k) {
-      int L = packs[p][k];
+      const int L = packs[p][k];
+      tokens.assign(static_cast<size_t>(L), 0);
+      labels.assign(static_cast<size_t>(L), -100);
       for (int i = 0; i < L; ++i) {
-        size_t s = static_cast<size_t>(p) * S + o + i;
-        b.input_ids[s] = 1 + static_cast<int>(rng() % (vocab - 1));
-        b.token_type_ids[s] = i >= L / 2;
-        b.position_ids[s] = i;
-        b.sequence_ids[s] = static_cast<int>(k) + 1;
-        if (i > 0 && rng() % 4 == 0) b.mlm_labels[s] = static_cast<int>(rng() % vocab);
+        tokens[i] = 1 + static_cast<int>(rng() % (vocab - 1));
+        if (i > 0 && rng() % 4 == 0) labels[i] = static_cast<int>(rng() % vocab);
       }
-      b.nsp_labels[static_cast<size_t>(p) * b.K + k] = static_cast<int>(rng() % 2);
-      b.class_labels.push_back(static_cast<int>(rng() % 3));
-      b.span_starts.push_back(static_cast<int>(rng() % L));
-      b.span_ends.push_back(static_cast<int>(rng() % L));
-      o += L;
+      const size_t first = b.add(static_cast<int>(p), tokens, L / 2, static_cast<int>(rng() % 2));
+      std::copy(labels.begin(), labels.end(), b.batch().mlm_labels.begin() + first);
+      b.batch().class_labels.push_back(static_cast<int>(rng() % 3));
+      b.batch().span_starts.push_back(static_cast<int>(rng() % L));
+      b.batch().span_ends.push_back(static_cast<int>(rng() % L));
     }
-  }
-  return b;
+  return b.take();
 }
 
 }  // namespace packbert::model

@@ -1,6 +1,7 @@
 #include "model/batch.h"
 
 #include <algorithm>
+#include <cassert>
 
 #include "error.h"
 
@@ -19,6 +20,36 @@ PackedBatch empty_batch(int B, int S, int K, int32_t pad_id) {
   b.mlm_labels.assign(n, -100);
   b.nsp_labels.assign(static_cast<size_t>(B) * K, -100);
   return b;
+}
+
+BatchBuilder::BatchBuilder(int B, int S, int K, int32_t pad_id)
+    : b_(empty_batch(B, S, K, pad_id)),
+      used_(static_cast<size_t>(B), 0),
+      sequences_(static_cast<size_t>(B), 0) {}
+
+size_t BatchBuilder::add(int row, std::span<const int32_t> tokens, int b_start, int32_t nsp_label) {
+  const int L = static_cast<int>(tokens.size()), k = sequences_[static_cast<size_t>(row)]++;
+  int& used = used_[static_cast<size_t>(row)];
+  assert(used + L <= b_.S && k < b_.K);
+  const size_t first = static_cast<size_t>(row) * b_.S + used;
+  for (int i = 0; i < L; ++i) {
+    b_.input_ids[first + i] = tokens[static_cast<size_t>(i)];
+    b_.token_type_ids[first + i] = i >= b_start;
+    b_.position_ids[first + i] = i;
+    b_.sequence_ids[first + i] = k + 1;
+  }
+  b_.nsp_labels[static_cast<size_t>(row) * b_.K + k] = nsp_label;
+  used += L;
+  return first;
+}
+
+void BatchBuilder::compute_padding(int row) {
+  for (int i = used_[static_cast<size_t>(row)]; i < b_.S; ++i) {
+    const size_t slot = static_cast<size_t>(row) * b_.S + i;
+    b_.sequence_ids[slot] = kComputedPadding;
+    b_.position_ids[slot] = i;
+  }
+  used_[static_cast<size_t>(row)] = b_.S;
 }
 
 void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,26 @@ std::vector<int64_t> row_tokens(const PackedBatch& b);
 // B rows of S padding slots (ids 0, no labels) with room for K sequences per row: the start
 // every producer of batches fills in.
 PackedBatch empty_batch(int B, int S, int K, int32_t pad_id = 0);
+
+// Lays sequences into a batch row by row: the one writer of the packed encoding (in each row,
+// sequence ids 1, 2, ... in order, positions from 0 at each sequence start, token type 1 from
+// where segment B starts). Producers then write each sequence's labels at the slot add()
+// returned (MLM labels and masked inputs) or push them (class labels, spans).
+class BatchBuilder {
+ public:
+  BatchBuilder(int B, int S, int K, int32_t pad_id = 0);
+  // Appends a sequence to row `row` (it must fit the row's S slots and K sequences); tokens from
+  // `b_start` on are segment B. Returns the index of its first slot in the batch's B * S.
+  size_t add(int row, std::span<const int32_t> tokens, int b_start, int32_t nsp_label = -100);
+  // The rest of `row` as padding the model computes (kComputedPadding, positions continuing).
+  void compute_padding(int row);
+  PackedBatch& batch() { return b_; }
+  PackedBatch take() { return std::move(b_); }
+
+ private:
+  PackedBatch b_;
+  std::vector<int> used_, sequences_;  // per row: slots and sequences filled
+};
 
 // Where the real tokens are: the engine computes on these T tokens only, never on padding.
 struct TokenLayout {

@@ -103,23 +103,14 @@ model::PackedBatch make_batch(const std::vector<Seq>& seqs,
                               const std::vector<std::vector<int64_t>>& rows, int S) {
   int K = 1;
   for (const auto& r : rows) K = std::max(K, static_cast<int>(r.size()));
-  model::PackedBatch b = model::empty_batch(static_cast<int>(rows.size()), S, K);
-  for (int p = 0; p < b.B; ++p) {
-    int o = 0;
-    for (size_t k = 0; k < rows[p].size(); ++k) {
-      const Seq& e = seqs[rows[p][k]];
-      for (size_t i = 0; i < e.tokens.size(); ++i) {
-        size_t s = static_cast<size_t>(p) * S + o + i;
-        b.input_ids[s] = e.tokens[i];
-        b.token_type_ids[s] = static_cast<int32_t>(i) >= segment_b(e);
-        b.position_ids[s] = static_cast<int32_t>(i);
-        b.sequence_ids[s] = static_cast<int32_t>(k) + 1;
-      }
-      add_labels(b, e);
-      o += static_cast<int>(e.tokens.size());
+  model::BatchBuilder b(static_cast<int>(rows.size()), S, K);
+  for (int p = 0; p < b.batch().B; ++p)
+    for (const int64_t s : rows[p]) {
+      const Seq& e = seqs[static_cast<size_t>(s)];
+      b.add(p, e.tokens, segment_b(e));
+      add_labels(b.batch(), e);
     }
-  }
-  return b;
+  return b.take();
 }
 
 // The training both tasks share: rows shuffled per epoch, the one training step (train/loop.h)
@@ -135,7 +126,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   const int64_t micros = (static_cast<int64_t>(rows.size()) + step_rows - 1) / step_rows;
   const int64_t per_epoch = (micros + lo.accumulation - 1) / lo.accumulation;
   const int64_t total = per_epoch * o.epochs;
-  PlanRequest plan{m.config(),  m.layout().heads(),   lo.optimizer.kind, {},
+  PlanRequest plan{m.config(),   m.layout().heads(),   lo.optimizer.kind,    {},
                    lo.precision, lo.optimizer.masters, m.layout().sparsity()};
   plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
                              lo.rows_per_batch, omp_get_max_threads());

@@ -98,21 +98,14 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
     K = std::max(K, static_cast<int>(rows.back().size()));
   }
   const bool pad_compute = opt_.compute_padding && (!packs_ || opt_.one_per_row);
-  model::PackedBatch b =
-      model::empty_batch(static_cast<int>(rows.size()), slots_, K, vocab_ ? vocab_->pad() : 0);
+  model::BatchBuilder builder(static_cast<int>(rows.size()), slots_, K, vocab_ ? vocab_->pad() : 0);
+  model::PackedBatch& b = builder.batch();
   for (int p = 0; p < b.B; ++p) {
-    int o = 0;
-    for (size_t k = 0; k < rows[p].size(); ++k) {
-      const uint64_t s = rows[p][k];
+    for (const uint64_t s : rows[p]) {
       const int L = seqs_.length(s);
       const int32_t* tok = seqs_.tokens.data() + seqs_.token_offsets[s];
-      const size_t base = static_cast<size_t>(p) * b.S + o;
-      for (int i = 0; i < L; ++i) {
-        b.input_ids[base + i] = tok[i];
-        b.token_type_ids[base + i] = i >= seqs_.b_start[s];
-        b.position_ids[base + i] = i;
-        b.sequence_ids[base + i] = static_cast<int32_t>(k) + 1;
-      }
+      const size_t base =
+          builder.add(p, {tok, static_cast<size_t>(L)}, seqs_.b_start[s], seqs_.nsp_label[s]);
       if (opt_.dynamic_masking) {
         data::Example e;
         e.tokens.assign(tok, tok + L);
@@ -128,17 +121,10 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
           b.mlm_labels[base + seqs_.mlm_positions[m]] = tok[seqs_.mlm_positions[m]];
         }
       }
-      b.nsp_labels[static_cast<size_t>(p) * K + k] = seqs_.nsp_label[s];
-      o += L;
     }
-    if (pad_compute)
-      for (int i = o; i < b.S; ++i) {
-        const size_t slot = static_cast<size_t>(p) * b.S + i;
-        b.sequence_ids[slot] = model::kComputedPadding;
-        b.position_ids[slot] = i;
-      }
+    if (pad_compute) builder.compute_padding(p);
   }
-  return b;
+  return builder.take();
 }
 
 void BatchLoader::produce() {
