@@ -95,10 +95,13 @@ void run_pack(PackArgs a) {
 void register_pack(CLI::App& app) {
   auto args = std::make_shared<PackArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "pack", "Pack sequences into fixed-length rows: compare packers on a length histogram");
-  cmd->add_option(
-         "input", args->input,
-         "Length histogram: 'length count' lines, '#' comments (e.g. data/wikipedia_512.hist)")
+      "pack",
+      "Pack sequences into fixed-length rows: compare packers on a length histogram, or write "
+      "the packs file of a sequences file");
+  cmd->add_option("input", args->input,
+                  "A length histogram ('length count' lines, '#' comments, e.g. "
+                  "data/wikipedia_512.hist) or a sequences file from prepare (then --out names "
+                  "the packs file to write)")
       ->required();
   cmd->add_option("--algo", args->algo,
                   "none|spfhp|lpfhp|nnlshp|optimal, or all to compare every packer")
