@@ -191,6 +191,50 @@ TEST(Import, LoadModelReadsEveryForm) {
   }
 }
 
+// Fine-tuning (and pre-training from an encoder) start from a model without their head: the
+// missing tensors outside the encoder keep the seed's initialisation and are named; the encoder
+// comes from the file. Without `fresh` (eval, export) a missing tensor is an error; a source
+// with no config.json is refused rather than guessed.
+TEST(Import, MissingHeadsAreInitialisedFreshOnlyWhenAsked) {
+  train::FreshTensors fresh{5, 3, {}};
+  model::Heads cls;
+  cls.pretraining = false, cls.classifier = true;
+  auto m = train::load_model(kTorch + "/tied", cls, {}, &fresh);
+  EXPECT_EQ(fresh.initialized, (std::vector<std::string>{"classifier.weight", "classifier.bias"}));
+  EXPECT_EQ(m->config().num_labels, 3);
+  const io::SafetensorsFile want = expected();
+  const model::TensorSpec* q = m->layout().find("bert.encoder.layer.1.attention.self.value.weight");
+  const std::vector<float> v = want.floats(q->name);
+  EXPECT_EQ(0, std::memcmp(v.data(), m->params().data() + q->offset, v.size() * sizeof(float)));
+  const model::TensorSpec* c = m->layout().find("classifier.weight");
+  float norm = 0;
+  for (size_t i = 0; i < c->numel; ++i) norm += std::abs(m->params()[c->offset + i]);
+  EXPECT_GT(norm, 0);  // initialised, not left zero
+
+  const fs::path dir = fs::temp_directory_path() / ("packbert_import_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kTorch + "/old_names.bin", dir / "pytorch_model.bin");
+  try {
+    (void)train::load_model((dir / "pytorch_model.bin").string(), model::Heads{});
+    ADD_FAILURE() << "no config.json: expected an error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json: cannot open"), std::string::npos)
+        << e.what();
+  }
+  fs::copy_file(kTorch + "/tied/config.json", dir / "config.json");
+  try {
+    (void)train::load_model(dir.string(), model::Heads{});
+    ADD_FAILURE() << "a BertModel without pre-training heads: expected an error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing tensor 'cls."), std::string::npos) << e.what();
+  }
+  train::FreshTensors heads{5, 0, {}};
+  (void)train::load_model(dir.string(), model::Heads{}, {}, &heads);
+  EXPECT_EQ(heads.initialized.size(), 7u);  // the MLM transform, its LayerNorm, bias, NSP
+  fs::remove_all(dir);
+}
+
 TEST(TorchFile, Zip64RecordsReadTheSame) {
   const std::string path = kTorch + "/tied/pytorch_model.bin";
   const std::vector<io::TorchTensor> plain = io::read_torch_file(path);

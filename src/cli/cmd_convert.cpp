@@ -41,7 +41,7 @@ void run_convert(const ConvertArgs& a) {
               << "} (" << m->layout().tensors().size() << " tensors, F32)\n";
     return;
   }
-  const model::ImportedModel m = model::import_model(a.src, a.config);
+  const model::ImportedModel m = model::import_model(a.src, a.config, /*infer=*/true);
   const model::Heads heads = model::heads_present(m.weights);
   const std::vector<std::string> absent = model::check_imported(m, heads);
   const std::string vocab = a.vocab.empty() ? m.vocab : a.vocab;

@@ -71,6 +71,11 @@ void register_finetune(CLI::App& app) {
                 << r.train_rows << " rows";
     }
     std::cout << ", " << r.steps << " steps; model in " << opt.out_dir << '\n';
+    if (!r.initialized.empty()) {
+      std::cout << "initialised from --seed (not in --init):";
+      for (const std::string& name : r.initialized) std::cout << ' ' << name;
+      std::cout << '\n';
+    }
   });
 }
 

@@ -83,6 +83,11 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume) {
     std::cerr << ", " << dist::Comm::world().size() << " processes x " << opt.loop.rows_per_batch
               << " rows" << (opt.loop.zero ? ", optimizer state sharded (ZeRO-1)" : "");
   if (root) std::cerr << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
+  if (root && !trainer.initialized().empty())
+    std::cerr << "pretrain: --init has no " << trainer.initialized().size()
+              << " tensor(s) of the pre-training heads (" << trainer.initialized().front()
+              << (trainer.initialized().size() > 1 ? ", ..." : "")
+              << "); they start from --seed's initialisation\n";
   double tokens = 0, seconds = 0;
   const int64_t first = trainer.step();
   const train::StopReason reason = trainer.run(

@@ -105,7 +105,7 @@ BertConfig infer_config(const io::SafetensorsFile& w) {
 
 }  // namespace
 
-ImportedModel import_model(const std::string& src, const std::string& config_path) {
+ImportedModel import_model(const std::string& src, const std::string& config_path, bool infer) {
   ImportedModel m;
   std::string dir = src, weights = src;
   int shards = 0;
@@ -150,6 +150,9 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
   const std::string beside = (fs::path(dir) / "config.json").string();
   m.config_from = !config_path.empty() ? config_path : fs::exists(beside) ? beside : "";
   if (m.config_from.empty()) {
+    if (!infer)
+      throw InputError(beside + ": cannot open (a model's config.json; `packbert convert " + src +
+                       " --out DIR` can infer one from the tensor shapes, or take --config)");
     m.config = infer_config(m.weights);
     m.config_from = "inferred from the tensor shapes";
   } else {

@@ -27,9 +27,10 @@ struct ImportedModel {
 };
 
 // `config_path` (when not empty) replaces the config.json found beside the source. Without
-// either, the shape is inferred from the tensors (heads = hidden / 64, the rule every published
-// BERT follows). Throws InputError naming the file and what is wrong with it.
-ImportedModel import_model(const std::string& src, const std::string& config_path = "");
+// either, `infer` takes the shape from the tensors (heads = hidden / 64, the rule every published
+// BERT follows); else that is an error. Throws InputError naming the file and what is wrong.
+ImportedModel import_model(const std::string& src, const std::string& config_path = "",
+                           bool infer = false);
 
 // The heads whose tensors the weights hold (classifier: classifier.weight, span: qa_outputs.*,
 // pretraining: the MLM transform).

@@ -18,10 +18,16 @@ std::string pattern_name(const std::string& tensor, const char* part) {
   return "sparse." + std::string(part) + "." + tensor;
 }
 
-void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file) {
+void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file,
+                        std::vector<std::string>* fresh) {
   float* params = m.params().data();
   std::vector<SparseTensor> sparse = m.sparse_tensors();
   for (const TensorSpec& t : m.layout().tensors()) {
+    if (fresh && !file.has(t.name) && !t.name.starts_with("bert.embeddings.") &&
+        !t.name.starts_with("bert.encoder.")) {
+      fresh->push_back(t.name);
+      continue;
+    }
     if (!t.block) {
       std::vector<float> v = file.floats(t.name, &t.shape);
       std::copy(v.begin(), v.end(), params + t.offset);

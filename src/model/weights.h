@@ -21,8 +21,12 @@ void load_weights(const ParamLayout& layout, float* params, const io::Safetensor
 // load_weights. A sparse weight comes from its kept blocks and pattern (a packbert checkpoint of
 // the same sparsity: the values under the weight's name, the pattern under pattern_name), or
 // from a dense tensor of the weight's full shape, pruned to its blocks of largest L1 norm
-// (`--init` from a dense model).
-void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file);
+// (`--init` from a dense model). With `fresh`, a tensor outside the embeddings and encoder that
+// the file lacks (a task head, the pooler, the pre-training heads of a BertForMaskedLM) keeps the
+// value the model holds (the caller initialised it) and its name is appended to `fresh`, as
+// transformers does for newly initialised weights; without, it is an error.
+void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file,
+                        std::vector<std::string>* fresh = nullptr);
 
 // The checkpoint names of a sparse weight's pattern: its blocks' rows and columns (I32, [kept]).
 std::string pattern_name(const std::string& tensor, const char* part);

@@ -27,34 +27,15 @@ namespace {
 
 // Model for fine-tuning: weights from `init` (HF directory or checkpoint); the task's head is
 // initialised fresh when the source has none.
+// The model to fine-tune from --init (any form load_model reads), its head (and any other
+// tensor outside the encoder that --init lacks) initialised from the seed and named in
+// `initialized`.
 std::unique_ptr<model::BertModel<float>> model_from(const std::string& init, model::Heads heads,
-                                                    int num_labels, uint64_t seed) {
-  namespace fs = std::filesystem;
-  model::BertConfig c;
-  std::unique_ptr<io::SafetensorsFile> f;
-  if (fs::is_directory(init)) {
-    std::ifstream cf(init + "/config.json");
-    if (!cf)
-      throw InputError(init + "/config.json: cannot open (not a Hugging Face model directory?)");
-    c = model::config_from_json(nlohmann::json::parse(cf, nullptr, false), init + "/config.json");
-    f = std::make_unique<io::SafetensorsFile>(
-        io::SafetensorsFile::read(init + "/model.safetensors"));
-  } else {
-    f = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::read(init));
-    auto it = f->metadata().find("config");
-    if (it == f->metadata().end()) throw InputError(init + ": no 'config' in the metadata");
-    c = model::config_from_json(nlohmann::json::parse(it->second, nullptr, false),
-                                init + " (config)");
-  }
-  if (num_labels > 0) c.num_labels = num_labels;
-  auto m = std::make_unique<model::BertModel<float>>(c, heads);
-  model::init_params(m->layout(), m->params().data(), seed);
-  for (const model::TensorSpec& t : m->layout().tensors()) {
-    const bool head = t.name.rfind("classifier.", 0) == 0 || t.name.rfind("qa_outputs.", 0) == 0;
-    if (head && !f->has(t.name)) continue;  // fresh head
-    auto v = f->floats(t.name, &t.shape);
-    std::copy(v.begin(), v.end(), m->params().begin() + static_cast<long>(t.offset));
-  }
+                                                    int num_labels, uint64_t seed,
+                                                    std::vector<std::string>& initialized) {
+  FreshTensors fresh{seed, num_labels, {}};
+  auto m = load_model(init, heads, {}, &fresh);
+  initialized = std::move(fresh.initialized);
   return m;
 }
 
@@ -245,7 +226,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   model::Heads heads;
   heads.pretraining = false;
   heads.classifier = true;
-  auto m = model_from(o.init, heads, res.num_labels, o.loop.seed);
+  auto m = model_from(o.init, heads, res.num_labels, o.loop.seed, res.initialized);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
   std::vector<int64_t> per_label(res.num_labels, 0);
   for (const auto& e : train) ++per_label[e.label];
@@ -300,7 +281,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   model::Heads heads;
   heads.pretraining = false;
   heads.span = true;
-  auto m = model_from(o.init, heads, 0, o.loop.seed);
+  auto m = model_from(o.init, heads, 0, o.loop.seed, res.initialized);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
   const auto tr = make_rows(lengths_of(tf.features), o.max_seq_len, o.packed, o.loop.seed);
   const auto dv = make_rows(lengths_of(df.features), o.max_seq_len, o.packed, o.loop.seed);

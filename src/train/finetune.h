@@ -50,12 +50,14 @@ struct FinetuneResult {
   int64_t train_sequences = 0, dev_sequences = 0;  // examples (classify) or windows (squad)
   int64_t train_rows = 0;                          // rows after packing
   int64_t skipped = 0;  // squad training questions whose answer is not in the context
+  std::vector<std::string> initialized;  // tensors --init lacked, initialised from the seed
 };
 
-// Fine-tunes the model at `init` (HF directory or checkpoint; a missing classifier / qa_outputs
-// head is initialised fresh), evaluating on dev after every epoch (accuracy, or SQuAD exact
-// match and F1 with the predictions written to out_dir/predictions.json), and exports the result
-// to out_dir (HF layout, with the head). Appends JSONL metrics to out_dir/metrics.jsonl.
+// Fine-tunes the model at `init` (any form train::load_model reads; a tensor outside the
+// encoder that it lacks, such as the classifier / qa_outputs head, is initialised fresh),
+// evaluating on dev after every epoch (accuracy, or SQuAD exact match and F1 with the predictions
+// written to out_dir/predictions.json), and exports the result to out_dir (HF layout, with the
+// head). Appends JSONL metrics to out_dir/metrics.jsonl.
 FinetuneResult finetune(const FinetuneOptions& options);
 
 struct TaskEvalOptions {

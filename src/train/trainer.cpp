@@ -65,31 +65,31 @@ std::string sparsity_text(const model::Sparsity& s) {
 }  // namespace
 
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
-                                                    model::Sparsity sparsity) {
-  std::unique_ptr<model::BertModel<float>> m;
+                                                    model::Sparsity sparsity, FreshTensors* fresh) {
+  model::BertConfig config;
+  io::SafetensorsFile f;
   if (!model::is_packbert_checkpoint(path)) {  // a Hugging Face model, in any of its forms
-    const model::ImportedModel hf = model::import_model(path);
-    m = std::make_unique<model::BertModel<float>>(hf.config, heads, sparsity);
-    model::load_model_weights(*m, hf.weights);
-    return m;
+    model::ImportedModel hf = model::import_model(path);
+    config = hf.config;
+    f = std::move(hf.weights);
+  } else {
+    f = io::SafetensorsFile::read(path);
+    config = config_of(f);
+    const model::Sparsity was = sparsity_of(f);
+    if (was.on() && !sparsity.on()) {  // a sparse checkpoint, wanted dense: its dense equivalent
+      model::BertModel<float> sparse(config, model::heads_present(f), was);
+      model::load_model_weights(sparse, f);
+      const model::OwnedTensors dense = model::dense_weight_tensors(sparse, sparse.params().data());
+      f = io::SafetensorsFile::parse(io::serialize_safetensors(dense.tensors, f.metadata()), path);
+    } else if (was.on() && !(was == sparsity)) {
+      throw InputError(path + ": was trained with " + sparsity_text(was) + ", not " +
+                       sparsity_text(sparsity) + " (a dense model can be pruned to any pattern)");
+    }
   }
-  io::SafetensorsFile f = io::SafetensorsFile::read(path);
-  const model::Sparsity was = sparsity_of(f);
-  if (was.on() && !sparsity.on()) {  // a sparse checkpoint, wanted dense: its dense equivalent
-    model::BertModel<float> sparse(config_of(f), heads, was);
-    model::load_model_weights(sparse, f);
-    m = std::make_unique<model::BertModel<float>>(config_of(f), heads);
-    const model::OwnedTensors dense = model::dense_weight_tensors(sparse, sparse.params().data());
-    float* params = m->params().data();
-    for (const io::TensorToWrite& t : dense.tensors)
-      std::memcpy(params + m->layout().find(t.name)->offset, t.data, t.bytes);
-    return m;
-  }
-  if (was.on() && !(was == sparsity))
-    throw InputError(path + ": was trained with " + sparsity_text(was) + ", not " +
-                     sparsity_text(sparsity) + " (a dense model can be pruned to any pattern)");
-  m = std::make_unique<model::BertModel<float>>(config_of(f), heads, sparsity);
-  model::load_model_weights(*m, f);
+  if (fresh && fresh->num_labels > 0) config.num_labels = fresh->num_labels;
+  auto m = std::make_unique<model::BertModel<float>>(config, heads, sparsity);
+  if (fresh) model::init_params(m->layout(), m->params().data(), fresh->seed);
+  model::load_model_weights(*m, f, fresh ? &fresh->initialized : nullptr);
   return m;
 }
 
@@ -295,7 +295,9 @@ void Trainer::setup(bool resume) {
     train_flops_ = state.value("train_flops", 0.0);
   } else if (!opt_.init.empty()) {
     io::AllocationScope scope("the model loaded from " + opt_.init);
-    model_ = load_model(opt_.init, heads, opt_.sparse.sparsity);
+    FreshTensors fresh{lo.seed, 0, {}};
+    model_ = load_model(opt_.init, heads, opt_.sparse.sparsity, &fresh);
+    initialized_ = std::move(fresh.initialized);
   } else {
     model::BertConfig c = model::bert_preset(opt_.preset);
     c.vocab_size = seqs_.vocab_size;

@@ -118,6 +118,8 @@ class Trainer {
   std::string checkpoint_path() const;
   int64_t saved_step() const { return saved_step_; }  // step of the checkpoint on disk; -1: none
   int64_t outlier_skips() const { return stepper_->outlier_skips(); }
+  // The tensors --init did not hold (heads, pooler), initialised from the seed instead.
+  const std::vector<std::string>& initialized() const { return initialized_; }
 
  private:
   void setup(bool resume);
@@ -129,6 +131,7 @@ class Trainer {
   std::optional<data::PacksFile> packs_;
   std::optional<data::Vocab> vocab_;
   std::unique_ptr<model::BertModel<float>> model_;
+  std::vector<std::string> initialized_;
   std::unique_ptr<Stepper> stepper_;
   std::unique_ptr<BatchLoader> loader_;
   LoaderOptions train_rows_, eval_rows_;
@@ -139,7 +142,7 @@ class Trainer {
   Cursor cursor_;
   double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included
   int64_t saved_step_ = -1;
-  bool new_log_ = false;  // run() replaces metrics.jsonl (a new run) instead of appending
+  bool new_log_ = false;    // run() replaces metrics.jsonl (a new run) instead of appending
   double train_flops_ = 0;  // the encoder's linear-layer training FLOPs so far (resumes too)
 };
 
@@ -149,8 +152,17 @@ class Trainer {
 // `sparsity` on, dense weights are pruned to their largest blocks (L1) and a block-sparse
 // checkpoint must have the same block and sparsity; without, a block-sparse checkpoint loads as
 // its dense equivalent (zeros outside the pattern).
+// With `fresh` (fine-tuning, or pre-training from an encoder): the model is first initialised
+// from fresh->seed, `num_labels` (when > 0) sizes the classifier, and the tensors the source
+// lacks outside the embeddings and encoder keep their initial values, named in `initialized`.
+struct FreshTensors {
+  uint64_t seed = 0;
+  int num_labels = 0;
+  std::vector<std::string> initialized;
+};
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
-                                                    model::Sparsity sparsity = {});
+                                                    model::Sparsity sparsity = {},
+                                                    FreshTensors* fresh = nullptr);
 
 // Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
 // into an existing directory (each file atomically). The architecture follows the model's head:
