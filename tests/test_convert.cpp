@@ -172,6 +172,27 @@ TEST_F(Convert, AWrongVocabularyIsRefused) {
   EXPECT_NE(r.err.find("30522 tokens, the model's vocab_size is 40"), std::string::npos) << r.err;
 }
 
+// A file packbert wrote (a checkpoint, here the PyTorch golden, which carries its config the same
+// way) is exported: its weights as F32 under the same names, and its config as config.json.
+TEST_F(Convert, APackbertCheckpointIsExported) {
+  const std::string golden = std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h40.safetensors";
+  const Result r = run("convert " + golden + " --out " + (dir_ / "m").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("converted packbert checkpoint"), std::string::npos) << r.out;
+  const io::SafetensorsFile got = io::SafetensorsFile::read((dir_ / "m/model.safetensors").string());
+  const io::SafetensorsFile want = io::SafetensorsFile::read(golden);
+  int weights = 0;
+  for (const auto& [name, e] : got.tensors()) {
+    if (name.starts_with("cls.predictions.decoder.")) continue;  // tied, written for transformers
+    ASSERT_TRUE(want.has(name)) << name;
+    EXPECT_TRUE(got.raw(name) == want.raw(name)) << name;
+    ++weights;
+  }
+  EXPECT_GT(weights, 30);
+  EXPECT_TRUE(fs::exists(dir_ / "m/config.json"));
+  EXPECT_FALSE(fs::exists(dir_ / "m/vocab.txt"));  // none known for a checkpoint without --vocab
+}
+
 // --init (train::load_model) reads every form convert does, with the same values.
 TEST(Import, LoadModelReadsEveryForm) {
   const io::SafetensorsFile want = expected();
