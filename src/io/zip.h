@@ -25,6 +25,7 @@ class ZipArchive {
     uint64_t size = 0;    // bytes, compressed and not (method 0 only)
     uint16_t method = 0;  // 0 stored, 8 deflated (refused when read)
     uint32_t crc = 0;
+    mutable bool checked = false;  // the CRC-32 matched once already
   };
   const std::map<std::string, Entry>& entries() const { return entries_; }
   bool has(const std::string& name) const { return entries_.count(name) != 0; }
