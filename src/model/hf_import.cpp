@@ -17,12 +17,15 @@ using nlohmann::json;
 
 namespace {
 
-// One file's tensors, as torch_file reads them (safetensors files are copied into the same form).
-std::vector<io::TorchTensor> read_tensors(const std::string& path) {
+// One file's tensors, as torch_file reads them (safetensors files are copied into the same form);
+// `format` says which the file was, by its content.
+std::vector<io::TorchTensor> read_tensors(const std::string& path, std::string& format) {
   std::string bytes = io::read_file(path);
+  format = "torch.save";
   if (bytes.compare(0, 2, "PK") == 0 ||
       (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80))
     return io::parse_torch_file(std::move(bytes), path);
+  format = "safetensors";
   const io::SafetensorsFile f = io::SafetensorsFile::parse(std::move(bytes), path);
   std::vector<io::TorchTensor> out;
   for (const auto& [name, e] : f.tensors())
@@ -40,7 +43,8 @@ json read_json(const std::string& path) {
 
 // The tensors of a shard index ({"weight_map": {tensor: shard file}}), each shard read once;
 // every tensor the map names must be in its shard.
-std::vector<io::TorchTensor> read_shards(const std::string& index, int& shards) {
+std::vector<io::TorchTensor> read_shards(const std::string& index, int& shards,
+                                         std::string& format) {
   const json j = read_json(index);
   if (!j.contains("weight_map") || !j["weight_map"].is_object())
     throw InputError(index + ": no \"weight_map\" object (not a shard index)");
@@ -53,7 +57,7 @@ std::vector<io::TorchTensor> read_shards(const std::string& index, int& shards) 
   std::vector<io::TorchTensor> out;
   for (auto& [shard, names] : by_shard) {
     const std::string path = (fs::path(index).parent_path() / shard).string();
-    for (io::TorchTensor& t : read_tensors(path)) {
+    for (io::TorchTensor& t : read_tensors(path, format)) {
       names.erase(t.name);
       out.push_back(std::move(t));
     }
@@ -126,10 +130,9 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
     dir = fs::path(src).parent_path().string();
     if (dir.empty()) dir = ".";
   }
-  std::vector<io::TorchTensor> tensors =
-      weights.ends_with(".json") ? read_shards(weights, shards) : read_tensors(weights);
-  m.format =
-      std::string(weights.find(".safetensors") != std::string::npos ? "safetensors" : "torch.save");
+  std::vector<io::TorchTensor> tensors = weights.ends_with(".json")
+                                             ? read_shards(weights, shards, m.format)
+                                             : read_tensors(weights, m.format);
   if (shards) m.format += ", " + std::to_string(shards) + " shards";
 
   bool bare = true;

@@ -25,8 +25,6 @@ namespace packbert::train {
 
 namespace {
 
-// Model for fine-tuning: weights from `init` (HF directory or checkpoint); the task's head is
-// initialised fresh when the source has none.
 // The model to fine-tune from --init (any form load_model reads), its head (and any other
 // tensor outside the encoder that --init lacks) initialised from the seed and named in
 // `initialized`.
