@@ -11,14 +11,21 @@
 
 namespace packbert::io {
 
-namespace {
-
 size_t dtype_size(const std::string& d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;
   if (d == "F32" || d == "I32" || d == "U32") return 4;
   if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
   if (d == "U8" || d == "I8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
   return 0;
+}
+
+namespace {
+
+// The header's length: the file's first 8 bytes, little-endian.
+uint64_t header_length(const char* first8) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<uint8_t>(first8[i]);
+  return n;
 }
 
 std::string shape_text(const std::vector<int64_t>& s) {
@@ -53,14 +60,29 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
   return parse(read_file(path), path);
 }
 
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char first8[8];
+  if (!in.read(first8, 8)) return {};
+  const uint64_t n = header_length(first8);
+  if (n > (uint64_t{1} << 28)) return {};
+  std::string header(n, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(n))) return {};
+  const nlohmann::json j = nlohmann::json::parse(header, nullptr, false);
+  if (!j.is_object() || !j.contains("__metadata__") || !j["__metadata__"].is_object()) return {};
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : j["__metadata__"].items())
+    out[k] = v.is_string() ? v.get<std::string>() : v.dump();  // (parse() refuses non-strings)
+  return out;
+}
+
 SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& source) {
   SafetensorsFile f;
   f.source_ = source;
   f.bytes_ = std::move(bytes);
   auto fail = [&](const std::string& what) { throw InputError(source + ": " + what); };
   if (f.bytes_.size() < 8) fail("truncated: shorter than the 8-byte header length");
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<uint8_t>(f.bytes_[i]);
+  const uint64_t n = header_length(f.bytes_.data());
   if (n > f.bytes_.size() - 8)
     fail("truncated: header claims " + std::to_string(n) + " bytes, file has " +
          std::to_string(f.bytes_.size() - 8) + " after the length");

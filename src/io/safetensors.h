@@ -12,6 +12,9 @@
 
 namespace packbert::io {
 
+// Bytes per element of a safetensors dtype (F32, BF16, I64, ...); 0 for an unknown one.
+size_t dtype_size(const std::string& dtype);
+
 struct TensorEntry {
   std::string dtype;  // F32, F64, I32, I64, F16, BF16, U8, I8, BOOL, ...
   std::vector<int64_t> shape;
@@ -44,6 +47,10 @@ class SafetensorsFile {
   std::map<std::string, TensorEntry> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// The file's __metadata__, reading only its header; empty when the file cannot be read, is not
+// safetensors or has none (a probe: nothing here is an error).
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 
 struct TensorToWrite {
   std::string name;

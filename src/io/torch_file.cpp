@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/safetensors.h"
 #include "io/zip.h"
 
 namespace packbert::io {
@@ -49,10 +50,6 @@ struct Value {
   int64_t offset = 0;      // tensor: storage offset in elements
   std::vector<int64_t> shape, stride;
 };
-
-int64_t dtype_size(const std::string& d) {
-  return d == "F64" || d == "I64" ? 8 : d == "F32" || d == "I32" ? 4 : 2;
-}
 
 class Unpickler {
  public:
@@ -387,7 +384,8 @@ class Unpickler {
 
 // The tensor's elements copied out of its storage in row-major order.
 std::string contiguous(const Value& t, std::string_view storage, const std::string& where) {
-  const int64_t es = dtype_size(t.dtype), numel = static_cast<int64_t>(storage.size()) / es;
+  const int64_t es = static_cast<int64_t>(dtype_size(t.dtype)),
+                numel = static_cast<int64_t>(storage.size()) / es;
   int64_t count = 1, last = t.offset;
   bool past = t.offset > numel;
   for (size_t d = 0; d < t.shape.size() && count > 0; ++d) {
@@ -479,7 +477,7 @@ std::vector<TorchTensor> parse_torch_file(std::string bytes, const std::string& 
     TorchTensor o{vm.value(dict->items[k]).s, t.dtype, t.shape, {}};
     const std::string where = source + ": " + o.name;
     const std::string_view bytes_of = zip.bytes(prefix + "data/" + storage.s);
-    const int64_t es = dtype_size(t.dtype);
+    const int64_t es = static_cast<int64_t>(dtype_size(t.dtype));
     if (bytes_of.size() % es || static_cast<int64_t>(bytes_of.size()) / es != storage.i)
       throw InputError(where + ": its storage '" + storage.s + "' holds " +
                        std::to_string(bytes_of.size()) + " bytes, expected " +

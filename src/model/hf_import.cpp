@@ -182,7 +182,7 @@ std::vector<std::string> check_imported(const ImportedModel& m, const Heads& hea
   std::vector<std::string> absent;
   for (const TensorSpec& t : layout.tensors()) {
     if (!m.weights.has(t.name)) {
-      if (t.name.starts_with("bert.embeddings.") || t.name.starts_with("bert.encoder."))
+      if (is_encoder_tensor(t.name))
         throw InputError(m.weights.source() + ": missing tensor '" + t.name + "' (config from " +
                          m.config_from + ")");
       absent.push_back(t.name);
@@ -213,17 +213,7 @@ void write_imported(const ImportedModel& m, const std::string& dir) {
 }
 
 bool is_packbert_checkpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  unsigned char len[8];
-  if (fs::is_directory(path) || !in.read(reinterpret_cast<char*>(len), 8)) return false;
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | len[i];
-  if (n > (uint64_t{1} << 28)) return false;
-  std::string header(n, '\0');
-  if (!in.read(header.data(), static_cast<std::streamsize>(n))) return false;
-  const json j = json::parse(header, nullptr, false);
-  return j.is_object() && j.contains("__metadata__") && j["__metadata__"].is_object() &&
-         j["__metadata__"].contains("config");
+  return !fs::is_directory(path) && io::read_safetensors_metadata(path).count("config") != 0;
 }
 
 }  // namespace packbert::model

@@ -206,4 +206,8 @@ template struct ParamView<kernels::bf16>;
 template void init_params<float>(const ParamLayout&, float*, uint64_t);
 template void init_params<double>(const ParamLayout&, double*, uint64_t);
 
+bool is_encoder_tensor(const std::string& name) {
+  return name.starts_with("bert.embeddings.") || name.starts_with("bert.encoder.");
+}
+
 }  // namespace packbert::model

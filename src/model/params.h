@@ -95,6 +95,10 @@ struct ParamView {
 // holds the same; the FLOP counts of plan, metrics and benchmarks derive from it.
 size_t layer_linear_numel(const ParamLayout& layout);
 
+// Whether a tensor is part of the embeddings or encoder (bert.embeddings.*, bert.encoder.*): what
+// every model needs from its source, where heads and the pooler may start fresh.
+bool is_encoder_tensor(const std::string& name);
+
 // Whether the bf16 engine (Precision::bf16) reads tensor t only in bf16: the encoder layers'
 // and the MLM transform's matrices (GEMM operands) and the word embeddings (the MLM decoder's
 // operand, and the embedding gather under bf16 master weights). Every other tensor (biases,

@@ -23,8 +23,7 @@ void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file,
   float* params = m.params().data();
   std::vector<SparseTensor> sparse = m.sparse_tensors();
   for (const TensorSpec& t : m.layout().tensors()) {
-    if (fresh && !file.has(t.name) && !t.name.starts_with("bert.embeddings.") &&
-        !t.name.starts_with("bert.encoder.")) {
+    if (fresh && !file.has(t.name) && !is_encoder_tensor(t.name)) {
       fresh->push_back(t.name);
       continue;
     }
