@@ -1,10 +1,11 @@
 # packbert: `make demo` and `make test` set everything up (Debian packages via apt-get) and build.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := -G Ninja
 
-.PHONY: setup build demo test test-fast test-asan bench clean format
+.PHONY: setup build demo test test-fast test-asan test-tsan bench clean format
 
 setup:
 	@bash scripts/setup.sh
@@ -18,8 +19,9 @@ build: setup $(BUILD)/build.ninja
 demo: build
 	./$(BUILD)/packbert demo --workdir out/demo
 
-# The test command: the optimised build, then the same tests under ASan + UBSan.
-test: test-fast test-asan
+# The test command: the optimised build, then the same tests under ASan + UBSan, then the
+# interrupted-training tests under ThreadSanitizer.
+test: test-fast test-asan test-tsan
 
 test-fast: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -30,6 +32,9 @@ test-asan: setup
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
+test-tsan: setup
+	bash scripts/test_tsan.sh $(TSAN_BUILD) $(JOBS)
+
 bench: build
 	./$(BUILD)/pack_bench --runs 5
 
@@ -37,4 +42,4 @@ format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -16,6 +16,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/bf16.h"
+#include "kernels/block_gemm.h"
 #include "kernels/cpu.h"
 #include "kernels/dropout.h"
 #include "kernels/fastmath.h"
@@ -680,6 +681,76 @@ TEST(KernelBf16, GemmMatchesTheExactProductOfItsOperands) {
                   << " at (" << i << ", " << j << ")";
             }
         }
+}
+
+// Attention's one-thread bf16 block product equals the double product of its operands rounded to
+// bf16, up to fp32 accumulation: fp32 and bf16 operands, every transpose, a transposed and an
+// accumulating output, odd sizes (K odd, N past one 32-column tile and not a multiple of 16).
+TEST(KernelBf16, BlockProductMatchesTheExactProductOfItsRoundedOperands) {
+  if (!block_gemm_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int pad = 3;
+  auto run = [&]<typename SA, typename SB>(int M, int N, int K, bool ta, bool tb, bool tc,
+                                           bool acc) {
+    const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = (tc ? M : N) + pad;
+    std::vector<SA> A(static_cast<size_t>(lda) * (ta ? K : M));
+    std::vector<SB> B(static_cast<size_t>(ldb) * (tb ? N : K));
+    auto fill = [&](auto& v) {
+      for (auto& x : v)
+        if constexpr (std::is_same_v<std::decay_t<decltype(x)>, bf16>)
+          x = to_bf16(nd(rng));
+        else
+          x = nd(rng);
+    };
+    fill(A);
+    fill(B);
+    auto value = [](auto x) -> double {
+      if constexpr (std::is_same_v<decltype(x), bf16>)
+        return to_float(x);
+      else
+        return to_float(to_bf16(x));
+    };
+    std::vector<float> C(static_cast<size_t>(ldc) * (tc ? N : M));
+    for (float& c : C) c = nd(rng);
+    const std::vector<float> C0 = C;
+    const float alpha = 0.5f;
+    std::vector<bf16> pack(block_gemm_pack_elems(M, N, K));
+    block_gemm_bf16(M, N, K, alpha, MatView<SA>{A.data(), lda, ta}, MatView<SB>{B.data(), ldb, tb},
+                    OutView{C.data(), ldc, tc, acc}, pack.data());
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double want = 0, mag = 0;
+        for (int k = 0; k < K; ++k) {
+          const double a = value(ta ? A[k * lda + i] : A[i * lda + k]);
+          const double b = value(tb ? B[j * ldb + k] : B[k * ldb + j]);
+          want += a * b;
+          mag += std::abs(a * b);
+        }
+        const size_t at = tc ? static_cast<size_t>(j) * ldc + i : static_cast<size_t>(i) * ldc + j;
+        want = alpha * want + (acc ? C0[at] : 0.0);
+        ASSERT_NEAR(C[at], want, 1e-5 * (mag + std::abs(C0[at])) + 1e-6)
+            << "M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb << " tc=" << tc
+            << " acc=" << acc << " at (" << i << ", " << j << ")";
+      }
+    // Outside the output's M x N, nothing changed (the padding columns of C).
+    for (size_t at = 0; at < C.size(); ++at) {
+      if (static_cast<int>(at % ldc) >= (tc ? M : N)) {
+        ASSERT_EQ(C[at], C0[at]) << at;
+      }
+    }
+  };
+  for (const auto& [M, N, K] :
+       {std::array{37, 45, 53}, std::array{9, 70, 64}, std::array{1, 1, 1}, std::array{64, 17, 2}})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const bool tc : {false, true})
+          for (const bool acc : {false, true}) {
+            run.template operator()<float, float>(M, N, K, ta, tb, tc, acc);
+            run.template operator()<bf16, float>(M, N, K, ta, tb, tc, acc);
+            run.template operator()<float, bf16>(M, N, K, ta, tb, tc, acc);
+            run.template operator()<bf16, bf16>(M, N, K, ta, tb, tc, acc);
+          }
 }
 
 TEST(KernelBf16, RefusedWithTheMissingFeatureNamed) {

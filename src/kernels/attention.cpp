@@ -6,6 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/block_gemm.h"
 #include "kernels/dropout.h"
 #include "kernels/fastmath.h"
 #include "kernels/gemm.h"
@@ -15,7 +16,9 @@ namespace packbert::kernels {
 // Each (sequence, head) block is two GEMMs forward (Q·Kᵀ, P·V) and four backward (five when the
 // probabilities are recomputed) over strided views of qkv (row stride 3C), run in parallel over
 // blocks; inside a parallel region oneDNN's sgemm runs single-threaded, so the two levels of
-// parallelism do not fight.
+// parallelism do not fight. Under bf16 (a bf16 qkv) on a CPU with AVX512-BF16, the six products
+// run as one thread's bf16 block products instead (kernels/block_gemm.h), on q, k and v as
+// stored, with P, dO and dS rounded to bf16 as they are packed.
 
 void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64_t* off) {
   off[0] = 0;
@@ -67,9 +70,23 @@ void softmax_backward_row(T* __restrict d, const T* __restrict p, int L, T scale
 
 }  // namespace
 
+namespace {
+
+// Floats of packing room the bf16 block products of one (sequence, head) block need: the
+// largest of the three product shapes (L x L x hs, L x hs x L, hs x L x L), with room to align.
+int64_t pack_floats(int L, int hs) {
+  const int64_t elems = std::max({block_gemm_pack_elems(L, L, hs), block_gemm_pack_elems(L, hs, L),
+                                  block_gemm_pack_elems(hs, L, L)});
+  return (elems + 1) / 2 + 16;
+}
+
+}  // namespace
+
 int64_t attention_scratch_elems(int max_len, int threads, int head_size) {
-  return static_cast<int64_t>(threads) * max_len *
-         (3 * static_cast<int64_t>(max_len) + 4 * static_cast<int64_t>(head_size));
+  return static_cast<int64_t>(threads) *
+         (static_cast<int64_t>(max_len) *
+              (3 * static_cast<int64_t>(max_len) + 4 * static_cast<int64_t>(head_size)) +
+          pack_floats(max_len, head_size));
 }
 
 namespace {
@@ -115,14 +132,16 @@ Head<T> head_block(const S* qkv, int a, int L, int h, int hs, int C, T* scratch)
 // no-op for values read back from bf16), then divided by their sum, so that the row sums to 1 as
 // softmax's backward assumes (otherwise dS rows no longer sum to 0, and the key bias, whose true
 // gradient is 0, picks up rounding noise).
+// `round` is false for a row read back from bf16, where rounding would change nothing.
 template <typename T>
-void decode_probs_row(T* p, int L) {
+void decode_probs_row(T* __restrict p, int L, bool round) {
+  if (round)
+    for (int j = 0; j < L; ++j) p[j] = to_float(to_bf16(static_cast<float>(p[j])));
   T sum = 0;
-  for (int j = 0; j < L; ++j) {
-    p[j] = to_float(to_bf16(static_cast<float>(p[j])));
-    sum += p[j];
-  }
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < L; ++j) sum += p[j];
   const T inv = T(1) / sum;
+#pragma omp simd
   for (int j = 0; j < L; ++j) p[j] *= inv;
 }
 
@@ -140,8 +159,10 @@ struct Work {
   const int64_t* offsets;
   T* scratch;
   int64_t per_thread;
+  int max_len;
   Work(AttentionWork<T> w, const int32_t* cu_seqlens, int n_seq, int C, int NH) {
     const int L = max_length(cu_seqlens, n_seq);
+    max_len = L;
     per_thread = attention_scratch_elems(L, 1, C / NH);
     offsets = w.offsets;
     if (!offsets) {
@@ -171,6 +192,111 @@ template <typename T>
 T* out_scratch(T* mine, int L, int hs) {
   return qkv_scratch(mine, L) + 3 * static_cast<int64_t>(L) * hs;
 }
+// The bf16 block products' packing room, after the output block; sized for the longest
+// sequence (max_len), so it does not move with L.
+template <typename T>
+bf16* pack_scratch(T* mine, int max_len, int hs) {
+  return reinterpret_cast<bf16*>(out_scratch(mine, max_len, hs) +
+                                 static_cast<int64_t>(max_len) * hs);
+}
+
+// One (sequence, head) block of a bf16 qkv as stored: q at q, rows 3C apart, k and v C and 2C on.
+struct Head16 {
+  const bf16* q;
+  int ld, C;
+  MatView<bf16> Q(bool trans = false) const { return {q, ld, trans}; }
+  MatView<bf16> K(bool trans = false) const { return {q + C, ld, trans}; }
+  MatView<bf16> V(bool trans = false) const { return {q + 2 * C, ld, trans}; }
+};
+
+// One (sequence, head) block's operands: q | k | v as T rows for T products (in place, or
+// widened into scratch), or, with `pack` set, as stored in bf16 for bf16 block products.
+template <typename T>
+struct Operands {
+  Head<T> x{};
+  Head16 x16{};
+  bf16* pack = nullptr;
+  T* widened = nullptr;  // [L, hs] of scratch for the bf16 form's queries widened (dK's product)
+  int L = 0, hs = 0;
+};
+template <typename T, typename S>
+Operands<T> block_operands(const S* qkv, int a, int L, int h, int hs, int C, T* mine, int max_len,
+                           bool products16) {
+  Operands<T> b;
+  b.L = L, b.hs = hs;
+  if constexpr (std::is_same_v<S, bf16>)
+    if (products16) {
+      b.x16 = {qkv + static_cast<int64_t>(a) * 3 * C + h * hs, 3 * C, C};
+      b.pack = pack_scratch(mine, max_len, hs);
+      b.widened = qkv_scratch(mine, L);
+      return b;
+    }
+  b.x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
+  return b;
+}
+
+// The block's six products, each as a bf16 block product when the operands say so, else as a T
+// gemm. P = softmax(scale Q Kᵀ) row by row: forward and a recomputing backward both call this,
+// so a rebuilt block is the kept one bit for bit.
+template <typename T>
+void block_probs(T* P, const Operands<T>& b, T scale) {
+  const int L = b.L;
+  if constexpr (std::is_same_v<T, float>)
+    if (b.pack) {
+      block_gemm_bf16(L, L, b.hs, scale, b.x16.Q(), b.x16.K(true), OutView{P, L}, b.pack);
+      for (int i = 0; i < L; ++i) {
+        const int64_t r = static_cast<int64_t>(i) * L;
+        softmax_row(P + r, P + r, L);
+      }
+      return;
+    }
+  probs_block(P, b.x.q, b.x.ld, b.x.off, L, b.hs, scale);
+}
+// out[L, hs] (rows ldo apart) = Pv V.
+template <typename T>
+void block_pv(T* out, int ldo, const T* Pv, const Operands<T>& b) {
+  if constexpr (std::is_same_v<T, float>)
+    if (b.pack)
+      return block_gemm_bf16(b.L, b.hs, b.L, 1.0f, MatView<float>{Pv, b.L}, b.x16.V(),
+                             OutView{out, ldo}, b.pack);
+  gemm(false, false, b.L, b.hs, b.L, T(1), Pv, b.L, b.x.q + 2 * b.x.off, b.x.ld, T(0), out, ldo);
+}
+// dP[L, L] = dO Vᵀ (dO rows ldo apart).
+template <typename T>
+void block_dp(T* dP, const T* dO, int ldo, const Operands<T>& b) {
+  if constexpr (std::is_same_v<T, float>)
+    if (b.pack)
+      return block_gemm_bf16(b.L, b.L, b.hs, 1.0f, MatView<float>{dO, ldo}, b.x16.V(true),
+                             OutView{dP, b.L}, b.pack);
+  gemm(false, true, b.L, b.L, b.hs, T(1), dO, ldo, b.x.q + 2 * b.x.off, b.x.ld, T(0), dP, b.L);
+}
+// dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q into dQ's block of dqkv (rows ld apart). The bf16 form of
+// dV computes dVᵀ = dOᵀ Pv and writes it back transposed. dK stays an fp32 product, over the
+// queries widened: the key bias's true gradient is 0 because every row of dS sums to 0, and dS
+// rounded to bf16 would not, which leaves the key bias a rounding noise of about 1e-4 of the
+// model's largest gradient (check-golden's bf16 tolerance catches it).
+template <typename T>
+void block_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int ldo,
+                       const Operands<T>& b) {
+  const int L = b.L, hs = b.hs, C = ld / 3;
+  if constexpr (std::is_same_v<T, float>)
+    if (b.pack) {
+      block_gemm_bf16(hs, L, L, 1.0f, MatView<float>{dO, ldo, true}, MatView<float>{Pv, L},
+                      OutView{dQ + 2 * C, ld, true, true}, b.pack);
+      block_gemm_bf16(L, hs, L, 1.0f, MatView<float>{dS, L}, b.x16.K(),
+                      OutView{dQ, ld, false, true}, b.pack);
+      for (int i = 0; i < L; ++i)
+        for (int j = 0; j < hs; ++j)
+          b.widened[static_cast<int64_t>(i) * hs + j] =
+              to_float(b.x16.q[static_cast<int64_t>(i) * b.x16.ld + j]);
+      gemm(true, false, L, hs, L, 1.0f, dS, L, b.widened, hs, 1.0f, dQ + C, ld);
+      return;
+    }
+  const T* Q = b.x.q;
+  gemm(true, false, L, hs, L, T(1), Pv, L, dO, ldo, T(1), dQ + 2 * C, ld);       // dV
+  gemm(false, false, L, hs, L, T(1), dS, L, Q + b.x.off, b.x.ld, T(1), dQ, ld);  // dQ
+  gemm(true, false, L, hs, L, T(1), dS, L, Q, b.x.ld, T(1), dQ + C, ld);         // dK
+}
 
 // S: the storage of qkv (T, or bf16 widened per block). O = T writes each (sequence, head) block
 // of the output in place; O = bf16 computes it in the thread's scratch and rounds it into the
@@ -184,6 +310,7 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
   const Work<T> w(work, cu_seqlens, n_seq, C, NH);
+  const bool products16 = std::is_same_v<S, bf16> && block_gemm_bf16_available();
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {
@@ -196,8 +323,8 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       if constexpr (std::is_same_v<P_, T>)
         if (probs) P = probs + first;
       T* Pd = mine + static_cast<int64_t>(L) * L;  // their dropped copy
-      const Head<T> x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
-      probs_block(P, x.q, x.ld, x.off, L, hs, scale);
+      const Operands<T> x = block_operands(qkv, a, L, h, hs, C, mine, w.max_len, products16);
+      block_probs(P, x, scale);
       if constexpr (!std::is_same_v<P_, T>)
         if (probs)
           for (int64_t i = 0; i < static_cast<int64_t>(L) * L; ++i)
@@ -209,11 +336,10 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
         }
       const T* Pv = dropout.p > 0 ? Pd : P;
       if constexpr (std::is_same_v<O, T>) {
-        gemm(false, false, L, hs, L, T(1), Pv, L, x.q + 2 * x.off, x.ld, T(0),
-             out + static_cast<int64_t>(a) * C + h * hs, C);
+        block_pv(out + static_cast<int64_t>(a) * C + h * hs, C, Pv, x);
       } else {
         T* block = out_scratch(mine, L, hs);  // [L, hs]
-        gemm(false, false, L, hs, L, T(1), Pv, L, x.q + 2 * x.off, x.ld, T(0), block, hs);
+        block_pv(block, hs, Pv, x);
         for (int i = 0; i < L; ++i) {
           O* o = out + static_cast<int64_t>(a + i) * C + h * hs;
           for (int j = 0; j < hs; ++j) o[j] = to_bf16(block[static_cast<int64_t>(i) * hs + j]);
@@ -249,6 +375,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
   const Work<T> w(work, cu_seqlens, n_seq, C, NH);
+  const bool products16 = std::is_same_v<S, bf16> && block_gemm_bf16_available();
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {
@@ -257,8 +384,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
       const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * LL;
       const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) + h * LL;
       T* mine = w.thread_scratch();
-      const Head<T> x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
-      const T* Q = x.q;
+      const Operands<T> x = block_operands(qkv, a, L, h, hs, C, mine, w.max_len, products16);
       T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * hs;
       const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
@@ -268,15 +394,16 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
         if (probs)
           P = probs + first;
         else
-          probs_block(rebuilt, Q, x.ld, x.off, L, hs, scale);
+          block_probs(rebuilt, x, scale);
       } else {
         if (probs)
           for (int64_t i = 0; i < LL; ++i) rebuilt[i] = to_float(probs[first + i]);
         else
-          probs_block(rebuilt, Q, x.ld, x.off, L, hs, scale);
-        for (int i = 0; i < L; ++i) decode_probs_row(rebuilt + static_cast<int64_t>(i) * L, L);
+          block_probs(rebuilt, x, scale);
+        for (int i = 0; i < L; ++i)
+          decode_probs_row(rebuilt + static_cast<int64_t>(i) * L, L, probs == nullptr);
       }
-      gemm(false, true, L, L, hs, T(1), dO, C, Q + 2 * x.off, x.ld, T(0), dP, L);  // dO V^T
+      block_dp(dP, dO, C, x);  // dO Vᵀ
       // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
       for (int i = 0; i < L; ++i) {
         const int64_t r = static_cast<int64_t>(i) * L;
@@ -285,9 +412,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
         softmax_backward_row(dP + r, P + r, L, scale);
       }
       const T* Pv = dropout.p > 0 ? Pd : P;
-      gemm(true, false, L, hs, L, T(1), Pv, L, dO, C, T(1), dQ + 2 * C, C3);     // dV += Pd^T dO
-      gemm(false, false, L, hs, L, T(1), dP, L, Q + x.off, x.ld, T(1), dQ, C3);  // dQ += dS K
-      gemm(true, false, L, hs, L, T(1), dP, L, Q, x.ld, T(1), dQ + C, C3);       // dK += dS^T Q
+      block_input_grads(dQ, C3, Pv, dP, dO, C, x);  // dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q
     }
 }
 
