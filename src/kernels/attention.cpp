@@ -16,9 +16,10 @@ namespace packbert::kernels {
 // Each (sequence, head) block is two GEMMs forward (Q·Kᵀ, P·V) and four backward (five when the
 // probabilities are recomputed) over strided views of qkv (row stride 3C), run in parallel over
 // blocks; inside a parallel region oneDNN's sgemm runs single-threaded, so the two levels of
-// parallelism do not fight. Under bf16 (a bf16 qkv) on a CPU with AVX512-BF16, the six products
-// run as one thread's bf16 block products instead (kernels/block_gemm.h), on q, k and v as
-// stored, with P, dO and dS rounded to bf16 as they are packed.
+// parallelism do not fight. Under bf16 (a bf16 qkv) on a CPU with AVX512-BF16, five of the six
+// products run as one thread's bf16 block products instead (kernels/block_gemm.h), on q, k and v
+// as stored, with P, dO and dS rounded to bf16 as they are packed; dK = dSᵀ Q stays fp32
+// (block_input_grads says why).
 
 void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64_t* off) {
   off[0] = 0;
