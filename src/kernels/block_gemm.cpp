@@ -32,18 +32,21 @@ int cols_padded(int n) {
   return (n + kCols - 1) / kCols * kCols;
 }
 
+// The first n (<= 16, or all when n >= 16) of a vector's 16 lanes.
+inline __mmask16 tail_mask(int n) {
+  return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
+}
+
 // The bf16 bits of 16 floats (round to nearest even, VCVTNEPS2BF16), widened to 32-bit lanes;
 // the first n (<= 16) are read, the rest are zero.
 PACKBERT_BF16_TARGET inline __m512i bits16(const float* p, int n) {
-  const __mmask16 m = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
-  const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, p));
+  const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail_mask(n), p));
   __m256i raw;
   std::memcpy(&raw, &h, sizeof raw);
   return _mm512_cvtepu16_epi32(raw);
 }
 PACKBERT_BF16_TARGET inline __m512i bits16(const bf16* p, int n) {
-  const __mmask16 m = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
-  return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(tail_mask(n), p));
 }
 
 inline uint16_t bits_of(float x) {
@@ -62,8 +65,7 @@ PACKBERT_BF16_TARGET void pack_a(uint16_t* dst, int M, int K, int Kp, MatView<S>
       uint16_t* d = dst + static_cast<int64_t>(i) * Kp;
       for (int k = 0; k < K; k += 16) {
         const int n = std::min(16, K - k);
-        const __mmask16 m = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
-        _mm256_mask_storeu_epi16(d + k, m, _mm512_cvtepi32_epi16(bits16(row + k, n)));
+        _mm256_mask_storeu_epi16(d + k, tail_mask(n), _mm512_cvtepi32_epi16(bits16(row + k, n)));
       }
       if (Kp > K) d[K] = 0;
     }
@@ -139,7 +141,7 @@ PACKBERT_BF16_TARGET void tile(const uint16_t* A, int Kp, const uint32_t* B, int
       if (cnt <= 0) continue;
       const __m512 val = _mm512_mul_ps(scale, acc[r][v]);
       if (!C.trans) {
-        const __mmask16 m = static_cast<__mmask16>(cnt >= 16 ? 0xffff : (1u << cnt) - 1);
+        const __mmask16 m = tail_mask(cnt);
         float* c = C.p + static_cast<int64_t>(m0 + r) * C.ld + col;
         _mm512_mask_storeu_ps(c, m,
                               C.accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), val) : val);

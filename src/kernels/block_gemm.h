@@ -21,9 +21,9 @@ struct MatView {
 };
 
 // Where the product goes: C[i][j] (+)= alpha * (A B)[i][j], or, when `trans`, C[j][i] (+)= the
-// same: the product of the transposed operands written back transposed, which lets the
-// input-gradient products whose left operand is a transposed L x L block (dV = Pᵀ dO,
-// dK = dSᵀ Q) be packed row by row instead.
+// same: the product of the transposed operands written back transposed, which lets a product
+// whose left operand is a transposed L x L block (attention's dV = Pᵀ dO, computed as
+// (dOᵀ P)ᵀ) pack that block row by row instead.
 struct OutView {
   float* p;
   int ld;
