@@ -683,6 +683,59 @@ TEST(KernelBf16, GemmMatchesTheExactProductOfItsOperands) {
         }
 }
 
+// The fp32-output bf16 GEMM with the bias in the primitive equals the product of its operands
+// plus the bias (the linear layers' fp32 outputs under bf16 and the MLM logits).
+TEST(KernelBf16, GemmWithBiasAddsTheBiasToTheExactProduct) {
+  if (!bf16_unavailable_reason().empty()) GTEST_SKIP() << bf16_unavailable_reason();
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int M = 23, N = 41, K = 37;
+  std::vector<bf16> A(static_cast<size_t>(M) * K), B(static_cast<size_t>(N) * K);
+  for (bf16& a : A) a = to_bf16(nd(rng));
+  for (bf16& b : B) b = to_bf16(nd(rng));
+  std::vector<float> bias(N), C(static_cast<size_t>(M) * N, NAN);
+  for (float& b : bias) b = 10.0f * nd(rng);
+  linear_forward(C.data(), A.data(), B.data(), bias.data(), M, K, N);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double want = bias[j], mag = std::abs(bias[j]);
+      for (int k = 0; k < K; ++k) {
+        const double x = static_cast<double>(to_float(A[i * K + k])) * to_float(B[j * K + k]);
+        want += x, mag += std::abs(x);
+      }
+      EXPECT_NEAR(C[i * N + j], want, 1e-5 * mag + 1e-6) << "at (" << i << ", " << j << ")";
+    }
+}
+
+// The one-pass cross-entropy backward for bf16 logits gives what its composition gives (zero
+// fill, the fp32 backward, rounding to bf16, the bias column sums), bit for bit, over rows with
+// and without a target, the target in the first and last column and a width that is not a
+// multiple of the column block.
+TEST(KernelBf16, CrossEntropyBackwardToBf16EqualsItsComposition) {
+  const int N = 9, V = 1000;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(N) * V), probs(logits.size()), losses(N), dl(N);
+  for (float& z : logits) z = nd(rng);
+  const std::vector<int32_t> targets = {0, 999, -100, 5, 64, 63, 500, -1, 998};
+  cross_entropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V);
+  for (int n = 0; n < N; ++n) dl[n] = 0.1f + 0.05f * static_cast<float>(n);
+  std::vector<float> dlogits(logits.size(), 0.0f), bias_a(V, 0.25f), bias_b(V, 0.25f);
+  cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), dl.data(), N, V);
+  std::vector<bf16> want(logits.size()), got(logits.size(), to_bf16(7.0f));
+  to_bf16(want.data(), dlogits.data(), static_cast<int64_t>(dlogits.size()));
+  for (int v = 0; v < V; ++v) {  // bias_backward's order: the column's sum, then added
+    float sum = 0;
+    for (int n = 0; n < N; ++n) sum += dlogits[static_cast<size_t>(n) * V + v];
+    bias_a[v] += sum;
+  }
+  cross_entropy_backward(got.data(), bias_b.data(), probs.data(), targets.data(), dl.data(), N, V);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(bf16)), 0);
+  EXPECT_EQ(std::memcmp(bias_a.data(), bias_b.data(), V * sizeof(float)), 0);
+  EXPECT_LT(to_float(got[0]), 0.0f);   // the target's entry: p - 1 < 0
+  EXPECT_EQ(got[2 * V + 17].bits, 0);  // a row without a target
+}
+
 // Attention's one-thread bf16 block product equals the double product of its operands rounded to
 // bf16, up to fp32 accumulation: fp32 and bf16 operands, every transpose, a transposed and an
 // accumulating output, odd sizes (K odd, N past one 32-column tile and not a multiple of 16).
@@ -793,6 +846,30 @@ TEST(KernelCount, ArgmaxHitsSkipUntargetedRowsAndTakeTheFirstMaximum) {
                                      0.0f, 0.0f, 1.0f};
   EXPECT_EQ(count_argmax_hits(scores.data(), std::vector<int32_t>{1, 0, -100, 2}.data(), 4, 3), 3);
   EXPECT_EQ(count_argmax_hits(scores.data(), std::vector<int32_t>{0, 1, 0, -1}.data(), 4, 3), 1);
+}
+
+// The vectorised count agrees with std::max_element row by row over a vocabulary-sized row
+// width, with ties planted before and after the target and the target at either end.
+TEST(KernelCount, ArgmaxHitsAgreeWithMaxElementOnWideRowsWithTies) {
+  const int N = 64, V = 3001;
+  SplitMix64 rng(9);
+  std::vector<float> z(static_cast<size_t>(N) * V);
+  for (float& x : z) x = static_cast<float>(rng.next() % 1000) / 1000.0f;  // many ties
+  std::vector<int32_t> targets(N);
+  int64_t want = 0;
+  for (int n = 0; n < N; ++n) {
+    float* row = z.data() + static_cast<size_t>(n) * V;
+    const int64_t top = std::max_element(row, row + V) - row;
+    const int t = n % 4 == 0   ? static_cast<int>(top)              // the first maximum
+                  : n % 4 == 1 ? (n % 8 == 1 ? 0 : V - 1)           // an end
+                               : static_cast<int>(rng.next() % V);  // anywhere
+    if (n % 4 == 2) row[t] = row[top];  // a tie with the maximum, before or after it
+    targets[static_cast<size_t>(n)] = n == 3 ? -100 : t;
+    if (n != 3) want += std::max_element(row, row + V) - row == t;
+  }
+  EXPECT_EQ(count_argmax_hits(z.data(), targets.data(), N, V), want);
+  EXPECT_GT(want, N / 8);
+  EXPECT_LT(want, N - 1);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -60,6 +61,40 @@ TEST(Optimizer, ClipGradNorm) {
   std::vector<float> h = {0.3f, 0.4f};
   clip_grad_norm(h.data(), 2, 1.0);
   EXPECT_FLOAT_EQ(h[0], 0.3f);  // under the limit: untouched
+}
+
+// The optimizer's grad_scale is the same as scaling the gradients first (the factor clipping
+// and micro-batch averaging fold into the update), bit for bit, for both optimizers; and the
+// step reports weights it made non-finite.
+TEST(Optimizer, GradScaleEqualsScalingTheGradientsFirstAndNonFiniteWeightsAreReported) {
+  model::BertConfig c = model::bert_preset("tiny");
+  c.vocab_size = 500;
+  const model::ParamLayout layout(c, model::Heads{});
+  std::vector<float> w(layout.total()), g(layout.total());
+  SplitMix64 rng(3);
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = static_cast<float>(static_cast<double>(rng.next() >> 11) * 0x1p-53 - 0.5);
+    g[i] = static_cast<float>(static_cast<double>(rng.next() >> 11) * 0x1p-53 - 0.5);
+  }
+  const float scale = 0.37f;
+  for (OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::lamb}) {
+    OptimizerConfig cfg;
+    cfg.kind = kind;
+    Optimizer folded(layout, cfg), first(layout, cfg);
+    std::vector<float> wa = w, wb = w;
+    for (int s = 0; s < 3; ++s) {
+      std::vector<float> ga = g, gb = g;
+      for (float& x : gb) x *= scale;
+      EXPECT_TRUE(folded.step(wa.data(), ga.data(), 1e-2, nullptr, {}, scale));
+      EXPECT_TRUE(first.step(wb.data(), gb.data(), 1e-2));
+    }
+    EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0)
+        << optimizer_name(kind);
+    EXPECT_NE(wa, w);
+    std::vector<float> ga = g;
+    EXPECT_FALSE(folded.step(wa.data(), ga.data(), 1e39, nullptr, {}, 1.0f))
+        << optimizer_name(kind);
+  }
 }
 
 // Stochastic rounding is exactly unbiased: over all 2^16 random inputs, x rounds up for as many

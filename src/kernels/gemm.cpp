@@ -176,6 +176,15 @@ void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, i
            bias, C);
 }
 
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+               const bf16* B, int ldb, const float* bias, float* C, int ldc) {
+  assert(!omp_in_parallel() && K > 0);
+  if (M == 0 || N == 0) return;
+  Timer timer(M, N, K);
+  run_bf16({trans_a, trans_b, N, lda, ldb, ldc, 1.0f, 0.0f, false, bias != nullptr}, M, K, A, B,
+           bias, C);
+}
+
 // fp64 serves only the finite-difference tests on small models: a plain loop nest in the
 // reference order (each C element summed over k in order), parallel over rows of C.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,

@@ -28,6 +28,10 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf
 // only bf16 readers take. K > 0.
 void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                const bf16* B, int ldb, const float* bias, bf16* C, int ldc);
+// The same with an fp32 C: the bias added to the accumulator in the same primitive, with no
+// second pass over C.
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+               const bf16* B, int ldb, const float* bias, float* C, int ldc);
 
 // Profiling counters of the seam (benchmarks only): floating-point operations (2*M*N*K) and
 // wall-clock nanoseconds spent inside gemm() since the last reset. Updated atomically; calls

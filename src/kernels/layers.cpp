@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -306,6 +307,7 @@ void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float*
 
 void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int N,
                     int C, int OC) {
+  if (bias && C > 0) return gemm_bias(false, true, N, OC, C, inp, C, weight, C, bias, out, OC);
   gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
   if (!bias) return;
 #pragma omp parallel for schedule(static)
@@ -316,9 +318,43 @@ void linear_forward(float* out, const bf16* inp, const bf16* weight, const float
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
                      const bf16* inp, const bf16* weight, int N, int C, int OC) {
   to_bf16(dout16, dout, static_cast<int64_t>(N) * OC);
+  linear_backward(dinp, dweight, dout16, inp, weight, N, C, OC);
+  if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+void linear_backward(float* dinp, float* dweight, const bf16* dout16, const bf16* inp,
+                     const bf16* weight, int N, int C, int OC) {
   if (dinp) gemm(false, false, N, C, OC, 1.0f, dout16, OC, weight, C, 1.0f, dinp, C);
   gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C);
-  if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+void cross_entropy_backward(bf16* dlogits16, float* dbias, const float* probs,
+                            const int32_t* targets, const float* dlosses, int N, int V) {
+  // By blocks of columns, so each thread sums its own bias entries over the rows in order (the
+  // order bias_backward sums them in).
+  column_blocks(V, [&](int c0, int w) {
+    float acc[kColumnBlock] = {};
+    for (int n = 0; n < N; ++n) {
+      bf16* d = dlogits16 + static_cast<int64_t>(n) * V + c0;
+      if (targets[n] < 0) {
+        std::fill(d, d + w, bf16{});
+        continue;
+      }
+      const float* p = probs + static_cast<int64_t>(n) * V + c0;
+      const float g = dlosses[n];
+      // The fp32 gradient as the fp32 backward forms it: p * g, then the target's minus g (in a
+      // statement of its own, so no fused multiply-subtract changes its rounding).
+      float x[kColumnBlock];
+      for (int j = 0; j < w; ++j) x[j] = p[j] * g;
+      const int t = targets[n] - c0;  // the target's column in this block, if it is here
+      if (t >= 0 && t < w) x[t] -= g;
+      for (int j = 0; j < w; ++j) {
+        d[j] = to_bf16(x[j]);
+        acc[j] += x[j];
+      }
+    }
+    for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
+  });
 }
 
 template <typename T>
@@ -432,11 +468,20 @@ void tanh_backward(T* dinp, const T* out, const T* dout, int64_t n) {
 template <typename T>
 int64_t count_argmax_hits(const T* scores, const int32_t* targets, int N, int V) {
   int64_t hits = 0;
+  // Row n is a hit when its target's score is above every score before it and not below any
+  // after it (the target is the first maximum, as std::max_element finds it): two max
+  // reductions, which vectorise.
 #pragma omp parallel for schedule(static) reduction(+ : hits)
   for (int n = 0; n < N; ++n) {
-    if (targets[n] < 0) continue;
+    const int t = targets[n];
+    if (t < 0) continue;
     const T* z = scores + static_cast<int64_t>(n) * V;
-    hits += std::max_element(z, z + V) - z == targets[n];
+    T before = -std::numeric_limits<T>::infinity(), after = before;
+#pragma omp simd reduction(max : before)
+    for (int v = 0; v < t; ++v) before = std::max(before, z[v]);
+#pragma omp simd reduction(max : after)
+    for (int v = t + 1; v < V; ++v) after = std::max(after, z[v]);
+    hits += before < z[t] && after <= z[t];
   }
   return hits;
 }

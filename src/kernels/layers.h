@@ -62,6 +62,10 @@ void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float*
                     int OC);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
                      const bf16* inp, const bf16* weight, int N, int C, int OC);
+// The two GEMMs of that backward over an output gradient already in bf16 (the bias gradient is
+// its producer's: cross_entropy_backward's bf16 form).
+void linear_backward(float* dinp, float* dweight, const bf16* dout16, const bf16* inp,
+                     const bf16* weight, int N, int C, int OC);
 
 // BERT embeddings: out[t] = word[ids[t]] + position[pos[t]] + token_type[types[t]], [T, C].
 template <typename T>
@@ -84,6 +88,13 @@ void cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* 
 template <typename T>
 void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, const T* dlosses,
                             int N, int V);
+// The same for logits made by a bf16 linear layer (the MLM decoder under bf16), in one pass:
+// dlogits16 = to_bf16((probs - onehot(target)) * dlosses[n]), written (not accumulated; rows
+// without a target are 0), and the layer's bias gradient dbias += the column sums of the fp32
+// values: what zero_fill, the fp32 backward, the rounding and bias_backward give, bit for bit,
+// without the fp32 [N, V] gradient.
+void cross_entropy_backward(bf16* dlogits16, float* dbias, const float* probs,
+                            const int32_t* targets, const float* dlosses, int N, int V);
 
 // out = 0, [n]: gradient buffers before a backward accumulates into them.
 template <typename T>

@@ -103,19 +103,26 @@ void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
   const int M = static_cast<int>(out.mlm_count), C = s.config.hidden_size, V = s.config.vocab_size;
   if (M == 0) return;
   const int64_t MC = static_cast<int64_t>(M) * C;
-  T *dlogits = ws.get(Rec::mlm_dlogits), *d3 = ws.get(Rec::mlm_d3), *d2 = ws.get(Rec::mlm_d2),
-    *d1 = ws.get(Rec::mlm_d1), *din = ws.get(Rec::mlm_din);
-  zero_fill(dlogits, static_cast<int64_t>(M) * V);
-  cross_entropy_backward(dlogits, ws.get(Rec::mlm_probs), s.tokens.mlm_label.data(),
-                         mean_dloss(s, M, s.mlm_total ? s.mlm_total : M), M, V);
+  T *d3 = ws.get(Rec::mlm_d3), *d2 = ws.get(Rec::mlm_d2), *d1 = ws.get(Rec::mlm_d1),
+    *din = ws.get(Rec::mlm_din);
+  const T* dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
   zero_fill(d3, MC);
+  // Under bf16 the logits' gradient goes straight to its bf16 form (the decoder's GEMM operand)
+  // with the bias gradient in the same pass: no fp32 [M, V] gradient.
   if constexpr (std::is_same_v<T, float>) {
-    if (s.p16)
-      linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get16(Rec::dout16), ws.get16(Rec::mlm_t3),
-                      s.p16->word, M, C, V);
+    if (s.p16) {
+      bf16* dlogits16 = ws.get16(Rec::dout16);
+      cross_entropy_backward(dlogits16, g.mlm_bias, ws.get(Rec::mlm_probs),
+                             s.tokens.mlm_label.data(), dloss, M, V);
+      linear_backward(d3, g.word, dlogits16, ws.get16(Rec::mlm_t3), s.p16->word, M, C, V);
+    }
   }
-  if (!s.p16)
+  if (!s.p16) {
+    T* dlogits = ws.get(Rec::mlm_dlogits);
+    zero_fill(dlogits, static_cast<int64_t>(M) * V);
+    cross_entropy_backward(dlogits, ws.get(Rec::mlm_probs), s.tokens.mlm_label.data(), dloss, M, V);
     linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V);
+  }
   zero_fill(d2, MC);
   layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
                      ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), M, C);

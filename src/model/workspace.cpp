@@ -108,8 +108,9 @@ enum class Need { encoder, pooler, pretraining, classifier, span };
 // A record's number format: the engine's scalar T; T under fp32 and bf16 under bf16 (every
 // activation kept between layers); a bf16 twin held only under bf16 (the rounded GEMM operand
 // of a tensor that stays T); or a T twin held only under bf16 (the encoder's output, which the
-// heads read in T while the layers' copy of it is bf16).
-enum class Dtype { scalar, narrowed, twin, wide_twin };
+// heads read in T while the layers' copy of it is bf16); or T held only under fp32 (under bf16
+// its kernel writes the bf16 form straight into scratch.grad_bf16).
+enum class Dtype { scalar, narrowed, twin, wide_twin, fp32_only };
 
 struct RecordSpec {
   Rec id;
@@ -219,7 +220,7 @@ const RecordSpec kRecords[] = {
     {Rec::mlm_d1, "grad.mlm_gelu_in", Role::scratch, Need::pretraining, MC},
     {Rec::mlm_din, "grad.mlm_in", Role::scratch, Need::pretraining, MC},
     {Rec::mlm_dlogits, "grad.mlm_logits", Role::scratch, Need::pretraining,
-     [](S s, B c) { return s.masked * c.vocab_size; }},
+     [](S s, B c) { return s.masked * c.vocab_size; }, Dtype::fp32_only},
     {Rec::nsp_dlogits, "grad.nsp_logits", Role::scratch, Need::pretraining,
      [](S s, B) { return 2 * s.sequences; }},
     {Rec::cls_dlogits, "grad.classifier_logits", Role::scratch, Need::classifier,
@@ -292,7 +293,8 @@ void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& p
   for (const RecordSpec& r : kRecords) {
     auto [copies, storage] = placement(r, c, policy);
     const bool only_bf16 = r.dtype == Dtype::twin || r.dtype == Dtype::wide_twin;
-    if (!needed(r.need, heads) || (only_bf16 && !bf16)) copies = 0;
+    if (!needed(r.need, heads) || (only_bf16 && !bf16) || (r.dtype == Dtype::fp32_only && bf16))
+      copies = 0;
     const bool half = bf16 && (r.dtype == Dtype::narrowed || r.dtype == Dtype::twin);
     visit(r, copies, storage, copies ? r.elements(shape, c) : 0, half);
   }

@@ -1,6 +1,7 @@
 #include "train/loop.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -29,18 +30,20 @@ void check_loop_options(const LoopOptions& o) {
   }
 }
 
+// (Counted with integer operations on the exponent bits, which vectorise.)
 bool all_finite(const float* x, size_t n) {
-  bool ok = true;
-#pragma omp parallel for reduction(&& : ok)
-  for (size_t i = 0; i < n; ++i) ok = ok && std::isfinite(x[i]);
-  return ok;
+  int64_t bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : bad)
+  for (size_t i = 0; i < n; ++i)
+    bad += (std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u;
+  return bad == 0;
 }
 
 bool all_finite(const kernels::bf16* x, size_t n) {
-  bool ok = true;
-#pragma omp parallel for reduction(&& : ok)
-  for (size_t i = 0; i < n; ++i) ok = ok && kernels::is_finite(x[i]);
-  return ok;
+  int64_t bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : bad)
+  for (size_t i = 0; i < n; ++i) bad += !kernels::is_finite(x[i]);
+  return bad == 0;
 }
 
 bool GradNormGuard::is_outlier(double norm, double z) const {
@@ -156,19 +159,16 @@ StepResult Stepper::step(int64_t index, int64_t total,
     comm_.allreduce_sum(sums.data(), sums.size());
   }
   const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
-  float* gs = g.data() + begin;
-  const size_t n = end - begin;
-  if (micros > 1) {  // (a pass over every gradient: skipped when it would multiply by 1)
-    const float inv = 1.0f / static_cast<float>(micros);
-    const int64_t len = static_cast<int64_t>(n);
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < len; ++i) gs[i] *= inv;
-  }
-  // The global norm: under ZeRO-1 from each shard's part, summed across ranks.
-  r.grad_norm = clip_grad_norm(
-      gs, n, o_.clip_norm,
-      zero ? Optimizer::Reduce([&](double* s, size_t k) { comm_.allreduce_sum(s, k); })
-           : Optimizer::Reduce());
+  // The gradient is the micro-batches' mean, clipped to the global norm: one factor that the
+  // optimizer applies as it reads each gradient (no pass scales them first). Under ZeRO-1 the
+  // norm is summed from each shard's part across ranks.
+  const double inv_micros = 1.0 / micros;
+  r.grad_norm =
+      inv_micros *
+      grad_norm(g.data() + begin, end - begin,
+                zero ? Optimizer::Reduce([&](double* s, size_t k) { comm_.allreduce_sum(s, k); })
+                     : Optimizer::Reduce());
+  const float grad_scale = static_cast<float>(inv_micros) * clip_factor(r.grad_norm, o_.clip_norm);
   r.comm_seconds = now_seconds() - t0;
 
   const double acc = micros;
@@ -200,6 +200,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
     return r;
   }
   nan_streak_ = 0;
+  bool finite = true;  // the weights after the update
   if (zero) {
     // This rank's shard moves; LAMB's per-tensor norms are summed over the shards first. The
     // weights' bf16 copy (under bf16) is rebuilt by the next forward from the gathered weights.
@@ -209,8 +210,12 @@ StepResult Stepper::step(int64_t index, int64_t total,
     const bool masters16 = m_.masters_in_bf16();
     std::vector<float>& w = m_.params();
     kernels::bf16* w16 = masters16 ? m_.weights16() : nullptr;
-    opt_->step(masters16 ? nullptr : w.data(), g.data(), r.lr, w16, reduce);
+    double bad = opt_->step(masters16 ? nullptr : w.data(), g.data(), r.lr, w16, reduce, grad_scale)
+                     ? 0.0
+                     : 1.0;
     const double t1 = now_seconds();
+    comm_.allreduce_sum(&bad, 1);
+    finite = bad == 0;
     if (masters16) {
       static_assert(sizeof(kernels::bf16) == sizeof(uint16_t));
       comm_.allgather(reinterpret_cast<uint16_t*>(w16), bounds_);
@@ -220,11 +225,9 @@ StepResult Stepper::step(int64_t index, int64_t total,
     }
     r.comm_seconds += now_seconds() - t1;
   } else {
-    apply_update(*opt_, m_, r.lr, o_.precision);
+    finite = apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
   }
-  const std::vector<float>& w = std::as_const(m_).params();
-  if (!all_finite(w.data(), w.size()) ||
-      (m_.masters_in_bf16() && !all_finite(m_.weights16(), m_.layout().total())))
+  if (!finite)
     throw InputError("the update of step " + std::to_string(index + 1) +
                      " made parameters non-finite (learning rate " + std::to_string(r.lr) +
                      " too high? weight decay?); " + kept);

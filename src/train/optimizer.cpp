@@ -1,6 +1,7 @@
 #include "train/optimizer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "error.h"
@@ -118,6 +119,11 @@ namespace {
 using kernels::bf16;
 using kernels::to_float;
 
+// True when x is neither infinite nor NaN, in integer operations that vectorise.
+inline bool is_finite(float x) {
+  return (std::bit_cast<uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
 // How the bf16 masters of one part of a tensor are written: stochastically with the bits of
 // (seed, step, tensor, index), or to nearest.
 struct Rounder {
@@ -143,18 +149,23 @@ struct Rounder {
 };
 
 // One AdamW update over n elements, in double like the PyTorch reference it is checked against.
+// Returns how many of the weights written are not finite.
 template <bool kMirror>
-void adamw_block(float* __restrict p, kernels::bf16* __restrict p16, float* __restrict m,
-                 float* __restrict v, const float* __restrict g, int64_t n, double lr, double wd,
-                 double b1, double b2, double c1, double c2, double eps) {
+int64_t adamw_block(float* __restrict p, kernels::bf16* __restrict p16, float* __restrict m,
+                    float* __restrict v, const float* __restrict g, float scale, int64_t n,
+                    double lr, double wd, double b1, double b2, double c1, double c2, double eps) {
+  int64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
+    const double gi = g[i] * scale;
     const double pi = p[i] * (1.0 - lr * wd);
-    const double mi = b1 * m[i] + (1 - b1) * g[i], vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
+    const double mi = b1 * m[i] + (1 - b1) * gi, vi = b2 * v[i] + (1 - b2) * gi * gi;
     m[i] = static_cast<float>(mi);
     v[i] = static_cast<float>(vi);
     p[i] = static_cast<float>(pi - lr * (mi / c1) / (std::sqrt(vi / c2) + eps));
+    bad += !is_finite(p[i]);
     if constexpr (kMirror) p16[i] = kernels::to_bf16(p[i]);
   }
+  return bad;
 }
 
 // LAMB's constants for one step, in float: the element math runs in float (16 lanes), the
@@ -167,46 +178,52 @@ struct LambStep {
   }
 };
 
-// LAMB's first pass over n elements: the moments moved, and the squared norms of the weights
-// and of the update direction added to pn and un.
-void lamb_moments_block(const float* __restrict p, const float* __restrict g, float* __restrict m,
-                        float* __restrict v, int64_t n, const LambStep& k, float wd, double& pn,
-                        double& un) {
+// LAMB's first pass over n elements: the moments moved by the gradient g * scale, the update
+// direction written over the gradient (which nothing reads after the step), and the squared
+// norms of the weights and of the direction added to pn and un.
+void lamb_moments_block(const float* __restrict p, float* __restrict g, float* __restrict m,
+                        float* __restrict v, float scale, int64_t n, const LambStep& k, float wd,
+                        double& pn, double& un) {
   double sp = 0, su = 0;
 #pragma omp simd reduction(+ : sp, su)
   for (int64_t i = 0; i < n; ++i) {
-    const float mi = k.b1 * m[i] + k.a1 * g[i], vi = k.b2 * v[i] + k.a2 * g[i] * g[i];
+    const float gi = g[i] * scale;
+    const float mi = k.b1 * m[i] + k.a1 * gi, vi = k.b2 * v[i] + k.a2 * gi * gi;
     m[i] = mi, v[i] = vi;
     const float u = k.direction(mi, vi, p[i], wd);
+    g[i] = u;
     sp += static_cast<double>(p[i]) * p[i];
     su += static_cast<double>(u) * u;
   }
   pn += sp, un += su;
 }
 
-// LAMB's second pass: p -= step * direction, rebuilt from the stored moments; the bf16 copy
-// rewritten alongside when kMirror.
+// LAMB's second pass: p -= step * u, the direction the first pass left in u; the bf16 copy
+// rewritten alongside when kMirror. Returns how many of the weights written are not finite.
 template <bool kMirror>
-void lamb_apply_block(float* __restrict p, kernels::bf16* __restrict p16, const float* __restrict m,
-                      const float* __restrict v, int64_t n, const LambStep& k, float wd,
-                      float step) {
-#pragma omp simd
+int64_t lamb_apply_block(float* __restrict p, kernels::bf16* __restrict p16,
+                         const float* __restrict u, int64_t n, float step) {
+  int64_t bad = 0;
+#pragma omp simd reduction(+ : bad)
   for (int64_t i = 0; i < n; ++i) {
-    p[i] -= step * k.direction(m[i], v[i], p[i], wd);
+    p[i] -= step * u[i];
+    bad += !is_finite(p[i]);
     if constexpr (kMirror) p16[i] = kernels::to_bf16(p[i]);
   }
+  return bad;
 }
 
 constexpr int64_t kBlock = 16384;  // elements a thread takes at a time
 
 }  // namespace
 
-void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16* params16,
-                     const Reduce& reduce) {
+bool Optimizer::step(float* params, float* grads, double lr, kernels::bf16* params16,
+                     const Reduce& reduce, float grad_scale) {
   ++t_;
-  if (bf16_) return step16(params16, grads, lr, reduce);
+  if (bf16_) return step16(params16, grads, lr, reduce, grad_scale);
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
   const auto [c1, c2] = bias_corrections();
+  int64_t bad = 0;  // weights written that are not finite
   if (cfg_.kind == OptimizerKind::adamw) {
     each_part([&](size_t, const model::TensorSpec& t, size_t a, int64_t n) {
       float *p = params + a, *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
@@ -215,52 +232,55 @@ void Optimizer::step(float* params, const float* grads, double lr, kernels::bf16
       const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
       // Blocks per thread around a plain loop over restrict pointers, which GCC vectorises
       // (it does not under `omp parallel for simd` here).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) reduction(+ : bad)
       for (int64_t i = 0; i < n; i += kBlock) {
         const int64_t w = std::min(kBlock, n - i);
         if (p16)
-          adamw_block<true>(p + i, p16 + i, m + i, v + i, g + i, w, lr, wd, b1, b2, c1, c2, eps);
+          bad += adamw_block<true>(p + i, p16 + i, m + i, v + i, g + i, grad_scale, w, lr, wd, b1,
+                                   b2, c1, c2, eps);
         else
-          adamw_block<false>(p + i, nullptr, m + i, v + i, g + i, w, lr, wd, b1, b2, c1, c2, eps);
+          bad += adamw_block<false>(p + i, nullptr, m + i, v + i, g + i, grad_scale, w, lr, wd, b1,
+                                    b2, c1, c2, eps);
       }
     });
-    return;
+    return bad == 0;
   }
-  // LAMB: the moments and each tensor's squared norms of weights and update direction u, summed
-  // over the shards; then the trust-scaled step, with u rebuilt from the stored moments.
+  // LAMB: the moments and each tensor's squared norms of weights and update direction u (left in
+  // the gradient's place), summed over the shards; then the trust-scaled step.
   std::fill(norms_.begin(), norms_.end(), 0.0);
   const LambStep k{static_cast<float>(b1),     static_cast<float>(b2),
                    static_cast<float>(1 - b1), static_cast<float>(1 - b2),
                    static_cast<float>(1 / c1), static_cast<float>(1 / c2),
                    static_cast<float>(eps)};
   each_part([&](size_t t_index, const model::TensorSpec& t, size_t a, int64_t n) {
-    const float *p = params + a, *g = grads + a;
-    float *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
+    const float* p = params + a;
+    float *g = grads + a, *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
     const float wd = t.no_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
     double pn = 0, un = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pn, un)
     for (int64_t i = 0; i < n; i += kBlock)
-      lamb_moments_block(p + i, g + i, m + i, v + i, std::min(kBlock, n - i), k, wd, pn, un);
+      lamb_moments_block(p + i, g + i, m + i, v + i, grad_scale, std::min(kBlock, n - i), k, wd, pn,
+                         un);
     norms_[2 * t_index] = pn, norms_[2 * t_index + 1] = un;
   });
   if (reduce) reduce(norms_.data(), norms_.size());
   each_part([&](size_t t_index, const model::TensorSpec& t, size_t a, int64_t n) {
     float* p = params + a;
-    const float *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
+    const float* u = grads + a;
     kernels::bf16* p16 = params16 ? params16 + a : nullptr;
-    const float wd = t.no_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
     const double pn = std::sqrt(norms_[2 * t_index]), un = std::sqrt(norms_[2 * t_index + 1]);
     const float step =
         static_cast<float>(lr * ((t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) reduction(+ : bad)
     for (int64_t i = 0; i < n; i += kBlock) {
       const int64_t w = std::min(kBlock, n - i);
       if (p16)
-        lamb_apply_block<true>(p + i, p16 + i, m + i, v + i, w, k, wd, step);
+        bad += lamb_apply_block<true>(p + i, p16 + i, u + i, w, step);
       else
-        lamb_apply_block<false>(p + i, nullptr, m + i, v + i, w, k, wd, step);
+        bad += lamb_apply_block<false>(p + i, nullptr, u + i, w, step);
     }
   });
+  return bad == 0;
 }
 
 std::pair<double, double> Optimizer::bias_corrections() const {
@@ -268,7 +288,8 @@ std::pair<double, double> Optimizer::bias_corrections() const {
           1.0 - std::pow(cfg_.beta2, static_cast<double>(t_))};
 }
 
-void Optimizer::step16(bf16* params16, const float* grads, double lr, const Reduce& reduce) {
+bool Optimizer::step16(bf16* params16, const float* grads, double lr, const Reduce& reduce,
+                       float scale) {
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
   const auto [c1, c2] = bias_corrections();
   auto rounder = [&](size_t k) { return Rounder{cfg_.masters == Masters::bf16, cfg_.seed, t_, k}; };
@@ -280,15 +301,16 @@ void Optimizer::step16(bf16* params16, const float* grads, double lr, const Redu
       const Rounder round = rounder(k);
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
+        const double gi = g[i] * scale;
         const double pi = to_float(p[i]) * (1.0 - lr * wd);
-        const double mi = b1 * to_float(m[i]) + (1 - b1) * g[i],
-                     vi = b2 * to_float(v[i]) + (1 - b2) * g[i] * g[i];
+        const double mi = b1 * to_float(m[i]) + (1 - b1) * gi,
+                     vi = b2 * to_float(v[i]) + (1 - b2) * gi * gi;
         const double pn = pi - lr * (mi / c1) / (std::sqrt(vi / c2) + eps);
         round(a + static_cast<size_t>(i), static_cast<float>(pn), static_cast<float>(mi),
               static_cast<float>(vi), p[i], m[i], v[i]);
       }
     });
-    return;
+    return all_finite16(params16);
   }
   // LAMB as in step(): the moments written (rounded) first, the direction rebuilt from them.
   std::fill(norms_.begin(), norms_.end(), 0.0);
@@ -304,8 +326,9 @@ void Optimizer::step16(bf16* params16, const float* grads, double lr, const Redu
     double pn = 0, un = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pn, un)
     for (int64_t i = 0; i < n; ++i) {
-      const float mi = static_cast<float>(b1 * to_float(m[i]) + (1 - b1) * g[i]);
-      const float vi = static_cast<float>(b2 * to_float(v[i]) + (1 - b2) * g[i] * g[i]);
+      const float gi = g[i] * scale;
+      const float mi = static_cast<float>(b1 * to_float(m[i]) + (1 - b1) * gi);
+      const float vi = static_cast<float>(b2 * to_float(v[i]) + (1 - b2) * gi * gi);
       bf16 unused;
       round(a + static_cast<size_t>(i), 0.0f, mi, vi, unused, m[i], v[i]);
       const double pi = to_float(p[i]);
@@ -331,29 +354,50 @@ void Optimizer::step16(bf16* params16, const float* grads, double lr, const Redu
           static_cast<float>(pi - step * direction(to_float(m[i]), to_float(v[i]), pi, wd)));
     }
   });
+  return all_finite16(params16);
 }
 
-void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
-                  model::Precision precision) {
+bool Optimizer::all_finite16(const bf16* params16) const {
+  int64_t bad = 0;
+  each_part([&](size_t, const model::TensorSpec&, size_t a, int64_t n) {
+    const bf16* p = params16 + a;
+#pragma omp parallel for simd schedule(static) reduction(+ : bad)
+    for (int64_t i = 0; i < n; ++i) bad += !kernels::is_finite(p[i]);
+  });
+  return bad == 0;
+}
+
+bool apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
+                  model::Precision precision, float grad_scale) {
   if (m.masters_in_bf16()) {
-    optimizer.step(nullptr, m.grads().data(), lr, m.weights16());
+    const bool finite =
+        optimizer.step(nullptr, m.grads().data(), lr, m.weights16(), {}, grad_scale);
     m.masters16_written();
-    return;
+    return finite;
   }
   const bool bf16 = precision == model::Precision::bf16;
   kernels::bf16* copy = bf16 ? m.weights16() : nullptr;
-  optimizer.step(m.params().data(), m.grads().data(), lr, copy);
+  const bool finite = optimizer.step(m.params().data(), m.grads().data(), lr, copy, {}, grad_scale);
   if (bf16) m.weights16_written();
+  return finite;
 }
 
-double clip_grad_norm(float* grads, size_t n, double max_norm, const Optimizer::Reduce& reduce) {
+double grad_norm(const float* grads, size_t n, const Optimizer::Reduce& reduce) {
   double s = 0;
 #pragma omp parallel for simd reduction(+ : s)
   for (size_t i = 0; i < n; ++i) s += static_cast<double>(grads[i]) * grads[i];
   if (reduce) reduce(&s, 1);
-  double norm = std::sqrt(s);
-  if (max_norm > 0 && norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+  return std::sqrt(s);
+}
+
+float clip_factor(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+double clip_grad_norm(float* grads, size_t n, double max_norm, const Optimizer::Reduce& reduce) {
+  const double norm = grad_norm(grads, n, reduce);
+  const float scale = clip_factor(norm, max_norm);
+  if (scale != 1.0f) {
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; ++i) grads[i] *= scale;
   }

@@ -67,13 +67,17 @@ class Optimizer {
             size_t end = SIZE_MAX);
   // One update with learning rate lr; `step` counts from 1 (bias correction). params, grads and
   // params16 span the whole arena. params16, when given, is the bf16 copy of the weights
-  // (`--precision bf16`), rewritten from each updated element in the same pass.
+  // (`--precision bf16`), rewritten from each updated element in the same pass. The gradient
+  // used is grads * grad_scale, the factor applied as each element is read (clipping, the
+  // average over micro-batches), so no pass over the gradients scales them first. grads is
+  // consumed: LAMB leaves its update direction there. Returns whether every weight written is
+  // finite (checked in the same pass).
   //
   // Under bf16 masters (config().masters) params is null and params16 the weights themselves;
   // the moments are bf16 too. Each element is widened, updated in fp32/double as above, and
   // written back rounded: stochastically (Masters::bf16) or to nearest (Masters::bf16_rn).
-  void step(float* params, const float* grads, double lr, kernels::bf16* params16 = nullptr,
-            const Reduce& reduce = {});
+  bool step(float* params, float* grads, double lr, kernels::bf16* params16 = nullptr,
+            const Reduce& reduce = {}, float grad_scale = 1.0f);
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
   // Sets the moments of tensor t (m, v: the whole tensor's) where it lies in this shard.
@@ -98,7 +102,10 @@ class Optimizer {
 
  private:
   // step() under bf16 masters (t_ already advanced).
-  void step16(kernels::bf16* params16, const float* grads, double lr, const Reduce& reduce);
+  bool step16(kernels::bf16* params16, const float* grads, double lr, const Reduce& reduce,
+              float scale);
+  // Whether this shard's part of the bf16 weights is finite.
+  bool all_finite16(const kernels::bf16* params16) const;
   // Adam's bias corrections 1 - beta^t for the step t_.
   std::pair<double, double> bias_corrections() const;
   // Calls f(k, tensor, first, n) for the part [first, first + n) of each tensor k inside this
@@ -125,13 +132,19 @@ class Optimizer {
 // One update of the model's weights with lr; under bf16 the optimizer rewrites the weights' bf16
 // copy in the same pass (model::BertModel::weights16).
 // Under bf16 masters the optimizer writes the masters themselves and the model then widens
-// the tensors it also reads in fp32 (BertModel::keep_masters_in_bf16).
-void apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
-                  model::Precision precision);
+// the tensors it also reads in fp32 (BertModel::keep_masters_in_bf16). The gradient is the
+// model's times grad_scale (Optimizer::step); returns whether the weights stayed finite.
+bool apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
+                  model::Precision precision, float grad_scale = 1.0f);
 
-// Scales grads in place so their global L2 norm is at most max_norm (no-op if max_norm <= 0);
-// returns the norm before clipping. With `reduce`, grads are one shard of the gradients: the
-// shards' sums of squares are added by it (an all-reduce) before the norm is taken.
+// The global L2 norm of grads (squares summed in double). With `reduce`, grads are one shard of
+// the gradients: the shards' sums of squares are added by it (an all-reduce) first.
+double grad_norm(const float* grads, size_t n, const Optimizer::Reduce& reduce = {});
+// The factor that brings a gradient of global norm `norm` to at most max_norm, as torch's
+// clip_grad_norm_: max_norm / (norm + 1e-6) when norm > max_norm > 0, else 1.
+float clip_factor(double norm, double max_norm);
+// Scales grads in place by clip_factor (no pass when it is 1); returns the norm before
+// clipping. `reduce` as in grad_norm.
 double clip_grad_norm(float* grads, size_t n, double max_norm,
                       const Optimizer::Reduce& reduce = {});
 
