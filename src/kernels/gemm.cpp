@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 
 namespace packbert::kernels {
@@ -167,22 +168,30 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf
   run_bf16({trans_a, trans_b, N, lda, ldb, ldc, alpha, beta, false, false}, M, K, A, B, nullptr, C);
 }
 
-void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
-               const bf16* B, int ldb, const float* bias, bf16* C, int ldc) {
+namespace {
+
+// op(A) . op(B) + bias into C (bf16 or fp32, as Out), one primitive.
+template <typename Out>
+void gemm_bias_to(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+                  const bf16* B, int ldb, const float* bias, Out* C, int ldc) {
   assert(!omp_in_parallel() && K > 0);
   if (M == 0 || N == 0) return;
   Timer timer(M, N, K);
-  run_bf16({trans_a, trans_b, N, lda, ldb, ldc, 1.0f, 0.0f, true, bias != nullptr}, M, K, A, B,
-           bias, C);
+  run_bf16(
+      {trans_a, trans_b, N, lda, ldb, ldc, 1.0f, 0.0f, std::is_same_v<Out, bf16>, bias != nullptr},
+      M, K, A, B, bias, C);
+}
+
+}  // namespace
+
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+               const bf16* B, int ldb, const float* bias, bf16* C, int ldc) {
+  gemm_bias_to(trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc);
 }
 
 void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                const bf16* B, int ldb, const float* bias, float* C, int ldc) {
-  assert(!omp_in_parallel() && K > 0);
-  if (M == 0 || N == 0) return;
-  Timer timer(M, N, K);
-  run_bf16({trans_a, trans_b, N, lda, ldb, ldc, 1.0f, 0.0f, false, bias != nullptr}, M, K, A, B,
-           bias, C);
+  gemm_bias_to(trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc);
 }
 
 // fp64 serves only the finite-difference tests on small models: a plain loop nest in the
