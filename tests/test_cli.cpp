@@ -136,6 +136,34 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
   EXPECT_EQ(ex.code, 0) << ex.err;
   EXPECT_TRUE(fs::exists(dir_ / "hf" / "config.json"));
   EXPECT_TRUE(fs::exists(dir_ / "hf" / "vocab.txt"));
+  // Dynamic loss scaling from a scale past fp32's range: the first steps overflow and are
+  // skipped, the metrics carry the scale, the summary counts the skips; resuming needs the same
+  // --loss-scale.
+  const std::string scaled_dir = (dir_ / "scaled").string();
+  Result scaled = run("pretrain --data " + seqs + " --out " + scaled_dir +
+                      " --preset tiny --steps 3 --batch-rows 2 --eval-fraction 0.2"
+                      " --loss-scale dynamic --loss-scale-init 1e45");
+  ASSERT_EQ(scaled.code, 0) << scaled.err;
+  const std::string scaled_metrics = slurp(scaled_dir + "/metrics.jsonl");
+  EXPECT_NE(scaled_metrics.find("\"loss_scale\":1e+45"), std::string::npos) << scaled_metrics;
+  EXPECT_NE(scaled_metrics.find("\"skip_reason\":\"loss-scale overflow\""), std::string::npos)
+      << scaled_metrics;
+  EXPECT_NE(scaled.err.find("3 steps skipped for loss-scale overflow; scale 1.25e+44"),
+            std::string::npos)
+      << scaled.err;
+  Result rescaled = run("pretrain --data " + seqs + " --out " + scaled_dir +
+                        " --preset tiny --steps 4 --batch-rows 2 --eval-fraction 0.2 --resume");
+  EXPECT_EQ(rescaled.code, 2);
+  EXPECT_NE(rescaled.err.find("was trained with --loss-scale dynamic"), std::string::npos)
+      << rescaled.err;
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--loss-scale sometimes", "--loss-scale: sometimes: expected off, dynamic or a scale"},
+           {"--loss-scale 64 --loss-scale-init 8", "--loss-scale-init needs --loss-scale dynamic"},
+           {"--loss-scale dynamic --loss-scale-window 0", "--loss-scale-window"}}) {
+    Result bad = run("pretrain --data " + seqs + " --out " + (dir_ / "r5").string() + " " + flags);
+    EXPECT_EQ(bad.code, 2) << flags;
+    EXPECT_NE(bad.err.find(says), std::string::npos) << bad.err;
+  }
   // Bad input: one line, exit 2, nothing lost.
   Result nan_lr = run("pretrain --data " + seqs + " --out " + (dir_ / "r2").string() + " --lr nan");
   EXPECT_EQ(nan_lr.code, 2) << nan_lr.err;

@@ -555,6 +555,133 @@ TEST(Trainer, KilledBf16MastersRunResumesBitExactly) {
   }
 }
 
+// ---- Loss scaling ----
+
+// PyTorch GradScaler's rule: an overflow halves the scale (and is counted), the window-th clean
+// step in a row doubles it; fixed scales and `off` never change.
+TEST(LossScaling, OverflowHalvesAndACleanWindowDoubles) {
+  LossScaling dynamic;
+  dynamic.mode = LossScaling::Mode::dynamic;
+  dynamic.initial = 1024;
+  dynamic.window = 3;
+  LossScaler s(dynamic);
+  std::vector<double> scales;
+  for (bool finite : {true, true, true, true, false, true, true, false, false, true, true, true}) {
+    s.update(dynamic, finite);
+    scales.push_back(s.scale);
+  }
+  EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 2048, 2048, 1024, 1024, 1024, 512, 256, 256,
+                                         256, 512}));
+  EXPECT_EQ(s.overflows, 3);
+  EXPECT_EQ(s.clean, 0);
+  LossScaling fixed = parse_loss_scaling("128", "--loss-scale");
+  EXPECT_EQ(fixed.mode, LossScaling::Mode::fixed);
+  LossScaler f(fixed);
+  f.update(fixed, false);
+  EXPECT_EQ(f.scale, 128);
+  EXPECT_EQ(LossScaler(parse_loss_scaling("off", "--loss-scale")).scale, 1);
+  EXPECT_EQ(loss_scaling_name(parse_loss_scaling("dynamic", "--loss-scale")), "dynamic");
+  for (const char* bad : {"0", "-4", "1e301", "nan", "inf", "dynamc", ""})
+    EXPECT_THROW(parse_loss_scaling(bad, "--loss-scale"), InputError) << bad;
+}
+
+// Scaling by a power of two and dividing it out again is exact in binary floating point, so a
+// run with a fixed scale of 2^20 must retrace the unscaled run bit for bit (losses, gradient
+// norms, weights). A scale applied to backward but not divided out (or divided out twice, or after
+// the clip) changes the updates. In fp32 and, where the CPU has it, bf16 (whose bf16 rounding of
+// the output gradients commutes with a power of two as well).
+TEST(LossScaling, APowerOfTwoScaleChangesNoBit) {
+  World w;
+  std::vector<model::Precision> precisions = {model::Precision::fp32};
+  if (kernels::bf16_unavailable_reason().empty()) precisions.push_back(model::Precision::bf16);
+  for (const model::Precision precision : precisions) {
+    auto run = [&](const std::string& scale) {
+      PretrainOptions o = w.options("pow2_" + model::precision_name(precision) + "_" + scale);
+      o.checkpoint_every = 0;
+      o.max_steps = 5;
+      o.loop.clip_norm = 0.05;  // so the clip acts
+      o.loop.accumulation = 2;
+      o.loop.precision = precision;
+      o.loop.loss_scaling = parse_loss_scaling(scale, "--loss-scale");
+      Trainer t(o, false);
+      std::vector<double> trace;
+      std::atomic<bool> stop{false};
+      t.run(stop,
+            [&](const StepMetrics& s) {
+              EXPECT_FALSE(s.skipped) << s.skip_reason;
+              EXPECT_EQ(s.loss_scale, scale == "off" ? 1 : 1048576);
+              trace.push_back(s.loss);
+              trace.push_back(s.grad_norm);
+            },
+            {});
+      std::vector<float> copy;
+      const float* w32 = t.model().weights_fp32(copy);
+      trace.insert(trace.end(), w32, w32 + t.model().layout().total());
+      return trace;
+    };
+    const std::vector<double> plain = run("off"), scaled = run("1048576");
+    ASSERT_EQ(plain.size(), scaled.size());
+    EXPECT_TRUE(plain == scaled) << model::precision_name(precision);
+  }
+}
+
+// Issue #10's overflow test: a huge first scale (2^140, past fp32's range) overflows the
+// gradients; each such step is skipped, leaves every weight and the optimizer untouched, and
+// halves the scale, until the gradients fit and training proceeds (a gradient that grows later
+// may overflow again, with the same effect). The steps skipped do not count towards --nan-abort.
+TEST(LossScaling, OverflowSkipsStepsAndHalvesTheScaleUntilTrainingProceeds) {
+  World w;
+  PretrainOptions o = w.options("overflow");
+  o.checkpoint_every = 0;
+  o.max_steps = 40;
+  o.loop.loss_scaling.mode = LossScaling::Mode::dynamic;
+  o.loop.loss_scaling.initial = std::ldexp(1.0, 140);
+  o.loop.nan_abort = 2;
+  Trainer t(o, false);
+  std::vector<float> before = t.model().params();
+  int64_t skipped = 0, applied = 0, first_applied = 0;
+  double scale = o.loop.loss_scaling.initial;
+  std::atomic<bool> stop{false};
+  t.run(stop,
+        [&](const StepMetrics& s) {
+          const std::vector<float>& after = t.model().params();
+          EXPECT_EQ(s.loss_scale, scale) << "step " << s.step;
+          if (s.skipped) {
+            EXPECT_EQ(s.skip_reason, "loss-scale overflow") << "step " << s.step;
+            EXPECT_TRUE(after == before) << "a skipped step moved the weights, step " << s.step;
+            ++skipped;
+            scale /= 2;
+          } else {
+            EXPECT_TRUE(std::isfinite(s.grad_norm));
+            EXPECT_FALSE(after == before) << "an applied step left the weights, step " << s.step;
+            if (applied++ == 0) first_applied = s.step;
+          }
+          EXPECT_EQ(t.optimizer().steps(), applied) << "step " << s.step;
+          before = after;
+        },
+        {});
+  EXPECT_GE(first_applied, 11) << "2^140 should overflow for at least 10 steps";
+  EXPECT_GE(applied, 20);
+  EXPECT_EQ(skipped + applied, 40);
+  EXPECT_EQ(t.overflow_skips(), skipped);
+  EXPECT_EQ(t.loss_scale(), std::ldexp(1.0, 140 - static_cast<int>(skipped)));
+  std::cerr << skipped << " steps skipped (training from step " << first_applied
+            << "); the scale ended at 2^" << 140 - skipped << "\n";
+}
+
+// A dynamic-scaling run killed after its step-3 checkpoint resumes bit-exactly: the scale, its
+// clean-step count and the overflows are in the checkpoint. A window of 2 from 2^127 makes the
+// scale grow past what the gradients take and fall again around the checkpoint (2^127 for steps
+// 1-2, 2^128 for 3-4, an overflow at 2^129 on step 5).
+TEST(LossScaling, KilledDynamicRunResumesBitExactly) {
+  check_killed_run_resumes_bit_exactly(model::Precision::fp32, Masters::fp32,
+                                       [](PretrainOptions& o) {
+                                         o.loop.loss_scaling.mode = LossScaling::Mode::dynamic;
+                                         o.loop.loss_scaling.initial = std::ldexp(1.0, 127);
+                                         o.loop.loss_scaling.window = 2;
+                                       });
+}
+
 // Trains `o` (learning_options) and checks it learned the corpus: held-out loss down by 0.5 and
 // accuracy up by 0.1.
 void check_learns(const PretrainOptions& o) {

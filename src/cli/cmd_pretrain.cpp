@@ -128,6 +128,9 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume) {
   std::cerr << "checkpoint at step " << trainer.step() << " in " << trainer.checkpoint_path();
   if (trainer.outlier_skips())
     std::cerr << " (" << trainer.outlier_skips() << " updates skipped as outliers)";
+  if (trainer.overflow_skips())
+    std::cerr << " (" << trainer.overflow_skips()
+              << " steps skipped for loss-scale overflow; scale " << trainer.loss_scale() << ")";
   std::cerr << '\n';
   return reason == train::StopReason::requested ? 128 + sig : 0;
 }

@@ -92,6 +92,8 @@ std::string flag_of_field(const std::string& field) {
       {"clip_norm", "--clip"},
       {"outlier_z", "--skip-outliers"},
       {"nan_abort", "--nan-abort"},
+      {"loss_scale_init", "--loss-scale-init"},
+      {"loss_scale_window", "--loss-scale-window"},
       {"zero", "--zero"},
       {"max_steps", "--steps"},
       {"epochs", "--epochs"},
@@ -218,6 +220,23 @@ LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& op
   recompute_flags(cmd, o.recompute, &o.memory_limit);
   precision_flag(cmd, o.precision);
   master_weights_flag(cmd, o.optimizer.masters);
+  cmd->add_option_function<std::string>(
+         "--loss-scale",
+         [&o](const std::string& text) {
+           const train::LossScaling parsed = train::parse_loss_scaling(text, "--loss-scale");
+           o.loss_scaling.mode = parsed.mode, o.loss_scaling.initial = parsed.initial;
+         },
+         "off | dynamic | a fixed scale: backward starts from the loss times the scale and the "
+         "optimizer divides it out. dynamic is PyTorch's GradScaler: the scale halves and the "
+         "step is skipped when a gradient overflows, and doubles after --loss-scale-window clean "
+         "steps")
+      ->default_str("off");
+  f.loss_scale_init = std::make_shared<double>(65536);
+  f.loss_scale_init_flag =
+      number(cmd, "--loss-scale-init", *f.loss_scale_init,
+             "The first scale of --loss-scale dynamic", 1e-30, train::kMaxLossScale);
+  number(cmd, "--loss-scale-window", o.loss_scaling.window,
+         "Clean steps in a row after which --loss-scale dynamic doubles the scale", 1, kMaxCount);
   number(cmd, "--zero", o.zero,
          "Under mpirun: 1 shards the optimizer state (moments) across the processes, each "
          "holding 1/N of it (ZeRO stage 1); 0 = every process holds all of it",
@@ -228,6 +247,13 @@ LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& op
 void LoopFlags::finish(train::LoopOptions& o) const {
   o.optimizer.kind = train::parse_optimizer(*optimizer, "--optimizer");
   if (lr->count() == 0) o.lr = o.optimizer.kind == train::OptimizerKind::lamb ? lr_lamb : lr_adamw;
+  if (loss_scale_init_flag->count() > 0) {
+    if (o.loss_scaling.mode != train::LossScaling::Mode::dynamic)
+      throw InputError(
+          "--loss-scale-init needs --loss-scale dynamic (a fixed scale is the value "
+          "given to --loss-scale)");
+    o.loss_scaling.initial = *loss_scale_init;
+  }
 }
 
 const DefaultVocab& default_vocab() {

@@ -78,11 +78,15 @@ std::string flag_of_field(const std::string& field);
 
 // The flags of train::LoopOptions, which pretrain and finetune share: --optimizer, --lr,
 // --warmup, --decay-power, --weight-decay, --clip, --batch-rows, --accumulation, --seed,
-// --nan-abort, --skip-outliers, --recompute, --memory-limit, --precision and --zero. --lr's
-// default follows the optimizer (lr_lamb, lr_adamw); finish() applies both once parsed.
+// --nan-abort, --skip-outliers, --recompute, --memory-limit, --precision, --master-weights,
+// --loss-scale, --loss-scale-init, --loss-scale-window and --zero. --lr's default follows the
+// optimizer (lr_lamb, lr_adamw); finish() applies both once parsed, and --loss-scale-init (which
+// needs --loss-scale dynamic).
 struct LoopFlags {
   std::shared_ptr<std::string> optimizer;
   CLI::Option* lr = nullptr;
+  std::shared_ptr<double> loss_scale_init;
+  CLI::Option* loss_scale_init_flag = nullptr;
   double lr_lamb = 0, lr_adamw = 0;
   void finish(train::LoopOptions& o) const;
 };

@@ -140,6 +140,7 @@ StepContext<T> BertModel<T>::context() {
   s.p_attn = opt_.training ? c.attention_probs_dropout_prob : 0.0;
   s.seed = opt_.seed;
   s.step = opt_.step;
+  s.loss_scale = opt_.loss_scale;
   if (!share_.places.empty()) {
     s.places = &places_;
     s.mlm_total = share_.mlm, s.nsp_total = share_.nsp, s.cls_total = share_.cls,

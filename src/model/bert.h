@@ -24,6 +24,9 @@ struct StepOptions {
   uint64_t step = 0;      // dropout stream step: masks differ per step, repeat per (seed, step)
   Recompute recompute;    // what backward rebuilds instead of keeping (never `auto` here)
   Precision precision = Precision::fp32;  // bf16: float models only
+  // Backward starts from the losses times this (loss scaling): every gradient backward writes is
+  // scaled by it too. The losses forward reports are not.
+  double loss_scale = 1;
 };
 
 // Loss conventions (docs/FORMATS.md): MLM = mean cross-entropy over the batch's masked tokens;
@@ -105,7 +108,7 @@ class BertModel {
 
  private:
   StepContext<T> context();  // (non-const: backward writes block_grads_ through it)
-  bool kept(int l) const;  // is layer l's input a kept checkpoint (always, unless every:K)
+  bool kept(int l) const;    // is layer l's input a kept checkpoint (always, unless every:K)
   struct Slot {
     Rec rec;
     int64_t copy;

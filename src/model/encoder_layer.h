@@ -45,6 +45,7 @@ struct StepContext {
   const DropoutPlaces* places = nullptr;
   // The counts the loss means divide by: the whole batch's when this one is a share (0: own).
   int64_t mlm_total = 0, nsp_total = 0, cls_total = 0, span_total = 0;
+  double loss_scale = 1;  // the factor backward's loss gradients start from (StepOptions)
   int T_() const { return tokens.tokens(); }
   int n_seq() const { return tokens.sequences(); }
 };

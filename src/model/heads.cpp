@@ -26,11 +26,11 @@ int64_t count_targets(const int32_t* targets, int n) {
   return std::count_if(targets, targets + n, [](int32_t y) { return y >= 0; });
 }
 
-// d loss_i = 1 / count for each row: the gradient of a mean.
+// d loss_i = 1 / count for each row: the gradient of a mean (times the step's loss scale).
 template <typename T>
 T* mean_dloss(const StepContext<T>& s, int n, int64_t count) {
   T* d = s.ws.get(Rec::head_dloss);
-  std::fill(d, d + n, static_cast<T>(1.0 / static_cast<double>(count)));
+  std::fill(d, d + n, static_cast<T>(s.loss_scale / static_cast<double>(count)));
   return d;
 }
 

@@ -134,6 +134,10 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
       if (r.cls_count)
         line["acc"] = static_cast<double>(r.cls_correct) / static_cast<double>(r.cls_count);
       if (comm.distributed()) line["imbalance"] = r.imbalance;
+      if (lo.loss_scaling.on()) {
+        line["loss_scale"] = r.loss_scale;
+        line["skip_reason"] = r.skip_reason;
+      }
       if (comm.root()) log << line.dump() << std::endl;
       ++res.steps;
     }

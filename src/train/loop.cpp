@@ -3,13 +3,51 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <sstream>
 
 #include "error.h"
 #include "io/memory.h"
 #include "stopwatch.h"
 
 namespace packbert::train {
+
+std::string loss_scaling_name(const LossScaling& s) {
+  if (s.mode == LossScaling::Mode::off) return "off";
+  if (s.mode == LossScaling::Mode::dynamic) return "dynamic";
+  std::ostringstream out;
+  out << s.initial;
+  return out.str();
+}
+
+LossScaling parse_loss_scaling(const std::string& text, const std::string& flag) {
+  LossScaling s;
+  if (text == "off") return s;
+  if (text == "dynamic") {
+    s.mode = LossScaling::Mode::dynamic;
+    return s;
+  }
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end || !(x > 0 && x <= kMaxLossScale))
+    throw InputError(flag + ": " + text + ": expected off, dynamic or a scale in (0, 1e300]");
+  s.mode = LossScaling::Mode::fixed;
+  s.initial = x;
+  return s;
+}
+
+void LossScaler::update(const LossScaling& s, bool finite) {
+  if (s.mode != LossScaling::Mode::dynamic) return;
+  if (!finite) {
+    scale *= 0.5;
+    clean = 0;
+    ++overflows;
+  } else if (++clean >= s.window) {
+    scale = std::min(scale * 2, kMaxLossScale);
+    clean = 0;
+  }
+}
 
 void check_loop_options(const LoopOptions& o) {
   if (o.rows_per_batch < 1) throw OptionError("rows_per_batch", "must be at least 1");
@@ -21,6 +59,10 @@ void check_loop_options(const LoopOptions& o) {
   if (!(o.outlier_z >= 0)) throw OptionError("outlier_z", "must be 0 (off) or positive");
   if (o.nan_abort < 1) throw OptionError("nan_abort", "must be at least 1");
   if (o.zero != 0 && o.zero != 1) throw OptionError("zero", "must be 0 or 1");
+  if (o.loss_scaling.on() &&
+      !(o.loss_scaling.initial > 0 && o.loss_scaling.initial <= kMaxLossScale))
+    throw OptionError("loss_scale_init", "must be in (0, 1e300]");
+  if (o.loss_scaling.window < 1) throw OptionError("loss_scale_window", "must be at least 1");
   if (o.optimizer.masters != Masters::fp32) {
     const std::string name = masters_name(o.optimizer.masters);
     if (o.precision != model::Precision::bf16)
@@ -89,6 +131,7 @@ Stepper::Stepper(model::BertModel<float>& m, const LoopOptions& o, const Optimiz
   OptimizerConfig c = oc;
   c.masters = o.optimizer.masters, c.seed = o.seed;
   if (c.masters != Masters::fp32) m.keep_masters_in_bf16();
+  scaler_ = LossScaler(o.loss_scaling);
   io::AllocationScope scope("the optimizer's moments");
   opt_ = std::make_unique<Optimizer>(m.layout(), c, begin, end);
 }
@@ -100,6 +143,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
   const int micros = micro_batches > 0 ? micro_batches : accumulation_;
   const bool zero = o_.zero == 1 && N > 1;
   StepResult r;
+  r.loss_scale = scaler_.scale;
   m_.zero_grads();
   std::vector<float>& g = m_.grads();
   // Summed over micro-batches here, then over ranks: 4 loss shares, 6 counts, tokens, sequences,
@@ -133,7 +177,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
         m_.forward(b, {true, o_.seed,
                        static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
                            static_cast<uint64_t>(micro),
-                       recompute_, o_.precision});
+                       recompute_, o_.precision, r.loss_scale});
     m_.backward(ready);
     sums[0] += out.mlm_loss, sums[1] += out.nsp_loss, sums[2] += out.cls_loss,
         sums[3] += out.span_loss;
@@ -159,16 +203,17 @@ StepResult Stepper::step(int64_t index, int64_t total,
     comm_.allreduce_sum(sums.data(), sums.size());
   }
   const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
-  // The gradient is the micro-batches' mean, clipped to the global norm: one factor that the
-  // optimizer applies as it reads each gradient (no pass scales them first). Under ZeRO-1 the
-  // norm is summed from each shard's part across ranks.
-  const double inv_micros = 1.0 / micros;
+  // The gradient is the micro-batches' mean, unscaled (loss scaling) and clipped to the global
+  // norm: one factor that the optimizer applies as it reads each gradient (no pass scales them
+  // first). Under ZeRO-1 the norm is summed from each shard's part across ranks, so every rank
+  // sees the same overflow.
+  const double unscale = 1.0 / micros / r.loss_scale;
   r.grad_norm =
-      inv_micros *
+      unscale *
       grad_norm(g.data() + begin, end - begin,
                 zero ? Optimizer::Reduce([&](double* s, size_t k) { comm_.allreduce_sum(s, k); })
                      : Optimizer::Reduce());
-  const float grad_scale = static_cast<float>(inv_micros) * clip_factor(r.grad_norm, o_.clip_norm);
+  const float grad_scale = static_cast<float>(unscale) * clip_factor(r.grad_norm, o_.clip_norm);
   r.comm_seconds = now_seconds() - t0;
 
   const double acc = micros;
@@ -186,13 +231,21 @@ StepResult Stepper::step(int64_t index, int64_t total,
   const double loss = r.loss();
   if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
     r.skipped = true;
-    r.skip_reason = std::isfinite(loss) ? "non-finite gradient" : "non-finite loss";
-    if (++nan_streak_ >= o_.nan_abort)
+    // Under dynamic loss scaling a non-finite gradient from a finite loss is an overflow: the
+    // scale halves. It counts towards nan_abort only once the scale is at most 1, when scaling
+    // can no longer be what overflowed.
+    const bool overflow = std::isfinite(loss) && o_.loss_scaling.mode == LossScaling::Mode::dynamic;
+    r.skip_reason = !std::isfinite(loss) ? "non-finite loss"
+                    : overflow           ? "loss-scale overflow"
+                                         : "non-finite gradient";
+    if (overflow) scaler_.update(o_.loss_scaling, false);
+    if ((!overflow || r.loss_scale <= 1) && ++nan_streak_ >= o_.nan_abort)
       throw InputError(r.skip_reason + " for " + std::to_string(nan_streak_) +
                        " steps in a row (last at step " + std::to_string(index + 1) + "); " + kept +
                        "; lower the learning rate?");
     return r;
   }
+  scaler_.update(o_.loss_scaling, true);
   if (o_.outlier_z > 0 && guard_.is_outlier(r.grad_norm, o_.outlier_z)) {
     r.skipped = true;
     r.skip_reason = "outlier gradient norm";

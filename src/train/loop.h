@@ -21,6 +21,39 @@
 
 namespace packbert::train {
 
+// Loss scaling (PyTorch's GradScaler): backward starts from the losses times `scale`, so small
+// gradients stay representable where they are stored in 16 bits; the optimizer divides it out
+// as it reads each gradient (before clipping: the norm clipped is the true one). Dynamic scaling
+// halves the scale and skips the step when a gradient is non-finite (an overflow), and doubles it
+// after `window` clean steps in a row. Off, the scale is 1 and nothing changes.
+// The largest loss scale taken or grown to. A scale past fp32's range is allowed: the loss
+// gradient itself then overflows, and dynamic scaling halves it like any other overflow.
+constexpr double kMaxLossScale = 1e300;
+struct LossScaling {
+  enum class Mode : uint8_t { off, fixed, dynamic };
+  Mode mode = Mode::off;
+  double initial = 65536;  // 2^16, PyTorch's; the fixed scale under `fixed`
+  int64_t window = 2000;   // clean steps before the scale doubles (dynamic)
+  bool on() const { return mode != Mode::off; }
+};
+std::string loss_scaling_name(const LossScaling& s);  // "off", "dynamic" or the fixed scale
+// Parses `off`, `dynamic` or a fixed positive scale; names `flag` in the error.
+LossScaling parse_loss_scaling(const std::string& text, const std::string& flag);
+
+// The state of loss scaling through a run; part of the checkpoint, so a resumed run scales as an
+// unbroken one would.
+struct LossScaler {
+  double scale = 1;
+  int64_t clean = 0;      // steps without overflow since the scale last changed (dynamic)
+  int64_t overflows = 0;  // steps skipped because a scaled gradient was non-finite
+
+  LossScaler() = default;
+  explicit LossScaler(const LossScaling& s) : scale(s.on() ? s.initial : 1.0) {}
+  // After a step whose gradient was finite (true) or not: under dynamic scaling, halves the scale
+  // on an overflow, doubles it on the window-th clean step in a row.
+  void update(const LossScaling& s, bool finite);
+};
+
 // What every training run is driven by; pretrain and finetune hold one each (their own data
 // options beside it). Errors about a field name the field; the CLI maps it to its flag.
 struct LoopOptions {
@@ -33,6 +66,7 @@ struct LoopOptions {
   int accumulation = 1;      // micro-batches per optimizer step
   uint64_t seed = 1;         // initialisation, order, dropout and masks
   int nan_abort = 5;         // give up after this many non-finite steps in a row
+  LossScaling loss_scaling;
   // Skip an update whose gradient norm is an outlier: above mean + z * std of the last
   // GradNormGuard::kWindow accepted norms. 0 = off.
   double outlier_z = 0;
@@ -68,9 +102,12 @@ struct StepResult {
   int64_t mlm_count = 0, mlm_correct = 0, nsp_count = 0, nsp_correct = 0;
   int64_t cls_count = 0, cls_correct = 0;
   int64_t real_tokens = 0, sequences = 0;  // computed padding excluded
-  double lr = 0, grad_norm = 0;
-  bool skipped = false;     // no update was applied
-  std::string skip_reason;  // "non-finite loss", "non-finite gradient" or "outlier gradient norm"
+  double lr = 0, grad_norm = 0;  // grad_norm: of the unscaled mean gradient, before clipping
+  double loss_scale = 1;         // the scale this step's backward ran with
+  bool skipped = false;          // no update was applied
+  // "non-finite loss", "non-finite gradient", "loss-scale overflow" (dynamic loss scaling: the
+  // scale halves) or "outlier gradient norm"
+  std::string skip_reason;
   double imbalance = 1;     // the most real tokens one rank computed over the mean (1 = even)
   double comm_seconds = 0;  // waiting on collectives outside backward (exposed communication)
   double loss() const { return mlm_loss + nsp_loss + cls_loss + span_loss; }
@@ -101,6 +138,7 @@ class Stepper {
   GradNormGuard& guard() { return guard_; }
   int64_t outlier_skips() const { return outlier_skips_; }
   void set_outlier_skips(int64_t n) { outlier_skips_ = n; }
+  LossScaler& scaler() { return scaler_; }
   // The moments of the whole arena (m, v) in fp32, for a checkpoint: the optimizer's own when it
   // holds them all in fp32 (widened into m_all and v_all under bf16 masters); under ZeRO-1
   // gathered into m_all and v_all on the root, and null elsewhere.
@@ -120,6 +158,7 @@ class Stepper {
   std::unique_ptr<Optimizer> opt_;
   GradNormGuard guard_;
   int64_t outlier_skips_ = 0;
+  LossScaler scaler_;
   int nan_streak_ = 0;
 };
 

@@ -175,6 +175,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
                                       {"optimizer", optimizer_name(opt_.loop.optimizer.kind)},
                                       {"precision", model::precision_name(opt_.loop.precision)},
                                       {"master_weights", masters_name(opt_.loop.optimizer.masters)},
+                                      {"loss_scaling", loss_scaling_name(opt_.loop.loss_scaling)},
                                       {"zero", opt_.loop.zero},
                                       {"sparsity", sparsity_text(opt_.sparse.sparsity)},
                                       {"regrow", regrow_name(opt_.sparse.regrow)},
@@ -286,6 +287,11 @@ void Trainer::setup(bool resume) {
       throw InputError(checkpoint_path() + ": was trained with --master-weights " + masters +
                        "; resume needs the same (bit-exact resume), not " +
                        masters_name(lo.optimizer.masters));
+    const std::string scaling = state.value("loss_scaling", std::string("off"));
+    if (scaling != loss_scaling_name(lo.loss_scaling))
+      throw InputError(checkpoint_path() + ": was trained with --loss-scale " + scaling +
+                       "; resume needs the same (bit-exact resume), not " +
+                       loss_scaling_name(lo.loss_scaling));
     const model::Sparsity was = sparsity_of(state);
     if (!(was == opt_.sparse.sparsity))
       throw InputError(checkpoint_path() + ": was trained with " + sparsity_text(was) +
@@ -428,6 +434,10 @@ void Trainer::setup(bool resume) {
       guard.recent = state.at("recent_grad_norms").get<std::vector<double>>();
       guard.accepted = state.at("accepted_steps").get<int64_t>();
       stepper_->set_outlier_skips(state.at("outlier_skips").get<int64_t>());
+      LossScaler& scaler = stepper_->scaler();
+      scaler.scale = state.value("loss_scale", scaler.scale);
+      scaler.clean = state.value("loss_scale_clean", int64_t{0});
+      scaler.overflows = state.value("loss_scale_overflows", int64_t{0});
       if (guard.recent.size() != static_cast<size_t>(GradNormGuard::kWindow))
         throw InputError(checkpoint_path() + ": recent_grad_norms has " +
                          std::to_string(guard.recent.size()) + " entries, expected " +
@@ -487,6 +497,10 @@ void Trainer::save_checkpoint() {
                 {"recent_grad_norms", guard.recent},
                 {"accepted_steps", guard.accepted},
                 {"outlier_skips", stepper_->outlier_skips()},
+                {"loss_scaling", loss_scaling_name(opt_.loop.loss_scaling)},
+                {"loss_scale", stepper_->scaler().scale},
+                {"loss_scale_clean", stepper_->scaler().clean},
+                {"loss_scale_overflows", stepper_->scaler().overflows},
                 {"train_flops", train_flops_}};
   if (opt_.sparse.sparsity.on())
     state["sparsity"] = {{"block", opt_.sparse.sparsity.block},
@@ -615,7 +629,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
         r.nsp_count ? static_cast<double>(r.nsp_correct) / static_cast<double>(r.nsp_count) : 0;
     s.lr = r.lr, s.grad_norm = r.grad_norm;
     s.real_tokens = r.real_tokens, s.sequences = r.sequences;
-    s.skipped = r.skipped, s.skip_reason = r.skip_reason;
+    s.skipped = r.skipped, s.skip_reason = r.skip_reason, s.loss_scale = r.loss_scale;
     s.imbalance = r.imbalance, s.comm_seconds = r.comm_seconds;
     s.train_flops = train_flops_;
     s.pattern_update = update, s.blocks_moved = moved.moved, s.churn = moved.churn();
@@ -642,6 +656,10 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                 {"skip_reason", s.skip_reason},
                 {"outlier_skips", stepper_->outlier_skips()},
                 {"train_flops", s.train_flops}};
+      if (opt_.loop.loss_scaling.on()) {
+        line["loss_scale"] = s.loss_scale;
+        line["loss_scale_overflows"] = stepper_->scaler().overflows;
+      }
       if (s.pattern_update) {
         line["blocks_moved"] = s.blocks_moved;
         line["churn"] = s.churn;

@@ -60,7 +60,8 @@ struct StepMetrics {
   // Steps count from 1: `step` is the number of optimizer steps done once this one is. elapsed
   // is training time only (no evaluation, no checkpoint writing), summed over resumed runs.
   bool skipped = false;     // no update was applied
-  std::string skip_reason;  // "non-finite loss", "non-finite gradient" or "outlier gradient norm"
+  std::string skip_reason;  // StepResult's
+  double loss_scale = 1;    // the loss scale this step ran with (1 when loss scaling is off)
   // Under mpirun: the most real tokens one process computed over the mean, and the seconds spent
   // waiting on collectives outside backward.
   double imbalance = 1, comm_seconds = 0;
@@ -118,6 +119,9 @@ class Trainer {
   std::string checkpoint_path() const;
   int64_t saved_step() const { return saved_step_; }  // step of the checkpoint on disk; -1: none
   int64_t outlier_skips() const { return stepper_->outlier_skips(); }
+  // Steps skipped because a gradient overflowed under --loss-scale dynamic, and the scale now.
+  int64_t overflow_skips() const { return stepper_->scaler().overflows; }
+  double loss_scale() const { return stepper_->scaler().scale; }
   // The tensors --init did not hold (heads, pooler), initialised from the seed instead.
   const std::vector<std::string>& initialized() const { return initialized_; }
 
