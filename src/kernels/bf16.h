@@ -36,9 +36,13 @@ inline bf16 to_bf16_stochastic(float x, uint16_t random) {
   return bf16{static_cast<uint16_t>((u + random) >> 16)};
 }
 
-// True when x is neither infinite nor NaN.
+// True when x is neither infinite nor NaN, in integer operations on the exponent bits (which
+// vectorise, unlike std::isfinite).
 inline bool is_finite(bf16 x) {
   return (x.bits & 0x7f80u) != 0x7f80u;
+}
+inline bool is_finite(float x) {
+  return (std::bit_cast<uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
 }
 
 // out[i] = to_bf16(in[i]), [n]; in parallel over chunks for large n.

@@ -1,7 +1,6 @@
 #include "train/loop.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -72,12 +71,10 @@ void check_loop_options(const LoopOptions& o) {
   }
 }
 
-// (Counted with integer operations on the exponent bits, which vectorise.)
 bool all_finite(const float* x, size_t n) {
   int64_t bad = 0;
 #pragma omp parallel for simd schedule(static) reduction(+ : bad)
-  for (size_t i = 0; i < n; ++i)
-    bad += (std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u;
+  for (size_t i = 0; i < n; ++i) bad += !kernels::is_finite(x[i]);
   return bad == 0;
 }
 

@@ -1,7 +1,6 @@
 #include "train/optimizer.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 
 #include "error.h"
@@ -119,11 +118,6 @@ namespace {
 using kernels::bf16;
 using kernels::to_float;
 
-// True when x is neither infinite nor NaN, in integer operations that vectorise.
-inline bool is_finite(float x) {
-  return (std::bit_cast<uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
-}
-
 // How the bf16 masters of one part of a tensor are written: stochastically with the bits of
 // (seed, step, tensor, index), or to nearest.
 struct Rounder {
@@ -162,7 +156,7 @@ int64_t adamw_block(float* __restrict p, kernels::bf16* __restrict p16, float* _
     m[i] = static_cast<float>(mi);
     v[i] = static_cast<float>(vi);
     p[i] = static_cast<float>(pi - lr * (mi / c1) / (std::sqrt(vi / c2) + eps));
-    bad += !is_finite(p[i]);
+    bad += !kernels::is_finite(p[i]);
     if constexpr (kMirror) p16[i] = kernels::to_bf16(p[i]);
   }
   return bad;
@@ -207,7 +201,7 @@ int64_t lamb_apply_block(float* __restrict p, kernels::bf16* __restrict p16,
 #pragma omp simd reduction(+ : bad)
   for (int64_t i = 0; i < n; ++i) {
     p[i] -= step * u[i];
-    bad += !is_finite(p[i]);
+    bad += !kernels::is_finite(p[i]);
     if constexpr (kMirror) p16[i] = kernels::to_bf16(p[i]);
   }
   return bad;
