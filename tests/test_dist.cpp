@@ -177,6 +177,30 @@ TEST_F(Dist, Bf16MastersShardUnderZeroBitForBit) {
   EXPECT_LT(worst_difference("zero16", "one16", ""), 2e-2);
 }
 
+// Dynamic loss scaling across processes: every rank judges the same reduced gradient norm (summed
+// across shards under ZeRO-1), so all skip the same overflowing steps and halve the scale
+// together, and they end where one process with all the rows ends. A rank that skipped alone
+// would miss a collective (the run would hang) or drift from the others.
+TEST_F(Dist, DynamicLossScalingSkipsTheSameStepsOnEveryRank) {
+  const std::string scaling = "--loss-scale dynamic --loss-scale-init 1e42 ";
+  auto state = [&](const std::string& out) {
+    return nlohmann::json::parse(checkpoint(out).metadata().at("packbert"));
+  };
+  ASSERT_EQ(pretrain(1, "one8scaled", kSteps + "--batch-rows 8 " + scaling).code, 0)
+      << slurp(dir_ / "err");
+  const nlohmann::json one = state("one8scaled");
+  EXPECT_GE(one.at("loss_scale_overflows").get<int64_t>(), 10);
+  EXPECT_LE(one.at("loss_scale_overflows").get<int64_t>(), 15);
+  for (const std::string zero : {"0", "1"}) {
+    const std::string out = "two4scaled" + zero;
+    Result two = pretrain(2, out, kSteps + "--batch-rows 4 --zero " + zero + " " + scaling);
+    ASSERT_EQ(two.code, 0) << two.err;
+    EXPECT_EQ(state(out).at("loss_scale_overflows"), one.at("loss_scale_overflows")) << zero;
+    EXPECT_EQ(state(out).at("loss_scale"), one.at("loss_scale")) << zero;
+    EXPECT_LT(worst_difference(out, "one8scaled", ""), 1e-5) << zero;
+  }
+}
+
 // A checkpoint written at step 10 by 2 processes x 6 rows resumes on 1 x 12 and on 3 x 4 (ZeRO-1)
 // and reaches the step-20 weights of an uninterrupted run. The run is killed (as kill -9) right
 // after step 11, so the step-10 checkpoint is the one on disk.
