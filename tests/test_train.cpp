@@ -581,6 +581,9 @@ TEST(LossScaling, OverflowHalvesAndACleanWindowDoubles) {
   EXPECT_EQ(f.scale, 128);
   EXPECT_EQ(LossScaler(parse_loss_scaling("off", "--loss-scale")).scale, 1);
   EXPECT_EQ(loss_scaling_name(parse_loss_scaling("dynamic", "--loss-scale")), "dynamic");
+  EXPECT_EQ(loss_scaling_name(fixed), "128");
+  EXPECT_NE(loss_scaling_name(parse_loss_scaling("1048577", "--loss-scale")),
+            loss_scaling_name(parse_loss_scaling("1048576", "--loss-scale")));
   for (const char* bad : {"0", "-4", "1e301", "nan", "inf", "dynamc", ""})
     EXPECT_THROW(parse_loss_scaling(bad, "--loss-scale"), InputError) << bad;
 }

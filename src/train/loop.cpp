@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iomanip>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -16,7 +18,7 @@ std::string loss_scaling_name(const LossScaling& s) {
   if (s.mode == LossScaling::Mode::off) return "off";
   if (s.mode == LossScaling::Mode::dynamic) return "dynamic";
   std::ostringstream out;
-  out << s.initial;
+  out << std::setprecision(std::numeric_limits<double>::max_digits10) << s.initial;
   return out.str();
 }
 

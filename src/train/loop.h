@@ -21,14 +21,16 @@
 
 namespace packbert::train {
 
+// The largest loss scale taken or grown to. A scale past fp32's range is allowed: the loss
+// gradient itself then overflows, and dynamic scaling halves it like any other overflow.
+constexpr double kMaxLossScale = 1e300;
+
 // Loss scaling (PyTorch's GradScaler): backward starts from the losses times `scale`, so small
 // gradients stay representable where they are stored in 16 bits; the optimizer divides it out
 // as it reads each gradient (before clipping: the norm clipped is the true one). Dynamic scaling
 // halves the scale and skips the step when a gradient is non-finite (an overflow), and doubles it
-// after `window` clean steps in a row. Off, the scale is 1 and nothing changes.
-// The largest loss scale taken or grown to. A scale past fp32's range is allowed: the loss
-// gradient itself then overflows, and dynamic scaling halves it like any other overflow.
-constexpr double kMaxLossScale = 1e300;
+// after `window` clean steps in a row (a step skipped as an outlier has a finite gradient, so it
+// counts as clean). Off, the scale is 1 and nothing changes.
 struct LossScaling {
   enum class Mode : uint8_t { off, fixed, dynamic };
   Mode mode = Mode::off;
@@ -36,7 +38,8 @@ struct LossScaling {
   int64_t window = 2000;   // clean steps before the scale doubles (dynamic)
   bool on() const { return mode != Mode::off; }
 };
-std::string loss_scaling_name(const LossScaling& s);  // "off", "dynamic" or the fixed scale
+// "off", "dynamic" or the fixed scale, in as many digits as tell it apart from any other double.
+std::string loss_scaling_name(const LossScaling& s);
 // Parses `off`, `dynamic` or a fixed positive scale; names `flag` in the error.
 LossScaling parse_loss_scaling(const std::string& text, const std::string& flag);
 
