@@ -613,6 +613,7 @@ TEST(LossScaling, APowerOfTwoScaleChangesNoBit) {
             [&](const StepMetrics& s) {
               EXPECT_FALSE(s.skipped) << s.skip_reason;
               EXPECT_EQ(s.loss_scale, scale == "off" ? 1 : 1048576);
+              EXPECT_GT(s.grad_norm, o.loop.clip_norm) << "the clip does not act";
               trace.push_back(s.loss);
               trace.push_back(s.grad_norm);
             },
