@@ -176,6 +176,8 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
                                       {"precision", model::precision_name(opt_.loop.precision)},
                                       {"master_weights", masters_name(opt_.loop.optimizer.masters)},
                                       {"loss_scaling", loss_scaling_name(opt_.loop.loss_scaling)},
+                                      {"loss_scale_init", opt_.loop.loss_scaling.initial},
+                                      {"loss_scale_window", opt_.loop.loss_scaling.window},
                                       {"zero", opt_.loop.zero},
                                       {"sparsity", sparsity_text(opt_.sparse.sparsity)},
                                       {"regrow", regrow_name(opt_.sparse.regrow)},
