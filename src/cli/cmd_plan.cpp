@@ -144,6 +144,7 @@ void run_plan(const PlanArgs& a) {
             << "parameters " << gib(asked.params_bytes)
             << (a.masters != train::Masters::fp32       ? " GiB (bf16 masters)"
                 : a.precision == model::Precision::bf16 ? " GiB (with their bf16 copy)"
+                : a.precision == model::Precision::fp16 ? " GiB (with their fp16 copy)"
                                                         : " GiB")
             << ", gradients " << gib(asked.grads_bytes) << " GiB, optimizer state "
             << gib(asked.optimizer_bytes) << " GiB, runtime " << gib(asked.runtime_bytes)

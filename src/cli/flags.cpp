@@ -77,9 +77,11 @@ void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu) 
              if (!why.empty()) throw InputError(why);
            }
          },
-         "fp32, or bf16: GEMMs with bf16 operands and fp32 accumulation (needs AVX512-BF16 or "
-         "AMX-BF16); master weights, optimizer moments, LayerNorm statistics, softmax, losses and "
-         "gradients stay fp32")
+         "fp32; bf16: GEMMs with bf16 operands and fp32 accumulation, activations kept in bf16 "
+         "(needs AVX512-BF16 or AMX-BF16); fp16: activations and GEMM operands in IEEE fp16, "
+         "widened to fp32 for the GEMMs (GPU fp16 numbers and half the activation memory, not "
+         "speed; --loss-scale dynamic by default). Master weights, optimizer moments, LayerNorm "
+         "statistics, softmax, losses and gradients stay fp32")
       ->default_str("fp32");
 }
 
@@ -220,17 +222,19 @@ LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& op
   recompute_flags(cmd, o.recompute, &o.memory_limit);
   precision_flag(cmd, o.precision);
   master_weights_flag(cmd, o.optimizer.masters);
-  cmd->add_option_function<std::string>(
-         "--loss-scale",
-         [&o](const std::string& text) {
-           const train::LossScaling parsed = train::parse_loss_scaling(text, "--loss-scale");
-           o.loss_scaling.mode = parsed.mode, o.loss_scaling.initial = parsed.initial;
-         },
-         "off | dynamic | a fixed scale: backward starts from the loss times the scale and the "
-         "optimizer divides it out. dynamic is PyTorch's GradScaler: the scale halves and the "
-         "step is skipped when a gradient overflows, and doubles after --loss-scale-window clean "
-         "steps")
-      ->default_str("off");
+  f.loss_scale_flag =
+      cmd->add_option_function<std::string>(
+             "--loss-scale",
+             [&o](const std::string& text) {
+               const train::LossScaling parsed = train::parse_loss_scaling(text, "--loss-scale");
+               o.loss_scaling.mode = parsed.mode, o.loss_scaling.initial = parsed.initial;
+             },
+             "off | dynamic | a fixed scale: backward starts from the loss times the scale and the "
+             "optimizer divides it out. dynamic is PyTorch's GradScaler: the scale halves and the "
+             "step is skipped when a gradient overflows, and doubles after --loss-scale-window "
+             "clean "
+             "steps (default: dynamic under --precision fp16, off otherwise)")
+          ->default_str("off");
   f.loss_scale_init = std::make_shared<double>(65536);
   f.loss_scale_init_flag =
       number(cmd, "--loss-scale-init", *f.loss_scale_init,
@@ -247,6 +251,8 @@ LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& op
 void LoopFlags::finish(train::LoopOptions& o) const {
   o.optimizer.kind = train::parse_optimizer(*optimizer, "--optimizer");
   if (lr->count() == 0) o.lr = o.optimizer.kind == train::OptimizerKind::lamb ? lr_lamb : lr_adamw;
+  if (loss_scale_flag->count() == 0 && o.precision == model::Precision::fp16)
+    o.loss_scaling.mode = train::LossScaling::Mode::dynamic;  // (initial: 2^16, as GradScaler)
   if (loss_scale_init_flag->count() > 0) {
     if (o.loss_scaling.mode != train::LossScaling::Mode::dynamic)
       throw InputError(

@@ -43,8 +43,8 @@ CLI::Option* number(CLI::App* cmd, const std::string& name, std::optional<T>& va
 // checked at parse time (a bad value is a one-line error, exit 2).
 void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<double>* limit);
 
-// --precision fp32|bf16 (into `precision`), checked at parse time: with check_cpu, bf16 on a CPU
-// without AVX512-BF16 or AMX-BF16 is a one-line error naming the missing feature, exit 2 (plan,
+// --precision fp32|bf16|fp16 (into `precision`), checked at parse time: with check_cpu, bf16 on a
+// CPU without AVX512-BF16 or AMX-BF16 is a one-line error naming the missing feature, exit 2 (plan,
 // which runs nothing, does not check).
 void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu = true);
 // --master-weights fp32|bf16|bf16-rn (into `masters`).
@@ -80,13 +80,15 @@ std::string flag_of_field(const std::string& field);
 // --warmup, --decay-power, --weight-decay, --clip, --batch-rows, --accumulation, --seed,
 // --nan-abort, --skip-outliers, --recompute, --memory-limit, --precision, --master-weights,
 // --loss-scale, --loss-scale-init, --loss-scale-window and --zero. --lr's default follows the
-// optimizer (lr_lamb, lr_adamw); finish() applies both once parsed, and --loss-scale-init (which
-// needs --loss-scale dynamic).
+// optimizer (lr_lamb, lr_adamw); finish() applies both once parsed, --loss-scale-init (which
+// needs --loss-scale dynamic), and --loss-scale's default: dynamic under --precision fp16, off
+// otherwise.
 struct LoopFlags {
   std::shared_ptr<std::string> optimizer;
   CLI::Option* lr = nullptr;
   std::shared_ptr<double> loss_scale_init;
   CLI::Option* loss_scale_init_flag = nullptr;
+  CLI::Option* loss_scale_flag = nullptr;
   double lr_lamb = 0, lr_adamw = 0;
   void finish(train::LoopOptions& o) const;
 };

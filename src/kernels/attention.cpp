@@ -129,15 +129,15 @@ Head<T> head_block(const S* qkv, int a, int L, int h, int hs, int C, T* scratch)
   }
 }
 
-// A row of probabilities as backward reads it when they are stored in bf16: rounded to bf16 (a
-// no-op for values read back from bf16), then divided by their sum, so that the row sums to 1 as
-// softmax's backward assumes (otherwise dS rows no longer sum to 0, and the key bias, whose true
-// gradient is 0, picks up rounding noise).
-// `round` is false for a row read back from bf16, where rounding would change nothing.
-template <typename T>
+// A row of probabilities as backward reads it when they are stored in 16 bits (P_): rounded to
+// P_ (a no-op for values read back from P_), then divided by their sum, so that the row sums to 1
+// as softmax's backward assumes (otherwise dS rows no longer sum to 0, and the key bias, whose
+// true gradient is 0, picks up rounding noise).
+// `round` is false for a row read back from P_, where rounding would change nothing.
+template <typename P_, typename T>
 void decode_probs_row(T* __restrict p, int L, bool round) {
   if (round)
-    for (int j = 0; j < L; ++j) p[j] = to_float(to_bf16(static_cast<float>(p[j])));
+    for (int j = 0; j < L; ++j) p[j] = to_float(to_half<P_>(static_cast<float>(p[j])));
   T sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int j = 0; j < L; ++j) sum += p[j];
@@ -299,10 +299,11 @@ void block_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int
   gemm(true, false, L, hs, L, T(1), dS, L, Q, b.x.ld, T(1), dQ + C, ld);         // dK
 }
 
-// S: the storage of qkv (T, or bf16 widened per block). O = T writes each (sequence, head) block
-// of the output in place; O = bf16 computes it in the thread's scratch and rounds it into the
-// output (its only reader is a bf16 GEMM). P: the storage of the kept probabilities (T, or bf16:
-// computed in scratch in T and rounded once; backward reads the rounded ones).
+// S: the storage of qkv (T, or bf16 | f16 widened per block; bf16 products read bf16 as stored).
+// O = T writes each (sequence, head) block of the output in place; O = bf16 | f16 computes it in
+// the thread's scratch and rounds it into the output (its only reader is a GEMM). P: the storage
+// of the kept probabilities (T, or 16-bit: computed in scratch in T and rounded once; backward
+// reads the rounded ones).
 template <typename T, typename O, typename S, typename P_>
 void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seqlens, int n_seq,
                           int C, int NH, AttentionDropout dropout, AttentionWork<T> work) {
@@ -329,7 +330,7 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       if constexpr (!std::is_same_v<P_, T>)
         if (probs)
           for (int64_t i = 0; i < static_cast<int64_t>(L) * L; ++i)
-            probs[first + i] = to_bf16(P[i]);
+            probs[first + i] = to_half<P_>(P[i]);
       if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
@@ -343,7 +344,7 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
         block_pv(block, hs, Pv, x);
         for (int i = 0; i < L; ++i) {
           O* o = out + static_cast<int64_t>(a + i) * C + h * hs;
-          for (int j = 0; j < hs; ++j) o[j] = to_bf16(block[static_cast<int64_t>(i) * hs + j]);
+          for (int j = 0; j < hs; ++j) o[j] = to_half<O>(block[static_cast<int64_t>(i) * hs + j]);
         }
       }
     }
@@ -360,6 +361,10 @@ void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens
 void attention_forward(bf16* out, bf16* probs, const bf16* qkv, const int32_t* cu_seqlens,
                        int n_seq, int C, int NH, AttentionDropout dropout,
                        AttentionWork<float> work) {
+  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
+}
+void attention_forward(f16* out, f16* probs, const f16* qkv, const int32_t* cu_seqlens, int n_seq,
+                       int C, int NH, AttentionDropout dropout, AttentionWork<float> work) {
   attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
 }
 
@@ -402,7 +407,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
         else
           block_probs(rebuilt, x, scale);
         for (int i = 0; i < L; ++i)
-          decode_probs_row(rebuilt + static_cast<int64_t>(i) * L, L, probs == nullptr);
+          decode_probs_row<P_>(rebuilt + static_cast<int64_t>(i) * L, L, probs == nullptr);
       }
       block_dp(dP, dO, C, x);  // dO Vᵀ
       // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
@@ -427,6 +432,11 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
 }
 
 void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const bf16* probs,
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        AttentionDropout dropout, AttentionWork<float> work) {
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);
+}
+void attention_backward(float* dqkv, const float* dout, const f16* qkv, const f16* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
                         AttentionDropout dropout, AttentionWork<float> work) {
   attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);

@@ -52,6 +52,10 @@ void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens
 void attention_forward(bf16* out, bf16* probs, const bf16* qkv, const int32_t* cu_seqlens,
                        int n_seq, int C, int NH, AttentionDropout dropout = {},
                        AttentionWork<float> work = {});
+// Under `--precision fp16` likewise in f16 (every product in fp32 on the widened blocks).
+void attention_forward(f16* out, f16* probs, const f16* qkv, const int32_t* cu_seqlens, int n_seq,
+                       int C, int NH, AttentionDropout dropout = {},
+                       AttentionWork<float> work = {});
 // Accumulates into dqkv [T, 3C]. probs: as kept by the forward, or null to recompute them.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
@@ -59,6 +63,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
                         AttentionDropout dropout = {}, AttentionWork<T> work = {});
 // With bf16 qkv and probabilities (gradients stay fp32).
 void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const bf16* probs,
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        AttentionDropout dropout = {}, AttentionWork<float> work = {});
+void attention_backward(float* dqkv, const float* dout, const f16* qkv, const f16* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
                         AttentionDropout dropout = {}, AttentionWork<float> work = {});
 

@@ -1,10 +1,15 @@
-// bfloat16: the top 16 bits of an IEEE fp32 (8 exponent bits, 7 mantissa bits), the storage type
-// of the `bf16` precision. Values are converted with round-to-nearest-even (what the AVX512-BF16
-// VCVTNEPS2BF16 instruction and oneDNN do). Arithmetic always happens in fp32.
+// The two 16-bit storage formats, converted with round-to-nearest-even; arithmetic always happens
+// in fp32.
+// - bfloat16: the top 16 bits of an IEEE fp32 (8 exponent bits, 7 mantissa bits), the storage
+//   type of the `bf16` precision (what the AVX512-BF16 VCVTNEPS2BF16 instruction and oneDNN do).
+// - IEEE binary16 (5 exponent bits, 10 mantissa bits, largest finite 65504, subnormals below
+//   2^-14), the storage type of the `fp16` precision: 8x finer than bf16, but a range narrow
+//   enough that gradients need loss scaling.
 #pragma once
 
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 
 namespace packbert::kernels {
 
@@ -45,9 +50,79 @@ inline bool is_finite(float x) {
   return (std::bit_cast<uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
 }
 
-// out[i] = to_bf16(in[i]), [n]; in parallel over chunks for large n.
+struct f16 {
+  uint16_t bits = 0;
+};
+
+// Exact (every binary16 value is an fp32 value), subnormals included, in integer operations and
+// one float subtraction (which vectorise). Needs fp32 subnormals (no flush-to-zero), as the
+// engine never sets it.
+inline float to_float(f16 x) {
+  const uint32_t magnitude = static_cast<uint32_t>(x.bits & 0x7fffu) << 13;
+  const uint32_t exponent = magnitude & (0x7c00u << 13);
+  uint32_t u = magnitude + ((127u - 15u) << 23);
+  if (exponent == (0x7c00u << 13)) {
+    u += (128u - 16u) << 23;   // infinity, NaN
+  } else if (exponent == 0) {  // zero, subnormal: renormalise by one float subtraction
+    u += 1u << 23;
+    u = std::bit_cast<uint32_t>(std::bit_cast<float>(u) - std::bit_cast<float>(113u << 23));
+  }
+  return std::bit_cast<float>(u | (static_cast<uint32_t>(x.bits & 0x8000u) << 16));
+}
+
+// Round to nearest, ties to even (as F16C's VCVTPS2PH and a GPU do); beyond 65504 (from 65520
+// on) to infinity; below 2^-24 to zero, through binary16's subnormals; NaN stays NaN (quiet).
+// Needs the FPU's default rounding (nearest even), which the engine never changes.
+inline f16 to_f16(float x) {
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  uint32_t h;
+  if (u >= (127u + 16u) << 23) {  // |x| >= 65536, infinity or NaN
+    h = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (u < (113u << 23)) {  // |x| < 2^-14: binary16 subnormal or zero
+    // Adding 2^-1 aligns the 10 subnormal mantissa bits at the bottom of the float; the FPU's
+    // rounding of the sum is the rounding wanted.
+    const float magic = std::bit_cast<float>(((127u - 15u) + (23u - 10u) + 1u) << 23);
+    h = std::bit_cast<uint32_t>(std::bit_cast<float>(u) + magic) - std::bit_cast<uint32_t>(magic);
+  } else {  // normal: rebias, round on the 13 dropped bits (a carry may reach infinity)
+    const uint32_t odd = (u >> 13) & 1u;
+    h = (u + ((15u - 127u) << 23) + 0xfffu + odd) >> 13;
+  }
+  return f16{static_cast<uint16_t>(h | sign)};
+}
+
+inline bool is_finite(f16 x) {
+  return (x.bits & 0x7c00u) != 0x7c00u;
+}
+
+// The 16-bit storage formats, for the kernels and model code templated on one (H).
+template <typename H>
+inline constexpr bool is_half_v = std::is_same_v<H, bf16> || std::is_same_v<H, f16>;
+
+// x rounded to nearest even into H (H = bf16 or f16); to_half<float> is x itself.
+template <typename H>
+inline H to_half(float x) {
+  if constexpr (std::is_same_v<H, bf16>)
+    return to_bf16(x);
+  else if constexpr (std::is_same_v<H, f16>)
+    return to_f16(x);
+  else
+    return static_cast<H>(x);
+}
+
+// out[i] = to_bf16(in[i]) / to_f16(in[i]), [n]; in parallel over chunks for large n.
 void to_bf16(bf16* out, const float* in, int64_t n);
+void to_f16(f16* out, const float* in, int64_t n);
+template <typename H>
+inline void to_half(H* out, const float* in, int64_t n) {
+  if constexpr (std::is_same_v<H, bf16>)
+    to_bf16(out, in, n);
+  else
+    to_f16(out, in, n);
+}
 // out[i] = to_float(in[i]), [n].
 void to_float(float* out, const bf16* in, int64_t n);
+void to_float(float* out, const f16* in, int64_t n);
 
 }  // namespace packbert::kernels

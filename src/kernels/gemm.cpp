@@ -14,6 +14,7 @@
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
+#include <vector>
 
 namespace packbert::kernels {
 
@@ -192,6 +193,69 @@ void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, i
 void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                const bf16* B, int ldb, const float* bias, float* C, int ldc) {
   gemm_bias_to(trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc);
+}
+
+namespace {
+
+// op(X) as stored (rows x cols of the stored matrix, row stride ld) widened into a dense fp32
+// matrix of the same orientation (row stride cols), in `out`, grown as needed.
+const float* widen_operand(std::vector<float>& out, const f16* X, int rows, int cols, int ld) {
+  out.resize(static_cast<size_t>(rows) * cols);
+  float* o = out.data();
+#pragma omp parallel for schedule(static) if (static_cast <long>(rows) * cols > (1 << 15))
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      o[static_cast<long>(r) * cols + c] = to_float(X[static_cast<long>(r) * ld + c]);
+  return o;
+}
+
+// The per-thread fp32 copies of an f16 product's operands and, for an f16 C, its result.
+struct F16Scratch {
+  std::vector<float> a, b, c;
+};
+F16Scratch& f16_scratch() {
+  thread_local F16Scratch s;
+  return s;
+}
+
+// C = alpha * op(A) . op(B) + beta * C over the operands widened to fp32.
+void gemm_widened(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f16* A,
+                  int lda, const f16* B, int ldb, float beta, float* C, int ldc) {
+  F16Scratch& s = f16_scratch();
+  const float* a = trans_a ? widen_operand(s.a, A, K, M, lda) : widen_operand(s.a, A, M, K, lda);
+  const float* b = trans_b ? widen_operand(s.b, B, N, K, ldb) : widen_operand(s.b, B, K, N, ldb);
+  gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta, C, ldc);
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f16* A, int lda,
+          const f16* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const f16* A, int lda, const f16* B,
+               int ldb, const float* bias, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  gemm_widened(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+  if (!bias) return;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) C[static_cast<long>(i) * ldc + j] += bias[j];
+}
+
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const f16* A, int lda, const f16* B,
+               int ldb, const float* bias, f16* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  std::vector<float>& c = f16_scratch().c;
+  c.resize(static_cast<size_t>(M) * N);
+  gemm_widened(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, c.data(), N);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j)
+      C[static_cast<long>(i) * ldc + j] =
+          to_f16(c[static_cast<long>(i) * N + j] + (bias ? bias[j] : 0.0f));
 }
 
 // fp64 serves only the finite-difference tests on small models: a plain loop nest in the

@@ -1,6 +1,7 @@
 // The GEMM seam: every matrix product in the engine goes through here, so the backend is chosen
 // in one place: fp32 through oneDNN's sgemm, bf16 operands through oneDNN's matmul primitive,
-// fp64 (finite-difference tests only) through a plain loop nest. No BLAS library is loaded.
+// f16 operands widened to fp32 for sgemm, fp64 (finite-difference tests only) through a plain loop
+// nest. No BLAS library is loaded.
 #pragma once
 
 #include "kernels/bf16.h"
@@ -32,6 +33,17 @@ void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, i
 // second pass over C.
 void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                const bf16* B, int ldb, const float* bias, float* C, int ldc);
+
+// The same with binary16 (f16) operands, `--precision fp16`: oneDNN has no f16 matmul on CPUs
+// without AVX512-FP16, so the operands are widened to fp32 (exactly) into a per-thread scratch
+// that grows to the largest product seen, and multiplied by sgemm: fp16 buys memory, not speed.
+// With an f16 C, the fp32 sum plus bias is rounded once.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f16* A, int lda,
+          const f16* B, int ldb, float beta, float* C, int ldc);
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const f16* A, int lda, const f16* B,
+               int ldb, const float* bias, f16* C, int ldc);
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const f16* A, int lda, const f16* B,
+               int ldb, const float* bias, float* C, int ldc);
 
 // Profiling counters of the seam (benchmarks only): floating-point operations (2*M*N*K) and
 // wall-clock nanoseconds spent inside gemm() since the last reset. Updated atomically; calls

@@ -26,12 +26,15 @@ void column_blocks(int C, F body) {
     body(b * kColumnBlock, std::min(kColumnBlock, C - b * kColumnBlock));
 }
 
-// A stored value as the arithmetic type: itself, or a bf16 widened to fp32.
+// A stored value as the arithmetic type: itself, or a 16-bit value widened to fp32.
 template <typename T>
 inline T widen(T x) {
   return x;
 }
 inline float widen(bf16 x) {
+  return to_float(x);
+}
+inline float widen(f16 x) {
   return to_float(x);
 }
 
@@ -44,31 +47,31 @@ inline void normalize_row(T* __restrict o, const I* __restrict x, T m, T s, cons
   for (int c = 0; c < C; ++c) o[c] = (widen(x[c]) - m) * s * weight[c] + bias[c];
 }
 
-// The same row rounded to bf16 alone (out16[c] = to_bf16 of exactly the value normalize_row
+// The same row rounded to 16 bits alone (out16[c] = to_half of exactly the value normalize_row
 // computes), for a LayerNorm whose fp32 output nobody reads.
-template <typename T, typename I>
-inline void normalize_row16(bf16* __restrict o, const I* __restrict x, T m, T s, const T* weight,
+template <typename T, typename I, typename H>
+inline void normalize_row16(H* __restrict o, const I* __restrict x, T m, T s, const T* weight,
                             const T* bias, int C) {
 #pragma omp simd
   for (int c = 0; c < C; ++c)
-    o[c] = to_bf16(static_cast<float>((widen(x[c]) - m) * s * weight[c] + bias[c]));
+    o[c] = to_half<H>(static_cast<float>((widen(x[c]) - m) * s * weight[c] + bias[c]));
 }
 
-// out16 = to_bf16(row), [C].
-template <typename T>
-void mirror_row(bf16* __restrict out16, const T* __restrict row, int C) {
+// out16 = to_half(row), [C].
+template <typename T, typename H>
+void mirror_row(H* __restrict out16, const T* __restrict row, int C) {
 #pragma omp simd
-  for (int c = 0; c < C; ++c) out16[c] = to_bf16(static_cast<float>(row[c]));
+  for (int c = 0; c < C; ++c) out16[c] = to_half<H>(static_cast<float>(row[c]));
 }
 
 }  // namespace
 
 namespace {
 
-// The LayerNorm kernels over an input stored as I (T, or bf16 under Precision::bf16).
-template <typename T, typename I>
+// The LayerNorm kernels over an input stored as I (T, or H under a 16-bit precision).
+template <typename T, typename I, typename H>
 void layernorm_forward_from(T* out, T* mean, T* rstd, const I* inp, const T* weight, const T* bias,
-                            int N, int C, T eps, bf16* out16) {
+                            int N, int C, T eps, H* out16) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const I* x = inp + static_cast<int64_t>(n) * C;
@@ -93,9 +96,9 @@ void layernorm_forward_from(T* out, T* mean, T* rstd, const I* inp, const T* wei
   }
 }
 
-template <typename T, typename I>
+template <typename T, typename I, typename H>
 void layernorm_apply_from(T* out, const I* inp, const T* mean, const T* rstd, const T* weight,
-                          const T* bias, int N, int C, bf16* out16) {
+                          const T* bias, int N, int C, H* out16) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const I* x = inp + static_cast<int64_t>(n) * C;
@@ -155,22 +158,30 @@ void layernorm_backward_from(T* dinp, T* dweight, T* dbias, const T* dout, const
 
 }  // namespace
 
-template <typename T>
+template <typename T, typename H>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int N, int C, T eps, bf16* out16) {
+                       int N, int C, T eps, H* out16) {
   layernorm_forward_from(out, mean, rstd, inp, weight, bias, N, C, eps, out16);
 }
 void layernorm_forward(float* out, float* mean, float* rstd, const bf16* inp, const float* weight,
                        const float* bias, int N, int C, float eps, bf16* out16) {
   layernorm_forward_from(out, mean, rstd, inp, weight, bias, N, C, eps, out16);
 }
-template <typename T>
+void layernorm_forward(float* out, float* mean, float* rstd, const f16* inp, const float* weight,
+                       const float* bias, int N, int C, float eps, f16* out16) {
+  layernorm_forward_from(out, mean, rstd, inp, weight, bias, N, C, eps, out16);
+}
+template <typename T, typename H>
 void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T* weight,
-                     const T* bias, int N, int C, bf16* out16) {
+                     const T* bias, int N, int C, H* out16) {
   layernorm_apply_from(out, inp, mean, rstd, weight, bias, N, C, out16);
 }
 void layernorm_apply(float* out, const bf16* inp, const float* mean, const float* rstd,
                      const float* weight, const float* bias, int N, int C, bf16* out16) {
+  layernorm_apply_from(out, inp, mean, rstd, weight, bias, N, C, out16);
+}
+void layernorm_apply(float* out, const f16* inp, const float* mean, const float* rstd,
+                     const float* weight, const float* bias, int N, int C, f16* out16) {
   layernorm_apply_from(out, inp, mean, rstd, weight, bias, N, C, out16);
 }
 template <typename T>
@@ -183,10 +194,24 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         int N, int C) {
   layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const f16* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
 
-void residual_forward(bf16* out, const float* a, const bf16* b, int64_t n) {
+namespace {
+template <typename H>
+void residual_forward_half(H* out, const float* a, const H* b, int64_t n) {
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(a[i] + to_float(b[i]));
+  for (int64_t i = 0; i < n; ++i) out[i] = to_half<H>(a[i] + to_float(b[i]));
+}
+}  // namespace
+void residual_forward(bf16* out, const float* a, const bf16* b, int64_t n) {
+  residual_forward_half(out, a, b, n);
+}
+void residual_forward(f16* out, const float* a, const f16* b, int64_t n) {
+  residual_forward_half(out, a, b, n);
 }
 
 namespace {
@@ -208,11 +233,12 @@ void gelu_forward_block(float* __restrict out, const float* __restrict inp, int6
   for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + erf_fast(inp[i] * kInvSqrt2));
 }
 
-// bf16 in, bf16 out (the same fp32 arithmetic as above on the widened input).
-void gelu_forward_block(bf16* __restrict out, const bf16* __restrict inp, int64_t n) {
+// 16 bits in, 16 bits out (the same fp32 arithmetic as above on the widened input).
+template <typename H>
+void gelu_forward_block(H* __restrict out, const H* __restrict inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = widen(inp[i]);
-    out[i] = to_bf16(0.5f * x * (1.0f + erf_fast(x * kInvSqrt2)));
+    out[i] = to_half<H>(0.5f * x * (1.0f + erf_fast(x * kInvSqrt2)));
   }
 }
 
@@ -291,53 +317,60 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
-void gelu_forward(bf16* out, const bf16* inp, int64_t n) {
+namespace {
+
+template <typename H>
+void gelu_forward_half(H* out, const H* inp, int64_t n) {
   parallel_blocks(n, [&](int64_t a, int64_t b) { gelu_forward_block(out + a, inp + a, b - a); });
 }
 
-void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n) {
+template <typename H>
+void gelu_backward_half(float* dinp, const H* inp, const float* dout, int64_t n) {
   parallel_blocks(
       n, [&](int64_t a, int64_t b) { gelu_backward_block(dinp + a, inp + a, dout + a, b - a); });
 }
 
-void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float* bias, int N, int C,
-                    int OC) {
-  gemm_bias(false, true, N, OC, C, inp, C, weight, C, bias, out, OC);
-}
-
-void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int N,
-                    int C, int OC) {
-  if (bias && C > 0) return gemm_bias(false, true, N, OC, C, inp, C, weight, C, bias, out, OC);
-  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
-  if (!bias) return;
+template <typename H, typename O>
+void linear_forward_half(O* out, const H* inp, const H* weight, const float* bias, int N, int C,
+                         int OC) {
+  if constexpr (std::is_same_v<O, H>) {
+    gemm_bias(false, true, N, OC, C, inp, C, weight, C, bias, out, OC);
+  } else {
+    if (bias && C > 0) return gemm_bias(false, true, N, OC, C, inp, C, weight, C, bias, out, OC);
+    gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+    if (!bias) return;
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n)
-    for (int o = 0; o < OC; ++o) out[static_cast<int64_t>(n) * OC + o] += bias[o];
+    for (int n = 0; n < N; ++n)
+      for (int o = 0; o < OC; ++o) out[static_cast<int64_t>(n) * OC + o] += bias[o];
+  }
 }
 
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
-                     const bf16* inp, const bf16* weight, int N, int C, int OC) {
-  to_bf16(dout16, dout, static_cast<int64_t>(N) * OC);
-  linear_backward(dinp, dweight, dout16, inp, weight, N, C, OC);
-  if (dbias) bias_backward(dbias, dout, N, OC);
-}
-
-void linear_backward(float* dinp, float* dweight, const bf16* dout16, const bf16* inp,
-                     const bf16* weight, int N, int C, int OC) {
+template <typename H>
+void linear_backward_half(float* dinp, float* dweight, const H* dout16, const H* inp,
+                          const H* weight, int N, int C, int OC) {
   if (dinp) gemm(false, false, N, C, OC, 1.0f, dout16, OC, weight, C, 1.0f, dinp, C);
   gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C);
 }
 
-void cross_entropy_backward(bf16* dlogits16, float* dbias, const float* probs,
-                            const int32_t* targets, const float* dlosses, int N, int V) {
+template <typename H>
+void linear_backward_half(float* dinp, float* dweight, float* dbias, const float* dout, H* dout16,
+                          const H* inp, const H* weight, int N, int C, int OC) {
+  to_half(dout16, dout, static_cast<int64_t>(N) * OC);
+  linear_backward_half(dinp, dweight, static_cast<const H*>(dout16), inp, weight, N, C, OC);
+  if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+template <typename H>
+void cross_entropy_backward_half(H* dlogits16, float* dbias, const float* probs,
+                                 const int32_t* targets, const float* dlosses, int N, int V) {
   // By blocks of columns, so each thread sums its own bias entries over the rows in order (the
   // order bias_backward sums them in).
   column_blocks(V, [&](int c0, int w) {
     float acc[kColumnBlock] = {};
     for (int n = 0; n < N; ++n) {
-      bf16* d = dlogits16 + static_cast<int64_t>(n) * V + c0;
+      H* d = dlogits16 + static_cast<int64_t>(n) * V + c0;
       if (targets[n] < 0) {
-        std::fill(d, d + w, bf16{});
+        std::fill(d, d + w, H{});
         continue;
       }
       const float* p = probs + static_cast<int64_t>(n) * V + c0;
@@ -349,13 +382,46 @@ void cross_entropy_backward(bf16* dlogits16, float* dbias, const float* probs,
       const int t = targets[n] - c0;  // the target's column in this block, if it is here
       if (t >= 0 && t < w) x[t] -= g;
       for (int j = 0; j < w; ++j) {
-        d[j] = to_bf16(x[j]);
+        d[j] = to_half<H>(x[j]);
         acc[j] += x[j];
       }
     }
     for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
   });
 }
+
+}  // namespace
+
+#define PACKBERT_HALF_FORMS(H)                                                                    \
+  void gelu_forward(H* out, const H* inp, int64_t n) {                                            \
+    gelu_forward_half(out, inp, n);                                                               \
+  }                                                                                               \
+  void gelu_backward(float* dinp, const H* inp, const float* dout, int64_t n) {                   \
+    gelu_backward_half(dinp, inp, dout, n);                                                       \
+  }                                                                                               \
+  void linear_forward(H* out, const H* inp, const H* weight, const float* bias, int N, int C,     \
+                      int OC) {                                                                   \
+    linear_forward_half(out, inp, weight, bias, N, C, OC);                                        \
+  }                                                                                               \
+  void linear_forward(float* out, const H* inp, const H* weight, const float* bias, int N, int C, \
+                      int OC) {                                                                   \
+    linear_forward_half(out, inp, weight, bias, N, C, OC);                                        \
+  }                                                                                               \
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, H* dout16,   \
+                       const H* inp, const H* weight, int N, int C, int OC) {                     \
+    linear_backward_half(dinp, dweight, dbias, dout, dout16, inp, weight, N, C, OC);              \
+  }                                                                                               \
+  void linear_backward(float* dinp, float* dweight, const H* dout16, const H* inp,                \
+                       const H* weight, int N, int C, int OC) {                                   \
+    linear_backward_half(dinp, dweight, dout16, inp, weight, N, C, OC);                           \
+  }                                                                                               \
+  void cross_entropy_backward(H* dlogits16, float* dbias, const float* probs,                     \
+                              const int32_t* targets, const float* dlosses, int N, int V) {       \
+    cross_entropy_backward_half(dlogits16, dbias, probs, targets, dlosses, N, V);                 \
+  }                                                                                               \
+  void gather_rows_forward(H* out, const H* inp, const int32_t* rows, int n_rows, int C) {        \
+    gather_rows_forward<H>(out, inp, rows, n_rows, C);                                            \
+  }
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const int32_t* pos, const int32_t* types,
@@ -440,9 +506,9 @@ void gather_rows_forward(T* out, const T* inp, const int32_t* rows, int n_rows, 
               out + static_cast<int64_t>(r) * C);
 }
 
-void gather_rows_forward(bf16* out, const bf16* inp, const int32_t* rows, int n_rows, int C) {
-  gather_rows_forward<bf16>(out, inp, rows, n_rows, C);
-}
+PACKBERT_HALF_FORMS(bf16)
+PACKBERT_HALF_FORMS(f16)
+#undef PACKBERT_HALF_FORMS
 
 template <typename T>
 void gather_rows_backward(T* dinp, const T* dout, const int32_t* rows, int n_rows, int C) {
@@ -522,8 +588,8 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
 }
 
 #define PACKBERT_INSTANTIATE(T)                                                                    \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T,        \
-                                     bf16*);                                                       \
+  template void layernorm_forward<T, bf16>(T*, T*, T*, const T*, const T*, const T*, int, int, T,  \
+                                           bf16*);                                                 \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,          \
                                       const T*, int, int);                                         \
   template void gelu_forward<T>(T*, const T*, int64_t);                                            \
@@ -537,8 +603,8 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
   template void cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);              \
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int, int);       \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                              \
-  template void layernorm_apply<T>(T*, const T*, const T*, const T*, const T*, const T*, int, int, \
-                                   bf16*);                                                         \
+  template void layernorm_apply<T, bf16>(T*, const T*, const T*, const T*, const T*, const T*,     \
+                                         int, int, bf16*);                                         \
   template void gather_rows_forward<T>(T*, const T*, const int32_t*, int, int);                    \
   template void gather_rows_backward<T>(T*, const T*, const int32_t*, int, int);                   \
   template void tanh_forward<T>(T*, const T*, int64_t);                                            \
@@ -551,5 +617,9 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
 PACKBERT_INSTANTIATE(float)
 PACKBERT_INSTANTIATE(double)
 #undef PACKBERT_INSTANTIATE
+template void layernorm_forward<float, f16>(float*, float*, float*, const float*, const float*,
+                                            const float*, int, int, float, f16*);
+template void layernorm_apply<float, f16>(float*, const float*, const float*, const float*,
+                                          const float*, const float*, int, int, f16*);
 
 }  // namespace packbert::kernels

@@ -10,28 +10,39 @@
 
 namespace packbert::kernels {
 
+// Under `--precision bf16|fp16` the kernels below take the 16-bit storage type H (bf16 or f16,
+// kernels/bf16.h) where a tensor is stored in it; each such form has an overload per type.
+
 // LayerNorm over rows. inp, out: [N, C]; weight, bias: [C]; mean, rstd: [N] (saved for backward).
-// out16, when given, receives to_bf16(out) too, written row by row while the row is in cache:
-// the bf16 operand of the GEMM that reads the output under `--precision bf16`. out may then be
-// null: only the bf16 form is written (the same values).
-template <typename T>
+// out16, when given, receives to_half(out) too, written row by row while the row is in cache:
+// the 16-bit operand of the GEMM that reads the output under a 16-bit precision. out may then be
+// null: only the 16-bit form is written (the same values).
+template <typename T, typename H = bf16>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int N, int C, T eps, bf16* out16 = nullptr);
+                       int N, int C, T eps, H* out16 = nullptr);
 // Rebuilds layernorm_forward's `out` (and out16) from its input and the saved mean and rstd, bit
 // for bit (recompute policy `ln`).
-template <typename T>
+template <typename T, typename H = bf16>
 void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T* weight,
-                     const T* bias, int N, int C, bf16* out16 = nullptr);
+                     const T* bias, int N, int C, H* out16 = nullptr);
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, int N, int C);
-// The same over a bf16 input (Precision::bf16's residual sums), widened and computed in fp32.
+// The same over a 16-bit input (the residual sums under a 16-bit precision), widened and
+// computed in fp32.
 void layernorm_forward(float* out, float* mean, float* rstd, const bf16* inp, const float* weight,
                        const float* bias, int N, int C, float eps, bf16* out16 = nullptr);
+void layernorm_forward(float* out, float* mean, float* rstd, const f16* inp, const float* weight,
+                       const float* bias, int N, int C, float eps, f16* out16 = nullptr);
 void layernorm_apply(float* out, const bf16* inp, const float* mean, const float* rstd,
                      const float* weight, const float* bias, int N, int C, bf16* out16 = nullptr);
+void layernorm_apply(float* out, const f16* inp, const float* mean, const float* rstd,
+                     const float* weight, const float* bias, int N, int C, f16* out16 = nullptr);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const bf16* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const f16* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
 
 // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), as BERT and torch's F.gelu use. [n] elements.
@@ -39,10 +50,12 @@ template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n);
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
-// bf16 input and output (GELU's input is written by a bf16 GEMM, its output read by one):
-// widened, computed in fp32, rounded once. Backward from a bf16 input.
+// 16-bit input and output (GELU's input is written by a GEMM, its output read by one): widened,
+// computed in fp32, rounded once. Backward from a 16-bit input.
 void gelu_forward(bf16* out, const bf16* inp, int64_t n);
+void gelu_forward(f16* out, const f16* inp, int64_t n);
 void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n);
+void gelu_backward(float* dinp, const f16* inp, const float* dout, int64_t n);
 
 // Linear layer with PyTorch's weight layout: out[N, OC] = inp[N, C] . weight[OC, C]^T + bias.
 // bias may be null.
@@ -51,21 +64,30 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
 template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int N, int C, int OC);
-// The same with bf16 operands (input and weight) and fp32 accumulation, output and gradients.
-// Backward rounds dout to bf16 into dout16 ([N, OC], the caller's scratch) for its two GEMMs;
+// The same with 16-bit operands (input and weight) and fp32 accumulation, output and gradients.
+// Backward rounds dout to 16 bits into dout16 ([N, OC], the caller's scratch) for its two GEMMs
+// (under fp16, where a gradient scaled too far overflows to infinity: the loss scaler's signal);
 // the bias gradient sums the fp32 dout. dinp may be null.
 void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int N,
                     int C, int OC);
-// With a bf16 output, rounded once inside the GEMM (bias added in fp32 before): for outputs only
-// bf16-reading kernels take (q | k | v, GELU's input).
+void linear_forward(float* out, const f16* inp, const f16* weight, const float* bias, int N, int C,
+                    int OC);
+// With a 16-bit output, rounded once after the fp32 bias (inside the GEMM under bf16): for
+// outputs only 16-bit-reading kernels take (q | k | v, GELU's input).
 void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float* bias, int N, int C,
+                    int OC);
+void linear_forward(f16* out, const f16* inp, const f16* weight, const float* bias, int N, int C,
                     int OC);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
                      const bf16* inp, const bf16* weight, int N, int C, int OC);
-// The two GEMMs of that backward over an output gradient already in bf16 (the bias gradient is
-// its producer's: cross_entropy_backward's bf16 form).
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, f16* dout16,
+                     const f16* inp, const f16* weight, int N, int C, int OC);
+// The two GEMMs of that backward over an output gradient already in 16 bits (the bias gradient
+// is its producer's: cross_entropy_backward's 16-bit form).
 void linear_backward(float* dinp, float* dweight, const bf16* dout16, const bf16* inp,
                      const bf16* weight, int N, int C, int OC);
+void linear_backward(float* dinp, float* dweight, const f16* dout16, const f16* inp,
+                     const f16* weight, int N, int C, int OC);
 
 // BERT embeddings: out[t] = word[ids[t]] + position[pos[t]] + token_type[types[t]], [T, C].
 template <typename T>
@@ -95,6 +117,8 @@ void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, 
 // without the fp32 [N, V] gradient.
 void cross_entropy_backward(bf16* dlogits16, float* dbias, const float* probs,
                             const int32_t* targets, const float* dlosses, int N, int V);
+void cross_entropy_backward(f16* dlogits16, float* dbias, const float* probs,
+                            const int32_t* targets, const float* dlosses, int N, int V);
 
 // out = 0, [n]: gradient buffers before a backward accumulates into them.
 template <typename T>
@@ -102,11 +126,12 @@ inline void zero_fill(T* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = T(0);
 }
 
-// out = a + b, [n]; the bf16 form (a residual sum under bf16: b the bf16 skip) widens b and
-// rounds the fp32 sum once.
+// out = a + b, [n]; the 16-bit form (a residual sum under a 16-bit precision: b the 16-bit skip)
+// widens b and rounds the fp32 sum once.
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);
 void residual_forward(bf16* out, const float* a, const bf16* b, int64_t n);
+void residual_forward(f16* out, const float* a, const f16* b, int64_t n);
 
 // Rows picked by index: out[r] = inp[rows[r]], out: [n_rows, C]. Backward scatters with +=
 // (rows may repeat).
@@ -115,6 +140,7 @@ void gather_rows_forward(T* out, const T* inp, const int32_t* rows, int n_rows, 
 template <typename T>
 void gather_rows_backward(T* dinp, const T* dout, const int32_t* rows, int n_rows, int C);
 void gather_rows_forward(bf16* out, const bf16* inp, const int32_t* rows, int n_rows, int C);
+void gather_rows_forward(f16* out, const f16* inp, const int32_t* rows, int n_rows, int C);
 
 // out = tanh(inp), [n]. Backward from the output: dinp += dout * (1 - out^2).
 template <typename T>

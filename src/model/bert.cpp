@@ -127,10 +127,15 @@ const T* BertModel<T>::weights_fp32(std::vector<T>& scratch) const {
 }
 
 template <typename T>
-StepContext<T> BertModel<T>::context() {
+template <typename H>
+StepContext<T, H> BertModel<T>::context() {
   const BertConfig& c = config();
-  StepContext<T> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute};
-  if (opt_.precision == Precision::bf16) s.p16 = p16_.get();
+  StepContext<T, H> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute};
+  if constexpr (std::is_same_v<H, kernels::bf16>) {
+    if (opt_.precision == Precision::bf16) s.p16 = p16_.get();
+  } else {
+    if (opt_.precision == Precision::fp16) s.p16 = p_f16_.get();
+  }
   if (!patterns_.empty()) s.patterns = patterns_.data();
   if (!block_grads_.empty()) {
     s.block_grads = block_grads_.data();
@@ -190,20 +195,23 @@ T* BertModel<T>::output_of(int l) const {
   return kept(l + 1) ? input_of(l + 1) : ws_.get(Rec::seg_hidden, l % opt_.recompute.every);
 }
 template <typename T>
-kernels::bf16* BertModel<T>::input16_of(int l) const {
+template <typename H>
+H* BertModel<T>::input16_of(int l) const {
   const Slot s = input_slot(l);
-  return ws_.get16(s.rec, s.copy);
+  return ws_.template get16<H>(s.rec, s.copy);
 }
 template <typename T>
-kernels::bf16* BertModel<T>::output16_of(int l) const {
+template <typename H>
+H* BertModel<T>::output16_of(int l) const {
   const Slot s = output_slot(l);
-  return ws_.get16(s.rec, s.copy);
+  return ws_.template get16<H>(s.rec, s.copy);
 }
 
 template <typename T>
-LayerRecord<T> BertModel<T>::record_of(int l) const {
+template <typename H>
+LayerRecord<T, H> BertModel<T>::record_of(int l) const {
   const int K = opt_.recompute.every;
-  return ws_.layer(K ? l % K : l);
+  return ws_.template layer<H>(K ? l % K : l);
 }
 
 // The dropout places of a share's tokens and sequences: each row is a run of both, starting at
@@ -244,16 +252,25 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
   if (masters16_ && options.precision != Precision::bf16)
     throw std::logic_error("a model with bf16 master weights runs Precision::bf16 steps only");
-  if (options.precision == Precision::bf16 && !patterns_.empty())
+  if (is_16bit(options.precision) && !patterns_.empty())
     throw std::logic_error("block-sparse layers run in fp32 only");
-  if (options.precision == Precision::bf16) {
+  if (is_16bit(options.precision)) {
     if constexpr (std::is_same_v<T, float>) {
-      if (!masters16_ && params16_version_ != params_version_) {  // changed since their copy
+      if (options.precision == Precision::bf16 && !masters16_ &&
+          params16_version_ != params_version_) {  // changed since their copy
         kernels::to_bf16(weights16(), params_.data(), static_cast<int64_t>(params_.size()));
         weights16_written();
       }
+      if (options.precision == Precision::fp16 && params_f16_version_ != params_version_) {
+        if (params_f16_.empty()) {
+          params_f16_.resize(params_.size());
+          p_f16_ = std::make_unique<ParamView<kernels::f16>>(layout_, params_f16_.data());
+        }
+        kernels::to_f16(params_f16_.data(), params_.data(), static_cast<int64_t>(params_.size()));
+        params_f16_version_ = params_version_;
+      }
     } else {
-      throw std::logic_error("Precision::bf16 needs a float model");
+      throw std::logic_error("16-bit precisions need a float model");
     }
   }
   const BertConfig& c = config();
@@ -261,7 +278,7 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
   opt_ = options;
   token_layout(batch, c, tl_);
   out_ = Outputs{};
-  const int Tn = tl_.tokens(), n_seq = tl_.sequences(), L = c.num_hidden_layers;
+  const int Tn = tl_.tokens(), n_seq = tl_.sequences();
 
   ids_.resize(Tn);
   pos_.resize(Tn);
@@ -279,24 +296,39 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
   StepShape shape = shape_of(tl_, omp_get_max_threads());
   shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
   ws_.prepare(c, heads, opt_.recompute, shape, opt_.precision);
-  const StepContext<T> s = context();
+  if constexpr (std::is_same_v<T, float>)  // (fp16 steps need a float model: checked above)
+    if (opt_.precision == Precision::fp16) {
+      forward_with<kernels::f16>(batch);
+      return out_;
+    }
+  forward_with<kernels::bf16>(batch);
+  return out_;
+}
 
-  if (s.p16) {  // bf16: the embeddings in fp32 in scratch (dx is free until backward), rounded
+template <typename T>
+template <typename H>
+void BertModel<T>::forward_with(const PackedBatch& batch) {
+  const BertConfig& c = config();
+  const Heads& heads = layout_.heads();
+  const int Tn = tl_.tokens(), n_seq = tl_.sequences(), L = c.num_hidden_layers;
+  const StepContext<T, H> s = context<H>();
+
+  if (s.p16) {  // 16-bit: the embeddings in fp32 in scratch (dx is free until backward), rounded
     T* staged = ws_.get(Rec::dx);
     embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), staged);
     if constexpr (std::is_same_v<T, float>)
-      kernels::to_bf16(input16_of(0), staged, static_cast<int64_t>(Tn) * c.hidden_size);
+      kernels::to_half(input16_of<H>(0), staged, static_cast<int64_t>(Tn) * c.hidden_size);
   } else {
     embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), input_of(0));
   }
   for (int l = 0; l < L; ++l)
-    encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l), output_of(l),
-                          input16_of(l), output16_of(l));
+    encoder_layer_forward(s, l, p_.layers[l], record_of<H>(l), input_of(l), output_of(l),
+                          input16_of<H>(l), output16_of<H>(l));
   const T* top = input_of(L);
   pooler_forward(s, p_, top);
 
   if (heads.pretraining) {
-    mlm_forward(s, p_, top, input16_of(L), out_);
+    mlm_forward(s, p_, top, input16_of<H>(L), out_);
     nsp_forward(s, p_, tl_.nsp_label.data(), out_);
   }
   if (heads.classifier) {
@@ -327,11 +359,18 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
     }
     span_forward(s, p_, top, span_targets_.data(), out_);
   }
-  return out_;
 }
 
 template <typename T>
 void BertModel<T>::backward(const std::function<void(size_t begin, size_t end)>& ready) {
+  if constexpr (std::is_same_v<T, float>)
+    if (opt_.precision == Precision::fp16) return backward_with<kernels::f16>(ready);
+  backward_with<kernels::bf16>(ready);
+}
+
+template <typename T>
+template <typename H>
+void BertModel<T>::backward_with(const std::function<void(size_t begin, size_t end)>& ready) {
   size_t range = 0;  // the next of grad_ranges_ to report
   auto finished = [&] {
     if (ready) ready(grad_ranges_[range].first, grad_ranges_[range].second);
@@ -341,7 +380,7 @@ void BertModel<T>::backward(const std::function<void(size_t begin, size_t end)>&
   const Heads& heads = layout_.heads();
   const int Tn = tl_.tokens(), n_seq = tl_.sequences(), L = c.num_hidden_layers;
   const int64_t TC = static_cast<int64_t>(Tn) * c.hidden_size;
-  const StepContext<T> s = context();
+  const StepContext<T, H> s = context<H>();
   T *dh = ws_.get(Rec::dh), *dx = ws_.get(Rec::dx);  // d loss / d layer output, / d layer input
   T* dpooled = ws_.get(Rec::dpooled);
   kernels::zero_fill(dh, TC);
@@ -359,13 +398,13 @@ void BertModel<T>::backward(const std::function<void(size_t begin, size_t end)>&
 
   auto layer_backward = [&](int l) {
     if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
-      const LayerRecord<T> below = record_of(l - 1);
+      const LayerRecord<T, H> below = record_of<H>(l - 1);
       ln_apply(input_of(l), below.r2, below.r2_16, below.ln2_mean, below.ln2_rstd,
-               p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size, input16_of(l));
+               p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size, input16_of<H>(l));
     }
     kernels::zero_fill(dx, TC);
-    encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of(l), input_of(l), dh, dx,
-                           input16_of(l));
+    encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of<H>(l), input_of(l), dh, dx,
+                           input16_of<H>(l));
     std::swap(dh, dx);
     finished();
   };
@@ -377,9 +416,9 @@ void BertModel<T>::backward(const std::function<void(size_t begin, size_t end)>&
     for (int a = (L - 1) / K * K; a >= 0; a -= K) {
       const int b = std::min(a + K, L);
       for (int l = a; l < b; ++l)
-        encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l),
-                              ws_.get(Rec::seg_hidden, l - a), input16_of(l),
-                              ws_.get16(Rec::seg_hidden, l - a));
+        encoder_layer_forward(s, l, p_.layers[l], record_of<H>(l), input_of(l),
+                              ws_.get(Rec::seg_hidden, l - a), input16_of<H>(l),
+                              ws_.template get16<H>(Rec::seg_hidden, l - a));
       for (int l = b - 1; l >= a; --l) layer_backward(l);
     }
   }

@@ -23,7 +23,7 @@ struct StepOptions {
   uint64_t seed = 0;      // dropout stream seed
   uint64_t step = 0;      // dropout stream step: masks differ per step, repeat per (seed, step)
   Recompute recompute;    // what backward rebuilds instead of keeping (never `auto` here)
-  Precision precision = Precision::fp32;  // bf16: float models only
+  Precision precision = Precision::fp32;  // bf16, fp16: float models only
   // Backward starts from the losses times this (loss scaling): every gradient backward writes is
   // scaled by it too. The losses forward reports are not.
   double loss_scale = 1;
@@ -107,21 +107,32 @@ class BertModel {
   const TokenLayout& tokens() const { return tl_; }
 
  private:
-  StepContext<T> context();  // (non-const: backward writes block_grads_ through it)
-  bool kept(int l) const;    // is layer l's input a kept checkpoint (always, unless every:K)
+  template <typename H>
+  StepContext<T, H> context();  // (non-const: backward writes block_grads_ through it)
+  // forward and backward past their set-up, with H the step's 16-bit type (bf16 under fp32,
+  // where no 16-bit tensor is held).
+  template <typename H>
+  void forward_with(const PackedBatch& batch);
+  template <typename H>
+  void backward_with(const std::function<void(size_t begin, size_t end)>& ready);
+  bool kept(int l) const;  // is layer l's input a kept checkpoint (always, unless every:K)
   struct Slot {
     Rec rec;
     int64_t copy;
   };
   Slot input_slot(int l) const;   // the input of layer l (l = L: the encoder's output)
   Slot output_slot(int l) const;  // where layer l writes its output
-  // The layer input / output in T, and in bf16. Under fp32 the bf16 form is null; under bf16 the T
-  // form is null but for the encoder's output (l = L), which the heads also read in T.
+  // The layer input / output in T, and in 16 bits (H). Under fp32 the 16-bit form is null; under
+  // a 16-bit precision the T form is null but for the encoder's output (l = L), which the heads
+  // also read in T.
   T* input_of(int l) const;
   T* output_of(int l) const;
-  kernels::bf16* input16_of(int l) const;
-  kernels::bf16* output16_of(int l) const;
-  LayerRecord<T> record_of(int l) const;
+  template <typename H>
+  H* input16_of(int l) const;
+  template <typename H>
+  H* output16_of(int l) const;
+  template <typename H>
+  LayerRecord<T, H> record_of(int l) const;
   void place_rows(const PackedBatch& batch);
 
   ParamLayout layout_;
@@ -133,6 +144,10 @@ class BertModel {
   std::vector<kernels::bf16> params16_;
   std::unique_ptr<ParamView<kernels::bf16>> p16_;
   uint64_t params_version_ = 0, params16_version_ = ~uint64_t{0};
+  // Under fp16: the weights rounded to fp16, refreshed by the forward after params() changed.
+  std::vector<kernels::f16> params_f16_;
+  std::unique_ptr<ParamView<kernels::f16>> p_f16_;
+  uint64_t params_f16_version_ = ~uint64_t{0};
   bool masters16_ = false;
   std::vector<KeptPlace> kept_fp32_;  // under bf16 masters: what params() keeps, and where
 

@@ -19,8 +19,8 @@ namespace {
 // Calls f(begin, end, first) for each run of the n elements of a site's tensor ([T, C], or
 // [n_seq, C] for the pooled site) that is consecutive in the dropout stream: elements [begin,
 // end) draw from index `first` on.
-template <typename T, typename F>
-void for_each_dropout_run(const StepContext<T>& s, int64_t n, uint32_t site, F f) {
+template <typename T, typename H, typename F>
+void for_each_dropout_run(const StepContext<T, H>& s, int64_t n, uint32_t site, F f) {
   const bool by_sequence = site == kPooled;
   const int64_t rows = by_sequence ? s.n_seq() : s.T_();
   if (!s.places || rows == 0) return f(int64_t{0}, n, uint64_t{0});
@@ -33,8 +33,8 @@ void for_each_dropout_run(const StepContext<T>& s, int64_t n, uint32_t site, F f
 
 // The gradient through a dropout site: dout itself when dropout is off, else the masked copy in
 // scratch.
-template <typename T>
-const T* through_dropout(const StepContext<T>& s, T* scratch, const T* dout, int64_t n,
+template <typename T, typename H>
+const T* through_dropout(const StepContext<T, H>& s, T* scratch, const T* dout, int64_t n,
                          uint32_t layer, uint32_t site) {
   if (s.p_hidden <= 0) return dout;
   zero_fill(scratch, n);
@@ -42,12 +42,12 @@ const T* through_dropout(const StepContext<T>& s, T* scratch, const T* dout, int
   return scratch;
 }
 
-// The step's linear layers: out = in . W^T + b with fp32 operands, or with the bf16 twins of the
-// input and weight when the caller passes them (T = float, Precision::bf16), or block-sparse
+// The step's linear layers: out = in . W^T + b with fp32 operands, or with the 16-bit twins (H) of
+// the input and weight when the caller passes them (T = float, a 16-bit precision), or block-sparse
 // when the layer has a pattern (W then holds its kept blocks' values; fp32 only).
-template <typename T>
-void linear(const StepContext<T>& s, const BlockPattern* pattern, T* out, const T* in,
-            const bf16* in16, const T* W, const bf16* W16, const T* b, int N, int C, int OC) {
+template <typename T, typename H>
+void linear(const StepContext<T, H>& s, const BlockPattern* pattern, T* out, const T* in,
+            const H* in16, const T* W, const H* W16, const T* b, int N, int C, int OC) {
   if (pattern) return sparse_linear_forward(out, in, *pattern, W, b, N, s.ws.get(Rec::sparse));
   if constexpr (std::is_same_v<T, float>)
     if (W16) return linear_forward(out, in16, W16, b, N, C, OC);
@@ -55,8 +55,8 @@ void linear(const StepContext<T>& s, const BlockPattern* pattern, T* out, const 
 }
 // block_l1[rb * C / B + cb] += the L1 norm of block (rb, cb) of dout^T . in, the dense weight
 // gradient (formed in s.dense_scratch).
-template <typename T>
-void add_block_grads(const StepContext<T>& s, std::vector<float>& block_l1, const T* dout,
+template <typename T, typename H>
+void add_block_grads(const StepContext<T, H>& s, std::vector<float>& block_l1, const T* dout,
                      const T* in, int N, int C, int OC, int B) {
   T* dW = s.dense_scratch;
   gemm(true, false, OC, C, N, T(1), dout, OC, in, C, T(0), dW, C);
@@ -69,39 +69,40 @@ void add_block_grads(const StepContext<T>& s, std::vector<float>& block_l1, cons
             static_cast<float>(std::abs(dW[static_cast<int64_t>(rb * B + o) * C + c]));
 }
 
-template <typename T>
-void linear_grad(const StepContext<T>& s, const BlockPattern* pattern, T* dinp, T* dW, T* db,
-                 const T* dout, const T* in, const bf16* in16, const T* W, const bf16* W16, int N,
-                 int C, int OC, std::vector<float>* block_l1 = nullptr) {
+template <typename T, typename H>
+void linear_grad(const StepContext<T, H>& s, const BlockPattern* pattern, T* dinp, T* dW, T* db,
+                 const T* dout, const T* in, const H* in16, const T* W, const H* W16, int N, int C,
+                 int OC, std::vector<float>* block_l1 = nullptr) {
   if (block_l1) add_block_grads(s, *block_l1, dout, in, N, C, OC, pattern->block);
   if (pattern)
     return sparse_linear_backward(dinp, dW, db, dout, in, *pattern, W, N, s.ws.get(Rec::sparse));
   if constexpr (std::is_same_v<T, float>)
     if (W16)
-      return linear_backward(dinp, dW, db, dout, s.ws.get16(Rec::dout16), in16, W16, N, C, OC);
+      return linear_backward(dinp, dW, db, dout, s.ws.template get16<H>(Rec::dout16), in16, W16, N,
+                             C, OC);
   linear_backward(dinp, dW, db, dout, in, W, N, C, OC);
 }
 
 // The block gradient norms backward collects for one of a layer's linear layers, or null.
-template <typename T>
-std::vector<float>* block_grads_of(const StepContext<T>& s, int layer,
+template <typename T, typename H>
+std::vector<float>* block_grads_of(const StepContext<T, H>& s, int layer,
                                    std::vector<float> LayerBlockGrads::*which) {
   return s.block_grads ? &(s.block_grads[layer].*which) : nullptr;
 }
 
 // A layer's pattern of one of its linear layers, or null when the model is dense.
-template <typename T>
-const BlockPattern* pattern_of(const StepContext<T>& s, int layer,
+template <typename T, typename H>
+const BlockPattern* pattern_of(const StepContext<T, H>& s, int layer,
                                BlockPattern LayerPatterns::*which) {
   return s.patterns ? &(s.patterns[layer].*which) : nullptr;
 }
 
-// A residual sum r = dropout(x) + skip at (layer, site): in T, or under bf16 from the bf16
-// skip16, rounded once into r16. x is the linear layer's output in scratch (overwritten under
-// bf16).
-template <typename T>
-void residual_site(const StepContext<T>& s, T* r, bf16* r16, T* x, const T* skip,
-                   const bf16* skip16, int64_t n, uint32_t layer, uint32_t site) {
+// A residual sum r = dropout(x) + skip at (layer, site): in T, or under 16 bits from the H
+// skip16, rounded once into r16. x is the linear layer's output in scratch (overwritten in the
+// 16-bit case).
+template <typename T, typename H>
+void residual_site(const StepContext<T, H>& s, T* r, H* r16, T* x, const T* skip, const H* skip16,
+                   int64_t n, uint32_t layer, uint32_t site) {
   if constexpr (std::is_same_v<T, float>) {
     if (r16) {
       dropout_site(s, x, x, n, layer, site);
@@ -112,16 +113,16 @@ void residual_site(const StepContext<T>& s, T* r, bf16* r16, T* x, const T* skip
   residual_forward(r, r, skip, n);
 }
 
-// LayerNorm forward, rebuild and backward from a residual sum stored in T (inp) or bf16 (inp16).
-template <typename T>
-void ln_forward(T* out, T* mean, T* rstd, const T* inp, const bf16* inp16, const T* w, const T* b,
-                int N, int C, T eps, bf16* out16) {
+// LayerNorm forward, rebuild and backward from a residual sum stored in T (inp) or H (inp16).
+template <typename T, typename H>
+void ln_forward(T* out, T* mean, T* rstd, const T* inp, const H* inp16, const T* w, const T* b,
+                int N, int C, T eps, H* out16) {
   if constexpr (std::is_same_v<T, float>)
     if (inp16) return layernorm_forward(out, mean, rstd, inp16, w, b, N, C, eps, out16);
   layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, out16);
 }
-template <typename T>
-void ln_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const bf16* inp16, const T* w,
+template <typename T, typename H>
+void ln_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const H* inp16, const T* w,
                  const T* mean, const T* rstd, int N, int C) {
   if constexpr (std::is_same_v<T, float>)
     if (inp16) return layernorm_backward(dinp, dw, db, dout, inp16, w, mean, rstd, N, C);
@@ -130,9 +131,9 @@ void ln_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const bf16*
 
 }  // namespace
 
-template <typename T>
-void ln_apply(T* out, const T* inp, const kernels::bf16* inp16, const T* mean, const T* rstd,
-              const T* w, const T* b, int N, int C, kernels::bf16* out16) {
+template <typename T, typename H>
+void ln_apply(T* out, const T* inp, const H* inp16, const T* mean, const T* rstd, const T* w,
+              const T* b, int N, int C, H* out16) {
   if constexpr (std::is_same_v<T, float>)
     if (inp16) return layernorm_apply(out, inp16, mean, rstd, w, b, N, C, out16);
   layernorm_apply(out, inp, mean, rstd, w, b, N, C, out16);
@@ -140,24 +141,24 @@ void ln_apply(T* out, const T* inp, const kernels::bf16* inp16, const T* mean, c
 
 namespace {
 
-// GELU's output from its input: both T, or both bf16 under bf16.
-template <typename T>
-void gelu_out(const LayerRecord<T>& a, int64_t n) {
+// GELU's output from its input: both T, or both H under a 16-bit precision.
+template <typename T, typename H>
+void gelu_out(const LayerRecord<T, H>& a, int64_t n) {
   if constexpr (std::is_same_v<T, float>)
     if (a.gelu16) return gelu_forward(a.gelu16, a.inter16, n);
   gelu_forward(a.gelu, a.inter, n);
 }
 
-template <typename T>
-AttentionDropout attention_dropout(const StepContext<T>& s, int layer) {
+template <typename T, typename H>
+AttentionDropout attention_dropout(const StepContext<T, H>& s, int layer) {
   return {s.p_attn, s.seed, dropout_key(s.step, static_cast<uint32_t>(layer), kAttnProbs),
           s.places && !s.places->attention.empty() ? s.places->attention.data() : nullptr};
 }
 
 }  // namespace
 
-template <typename T>
-void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
+template <typename T, typename H>
+void dropout_site(const StepContext<T, H>& s, T* out, const T* inp, int64_t n, uint32_t layer,
                   uint32_t site) {
   if (s.p_hidden > 0) {
     const uint64_t key = dropout_key(s.step, layer, site);
@@ -169,8 +170,8 @@ void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint
   }
 }
 
-template <typename T>
-void dropout_site_backward(const StepContext<T>& s, T* dinp, const T* dout, int64_t n,
+template <typename T, typename H>
+void dropout_site_backward(const StepContext<T, H>& s, T* dinp, const T* dout, int64_t n,
                            uint32_t layer, uint32_t site) {
   const uint64_t key = dropout_key(s.step, layer, site);
   for_each_dropout_run(s, n, site, [&](int64_t a, int64_t b, uint64_t first) {
@@ -178,14 +179,14 @@ void dropout_site_backward(const StepContext<T>& s, T* dinp, const T* dout, int6
   });
 }
 
-template <typename T>
-void embeddings_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* ids,
+template <typename T, typename H>
+void embeddings_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* ids,
                         const int32_t* pos, const int32_t* types, T* out) {
   const int Tn = s.T_(), C = s.config.hidden_size;
   T* sum = s.ws.get(Rec::emb_sum);
   T* ln = s.p_hidden > 0 ? s.ws.get(Rec::tmp) : out;
   // Under bf16 master weights the word embeddings exist in bf16 only (p.word is null).
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<H, bf16>)
     if (!p.word)
       embedding_forward(sum, ids, pos, types, s.p16->word, p.position, p.token_type, Tn, C);
   if (p.word) embedding_forward(sum, ids, pos, types, p.word, p.position, p.token_type, Tn, C);
@@ -194,8 +195,8 @@ void embeddings_forward(const StepContext<T>& s, const ParamView<T>& p, const in
   if (s.p_hidden > 0) dropout_site(s, out, ln, static_cast<int64_t>(Tn) * C, kNoLayer, kEmbeddings);
 }
 
-template <typename T>
-void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void embeddings_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                          const int32_t* ids, const int32_t* pos, const int32_t* types,
                          const T* dout) {
   const int Tn = s.T_(), C = s.config.hidden_size;
@@ -208,23 +209,24 @@ void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const P
   embedding_backward(g.word, g.position, g.token_type, dsum, ids, pos, types, Tn, C);
 }
 
-template <typename T>
-void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T>& w,
-                           const LayerRecord<T>& a, const T* in, T* out, const bf16* in16,
-                           bf16* out16) {
+template <typename T, typename H>
+void encoder_layer_forward(const StepContext<T, H>& s, int layer, const LayerView<T>& w,
+                           const LayerRecord<T, H>& a, const T* in, T* out, const H* in16,
+                           H* out16) {
   const BertConfig& c = s.config;
   const int Tn = s.T_(), C = c.hidden_size, I = c.intermediate_size;
   const int64_t TC = static_cast<int64_t>(Tn) * C;
   const T eps = static_cast<T>(c.layer_norm_eps);
   const uint32_t l = static_cast<uint32_t>(layer);
-  const LayerView<bf16>* w16 = s.p16 ? &s.p16->layers[layer] : nullptr;
-  auto W16 = [&](bf16* LayerView<bf16>::*field) { return w16 ? w16->*field : nullptr; };
+  const LayerView<H>* w16 = s.p16 ? &s.p16->layers[layer] : nullptr;
+  auto W16 = [&](H* LayerView<H>::*field) { return w16 ? w16->*field : nullptr; };
   T* tmp = s.ws.get(Rec::tmp);
   const AttentionWork<T> work{s.probs_offsets, s.ws.get(Rec::attn_work)};
 
   const AttentionDropout drop = attention_dropout(s, layer);
   const int32_t* cu = s.tokens.cu_seqlens.data();
-  // q | k | v and the attention output: bf16 under bf16 (written by the GEMM, read by attention).
+  // q | k | v and the attention output: 16-bit under a 16-bit precision (written by the GEMM,
+  // read by attention).
   if constexpr (std::is_same_v<T, float>) {
     if (w16) {
       linear_forward(a.qkv16, in16, w16->qkv_w, w.qkv_b, Tn, C, 3 * C);
@@ -234,11 +236,11 @@ void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T
   }
   if (!w16) {
     linear(s, pattern_of(s, layer, &LayerPatterns::qkv), a.qkv, in, in16, w.qkv_w,
-           static_cast<const bf16*>(nullptr), w.qkv_b, Tn, C, 3 * C);
+           static_cast<const H*>(nullptr), w.qkv_b, Tn, C, 3 * C);
     attention_forward(a.att, a.probs, a.qkv, cu, s.n_seq(), C, c.num_attention_heads, drop, work);
   }
   linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), tmp, a.att, a.att16, w.attn_out_w,
-         W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn, C, C);
+         W16(&LayerView<H>::attn_out_w), w.attn_out_b, Tn, C, C);
   residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   ln_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, a.r1_16, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
   if constexpr (std::is_same_v<T, float>) {
@@ -246,18 +248,18 @@ void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T
   }
   if (!w16)
     linear(s, pattern_of(s, layer, &LayerPatterns::inter), a.inter, a.h1, a.h1_16, w.inter_w,
-           static_cast<const bf16*>(nullptr), w.inter_b, Tn, C, I);
+           static_cast<const H*>(nullptr), w.inter_b, Tn, C, I);
   gelu_out(a, static_cast<int64_t>(Tn) * I);
   linear(s, pattern_of(s, layer, &LayerPatterns::out), tmp, a.gelu, a.gelu16, w.out_w,
-         W16(&LayerView<bf16>::out_w), w.out_b, Tn, I, C);
+         W16(&LayerView<H>::out_w), w.out_b, Tn, I, C);
   residual_site(s, a.r2, a.r2_16, tmp, a.h1, a.h1_16, TC, l, kFfnOut);
   ln_forward(out, a.ln2_mean, a.ln2_rstd, a.r2, a.r2_16, w.ln2_w, w.ln2_b, Tn, C, eps, out16);
 }
 
-template <typename T>
-void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<T>& w,
-                            const LayerView<T>& g, const LayerRecord<T>& a, const T* in,
-                            const T* dout, T* dinp, const bf16* in16) {
+template <typename T, typename H>
+void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerView<T>& w,
+                            const LayerView<T>& g, const LayerRecord<T, H>& a, const T* in,
+                            const T* dout, T* dinp, const H* in16) {
   const BertConfig& c = s.config;
   const int Tn = s.T_(), C = c.hidden_size, I = c.intermediate_size;
   const int64_t TC = static_cast<int64_t>(Tn) * C, TI = static_cast<int64_t>(Tn) * I;
@@ -266,14 +268,14 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   T *dres = ws.get(Rec::dres), *dh1 = ws.get(Rec::dh1), *dtmp = ws.get(Rec::dtmp),
     *datt = ws.get(Rec::datt), *dqkv = ws.get(Rec::dqkv), *dinter = ws.get(Rec::dinter),
     *dgelu = ws.get(Rec::dgelu);
-  const LayerView<bf16>* w16 = s.p16 ? &s.p16->layers[layer] : nullptr;
-  auto W16 = [&](bf16* LayerView<bf16>::*field) { return w16 ? w16->*field : nullptr; };
+  const LayerView<H>* w16 = s.p16 ? &s.p16->layers[layer] : nullptr;
+  auto W16 = [&](H* LayerView<H>::*field) { return w16 ? w16->*field : nullptr; };
 
   // Rebuild what the policy did not keep (the same kernels on the same inputs: bit for bit).
   if (s.policy.residual) {  // r1 = dropout(att . Wao + b) + in
     T* tmp = ws.get(Rec::tmp);
     linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), tmp, a.att, a.att16, w.attn_out_w,
-           W16(&LayerView<bf16>::attn_out_w), w.attn_out_b, Tn, C, C);
+           W16(&LayerView<H>::attn_out_w), w.attn_out_b, Tn, C, C);
     residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   }
   if (s.policy.ln)
@@ -287,7 +289,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   const T* dffn = through_dropout(s, dtmp, dres, TC, l, kFfnOut);
   zero_fill(dgelu, TI);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu,
-              a.gelu16, w.out_w, W16(&LayerView<bf16>::out_w), Tn, I, C,
+              a.gelu16, w.out_w, W16(&LayerView<H>::out_w), Tn, I, C,
               block_grads_of(s, layer, &LayerBlockGrads::out));
   zero_fill(dinter, TI);
   if constexpr (std::is_same_v<T, float>) {
@@ -295,7 +297,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   }
   if (a.inter) gelu_backward(dinter, a.inter, dgelu, TI);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::inter), dh1, g.inter_w, g.inter_b, dinter,
-              a.h1, a.h1_16, w.inter_w, W16(&LayerView<bf16>::inter_w), Tn, C, I,
+              a.h1, a.h1_16, w.inter_w, W16(&LayerView<H>::inter_w), Tn, C, I,
               block_grads_of(s, layer, &LayerBlockGrads::inter));
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
@@ -305,7 +307,7 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
   const T* dproj = through_dropout(s, dtmp, dres, TC, l, kAttnOut);
   zero_fill(datt, TC);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::attn_out), datt, g.attn_out_w, g.attn_out_b,
-              dproj, a.att, a.att16, w.attn_out_w, W16(&LayerView<bf16>::attn_out_w), Tn, C, C,
+              dproj, a.att, a.att16, w.attn_out_w, W16(&LayerView<H>::attn_out_w), Tn, C, C,
               block_grads_of(s, layer, &LayerBlockGrads::attn_out));
   zero_fill(dqkv, 3 * TC);
   const AttentionWork<T> work{s.probs_offsets, ws.get(Rec::attn_work)};
@@ -318,28 +320,30 @@ void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<
     attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
                        c.num_attention_heads, attention_dropout(s, layer), work);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::qkv), dinp, g.qkv_w, g.qkv_b, dqkv, in, in16,
-              w.qkv_w, W16(&LayerView<bf16>::qkv_w), Tn, C, 3 * C,
+              w.qkv_w, W16(&LayerView<H>::qkv_w), Tn, C, 3 * C,
               block_grads_of(s, layer, &LayerBlockGrads::qkv));
 }
 
-#define PACKBERT_INSTANTIATE(T)                                                                    \
-  template void dropout_site<T>(const StepContext<T>&, T*, const T*, int64_t, uint32_t, uint32_t); \
-  template void dropout_site_backward<T>(const StepContext<T>&, T*, const T*, int64_t, uint32_t,   \
-                                         uint32_t);                                                \
-  template void embeddings_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*,  \
-                                      const int32_t*, const int32_t*, T*);                         \
-  template void embeddings_backward<T>(const StepContext<T>&, const ParamView<T>&,                 \
-                                       const ParamView<T>&, const int32_t*, const int32_t*,        \
-                                       const int32_t*, const T*);                                  \
-  template void ln_apply<T>(T*, const T*, const bf16*, const T*, const T*, const T*, const T*,     \
-                            int, int, bf16*);                                                      \
-  template void encoder_layer_forward<T>(const StepContext<T>&, int, const LayerView<T>&,          \
-                                         const LayerRecord<T>&, const T*, T*, const bf16*, bf16*); \
-  template void encoder_layer_backward<T>(const StepContext<T>&, int, const LayerView<T>&,         \
-                                          const LayerView<T>&, const LayerRecord<T>&, const T*,    \
-                                          const T*, T*, const bf16*);
-PACKBERT_INSTANTIATE(float)
-PACKBERT_INSTANTIATE(double)
+#define PACKBERT_INSTANTIATE(T, H)                                                                 \
+  template void dropout_site<T, H>(const StepContext<T, H>&, T*, const T*, int64_t, uint32_t,      \
+                                   uint32_t);                                                      \
+  template void dropout_site_backward<T, H>(const StepContext<T, H>&, T*, const T*, int64_t,       \
+                                            uint32_t, uint32_t);                                   \
+  template void embeddings_forward<T, H>(const StepContext<T, H>&, const ParamView<T>&,            \
+                                         const int32_t*, const int32_t*, const int32_t*, T*);      \
+  template void embeddings_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,           \
+                                          const ParamView<T>&, const int32_t*, const int32_t*,     \
+                                          const int32_t*, const T*);                               \
+  template void ln_apply<T, H>(T*, const T*, const H*, const T*, const T*, const T*, const T*,     \
+                               int, int, H*);                                                      \
+  template void encoder_layer_forward<T, H>(const StepContext<T, H>&, int, const LayerView<T>&,    \
+                                            const LayerRecord<T, H>&, const T*, T*, const H*, H*); \
+  template void encoder_layer_backward<T, H>(const StepContext<T, H>&, int, const LayerView<T>&,   \
+                                             const LayerView<T>&, const LayerRecord<T, H>&,        \
+                                             const T*, const T*, T*, const H*);
+PACKBERT_INSTANTIATE(float, bf16)
+PACKBERT_INSTANTIATE(float, f16)
+PACKBERT_INSTANTIATE(double, bf16)
 #undef PACKBERT_INSTANTIATE
 
 }  // namespace packbert::model

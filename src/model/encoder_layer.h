@@ -23,16 +23,17 @@ struct DropoutPlaces {
   std::vector<int64_t> token_local, token_global, seq_local, seq_global, attention;
 };
 
-template <typename T>
+template <typename T, typename H = kernels::bf16>
 struct StepContext {
   const BertConfig& config;
   const TokenLayout& tokens;
   const int64_t* probs_offsets;  // attention_probs_offsets of the batch, [n_seq + 1]
   const Workspace<T>& ws;
   Recompute policy;
-  // The bf16 copy of the weights under Precision::bf16 (null under fp32): GEMMs then take bf16
-  // operands, and the records only GEMMs read are held in bf16 (LayerRecord's *16 fields).
-  const ParamView<kernels::bf16>* p16 = nullptr;
+  // The 16-bit copy of the weights under Precision::bf16 (H = bf16) or fp16 (H = f16), null
+  // under fp32: GEMMs then take H operands, and the kept records are held in H (LayerRecord's
+  // *16 fields).
+  const ParamView<H>* p16 = nullptr;
   // The block-sparse patterns, one per layer (null when the model is dense): the encoder's
   // linear weights then hold the kept blocks' values (model/sparse.h).
   const LayerPatterns* patterns = nullptr;
@@ -56,43 +57,44 @@ constexpr uint32_t kNoLayer = 0xffffffffu;
 
 // out = dropout(inp) with the hidden dropout probability at (layer, site); a copy when dropout is
 // off (not training).
-template <typename T>
-void dropout_site(const StepContext<T>& s, T* out, const T* inp, int64_t n, uint32_t layer,
+template <typename T, typename H>
+void dropout_site(const StepContext<T, H>& s, T* out, const T* inp, int64_t n, uint32_t layer,
                   uint32_t site);
 // dinp += the gradient through that site's mask (dropout on).
-template <typename T>
-void dropout_site_backward(const StepContext<T>& s, T* dinp, const T* dout, int64_t n,
+template <typename T, typename H>
+void dropout_site_backward(const StepContext<T, H>& s, T* dinp, const T* dout, int64_t n,
                            uint32_t layer, uint32_t site);
 
 // out = dropout(LayerNorm(word[ids] + position[pos] + type[types])), out: [T, C]; keeps the sum
 // and its LayerNorm statistics (Rec::emb_*).
-template <typename T>
-void embeddings_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* ids,
+template <typename T, typename H>
+void embeddings_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* ids,
                         const int32_t* pos, const int32_t* types, T* out);
-template <typename T>
-void embeddings_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void embeddings_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                          const int32_t* ids, const int32_t* pos, const int32_t* types,
                          const T* dout);
 
-// LayerNorm's output rebuilt from its input stored in T (inp) or bf16 (inp16, under bf16), and
-// the saved statistics (recompute policy `ln`); out16: the output's bf16 twin, or null.
-template <typename T>
-void ln_apply(T* out, const T* inp, const kernels::bf16* inp16, const T* mean, const T* rstd,
-              const T* w, const T* b, int N, int C, kernels::bf16* out16);
+// LayerNorm's output rebuilt from its input stored in T (inp) or H (inp16, under a 16-bit
+// precision), and the saved statistics (recompute policy `ln`); out16: the output's H twin, or
+// null.
+template <typename T, typename H>
+void ln_apply(T* out, const T* inp, const H* inp16, const T* mean, const T* rstd, const T* w,
+              const T* b, int N, int C, H* out16);
 
 // One layer: in, out: [T, C]; fills the record a (all fields; those the policy does not keep
-// point to shared slots). Under bf16 (s.p16 set) the input is in16 (in is null) and the output
-// goes to out16, and also to out in fp32 when out is not null (the encoder's output, which the
-// heads read).
-template <typename T>
-void encoder_layer_forward(const StepContext<T>& s, int layer, const LayerView<T>& w,
-                           const LayerRecord<T>& a, const T* in, T* out,
-                           const kernels::bf16* in16 = nullptr, kernels::bf16* out16 = nullptr);
+// point to shared slots). Under a 16-bit precision (s.p16 set) the input is in16 (in is null) and
+// the output goes to out16, and also to out in fp32 when out is not null (the encoder's output,
+// which the heads read).
+template <typename T, typename H>
+void encoder_layer_forward(const StepContext<T, H>& s, int layer, const LayerView<T>& w,
+                           const LayerRecord<T, H>& a, const T* in, T* out, const H* in16 = nullptr,
+                           H* out16 = nullptr);
 // dinp += d loss / d in, given dout = d loss / d out and the record of the forward (rebuilding
 // what the policy did not keep: GELU's output, LN1's output, the attention probabilities).
-template <typename T>
-void encoder_layer_backward(const StepContext<T>& s, int layer, const LayerView<T>& w,
-                            const LayerView<T>& g, const LayerRecord<T>& a, const T* in,
-                            const T* dout, T* dinp, const kernels::bf16* in16 = nullptr);
+template <typename T, typename H>
+void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerView<T>& w,
+                            const LayerView<T>& g, const LayerRecord<T, H>& a, const T* in,
+                            const T* dout, T* dinp, const H* in16 = nullptr);
 
 }  // namespace packbert::model

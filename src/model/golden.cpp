@@ -23,7 +23,7 @@ const GoldenRow& GoldenReport::worst_grad() const {
 }
 
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
-                          const Recompute& recompute, Precision precision) {
+                          const Recompute& recompute, Precision precision, double loss_scale) {
   io::SafetensorsFile f = io::SafetensorsFile::read(path);
   auto meta = f.metadata().find("config");
   if (meta == f.metadata().end()) throw InputError(path + ": no 'config' in the metadata");
@@ -60,7 +60,7 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
 
   if (recompute.automatic)
     throw InputError("check-golden: --recompute auto has no memory to fit; name a policy");
-  Outputs out = model.forward(b, StepOptions{false, 0, 0, recompute, precision});
+  Outputs out = model.forward(b, StepOptions{false, 0, 0, recompute, precision, loss_scale});
   model.zero_grads();
   model.backward();
 
@@ -84,13 +84,13 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
     const float* ours = model.grads().data() + t.offset;
     double max_diff = 0, max_ref = 0, diff2 = 0, ref2 = 0;
     for (size_t i = 0; i < t.numel; ++i) {
-      const double d = static_cast<double>(ours[i]) - want[k][i], r = want[k][i];
+      const double d = static_cast<double>(ours[i]) / loss_scale - want[k][i], r = want[k][i];
       max_diff = std::max(max_diff, std::abs(d));
       max_ref = std::max(max_ref, std::abs(r));
       diff2 += d * d;
       ref2 += r * r;
     }
-    if (precision == Precision::bf16) {  // normwise: ||ours - theirs|| / ||theirs||
+    if (is_16bit(precision)) {  // normwise: ||ours - theirs|| / ||theirs||
       const double scale = std::max(std::sqrt(ref2), 1e-3 * global_ref);
       report.rows.push_back({"grad." + t.name, std::sqrt(diff2) / scale, rtol_grad});
       continue;

@@ -27,8 +27,8 @@ int64_t count_targets(const int32_t* targets, int n) {
 }
 
 // d loss_i = 1 / count for each row: the gradient of a mean (times the step's loss scale).
-template <typename T>
-T* mean_dloss(const StepContext<T>& s, int n, int64_t count) {
+template <typename T, typename H>
+T* mean_dloss(const StepContext<T, H>& s, int n, int64_t count) {
   T* d = s.ws.get(Rec::head_dloss);
   std::fill(d, d + n, static_cast<T>(s.loss_scale / static_cast<double>(count)));
   return d;
@@ -36,8 +36,8 @@ T* mean_dloss(const StepContext<T>& s, int n, int64_t count) {
 
 }  // namespace
 
-template <typename T>
-void pooler_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top) {
+template <typename T, typename H>
+void pooler_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top) {
   const int n = s.n_seq(), C = s.config.hidden_size;
   T *cls = s.ws.get(Rec::cls_in), *pooled = s.ws.get(Rec::pooled);
   gather_rows_forward(cls, top, s.tokens.cu_seqlens.data(), n, C);  // each sequence's first token
@@ -45,8 +45,8 @@ void pooler_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top
   tanh_forward(pooled, pooled, static_cast<int64_t>(n) * C);
 }
 
-template <typename T>
-void pooler_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void pooler_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                      T* dtop) {
   const int n = s.n_seq(), C = s.config.hidden_size;
   const int64_t nC = static_cast<int64_t>(n) * C;
@@ -58,8 +58,8 @@ void pooler_backward(const StepContext<T>& s, const ParamView<T>& p, const Param
   gather_rows_backward(dtop, dcls, s.tokens.cu_seqlens.data(), n, C);
 }
 
-template <typename T>
-void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, const bf16* top16,
+template <typename T, typename H>
+void mlm_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top, const H* top16,
                  Outputs& out) {
   const Workspace<T>& ws = s.ws;
   const int M = static_cast<int>(s.tokens.mlm_token.size()), C = s.config.hidden_size,
@@ -68,11 +68,11 @@ void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, c
   T *t1 = ws.get(Rec::mlm_t1), *t2 = ws.get(Rec::mlm_t2), *probs = ws.get(Rec::mlm_probs),
     *losses = ws.get(Rec::head_losses);
   const T eps = static_cast<T>(s.config.layer_norm_eps);
-  // The transform's input and the decoder's input are read only by GEMMs: bf16 under bf16, with
-  // the LayerNorm's fp32 output in scratch.
+  // The transform's input and the decoder's input are read only by GEMMs: 16-bit under a 16-bit
+  // precision, with the LayerNorm's fp32 output in scratch.
   if constexpr (std::is_same_v<T, float>) {
     if (s.p16) {
-      bf16 *in16 = ws.get16(Rec::mlm_in), *t3_16 = ws.get16(Rec::mlm_t3);
+      H *in16 = ws.template get16<H>(Rec::mlm_in), *t3_16 = ws.template get16<H>(Rec::mlm_t3);
       gather_rows_forward(in16, top16, s.tokens.mlm_token.data(), M, C);
       linear_forward(t1, in16, s.p16->mlm_w, p.mlm_b, M, C, C);
       gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
@@ -96,8 +96,8 @@ void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top, c
   out.mlm_correct = count_argmax_hits(probs, labels, M, V);
 }
 
-template <typename T>
-void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void mlm_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                   const Outputs& out, T* dtop) {
   const Workspace<T>& ws = s.ws;
   const int M = static_cast<int>(out.mlm_count), C = s.config.hidden_size, V = s.config.vocab_size;
@@ -107,14 +107,15 @@ void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
     *din = ws.get(Rec::mlm_din);
   const T* dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
   zero_fill(d3, MC);
-  // Under bf16 the logits' gradient goes straight to its bf16 form (the decoder's GEMM operand)
+  // Under 16 bits the logits' gradient goes straight to its H form (the decoder's GEMM operand)
   // with the bias gradient in the same pass: no fp32 [M, V] gradient.
   if constexpr (std::is_same_v<T, float>) {
     if (s.p16) {
-      bf16* dlogits16 = ws.get16(Rec::dout16);
+      H* dlogits16 = ws.template get16<H>(Rec::dout16);
       cross_entropy_backward(dlogits16, g.mlm_bias, ws.get(Rec::mlm_probs),
                              s.tokens.mlm_label.data(), dloss, M, V);
-      linear_backward(d3, g.word, dlogits16, ws.get16(Rec::mlm_t3), s.p16->word, M, C, V);
+      linear_backward(d3, g.word, dlogits16, ws.template get16<H>(Rec::mlm_t3), s.p16->word, M, C,
+                      V);
     }
   }
   if (!s.p16) {
@@ -131,15 +132,15 @@ void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
   zero_fill(din, MC);
   if constexpr (std::is_same_v<T, float>) {
     if (s.p16)
-      linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get16(Rec::dout16), ws.get16(Rec::mlm_in),
-                      s.p16->mlm_w, M, C, C);
+      linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.template get16<H>(Rec::dout16),
+                      ws.template get16<H>(Rec::mlm_in), s.p16->mlm_w, M, C, C);
   }
   if (!s.p16) linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get(Rec::mlm_in), p.mlm_w, M, C, C);
   gather_rows_backward(dtop, din, s.tokens.mlm_token.data(), M, C);
 }
 
-template <typename T>
-void nsp_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* targets,
+template <typename T, typename H>
+void nsp_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
                  Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size;
   T *probs = s.ws.get(Rec::nsp_probs), *losses = s.ws.get(Rec::head_losses);
@@ -150,8 +151,8 @@ void nsp_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* 
   out.nsp_correct = count_argmax_hits(probs, targets, n, 2);
 }
 
-template <typename T>
-void nsp_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void nsp_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                   const int32_t* targets, const Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size;
   if (out.nsp_count == 0) return;
@@ -163,8 +164,8 @@ void nsp_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVie
                   n, C, 2);
 }
 
-template <typename T>
-void classifier_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* targets,
+template <typename T, typename H>
+void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
                         Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size, NL = s.config.num_labels;
   T *in = s.ws.get(Rec::cls_drop), *logits = s.ws.get(Rec::cls_logits),
@@ -179,8 +180,8 @@ void classifier_forward(const StepContext<T>& s, const ParamView<T>& p, const in
   out.cls_correct = count_argmax_hits(probs, targets, n, NL);
 }
 
-template <typename T>
-void classifier_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void classifier_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                          const int32_t* targets, const Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size, NL = s.config.num_labels;
   if (out.cls_count == 0) return;
@@ -198,8 +199,8 @@ void classifier_backward(const StepContext<T>& s, const ParamView<T>& p, const P
     for (int64_t i = 0; i < nC; ++i) dpooled[i] += din[i];
 }
 
-template <typename T>
-void span_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top,
+template <typename T, typename H>
+void span_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top,
                   const int32_t* targets, Outputs& out) {
   const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
   T *logits = s.ws.get(Rec::span_logits), *probs = s.ws.get(Rec::span_probs),
@@ -211,8 +212,8 @@ void span_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top,
   out.span_loss = mean_loss(losses, n, s.span_total ? s.span_total : out.span_count);
 }
 
-template <typename T>
-void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void span_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                    const T* top, const int32_t* targets, const Outputs& out, T* dtop) {
   const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
   if (out.span_count == 0) return;
@@ -224,28 +225,30 @@ void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamVi
   linear_backward(dtop, g.span_w, g.span_b, dlogits, top, p.span_w, Tn, C, 2);
 }
 
-#define PACKBERT_INSTANTIATE(T)                                                                   \
-  template void pooler_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*);          \
-  template void pooler_backward<T>(const StepContext<T>&, const ParamView<T>&,                    \
-                                   const ParamView<T>&, T*);                                      \
-  template void mlm_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*, const bf16*, \
-                               Outputs&);                                                         \
-  template void mlm_backward<T>(const StepContext<T>&, const ParamView<T>&, const ParamView<T>&,  \
-                                const Outputs&, T*);                                              \
-  template void nsp_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*,        \
-                               Outputs&);                                                         \
-  template void nsp_backward<T>(const StepContext<T>&, const ParamView<T>&, const ParamView<T>&,  \
-                                const int32_t*, const Outputs&);                                  \
-  template void classifier_forward<T>(const StepContext<T>&, const ParamView<T>&, const int32_t*, \
-                                      Outputs&);                                                  \
-  template void classifier_backward<T>(const StepContext<T>&, const ParamView<T>&,                \
-                                       const ParamView<T>&, const int32_t*, const Outputs&);      \
-  template void span_forward<T>(const StepContext<T>&, const ParamView<T>&, const T*,             \
-                                const int32_t*, Outputs&);                                        \
-  template void span_backward<T>(const StepContext<T>&, const ParamView<T>&, const ParamView<T>&, \
-                                 const T*, const int32_t*, const Outputs&, T*);
-PACKBERT_INSTANTIATE(float)
-PACKBERT_INSTANTIATE(double)
+#define PACKBERT_INSTANTIATE(T, H)                                                                 \
+  template void pooler_forward<T, H>(const StepContext<T, H>&, const ParamView<T>&, const T*);     \
+  template void pooler_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,               \
+                                      const ParamView<T>&, T*);                                    \
+  template void mlm_forward<T, H>(const StepContext<T, H>&, const ParamView<T>&, const T*,         \
+                                  const H*, Outputs&);                                             \
+  template void mlm_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,                  \
+                                   const ParamView<T>&, const Outputs&, T*);                       \
+  template void nsp_forward<T, H>(const StepContext<T, H>&, const ParamView<T>&, const int32_t*,   \
+                                  Outputs&);                                                       \
+  template void nsp_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,                  \
+                                   const ParamView<T>&, const int32_t*, const Outputs&);           \
+  template void classifier_forward<T, H>(const StepContext<T, H>&, const ParamView<T>&,            \
+                                         const int32_t*, Outputs&);                                \
+  template void classifier_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,           \
+                                          const ParamView<T>&, const int32_t*, const Outputs&);    \
+  template void span_forward<T, H>(const StepContext<T, H>&, const ParamView<T>&, const T*,        \
+                                   const int32_t*, Outputs&);                                      \
+  template void span_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,                 \
+                                    const ParamView<T>&, const T*, const int32_t*, const Outputs&, \
+                                    T*);
+PACKBERT_INSTANTIATE(float, bf16)
+PACKBERT_INSTANTIATE(float, f16)
+PACKBERT_INSTANTIATE(double, bf16)
 #undef PACKBERT_INSTANTIATE
 
 }  // namespace packbert::model

@@ -11,42 +11,42 @@ namespace packbert::model {
 
 struct Outputs;
 
-template <typename T>
-void pooler_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top);
-template <typename T>
-void pooler_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void pooler_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top);
+template <typename T, typename H>
+void pooler_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                      T* dtop);
 
-template <typename T>
-// top16: the bf16 twin of top under bf16 (null under fp32).
-void mlm_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top,
-                 const kernels::bf16* top16, Outputs& out);
-template <typename T>
-void mlm_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+// top16: the 16-bit twin of top under a 16-bit precision (null under fp32).
+void mlm_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top, const H* top16,
+                 Outputs& out);
+template <typename T, typename H>
+void mlm_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                   const Outputs& out, T* dtop);
 
 // targets: [n_seq] NSP labels (< 0 = none).
-template <typename T>
-void nsp_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* targets,
+template <typename T, typename H>
+void nsp_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
                  Outputs& out);
-template <typename T>
-void nsp_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void nsp_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                   const int32_t* targets, const Outputs& out);
 
 // targets: [n_seq] class labels (< 0 = none).
-template <typename T>
-void classifier_forward(const StepContext<T>& s, const ParamView<T>& p, const int32_t* targets,
+template <typename T, typename H>
+void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
                         Outputs& out);
-template <typename T>
-void classifier_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void classifier_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                          const int32_t* targets, const Outputs& out);
 
 // targets: [n_seq, 2] (start, end) within each sequence (< 0 = none; checked < length).
-template <typename T>
-void span_forward(const StepContext<T>& s, const ParamView<T>& p, const T* top,
+template <typename T, typename H>
+void span_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top,
                   const int32_t* targets, Outputs& out);
-template <typename T>
-void span_backward(const StepContext<T>& s, const ParamView<T>& p, const ParamView<T>& g,
+template <typename T, typename H>
+void span_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                    const T* top, const int32_t* targets, const Outputs& out, T* dtop);
 
 }  // namespace packbert::model

@@ -203,6 +203,7 @@ void init_params(const ParamLayout& layout, T* params, uint64_t seed) {
 template struct ParamView<float>;
 template struct ParamView<double>;
 template struct ParamView<kernels::bf16>;
+template struct ParamView<kernels::f16>;
 template void init_params<float>(const ParamLayout&, float*, uint64_t);
 template void init_params<double>(const ParamLayout&, double*, uint64_t);
 

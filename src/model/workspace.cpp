@@ -11,13 +11,22 @@
 namespace packbert::model {
 
 std::string precision_name(Precision p) {
-  return p == Precision::bf16 ? "bf16" : "fp32";
+  switch (p) {
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp16:
+      return "fp16";
+    case Precision::fp32:
+      break;
+  }
+  return "fp32";
 }
 
 Precision parse_precision(const std::string& text) {
   if (text == "fp32") return Precision::fp32;
   if (text == "bf16") return Precision::bf16;
-  throw InputError("--precision " + text + ": expected fp32 or bf16");
+  if (text == "fp16") return Precision::fp16;
+  throw InputError("--precision " + text + ": expected fp32, bf16 or fp16");
 }
 
 std::string Recompute::name() const {
@@ -105,11 +114,12 @@ enum class Role {
 // Which heads a record belongs to (encoder records: all).
 enum class Need { encoder, pooler, pretraining, classifier, span };
 
-// A record's number format: the engine's scalar T; T under fp32 and bf16 under bf16 (every
-// activation kept between layers); a bf16 twin held only under bf16 (the rounded GEMM operand
-// of a tensor that stays T); or a T twin held only under bf16 (the encoder's output, which the
-// heads read in T while the layers' copy of it is bf16); or T held only under fp32 (under bf16
-// its kernel writes the bf16 form straight into scratch.grad_bf16).
+// A record's number format: the engine's scalar T; T under fp32 and 16 bits under a 16-bit
+// precision (every activation kept between layers); a 16-bit twin held only under a 16-bit
+// precision (the rounded GEMM operand of a tensor that stays T); or a T twin held only under a
+// 16-bit precision (the encoder's output, which the heads read in T while the layers' copy of it
+// is 16-bit); or T held only under fp32 (under a 16-bit precision its kernel writes the 16-bit
+// form straight into scratch.grad_bf16). bf16 and fp16 hold the same records.
 enum class Dtype { scalar, narrowed, twin, wide_twin, fp32_only };
 
 struct RecordSpec {
@@ -289,13 +299,13 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
 template <typename F>
 void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& policy,
                      const StepShape& shape, Precision precision, F visit) {
-  const bool bf16 = precision == Precision::bf16;
+  const bool b16 = is_16bit(precision);
   for (const RecordSpec& r : kRecords) {
     auto [copies, storage] = placement(r, c, policy);
-    const bool only_bf16 = r.dtype == Dtype::twin || r.dtype == Dtype::wide_twin;
-    if (!needed(r.need, heads) || (only_bf16 && !bf16) || (r.dtype == Dtype::fp32_only && bf16))
+    const bool only_16 = r.dtype == Dtype::twin || r.dtype == Dtype::wide_twin;
+    if (!needed(r.need, heads) || (only_16 && !b16) || (r.dtype == Dtype::fp32_only && b16))
       copies = 0;
-    const bool half = bf16 && (r.dtype == Dtype::narrowed || r.dtype == Dtype::twin);
+    const bool half = b16 && (r.dtype == Dtype::narrowed || r.dtype == Dtype::twin);
     visit(r, copies, storage, copies ? r.elements(shape, c) : 0, half);
   }
 }
@@ -330,10 +340,11 @@ void Workspace<T>::prepare(const BertConfig& c, const Heads& heads, const Recomp
                            const StepShape& shape, Precision precision) {
   size_t total = 0;
   activation_bytes_ = scratch_bytes_ = 0;
+  precision_ = precision;
   for_each_record(c, heads, policy, shape, precision,
                   [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool half) {
                     const int i = static_cast<int>(r.id);
-                    const size_t scalar = half ? sizeof(kernels::bf16) : sizeof(T);
+                    const size_t scalar = half ? 2 : sizeof(T);
                     copies_[i] = copies;
                     half_[i] = half;
                     stride_[i] = aligned(static_cast<size_t>(n), scalar) * scalar;
@@ -365,21 +376,10 @@ T* Workspace<T>::get(Rec r, int64_t copy) const {
 }
 
 template <typename T>
-kernels::bf16* Workspace<T>::get16(Rec r, int64_t copy) const {
+void* Workspace<T>::half_address(Rec r, int64_t copy) const {
   const int i = static_cast<int>(r);
   if (copies_[i] == 0 || !half_[i]) return nullptr;
-  return reinterpret_cast<kernels::bf16*>(address(r, copy));
-}
-
-template <typename T>
-LayerRecord<T> Workspace<T>::layer(int64_t copy) const {
-  return {get(Rec::qkv, copy),    get(Rec::probs, copy),    get(Rec::att, copy),
-          get(Rec::r1, copy),     get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
-          get(Rec::h1, copy),     get(Rec::inter, copy),    get(Rec::gelu, copy),
-          get(Rec::r2, copy),     get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy),
-          get16(Rec::qkv, copy),  get16(Rec::probs, copy),  get16(Rec::att, copy),
-          get16(Rec::r1, copy),   get16(Rec::h1, copy),     get16(Rec::inter, copy),
-          get16(Rec::gelu, copy), get16(Rec::r2, copy)};
+  return address(r, copy);
 }
 
 template class Workspace<float>;

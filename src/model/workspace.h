@@ -6,10 +6,12 @@
 // one shared slot rebuilt in backward, or in the scratch of a re-run segment.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/bf16.h"
@@ -33,14 +35,20 @@ struct Recompute {
   bool operator==(const Recompute&) const = default;
 };
 
-// The number format of a step's GEMMs and of the activations only GEMMs read. fp32: everything
-// fp32. bf16: GEMM operands (weights, and the activations they multiply) in bf16 with fp32
-// accumulation; LayerNorm statistics, softmax, losses, the residual stream, gradients, master
-// weights and optimizer moments stay fp32 (docs/DESIGN.md §7).
-enum class Precision : uint8_t { fp32, bf16 };
+// The number format of a step's GEMMs and of the activations it keeps. fp32: everything fp32.
+// bf16: GEMM operands (weights, and the activations they multiply) and the kept activations in
+// bf16, with fp32 accumulation; LayerNorm statistics, softmax, losses, gradients, master weights
+// and optimizer moments stay fp32 (docs/DESIGN.md §7). fp16: the same tensors in IEEE binary16,
+// the GEMMs widening them to fp32 (CPUs without AVX512-FP16 have no fp16 product): GPU fp16
+// training's numbers (and its need for loss scaling), not its speed.
+enum class Precision : uint8_t { fp32, bf16, fp16 };
 std::string precision_name(Precision p);
-// "fp32" or "bf16"; throws InputError naming the text.
+// "fp32", "bf16" or "fp16"; throws InputError naming the text.
 Precision parse_precision(const std::string& text);
+// Whether the precision stores tensors in 16 bits (bf16 or fp16).
+inline bool is_16bit(Precision p) {
+  return p != Precision::fp32;
+}
 
 // Whether the inner layers' inputs (LN2's outputs of the layer below) are rebuilt rather than
 // kept: under `ln` when whole layers are not re-run (every:K keeps its checkpoints as they are).
@@ -56,12 +64,12 @@ Recompute parse_recompute(const std::string& text);
 
 // The sizes a step's records are functions of.
 struct StepShape {
-  int64_t tokens = 0;     // real tokens T
-  int64_t sequences = 0;  // n_seq
-  int64_t masked = 0;     // MLM positions M
-  int64_t attention = 0;  // sum over sequences of L^2
-  int64_t max_len = 0;    // longest sequence
-  int threads = 1;        // OpenMP threads (attention scratch is per thread)
+  int64_t tokens = 0;          // real tokens T
+  int64_t sequences = 0;       // n_seq
+  int64_t masked = 0;          // MLM positions M
+  int64_t attention = 0;       // sum over sequences of L^2
+  int64_t max_len = 0;         // longest sequence
+  int threads = 1;             // OpenMP threads (attention scratch is per thread)
   int64_t sparse_scratch = 0;  // elements the block-sparse linear layers need (model/sparse.h)
 };
 StepShape shape_of(const TokenLayout& tl, int threads);
@@ -155,18 +163,18 @@ enum class Rec : uint8_t {
 };
 
 // One layer's records (a record a policy does not keep points to the shared slot the backward
-// rebuilds it into; probs is null when the attention probabilities are recomputed). Under bf16
-// every record but the LayerNorm statistics is held in bf16, in the *16 field (the T field is
-// null); under fp32 the *16 fields are null.
-template <typename T>
+// rebuilds it into; probs is null when the attention probabilities are recomputed). Under a
+// 16-bit precision every record but the LayerNorm statistics is held in its 16-bit type H, in the
+// *16 field (the T field is null); under fp32 the *16 fields are null.
+template <typename T, typename H = kernels::bf16>
 struct LayerRecord {
   T *qkv, *probs, *att, *r1, *ln1_mean, *ln1_rstd, *h1, *inter, *gelu, *r2, *ln2_mean, *ln2_rstd;
-  kernels::bf16 *qkv16, *probs16, *att16, *r1_16, *h1_16, *inter16, *gelu16, *r2_16;
+  H *qkv16, *probs16, *att16, *r1_16, *h1_16, *inter16, *gelu16, *r2_16;
 };
 
 // The arena: one 64-byte-aligned allocation, grown to the largest step seen and never shrunk, so
-// a steady-state step allocates nothing. Records hold T, or bf16 under Precision::bf16 (the
-// table says which).
+// a steady-state step allocates nothing. Records hold T, or the 16-bit type of a 16-bit
+// precision (the table says which).
 template <typename T>
 class Workspace {
  public:
@@ -175,11 +183,26 @@ class Workspace {
   void prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
                const StepShape& shape, Precision precision = Precision::fp32);
   // Record id, copy (a layer index, a segment slot, or 0); null when the record is not held (or,
-  // for get, is held in bf16; for get16, in T).
+  // for get, is held in 16 bits; for get16, in T). H: the prepared precision's 16-bit type.
   T* get(Rec r, int64_t copy = 0) const;
-  kernels::bf16* get16(Rec r, int64_t copy = 0) const;
+  template <typename H = kernels::bf16>
+  H* get16(Rec r, int64_t copy = 0) const {
+    static_assert(kernels::is_half_v<H>);
+    assert(!half_address(r, copy) ||
+           (std::is_same_v<H, kernels::f16> == (precision_ == Precision::fp16)));
+    return static_cast<H*>(half_address(r, copy));
+  }
   int64_t copies(Rec r) const { return copies_[static_cast<int>(r)]; }
-  LayerRecord<T> layer(int64_t copy) const;
+  template <typename H = kernels::bf16>
+  LayerRecord<T, H> layer(int64_t copy) const {
+    return {get(Rec::qkv, copy),       get(Rec::probs, copy),      get(Rec::att, copy),
+            get(Rec::r1, copy),        get(Rec::ln1_mean, copy),   get(Rec::ln1_rstd, copy),
+            get(Rec::h1, copy),        get(Rec::inter, copy),      get(Rec::gelu, copy),
+            get(Rec::r2, copy),        get(Rec::ln2_mean, copy),   get(Rec::ln2_rstd, copy),
+            get16<H>(Rec::qkv, copy),  get16<H>(Rec::probs, copy), get16<H>(Rec::att, copy),
+            get16<H>(Rec::r1, copy),   get16<H>(Rec::h1, copy),    get16<H>(Rec::inter, copy),
+            get16<H>(Rec::gelu, copy), get16<H>(Rec::r2, copy)};
+  }
   size_t activation_bytes() const { return activation_bytes_; }
   size_t scratch_bytes() const { return scratch_bytes_; }
   size_t capacity_bytes() const { return capacity_; }
@@ -189,12 +212,14 @@ class Workspace {
     void operator()(std::byte* p) const;
   };
   std::byte* address(Rec r, int64_t copy) const;
+  void* half_address(Rec r, int64_t copy) const;  // null unless held in 16 bits
+  Precision precision_ = Precision::fp32;
   std::unique_ptr<std::byte[], Freer> arena_;
   size_t capacity_ = 0;                               // bytes
   size_t offset_[static_cast<int>(Rec::count)] = {};  // bytes
   size_t stride_[static_cast<int>(Rec::count)] = {};  // bytes between copies
   int64_t copies_[static_cast<int>(Rec::count)] = {};
-  bool half_[static_cast<int>(Rec::count)] = {};  // held in bf16
+  bool half_[static_cast<int>(Rec::count)] = {};  // held in 16 bits
   size_t activation_bytes_ = 0, scratch_bytes_ = 0;
 };
 

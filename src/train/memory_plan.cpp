@@ -76,9 +76,9 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   const size_t lamb =
       r.optimizer == OptimizerKind::lamb ? 2 * layout.tensors().size() * sizeof(double) : 0;
   p.optimizer_bytes = 2 * n * sizeof(float) + lamb;
-  // Under bf16 the weights also have their bf16 copy; bf16 masters are that copy, with the
-  // tensors also read in fp32 beside it, and bf16 moments.
-  if (r.precision == model::Precision::bf16) p.params_bytes += n * sizeof(kernels::bf16);
+  // Under bf16 or fp16 the weights also have their 16-bit copy; bf16 masters are that copy, with
+  // the tensors also read in fp32 beside it, and bf16 moments.
+  if (model::is_16bit(r.precision)) p.params_bytes += n * sizeof(kernels::bf16);
   if (r.masters != Masters::fp32) {
     p.params_bytes =
         n * sizeof(kernels::bf16) + model::fp32_kept_arena(layout).total * sizeof(float);
