@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """bf16 vs fp32, one BERT-base training step (forward + backward), and PyTorch's bf16 autocast.
 
-    /usr/bin/python3 bench/precision_bench.py [--rounds 3] [--cases wiki,full] [--torch]
+    /usr/bin/python3 bench/precision_bench.py [--rounds 3] [--cases wiki,full] [--torch] [--fp16]
 
 Cases as bench/train_step_bench.py: `wiki` draws 8 sequence lengths from
 data/wikipedia_512.hist (packbert packs them into rows of 512; PyTorch pads each to 512), `full`
@@ -9,7 +9,9 @@ is 4 x 512 tokens. Each round runs packbert fp32, packbert bf16 and (with --torc
 under torch.autocast('cpu', bfloat16), each a fresh process with a warm-up step, interleaved;
 the tables report medians. The bf16 process also measures oneDNN's bf16 matmul rate at
 2048 x 3072 x 768 through packbert's GEMM seam, the yardstick of the "share" column.
-Activation bytes are the engine's own count of what the forward kept for backward.
+Activation bytes are the engine's own count of what the forward kept for backward. --fp16 also
+runs packbert fp16 (fp16 activations, GEMM operands widened to fp32) in each round, for a second
+table: what fp16 costs in speed and saves in memory against fp32.
 """
 import argparse
 import json
@@ -36,6 +38,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--torch", action="store_true", help="also PyTorch bf16 autocast (wiki case)")
+    ap.add_argument("--fp16", action="store_true", help="also packbert --precision fp16")
     ap.add_argument("--markdown", default="")
     a = ap.parse_args()
     model, isa = cpu()
@@ -44,16 +47,16 @@ def main():
             f"{a.steps} steps.\n\n")
     print(head, end="")
     common = ["--steps", str(a.steps), "--warmup", "1"]
-    rows, torch_rows = [], []
+    rows, torch_rows, fp16_rows = [], [], []
     for case in a.cases.split(","):
         lengths = wiki_lengths(8, 11) if case == "wiki" else [512] * 4
         arg = ["--lengths", ",".join(map(str, lengths))]
         ours = os.path.join(a.build, "train_step_bench")
         torch_cmd = (["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_bert_step.py")] + arg +
                      common + ["--threads", str(a.threads), "--autocast", "bf16"])
-        runs = {"fp32": [], "bf16": [], "torch": []}
+        runs = {"fp32": [], "bf16": [], "fp16": [], "torch": []}
         for r in range(a.rounds):
-            for p in ("fp32", "bf16"):
+            for p in ("fp32", "bf16") + (("fp16",) if a.fp16 else ()):
                 runs[p].append(run([ours] + arg + common + ["--precision", p], a.threads))
             if a.torch and case == "wiki":
                 runs["torch"].append(run(torch_cmd, a.threads))
@@ -68,6 +71,11 @@ def main():
                    act_fp32=runs["fp32"][0]["activation_mib"],
                    act_bf16=runs["bf16"][0]["activation_mib"])
         rows.append(row)
+        if runs["fp16"]:
+            h16 = med("fp16", "real_tokens_per_s")
+            fp16_rows.append(dict(case=case, fp32=f32, fp16=h16, speed=h16 / f32,
+                                  act_fp32=row["act_fp32"],
+                                  act_fp16=runs["fp16"][0]["activation_mib"]))
         if runs["torch"]:
             t = med("torch", "real_tokens_per_s")
             torch_rows.append(dict(case=case, torch=t, bf16=b16, ratio=b16 / t,
@@ -87,9 +95,16 @@ def main():
         for r in torch_rows:
             table.append(f"| {r['case']} | {r['torch']:.0f} (torch {r['version']}) | "
                          f"{r['bf16']:.0f} | {r['ratio']:.1f}x |")
+    if fp16_rows:
+        table += ["", "| case | fp32 tok/s | fp16 tok/s | fp16 / fp32 | activations fp32 / fp16 MiB "
+                  "| bytes fp16 / fp32 |", "|---|---:|---:|---:|---:|---:|"]
+        for r in fp16_rows:
+            table.append(f"| {r['case']} | {r['fp32']:.0f} | {r['fp16']:.0f} | {r['speed']:.2f}x | "
+                         f"{r['act_fp32']:.0f} / {r['act_fp16']:.0f} | "
+                         f"{r['act_fp16'] / r['act_fp32']:.2f}x |")
     text = head + "\n".join(table) + "\n"
     print("\n".join(table))
-    print(json.dumps(dict(rows=rows, torch=torch_rows)))
+    print(json.dumps(dict(rows=rows, torch=torch_rows, fp16=fp16_rows)))
     if a.markdown:
         with open(a.markdown, "w") as f:
             f.write(text)

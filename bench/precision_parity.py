@@ -92,7 +92,7 @@ def main():
         print(f"| {r['name']} | {r['evals'][-1][2]:.4f} | "
               f"{r['evals'][-1][2] - base[-1][2]:+.4f} | {r['evals'][-1][1]:.0f} |")
     palette = {"fp32": "#1f77b4", "bf16": "#d62728", "bf16/bf16": "#2ca02c",
-               "bf16/bf16-rn": "#ff7f0e"}
+               "bf16/bf16-rn": "#ff7f0e", "fp16": "#9467bd"}
     for r in runs:
         COLORS.setdefault(r["kind"], palette.get(r["kind"], "black"))
     svg(runs, 0.25, a.plot, x_field=0, x_label="optimizer steps",

@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
                  "`--recompute auto` picks the cheapest policy that fits it");
   app.add_flag("--optimizer-step", optimizer_step,
                "Also run a LAMB update after each backward (its state counts in the plan)");
-  app.add_option("--precision", precision_text, "fp32 or bf16 (bf16 GEMM operands)")
+  app.add_option("--precision", precision_text,
+                 "fp32, bf16 (bf16 GEMM operands) or fp16 (fp16 activations, GEMMs widened)")
       ->capture_default_str();
   model::Sparsity sparsity;
   app.add_option("--sparsity", sparsity.sparsity,

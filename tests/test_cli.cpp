@@ -156,6 +156,18 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
   EXPECT_EQ(rescaled.code, 2);
   EXPECT_NE(rescaled.err.find("was trained with --loss-scale dynamic"), std::string::npos)
       << rescaled.err;
+  // --precision fp16 scales the loss dynamically unless told otherwise, from 2^16.
+  const std::string fp16_dir = (dir_ / "fp16").string();
+  Result fp16 = run("pretrain --data " + seqs + " --out " + fp16_dir +
+                    " --preset tiny --steps 2 --batch-rows 2 --eval-fraction 0.2 --precision fp16");
+  ASSERT_EQ(fp16.code, 0) << fp16.err;
+  EXPECT_NE(slurp(fp16_dir + "/metrics.jsonl").find("\"loss_scale\":65536"), std::string::npos)
+      << slurp(fp16_dir + "/metrics.jsonl");
+  Result fp16_off = run("pretrain --data " + seqs + " --out " + fp16_dir + "_off" +
+                        " --preset tiny --steps 2 --batch-rows 2 --eval-fraction 0.2"
+                        " --precision fp16 --loss-scale off");
+  ASSERT_EQ(fp16_off.code, 0) << fp16_off.err;
+  EXPECT_EQ(slurp(fp16_dir + "_off/metrics.jsonl").find("\"loss_scale\""), std::string::npos);
   for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
            {"--loss-scale sometimes", "--loss-scale: sometimes: expected off, dynamic or a scale"},
            {"--loss-scale 64 --loss-scale-init 8", "--loss-scale-init needs --loss-scale dynamic"},

@@ -158,9 +158,22 @@ struct KernelCase {
   std::function<void(Env<double>&)> forward_d, backward_d;
   std::function<void(Env<float>&)> forward_f, backward_f;
   // The bf16 column: the kernel as `--precision bf16` runs it (bf16 operands or outputs, fp32
-  // elsewhere), on float tensors; unset for kernels that stay fp32 under bf16.
-  std::function<void(Env<float>&)> forward_b, backward_b;
+  // elsewhere), on float tensors; unset for kernels that stay fp32 under bf16. The fp16 column
+  // (forward_h, backward_h): the same with fp16 where bf16 is.
+  std::function<void(Env<float>&)> forward_b, backward_b, forward_h, backward_h;
 };
+
+// The 16-bit columns of a row from one generic lambda f(H{}, env), instantiated for bf16 and f16.
+template <typename F>
+void set_forward16(KernelCase& c, F f) {
+  c.forward_b = [f](Env<float>& e) { f(bf16{}, e); };
+  c.forward_h = [f](Env<float>& e) { f(f16{}, e); };
+}
+template <typename F>
+void set_backward16(KernelCase& c, F f) {
+  c.backward_b = [f](Env<float>& e) { f(bf16{}, e); };
+  c.backward_h = [f](Env<float>& e) { f(f16{}, e); };
+}
 
 void PrintTo(const KernelCase& c, std::ostream* os) {
   *os << c.name;
@@ -273,17 +286,18 @@ void check_golden(const KernelCase& c) {
   for (const Tensor& t : c.inputs) close(e.d["d" + t.name], "d" + t.name);
 }
 
-// Column bf16: the row's bf16 path against its fp32 path on the same inputs: every output and
-// every input gradient within 1e-2 normwise (bf16 keeps 8 significant bits: 2^-9 relative
-// rounding per value, a few 1e-3 through a dot product).
-void check_bf16_column(const KernelCase& c) {
+// Columns bf16 and fp16: the row's 16-bit path against its fp32 path on the same inputs: every
+// output and every input gradient within `tol` normwise (bf16 keeps 8 significant bits: 2^-9
+// relative rounding per value, a few 1e-3 through a dot product: 1e-2; fp16 keeps 11: 2e-3).
+void check_16bit_column(const KernelCase& c, const std::function<void(Env<float>&)>& forward,
+                        const std::function<void(Env<float>&)>& backward, double tol) {
   std::mt19937 rng(11);
   Env<float> f = make_env<float>(c, rng);
   Env<float> b = f;
   c.forward_f(f);
   c.backward_f(f);
-  c.forward_b(b);
-  c.backward_b(b);
+  forward(b);
+  backward(b);
   auto normwise = [&](const std::vector<float>& got, const std::vector<float>& want,
                       const std::string& what) {
     double d2 = 0, r2 = 0;
@@ -291,16 +305,18 @@ void check_bf16_column(const KernelCase& c) {
       d2 += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
       r2 += static_cast<double>(want[i]) * want[i];
     }
-    EXPECT_LE(std::sqrt(d2), 1e-2 * std::sqrt(r2)) << c.name << ": " << what;
+    EXPECT_LE(std::sqrt(d2), tol * std::sqrt(r2)) << c.name << ": " << what;
     EXPECT_GT(r2, 0.0) << c.name << ": " << what << " is all zero";
   };
   for (const Tensor& t : c.outputs) normwise(b.x[t.name], f.x[t.name], t.name);
   for (const Tensor& t : c.inputs) normwise(b.d["d" + t.name], f.d["d" + t.name], "d" + t.name);
 }
 
-std::vector<bf16> rounded(const float* x, size_t n) {
-  std::vector<bf16> out(n);
-  to_bf16(out.data(), x, static_cast<int64_t>(n));
+// x rounded to the 16-bit type H (bf16 or f16).
+template <typename H>
+std::vector<H> rounded(const float* x, size_t n) {
+  std::vector<H> out(n);
+  to_half(out.data(), x, static_cast<int64_t>(n));
   return out;
 }
 
@@ -339,19 +355,21 @@ std::vector<KernelCase> kernel_cases() {
         }));
     // bf16: the input (a residual sum) in bf16, the fp32 output plus its bf16 twin, which must be
     // exactly the rounded output; the column compares the twin (what the next GEMM reads).
-    rows.back().forward_b = [=](Env<float>& e) {
-      std::vector<bf16> twin(n);
-      layernorm_forward(e["out"], e["mean"], e["rstd"], rounded(e["inp"], n).data(), e["weight"],
+    set_forward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
+      std::vector<H> twin(n);
+      layernorm_forward(e["out"], e["mean"], e["rstd"], rounded<H>(e["inp"], n).data(), e["weight"],
                         e["bias"], N, C, 1e-12f, twin.data());
       for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(twin[i].bits, to_bf16(e["out"][i]).bits) << "twin of out[" << i << "]";
+        ASSERT_EQ(twin[i].bits, to_half<H>(e["out"][i]).bits) << "twin of out[" << i << "]";
         e["out"][i] = to_float(twin[i]);
       }
-    };
-    rows.back().backward_b = [=](Env<float>& e) {
+    });
+    set_backward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
       layernorm_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
-                         rounded(e["inp"], n).data(), e["weight"], e["mean"], e["rstd"], N, C);
-    };
+                         rounded<H>(e["inp"], n).data(), e["weight"], e["mean"], e["rstd"], N, C);
+    });
   }
   for (const char* kernel : {"gelu", "tanh"}) {
     const int n = golden_int(kernel, "n");
@@ -371,14 +389,16 @@ std::vector<KernelCase> kernel_cases() {
             tanh_backward(e.grad("inp"), e["out"], e.grad("out"), n);
         }));
     if (gelu) {  // bf16: input and output in bf16 (a GEMM writes one and reads the other)
-      rows.back().forward_b = [=](Env<float>& e) {
-        std::vector<bf16> out(n);
-        gelu_forward(out.data(), rounded(e["inp"], n).data(), n);
+      set_forward16(rows.back(), [=](auto h, Env<float>& e) {
+        using H = decltype(h);
+        std::vector<H> out(n);
+        gelu_forward(out.data(), rounded<H>(e["inp"], n).data(), n);
         to_float(e["out"], out.data(), n);
-      };
-      rows.back().backward_b = [=](Env<float>& e) {
-        gelu_backward(e.grad("inp"), rounded(e["inp"], n).data(), e.grad("out"), n);
-      };
+      });
+      set_backward16(rows.back(), [=](auto h, Env<float>& e) {
+        using H = decltype(h);
+        gelu_backward(e.grad("inp"), rounded<H>(e["inp"], n).data(), e.grad("out"), n);
+      });
     }
   }
   {
@@ -398,25 +418,29 @@ std::vector<KernelCase> kernel_cases() {
                           e["weight"], N, C, OC);
         }));
     // bf16: input and weight rounded to bf16, fp32 accumulation, output and gradients.
-    rows.back().forward_b = [=](Env<float>& e) {
-      linear_forward(e["out"], rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
+    set_forward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
+      linear_forward(e["out"], rounded<H>(e["inp"], nx).data(), rounded<H>(e["weight"], nw).data(),
                      e["bias"], N, C, OC);
-    };
-    rows.back().backward_b = [=](Env<float>& e) {
-      std::vector<bf16> dout16(no);
+    });
+    set_backward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
+      std::vector<H> dout16(no);
       linear_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"), dout16.data(),
-                      rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(), N, C, OC);
-    };
-    // The bf16-output form (q | k | v, GELU's input): bias and rounding inside the GEMM.
+                      rounded<H>(e["inp"], nx).data(), rounded<H>(e["weight"], nw).data(), N, C,
+                      OC);
+    });
+    // The 16-bit-output form (q | k | v, GELU's input): bias added in fp32, rounded once.
     rows.push_back(rows.back());
-    rows.back().name = "linear, bf16 output";
+    rows.back().name = "linear, 16-bit output";
     rows.back().golden = "";
-    rows.back().forward_b = [=](Env<float>& e) {
-      std::vector<bf16> out(no);
-      linear_forward(out.data(), rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
-                     e["bias"], N, C, OC);
+    set_forward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
+      std::vector<H> out(no);
+      linear_forward(out.data(), rounded<H>(e["inp"], nx).data(),
+                     rounded<H>(e["weight"], nw).data(), e["bias"], N, C, OC);
       to_float(e["out"], out.data(), static_cast<int64_t>(no));
-    };
+    });
     rows.push_back(row(
         {"linear without bias", "", {{"inp", nx}, {"weight", nw}}, {{"out", no}}, {}},
         [=](auto& e) {
@@ -426,15 +450,18 @@ std::vector<KernelCase> kernel_cases() {
           linear_backward(e.grad("inp"), e.grad("weight"), decltype(e["out"])(nullptr),
                           e.grad("out"), e["inp"], e["weight"], N, C, OC);
         }));
-    rows.back().forward_b = [=](Env<float>& e) {
-      linear_forward(e["out"], rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(),
+    set_forward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
+      linear_forward(e["out"], rounded<H>(e["inp"], nx).data(), rounded<H>(e["weight"], nw).data(),
                      nullptr, N, C, OC);
-    };
-    rows.back().backward_b = [=](Env<float>& e) {
-      std::vector<bf16> dout16(no);
+    });
+    set_backward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
+      std::vector<H> dout16(no);
       linear_backward(e.grad("inp"), e.grad("weight"), nullptr, e.grad("out"), dout16.data(),
-                      rounded(e["inp"], nx).data(), rounded(e["weight"], nw).data(), N, C, OC);
-    };
+                      rounded<H>(e["inp"], nx).data(), rounded<H>(e["weight"], nw).data(), N, C,
+                      OC);
+    });
   }
   {
     const int V = golden_int("embedding", "V"), P = golden_int("embedding", "P"),
@@ -506,19 +533,22 @@ std::vector<KernelCase> kernel_cases() {
             }));
         // bf16: the output exists only in bf16 (its reader is a GEMM); backward stays fp32.
         // bf16: q | k | v and the output in bf16 (both are GEMM products/operands there).
-        rows.back().forward_b = [=](Env<float>& e) {
-          std::vector<bf16> out(no);
-          std::vector<bf16> probs(np);
-          attention_forward(out.data(), keep ? probs.data() : nullptr, rounded(e["qkv"], nq).data(),
-                            e.ints("cu_seqlens"), n_seq, C, NH, drop);
+        set_forward16(rows.back(), [=](auto h, Env<float>& e) {
+          using H = decltype(h);
+          std::vector<H> out(no);
+          std::vector<H> probs(np);
+          attention_forward(out.data(), keep ? probs.data() : nullptr,
+                            rounded<H>(e["qkv"], nq).data(), e.ints("cu_seqlens"), n_seq, C, NH,
+                            drop);
           to_float(e["out"], out.data(), static_cast<int64_t>(no));
           to_float(e["probs"], probs.data(), static_cast<int64_t>(np));
-        };
-        rows.back().backward_b = [=](Env<float>& e) {
-          attention_backward(e.grad("qkv"), e.grad("out"), rounded(e["qkv"], nq).data(),
-                             keep ? rounded(e["probs"], np).data() : nullptr, e.ints("cu_seqlens"),
-                             n_seq, C, NH, drop);
-        };
+        });
+        set_backward16(rows.back(), [=](auto h, Env<float>& e) {
+          using H = decltype(h);
+          attention_backward(e.grad("qkv"), e.grad("out"), rounded<H>(e["qkv"], nq).data(),
+                             keep ? rounded<H>(e["probs"], np).data() : nullptr,
+                             e.ints("cu_seqlens"), n_seq, C, NH, drop);
+        });
       }
   }
   {
@@ -606,7 +636,12 @@ TEST_P(KernelHarness, Bf16PathMatchesFp32Path) {
   if (!GetParam().forward_b) GTEST_SKIP() << "runs in fp32 under --precision bf16";
   if (GetParam().name.rfind("linear", 0) == 0 && !bf16_unavailable_reason().empty())
     GTEST_SKIP() << bf16_unavailable_reason();
-  check_bf16_column(GetParam());
+  check_16bit_column(GetParam(), GetParam().forward_b, GetParam().backward_b, 1e-2);
+}
+// fp16 needs no bf16 instruction: its GEMMs widen to fp32.
+TEST_P(KernelHarness, Fp16PathMatchesFp32Path) {
+  if (!GetParam().forward_h) GTEST_SKIP() << "runs in fp32 under --precision fp16";
+  check_16bit_column(GetParam(), GetParam().forward_h, GetParam().backward_h, 2e-3);
 }
 TEST_P(KernelHarness, MatchesPyTorchGolden) {
   if (GetParam().golden.empty()) GTEST_SKIP() << "no PyTorch golden for this case";
@@ -648,8 +683,8 @@ TEST(KernelBf16, RoundsToNearestEvenAndKeepsSpecialValues) {
 
 // The bf16 GEMM equals the double product of its (bf16) operands up to fp32 accumulation, for
 // every transpose, strided operands, alpha and both betas.
-TEST(KernelBf16, GemmMatchesTheExactProductOfItsOperands) {
-  if (!bf16_unavailable_reason().empty()) GTEST_SKIP() << bf16_unavailable_reason();
+template <typename H>
+void check_gemm_is_the_exact_product() {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int M = 37, N = 29, K = 53, pad = 3;
@@ -658,10 +693,10 @@ TEST(KernelBf16, GemmMatchesTheExactProductOfItsOperands) {
       for (const float alpha : {1.0f, 0.5f})
         for (const float beta : {0.0f, 1.0f}) {
           const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-          std::vector<bf16> A(static_cast<size_t>(lda) * (ta ? K : M)),
+          std::vector<H> A(static_cast<size_t>(lda) * (ta ? K : M)),
               B(static_cast<size_t>(ldb) * (tb ? N : K));
-          for (bf16& a : A) a = to_bf16(nd(rng));
-          for (bf16& b : B) b = to_bf16(nd(rng));
+          for (H& a : A) a = to_half<H>(nd(rng));
+          for (H& b : B) b = to_half<H>(nd(rng));
           std::vector<float> C(static_cast<size_t>(ldc) * M);
           for (float& c : C) c = nd(rng);
           const std::vector<float> C0 = C;
@@ -681,6 +716,58 @@ TEST(KernelBf16, GemmMatchesTheExactProductOfItsOperands) {
                   << " at (" << i << ", " << j << ")";
             }
         }
+}
+
+TEST(KernelBf16, GemmMatchesTheExactProductOfItsOperands) {
+  if (!bf16_unavailable_reason().empty()) GTEST_SKIP() << bf16_unavailable_reason();
+  check_gemm_is_the_exact_product<bf16>();
+}
+// The fp16 GEMM (operands widened to fp32 for sgemm) likewise, on any CPU.
+TEST(KernelF16, GemmMatchesTheExactProductOfItsOperands) {
+  check_gemm_is_the_exact_product<f16>();
+}
+
+// fp16 conversion rounds as IEEE binary16 does (the compiler's _Float16 conversion: round to
+// nearest even, through subnormals, overflow to infinity) and widens exactly: every binary16
+// value round-trips, every midpoint between neighbours (a tie) and the floats either side of it
+// round as _Float16 does, and so do a million random bit patterns across the whole float range.
+TEST(KernelF16, ConvertsExactlyAsIeeeBinary16) {
+  auto reference = [](float x) { return std::bit_cast<uint16_t>(static_cast<_Float16>(x)); };
+  auto agree = [&](float x) {
+    if (std::isnan(x)) return std::isnan(to_float(to_f16(x)));
+    return to_f16(x).bits == reference(x);
+  };
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const uint16_t bits = static_cast<uint16_t>(b);
+    const float want = static_cast<float>(std::bit_cast<_Float16>(bits));
+    const float x = to_float(f16{bits});
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(x)) << std::hex << b;
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<uint32_t>(x), std::bit_cast<uint32_t>(want)) << std::hex << b;
+    ASSERT_EQ(to_f16(x).bits, b) << "round trip of " << x;
+    if ((b & 0x7fffu) >= 0x7bffu) continue;  // no finite neighbour above
+    const float next = to_float(f16{static_cast<uint16_t>(b + 1)});
+    const float mid = static_cast<float>((static_cast<double>(x) + next) / 2);  // exact
+    for (const float y : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 2 * next)})
+      ASSERT_TRUE(agree(y)) << y << ": " << to_f16(y).bits << " vs " << reference(y);
+  }
+  std::mt19937 rng(3);
+  for (int i = 0; i < 1000000; ++i) {
+    const float y = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    ASSERT_TRUE(agree(y)) << y << ": " << to_f16(y).bits << " vs " << reference(y);
+  }
+  EXPECT_EQ(to_f16(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(to_f16(65519.99f).bits, 0x7bff);
+  EXPECT_EQ(to_f16(65520.0f).bits, 0x7c00);  // the tie above the largest finite: infinity
+  EXPECT_EQ(to_f16(-std::numeric_limits<float>::infinity()).bits, 0xfc00);
+  EXPECT_EQ(to_f16(-0.0f).bits, 0x8000);
+  EXPECT_EQ(to_f16(0x1p-24f).bits, 0x0001);    // the smallest subnormal
+  EXPECT_EQ(to_f16(0x1p-25f).bits, 0x0000);    // half of it: a tie, to even (zero)
+  EXPECT_EQ(to_f16(0x1.8p-24f).bits, 0x0002);  // 1.5 of it: a tie, to even (two)
+  EXPECT_FALSE(is_finite(to_f16(1e5f)));
+  EXPECT_TRUE(is_finite(to_f16(6e4f)));
 }
 
 // The fp32-output bf16 GEMM with the bias in the primitive equals the product of its operands

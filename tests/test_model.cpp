@@ -106,7 +106,7 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
   BertModel<float> m(c, heads);
   init_params(m.layout(), m.params().data(), 8);
   PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
-  std::vector<Precision> precisions = {Precision::fp32};
+  std::vector<Precision> precisions = {Precision::fp32, Precision::fp16};
   if (kernels::bf16_unavailable_reason().empty()) precisions.push_back(Precision::bf16);
   for (const Precision precision : precisions) {
     const std::string p = precision_name(precision) + " ";
@@ -131,14 +131,13 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
   }
 }
 
-// bf16 GEMM operands move losses and gradients by bf16 rounding only: losses within 1e-2
-// relative and every gradient tensor within 5e-2 normwise of the fp32 step (check-golden's bf16
-// tolerances, with its floor for tensors whose true gradient is zero, such as the key bias), and
-// not bit-identical to it (the bf16 path really ran). BERT's initialisation (0.02): with the
+// 16-bit GEMM operands and activations move losses and gradients by rounding only: losses within
+// loss_tol relative and every gradient tensor within grad_tol normwise of the fp32 step
+// (check-golden's tolerances, with its floor for tensors whose true gradient is zero, such as the
+// key bias), and not bit-identical to it (the 16-bit path really ran). Backward starts from the
+// losses times loss_scale, divided out before comparing. BERT's initialisation (0.02): with the
 // tests' usual 0.3 the attention is so peaked that rounding flips which key wins.
-TEST(ModelBf16, LossesAndGradientsTrackFp32) {
-  if (!kernels::bf16_unavailable_reason().empty())
-    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+void check_tracks_fp32(Precision precision, double loss_tol, double grad_tol, double loss_scale) {
   BertConfig c = tiny_config();
   c.num_hidden_layers = 3;
   c.hidden_size = 64;
@@ -151,19 +150,24 @@ TEST(ModelBf16, LossesAndGradientsTrackFp32) {
   BertModel<float> m(c, heads);
   init_params(m.layout(), m.params().data(), 8);
   PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
-  auto run = [&](Precision precision) {
+  auto run = [&](Precision p, double scale) {
     m.zero_grads();
-    Outputs out = m.forward(b, {true, 41, 3, Recompute{}, precision});
+    StepOptions o{true, 41, 3, Recompute{}, p};
+    o.loss_scale = scale;
+    Outputs out = m.forward(b, o);
     m.backward();
-    return std::pair{out, m.grads()};
+    std::vector<float> g = m.grads();
+    for (float& x : g) x = static_cast<float>(x / scale);
+    return std::pair{out, g};
   };
-  const auto [out32, g32] = run(Precision::fp32);
-  const auto [out16, g16] = run(Precision::bf16);
-  for (auto [ours, theirs, name] : {std::tuple{out16.mlm_loss, out32.mlm_loss, "mlm"},
+  const std::string name = precision_name(precision);
+  const auto [out32, g32] = run(Precision::fp32, 1);
+  const auto [out16, g16] = run(precision, loss_scale);
+  for (auto [ours, theirs, loss] : {std::tuple{out16.mlm_loss, out32.mlm_loss, "mlm"},
                                     std::tuple{out16.nsp_loss, out32.nsp_loss, "nsp"},
                                     std::tuple{out16.cls_loss, out32.cls_loss, "classifier"},
                                     std::tuple{out16.span_loss, out32.span_loss, "span"}})
-    EXPECT_NEAR(ours, theirs, 1e-2 * std::abs(theirs)) << name << " loss";
+    EXPECT_NEAR(ours, theirs, loss_tol * std::abs(theirs)) << name << " " << loss << " loss";
   bool any_differs = false;
   double largest = 0;
   for (float g : g32) largest = std::max(largest, static_cast<double>(std::abs(g)));
@@ -174,15 +178,79 @@ TEST(ModelBf16, LossesAndGradientsTrackFp32) {
       r2 += static_cast<double>(g32[i]) * g32[i];
       any_differs |= g16[i] != g32[i];
     }
-    EXPECT_LE(std::sqrt(d2), 5e-2 * std::sqrt(r2)) << t.name;
+    EXPECT_LE(std::sqrt(d2), grad_tol * std::sqrt(r2)) << name << " " << t.name;
   }
-  EXPECT_TRUE(any_differs) << "bf16 gradients are bit-identical to fp32: the bf16 path did not run";
-  // The weights' bf16 copy follows the weights: a write through params() is seen by the next
-  // bf16 step.
-  const Outputs before = m.forward(b, {false, 0, 0, Recompute{}, Precision::bf16});
+  EXPECT_TRUE(any_differs) << name << " gradients are bit-identical to fp32: the path did not run";
+  // The weights' 16-bit copy follows the weights: a write through params() is seen by the next
+  // 16-bit step.
+  const Outputs before = m.forward(b, {false, 0, 0, Recompute{}, precision});
   for (float& w : m.params()) w *= 0.5f;
-  const Outputs after = m.forward(b, {false, 0, 0, Recompute{}, Precision::bf16});
-  EXPECT_NE(before.mlm_loss, after.mlm_loss);
+  const Outputs after = m.forward(b, {false, 0, 0, Recompute{}, precision});
+  EXPECT_NE(before.mlm_loss, after.mlm_loss) << name;
+}
+
+TEST(ModelBf16, LossesAndGradientsTrackFp32) {
+  if (!kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+  check_tracks_fp32(Precision::bf16, 1e-2, 5e-2, 1);
+}
+
+// fp16 at its tolerances (8x finer rounding than bf16), from GradScaler's first scale.
+TEST(ModelFp16, LossesAndGradientsTrackFp32) {
+  check_tracks_fp32(Precision::fp16, 2e-3, 1e-2, 65536);
+}
+
+// fp16's range is narrow. Without a loss scale the MLM logits' gradient (probability / masked
+// tokens: ~1e-7 here, 3e-5 / 150) sits deep in fp16's subnormals (spacing 2^-24 = 6e-8), so the
+// decoder's gradient rows of the vocabulary's tail (tokens neither in the batch nor a target)
+// come out with a few bits at most; a scale of 2^10 brings them back to fp16's full precision.
+// Past the range (2^24 here) the gradients overflow to infinity: what the dynamic loss scaler
+// detects.
+TEST(ModelFp16, GradientsUnderflowWithoutALossScaleAndOverflowPastTheRange) {
+  BertConfig c = tiny_config();
+  c.vocab_size = 30522;  // BERT's: near-uniform logits give every token ~3e-5
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.max_position_embeddings = 64;
+  c.initializer_range = 0.02;
+  BertModel<float> m(c, Heads{});
+  init_params(m.layout(), m.params().data(), 8);
+  const std::vector<std::vector<int>> packs(16, std::vector<int>{64});
+  PackedBatch b = make_batch(packs, 64, c.vocab_size, 6);
+  std::vector<char> tail(static_cast<size_t>(c.vocab_size), 1);
+  for (int32_t id : b.input_ids) tail[static_cast<size_t>(id)] = 0;
+  for (int32_t y : b.mlm_labels)
+    if (y >= 0) tail[static_cast<size_t>(y)] = 0;
+  const TensorSpec& word = m.layout().tensors()[0];  // the word embeddings (the tied decoder)
+  ASSERT_EQ(word.name, "bert.embeddings.word_embeddings.weight");
+  auto tail_grads = [&](Precision p, double scale) {
+    m.zero_grads();
+    StepOptions o{false, 0, 0, Recompute{}, p};
+    o.loss_scale = scale;
+    m.forward(b, o);
+    m.backward();
+    std::vector<double> g;
+    for (int v = 0; v < c.vocab_size; ++v)
+      if (tail[static_cast<size_t>(v)])
+        for (int k = 0; k < c.hidden_size; ++k)
+          g.push_back(m.grads()[word.offset + static_cast<size_t>(v) * c.hidden_size + k] / scale);
+    return g;
+  };
+  const std::vector<double> want = tail_grads(Precision::fp32, 1);
+  auto error = [&](const std::vector<double>& got) {
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      d2 += (got[i] - want[i]) * (got[i] - want[i]), r2 += want[i] * want[i];
+    return std::sqrt(d2 / r2);
+  };
+  ASSERT_GT(want.size(), 20000u * c.hidden_size);
+  const double unscaled = error(tail_grads(Precision::fp16, 1));
+  const double scaled = error(tail_grads(Precision::fp16, 1024));
+  EXPECT_LT(scaled, 1e-2);
+  EXPECT_GT(unscaled, 10 * scaled) << "no fp16 underflow without a loss scale";
+  tail_grads(Precision::fp16, 16777216.0);  // the targets' logit gradients: 2^24 / 150 > 65504
+  EXPECT_FALSE(
+      std::all_of(m.grads().begin(), m.grads().end(), [](float g) { return std::isfinite(g); }));
 }
 
 // With bf16 master weights the model reads every weight from the bf16 masters (word embeddings
@@ -241,7 +309,7 @@ TEST(ModelRecompute, PlanBytesAreTheEnginesBytes) {
   BertModel<float> m(c, heads);
   init_params(m.layout(), m.params().data(), 8);
   PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
-  std::vector<Precision> precisions = {Precision::fp32};
+  std::vector<Precision> precisions = {Precision::fp32, Precision::fp16};
   if (kernels::bf16_unavailable_reason().empty()) precisions.push_back(Precision::bf16);
   for (const Precision precision : precisions)
     for (const char* policy : {"none", "gelu,ln", "attention", "layer", "every:2"}) {

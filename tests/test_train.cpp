@@ -686,6 +686,60 @@ TEST(LossScaling, KilledDynamicRunResumesBitExactly) {
                                        });
 }
 
+// fp16: the checkpoint holds the fp32 masters, the loss scale and its clean-step count; the
+// resumed run's fp16 weight copy is rebuilt from the masters. A window of 2 from 2^20 makes the
+// scale climb past what fp16's range (65504) takes for the scaled logit gradients, so steps
+// overflow and the scale falls again on both sides of the step-3 checkpoint.
+TEST(Trainer, KilledFp16RunResumesBitExactly) {
+  check_killed_run_resumes_bit_exactly(model::Precision::fp16, Masters::fp32,
+                                       [](PretrainOptions& o) {
+                                         o.loop.loss_scaling.mode = LossScaling::Mode::dynamic;
+                                         o.loop.loss_scaling.initial = std::ldexp(1.0, 20);
+                                         o.loop.loss_scaling.window = 2;
+                                       });
+}
+
+// Under fp16 the range runs out long before fp32's: a start at 2^40 (which fp32 takes without
+// trouble) overflows fp16's gradients, and the dynamic scaler halves its way down, skipping those
+// steps without touching the weights, until the scaled gradients fit; then training proceeds.
+TEST(LossScaling, Fp16OverflowsWhereFp32DoesNotAndTheScalerRecovers) {
+  World w;
+  auto run = [&](model::Precision precision) {
+    PretrainOptions o = w.options("overflow_" + model::precision_name(precision));
+    o.checkpoint_every = 0;
+    o.max_steps = 30;
+    o.loop.loss_scaling.mode = LossScaling::Mode::dynamic;
+    o.loop.loss_scaling.initial = std::ldexp(1.0, 40);
+    o.loop.nan_abort = 2;
+    o.loop.precision = precision;
+    Trainer t(o, false);
+    std::vector<float> before = t.model().params();
+    int64_t skipped = 0, applied = 0;
+    std::atomic<bool> stop{false};
+    t.run(stop,
+          [&](const StepMetrics& s) {
+            const std::vector<float>& after = t.model().params();
+            if (s.skipped) {
+              EXPECT_EQ(s.skip_reason, "loss-scale overflow") << "step " << s.step;
+              EXPECT_TRUE(after == before) << "a skipped step moved the weights, step " << s.step;
+              EXPECT_EQ(applied, 0) << "an overflow after training proceeded, step " << s.step;
+              ++skipped;
+            } else {
+              ++applied;
+            }
+            before = after;
+          },
+          {});
+    EXPECT_EQ(t.overflow_skips(), skipped);
+    return skipped;
+  };
+  EXPECT_EQ(run(model::Precision::fp32), 0) << "fp32 overflowed at 2^40";
+  const int64_t skipped = run(model::Precision::fp16);
+  EXPECT_GE(skipped, 10) << "fp16's scaled gradients fit at 2^" << 40 - skipped;
+  EXPECT_LE(skipped, 27) << "training never proceeded";
+  std::cerr << "fp16: " << skipped << " steps skipped, training at 2^" << 40 - skipped << "\n";
+}
+
 // Trains `o` (learning_options) and checks it learned the corpus: held-out loss down by 0.5 and
 // accuracy up by 0.1.
 void check_learns(const PretrainOptions& o) {
@@ -716,6 +770,15 @@ TEST(Trainer, LearnsTheSyntheticCorpusBlockSparse) {
     o.sparse.lr_scale = 1;
     check_learns(o);
   }
+}
+
+// fp16 activations with dynamic loss scaling (fp16's default) learn it too.
+TEST(Trainer, LearnsTheSyntheticCorpusInFp16) {
+  World w;
+  PretrainOptions o = w.learning_options("learn16");
+  o.loop.precision = model::Precision::fp16;
+  o.loop.loss_scaling.mode = LossScaling::Mode::dynamic;
+  check_learns(o);
 }
 
 // bf16 master weights written with stochastic rounding learn it too (the long comparison with
