@@ -1,12 +1,15 @@
 // Google Benchmark microbenchmarks: one line per kernel at BERT-base shapes (T = 512 real
 // tokens, C = 768, 12 heads, I = 3072), forward and backward (the FFN up-projection also
 // block-sparse, per block size); a `_bf16` row for each kernel whose
-// `--precision bf16` path differs (skipped, saying why, on a CPU without bf16 instructions), and
+// `--precision bf16` path differs (skipped, saying why, on a CPU without bf16 instructions), an
+// `_fp16` row for each kernel whose `--precision fp16` path differs (any CPU), and
 // the optimizer's update pass per master-weights setting. `build/kernel_bench`; the context
 // lines name the CPU and the instruction sets it has.
 #include <benchmark/benchmark.h>
 
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -31,14 +34,18 @@ std::vector<float> randn(size_t n, float scale = 1.0f) {
   return v;
 }
 
-std::vector<bf16> narrow(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  to_bf16(out.data(), v.data(), static_cast<int64_t>(v.size()));
+// v rounded to the 16-bit type H (bf16 or f16).
+template <typename H = bf16>
+std::vector<H> narrow(const std::vector<float>& v) {
+  std::vector<H> out(v.size());
+  to_half(out.data(), v.data(), static_cast<int64_t>(v.size()));
   return out;
 }
 
-// False (and the row skipped, saying why) on a CPU without native bf16.
-bool bf16_runs(benchmark::State& s) {
+// False (and the row skipped, saying why) on a CPU without native bf16; fp16 runs anywhere.
+template <typename H = bf16>
+bool runs_16bit(benchmark::State& s) {
+  if constexpr (std::is_same_v<H, f16>) return true;
   const std::string why = bf16_unavailable_reason();
   if (!why.empty()) s.SkipWithError(why.c_str());
   return why.empty();
@@ -147,10 +154,11 @@ void BM_dropout(benchmark::State& s) {
   s.SetItemsProcessed(s.iterations() * T);
 }
 
-void BM_layernorm_bf16(benchmark::State& s) {
+template <typename H>
+void layernorm_16(benchmark::State& s) {
   auto x = randn(T * C), w = randn(C), b = randn(C), out = randn(T * C), dx = randn(T * C);
-  const auto x16 = narrow(x);
-  std::vector<bf16> out16(T * C);
+  const auto x16 = narrow<H>(x);
+  std::vector<H> out16(T * C);
   std::vector<float> mean(T), rstd(T), dw(C), db(C);
   for (auto _ : s) {
     layernorm_forward(out.data(), mean.data(), rstd.data(), x16.data(), w.data(), b.data(), T, C,
@@ -161,10 +169,11 @@ void BM_layernorm_bf16(benchmark::State& s) {
   s.SetItemsProcessed(s.iterations() * T);
 }
 
-void BM_gelu_bf16(benchmark::State& s) {
-  const auto x16 = narrow(randn(T * I));
+template <typename H>
+void gelu_16(benchmark::State& s) {
+  const auto x16 = narrow<H>(randn(T * I));
   auto dout = randn(T * I), dx = randn(T * I);
-  std::vector<bf16> out16(T * I);
+  std::vector<H> out16(T * I);
   for (auto _ : s) {
     gelu_forward(out16.data(), x16.data(), T * I);
     gelu_backward(dx.data(), x16.data(), dout.data(), T * I);
@@ -172,11 +181,12 @@ void BM_gelu_bf16(benchmark::State& s) {
   s.SetItemsProcessed(s.iterations() * T);
 }
 
-void BM_linear_ffn_bf16(benchmark::State& s) {
-  if (!bf16_runs(s)) return;
-  const auto x16 = narrow(randn(T * C)), w16 = narrow(randn(I * C, 0.02f));
+template <typename H>
+void linear_ffn_16(benchmark::State& s) {
+  if (!runs_16bit<H>(s)) return;
+  const auto x16 = narrow<H>(randn(T * C)), w16 = narrow<H>(randn(I * C, 0.02f));
   auto b = randn(I), out = randn(T * I), dx = randn(T * C), dw = randn(I * C), db = randn(I);
-  std::vector<bf16> dout16(T * I);
+  std::vector<H> dout16(T * I);
   for (auto _ : s) {
     linear_forward(out.data(), x16.data(), w16.data(), b.data(), T, C, I);
     linear_backward(dx.data(), dw.data(), db.data(), out.data(), dout16.data(), x16.data(),
@@ -186,14 +196,15 @@ void BM_linear_ffn_bf16(benchmark::State& s) {
       benchmark::Counter(6.0 * T * C * I * s.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
-void BM_attention_bf16(benchmark::State& s) {
+template <typename H>
+void attention_16(benchmark::State& s) {
   const int L = static_cast<int>(s.range(0));
   std::vector<int32_t> cu;
   for (int a = 0; a <= T; a += L) cu.push_back(a);
   const int n_seq = static_cast<int>(cu.size()) - 1;
-  const auto qkv16 = narrow(randn(T * 3 * C, 0.1f));
+  const auto qkv16 = narrow<H>(randn(T * 3 * C, 0.1f));
   auto dout = randn(T * C), dqkv = randn(T * 3 * C);
-  std::vector<bf16> out16(T * C), probs16(attention_probs_offsets(cu.data(), n_seq, NH).back());
+  std::vector<H> out16(T * C), probs16(attention_probs_offsets(cu.data(), n_seq, NH).back());
   AttentionDropout d{0.1, 1, 2};
   for (auto _ : s) {
     attention_forward(out16.data(), probs16.data(), qkv16.data(), cu.data(), n_seq, C, NH, d);
@@ -202,6 +213,19 @@ void BM_attention_bf16(benchmark::State& s) {
   }
   s.SetItemsProcessed(s.iterations() * T);
 }
+
+#define PACKBERT_16BIT_ROWS(name)              \
+  void BM_##name##_bf16(benchmark::State& s) { \
+    name##_16<bf16>(s);                        \
+  }                                            \
+  void BM_##name##_fp16(benchmark::State& s) { \
+    name##_16<f16>(s);                         \
+  }
+PACKBERT_16BIT_ROWS(layernorm)
+PACKBERT_16BIT_ROWS(gelu)
+PACKBERT_16BIT_ROWS(linear_ffn)
+PACKBERT_16BIT_ROWS(attention)
+#undef PACKBERT_16BIT_ROWS
 
 // The word embeddings in bf16 (`--master-weights bf16`): the gather widens them.
 void BM_embedding_bf16(benchmark::State& s) {
@@ -260,6 +284,10 @@ BENCHMARK(BM_gelu_bf16)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_linear_ffn_bf16)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_bf16)->Arg(512)->Arg(128)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_embedding_bf16)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_layernorm_fp16)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_gelu_fp16)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_linear_ffn_fp16)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_fp16)->Arg(512)->Arg(128)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_lamb_update)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
