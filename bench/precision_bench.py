@@ -96,8 +96,9 @@ def main():
             table.append(f"| {r['case']} | {r['torch']:.0f} (torch {r['version']}) | "
                          f"{r['bf16']:.0f} | {r['ratio']:.1f}x |")
     if fp16_rows:
-        table += ["", "| case | fp32 tok/s | fp16 tok/s | fp16 / fp32 | activations fp32 / fp16 MiB "
-                  "| bytes fp16 / fp32 |", "|---|---:|---:|---:|---:|---:|"]
+        table += ["", "| case | fp32 tok/s | fp16 tok/s | fp16 / fp32 | "
+                  "activations fp32 / fp16 MiB | bytes fp16 / fp32 |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for r in fp16_rows:
             table.append(f"| {r['case']} | {r['fp32']:.0f} | {r['fp16']:.0f} | {r['speed']:.2f}x | "
                          f"{r['act_fp32']:.0f} / {r['act_fp16']:.0f} | "

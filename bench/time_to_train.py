@@ -98,7 +98,8 @@ def main():
     exe, seqs, packs = demo_data(a.build, a.data)
     os.makedirs(a.workdir, exist_ok=True)
     model, isa = cpu()
-    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, {a.precision}, LAMB "
+    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, {a.precision}, "
+          f"LAMB "
           f"lr {a.lr}, {a.packs_per_step} packs a step, target {a.target} held-out MLM accuracy "
           f"(evaluated every {a.eval_every} steps), cap {a.max_steps} steps", flush=True)
 
