@@ -99,9 +99,8 @@ def main():
     os.makedirs(a.workdir, exist_ok=True)
     model, isa = cpu()
     print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, {a.precision}, "
-          f"LAMB "
-          f"lr {a.lr}, {a.packs_per_step} packs a step, target {a.target} held-out MLM accuracy "
-          f"(evaluated every {a.eval_every} steps), cap {a.max_steps} steps", flush=True)
+          f"LAMB lr {a.lr}, {a.packs_per_step} packs a step, target {a.target} held-out MLM "
+          f"accuracy (evaluated every {a.eval_every} steps), cap {a.max_steps} steps", flush=True)
 
     common = ["--data", seqs, "--packs", packs, "--preset", a.preset, "--steps",
               str(a.max_steps), "--lr", str(a.lr), "--warmup", str(a.warmup), "--optimizer",
