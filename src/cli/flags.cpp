@@ -232,8 +232,7 @@ LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& op
              "off | dynamic | a fixed scale: backward starts from the loss times the scale and the "
              "optimizer divides it out. dynamic is PyTorch's GradScaler: the scale halves and the "
              "step is skipped when a gradient overflows, and doubles after --loss-scale-window "
-             "clean "
-             "steps (default: dynamic under --precision fp16, off otherwise)")
+             "clean steps (default: dynamic under --precision fp16, off otherwise)")
           ->default_str("off");
   f.loss_scale_init = std::make_shared<double>(65536);
   f.loss_scale_init_flag =
