@@ -5,7 +5,7 @@ target, the median and spread per layout, the ratio of medians, and a plot of ac
 training time for every run.
 
     /usr/bin/python3 bench/time_to_train.py [--seeds 3] [--target 0.30] [--adjust ga,beta]
-        [--precision fp32|bf16|fp16]
+        [--precision fp32|bf16|fp16] [--master-weights fp32|bf16]
 
 Layouts: `packed` trains on the demo's optimal packs, --packs-per-step packs a step; `padded` trains
 on the same packs' sequences one per row with the padding computed as frameworks do
@@ -90,6 +90,9 @@ def main():
     ap.add_argument("--max-steps", type=int, default=4000)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                     help="every run's --precision (bf16 needs AVX512-BF16 or AMX-BF16)")
+    ap.add_argument("--master-weights", default="fp32", choices=["fp32", "bf16"],
+                    help="every run's --master-weights (bf16: weights and moments in bf16, "
+                    "stochastic rounding; needs --precision bf16)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--data", default=os.path.join(ROOT, "out", "demo"))
     ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "time_to_train"))
@@ -98,14 +101,17 @@ def main():
     exe, seqs, packs = demo_data(a.build, a.data)
     os.makedirs(a.workdir, exist_ok=True)
     model, isa = cpu()
-    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, {a.precision}, "
+    masters = "" if a.master_weights == "fp32" else f" (masters {a.master_weights})"
+    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, {a.precision}"
+          f"{masters}, "
           f"LAMB lr {a.lr}, {a.packs_per_step} packs a step, target {a.target} held-out MLM "
           f"accuracy (evaluated every {a.eval_every} steps), cap {a.max_steps} steps", flush=True)
 
     common = ["--data", seqs, "--packs", packs, "--preset", a.preset, "--steps",
               str(a.max_steps), "--lr", str(a.lr), "--warmup", str(a.warmup), "--optimizer",
               "lamb", "--eval-every", str(a.eval_every), "--eval-fraction", "0.005",
-              "--target-accuracy", str(a.target), "--precision", a.precision, "--overwrite"]
+              "--target-accuracy", str(a.target), "--precision", a.precision,
+              "--master-weights", a.master_weights, "--overwrite"]
     plan = []
     for seed in range(1, a.seeds + 1):
         plan.append(("packed", seed, ["--batch-rows", str(a.packs_per_step)]))
@@ -148,7 +154,8 @@ def main():
                    else "not reached | -")
         print(f"| {r['name']} | {r['sequences_per_step']:.1f} | {r['seconds_per_step']:.3f} | "
               f"{reached} |")
-    summary = {"target_accuracy": a.target, "cpu": model, "precision": a.precision, "runs": [
+    summary = {"target_accuracy": a.target, "cpu": model, "precision": a.precision,
+               "master_weights": a.master_weights, "runs": [
         {k: r[k] for k in ("name", "kind", "seed", "steps", "seconds", "sequences_per_step")}
         for r in runs]}
     print(f"\n| layout | runs reaching target | median s | spread (min-max) s |")

@@ -903,6 +903,129 @@ TEST(KernelBf16, RefusedWithTheMissingFeatureNamed) {
   EXPECT_EQ(bf16_unavailable_reason().empty(), f.avx512_bf16 || f.amx_bf16);
 }
 
+// GradWrite::overwrite: the input gradient written over whatever its buffer holds (NaN here, so
+// a read of it would show), equal to accumulating into zeros; parameter gradients still
+// accumulate. run(dinp, dparams, mode) runs one backward.
+template <typename Run>
+void check_overwrites(const std::string& what, size_t n_dinp, size_t n_dparams, Run run) {
+  std::vector<float> zeroed(n_dinp, 0.0f),
+      poisoned(n_dinp, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> params_added(n_dparams, 0.5f), params_over(n_dparams, 0.5f);
+  run(zeroed.data(), params_added.data(), GradWrite::accumulate);
+  run(poisoned.data(), params_over.data(), GradWrite::overwrite);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < n_dinp; ++i) {
+    ASSERT_EQ(poisoned[i], zeroed[i]) << what << ": dinp[" << i << "]";
+    nonzero += zeroed[i] != 0.0f;
+  }
+  EXPECT_GT(nonzero, n_dinp / 2) << what;
+  size_t moved = 0;
+  for (size_t i = 0; i < n_dparams; ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(params_over[i]), std::bit_cast<uint32_t>(params_added[i]))
+        << what << ": parameter gradient [" << i << "]";
+    moved += params_added[i] != 0.5f;
+  }
+  EXPECT_EQ(moved, n_dparams) << what << ": parameter gradients did not accumulate";
+}
+
+template <typename H>
+void check_overwrites16(const std::string& name, int N, int C, int OC, const std::vector<float>& x,
+                        const std::vector<float>& w, const std::vector<float>& dout,
+                        const std::vector<float>& mean, const std::vector<float>& rstd,
+                        const std::vector<float>& wc) {
+  const std::vector<H> x16 = rounded<H>(x.data(), x.size()), w16 = rounded<H>(w.data(), w.size());
+  const std::vector<H> xc16 = rounded<H>(x.data(), static_cast<size_t>(N) * C);
+  check_overwrites("layernorm_backward, " + name + " input", size_t(N) * C, 2 * size_t(C),
+                   [&](float* dinp, float* dp, GradWrite mode) {
+                     layernorm_backward(dinp, dp, dp + C, dout.data(), xc16.data(), wc.data(),
+                                        mean.data(), rstd.data(), N, C, mode);
+                   });
+  check_overwrites("gelu_backward, " + name + " input", size_t(N) * C, 0,
+                   [&](float* dinp, float*, GradWrite mode) {
+                     gelu_backward(dinp, xc16.data(), dout.data(), int64_t(N) * C, mode);
+                   });
+  if (std::is_same_v<H, bf16> && !bf16_unavailable_reason().empty()) return;
+  std::vector<H> dout16(static_cast<size_t>(N) * OC);
+  check_overwrites("linear_backward, " + name, size_t(N) * C, size_t(OC) * C + OC,
+                   [&](float* dinp, float* dp, GradWrite mode) {
+                     linear_backward(dinp, dp, dp + size_t(OC) * C, dout.data(), dout16.data(),
+                                     x16.data(), w16.data(), N, C, OC, mode);
+                   });
+  // The fused pass: dout16 is dout rounded, the bias gradient fp32's sums exactly.
+  const std::vector<H> want16 = rounded<H>(dout.data(), dout16.size());
+  for (size_t i = 0; i < dout16.size(); ++i) ASSERT_EQ(dout16[i].bits, want16[i].bits) << i;
+  std::vector<float> db(OC, 0.5f), db32(OC, 0.5f), dw(size_t(OC) * C, 0.0f);
+  linear_backward(nullptr, dw.data(), db.data(), dout.data(), dout16.data(), x16.data(), w16.data(),
+                  N, C, OC);
+  linear_backward(static_cast<float*>(nullptr), dw.data(), db32.data(), dout.data(), x.data(),
+                  w.data(), N, C, OC);
+  for (int o = 0; o < OC; ++o)
+    ASSERT_EQ(std::bit_cast<uint32_t>(db[o]), std::bit_cast<uint32_t>(db32[o])) << "dbias " << o;
+  check_overwrites("linear_backward, " + name + " output gradient", size_t(N) * C, size_t(OC) * C,
+                   [&](float* dinp, float* dp, GradWrite mode) {
+                     linear_backward(dinp, dp, want16.data(), x16.data(), w16.data(), N, C, OC,
+                                     mode);
+                   });
+}
+
+TEST(KernelGradWrite, OverwriteIgnoresTheBufferAndEqualsAccumulatingIntoZeros) {
+  std::mt19937 rng(21);
+  const int N = 37, C = 96, OC = 200;  // C, OC: more than one column block, a partial one
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto draw = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& a : v) a = nd(rng);
+    return v;
+  };
+  const std::vector<float> x = draw(size_t(N) * OC), w = draw(size_t(OC) * C),
+                           dout = draw(size_t(N) * OC), wc = draw(C);
+  std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), wc.data(), wc.data(), N, C,
+                    1e-12f);
+  check_overwrites("layernorm_backward", size_t(N) * C, 2 * size_t(C),
+                   [&](float* dinp, float* dp, GradWrite mode) {
+                     layernorm_backward(dinp, dp, dp + C, dout.data(), x.data(), wc.data(),
+                                        mean.data(), rstd.data(), N, C, mode);
+                   });
+  check_overwrites("gelu_backward", size_t(N) * C, 0, [&](float* dinp, float*, GradWrite mode) {
+    gelu_backward(dinp, x.data(), dout.data(), int64_t(N) * C, mode);
+  });
+  check_overwrites("linear_backward", size_t(N) * C, size_t(OC) * C + OC,
+                   [&](float* dinp, float* dp, GradWrite mode) {
+                     linear_backward(dinp, dp, dp + size_t(OC) * C, dout.data(), x.data(), w.data(),
+                                     N, C, OC, mode);
+                   });
+  check_overwrites16<bf16>("bf16", N, C, OC, x, w, dout, mean, rstd, wc);
+  check_overwrites16<f16>("fp16", N, C, OC, x, w, dout, mean, rstd, wc);
+
+  // Attention: every row of dqkv belongs to one sequence, so overwriting writes all of it (with
+  // dropout on, and over bf16 and fp16 q | k | v, whose products differ from fp32's).
+  const std::vector<int32_t> cu = {0, 5, 7, 19};
+  const int T = 19, AC = 32, NH = 2;
+  const std::vector<float> qkv = draw(size_t(T) * 3 * AC), datt = draw(size_t(T) * AC);
+  const AttentionDropout drop{0.1, 5, 9};
+  std::vector<float> att(size_t(T) * AC), probs(attention_probs_offsets(cu.data(), 3, NH).back());
+  attention_forward(att.data(), probs.data(), qkv.data(), cu.data(), 3, AC, NH, drop);
+  check_overwrites("attention_backward", size_t(T) * 3 * AC, 0,
+                   [&](float* dqkv, float*, GradWrite mode) {
+                     attention_backward(dqkv, datt.data(), qkv.data(), probs.data(), cu.data(), 3,
+                                        AC, NH, drop, {}, mode);
+                   });
+  auto attention16 = [&](auto h, const std::string& name) {
+    using H = decltype(h);
+    const std::vector<H> qkv16 = rounded<H>(qkv.data(), qkv.size());
+    std::vector<H> att16(att.size()), probs16(probs.size());
+    attention_forward(att16.data(), probs16.data(), qkv16.data(), cu.data(), 3, AC, NH, drop);
+    check_overwrites("attention_backward, " + name, size_t(T) * 3 * AC, 0,
+                     [&](float* dqkv, float*, GradWrite mode) {
+                       attention_backward(dqkv, datt.data(), qkv16.data(), probs16.data(),
+                                          cu.data(), 3, AC, NH, drop, {}, mode);
+                     });
+  };
+  attention16(bf16{}, "bf16");
+  attention16(f16{}, "fp16");
+}
+
 TEST(KernelRebuild, LayerNormApplyEqualsForwardBitwise) {
   std::mt19937 rng(12);
   const int N = 9, C = 77;

@@ -271,32 +271,35 @@ void block_dp(T* dP, const T* dO, int ldo, const Operands<T>& b) {
                              OutView{dP, b.L}, b.pack);
   gemm(false, true, b.L, b.L, b.hs, T(1), dO, ldo, b.x.q + 2 * b.x.off, b.x.ld, T(0), dP, b.L);
 }
-// dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q into dQ's block of dqkv (rows ld apart). The bf16 form of
-// dV computes dVᵀ = dOᵀ Pv and writes it back transposed. dK stays an fp32 product, over the
-// queries widened: the key bias's true gradient is 0 because every row of dS sums to 0, and dS
-// rounded to bf16 would not, which leaves the key bias a rounding noise of about 1e-4 of the
-// model's largest gradient (check-golden's bf16 tolerance catches it).
+// dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q into dQ's block of dqkv (rows ld apart; = instead of +=
+// under GradWrite::overwrite). The bf16 form of dV computes dVᵀ = dOᵀ Pv and writes it back
+// transposed. dK stays an fp32 product, over the queries widened: the key bias's true gradient
+// is 0 because every row of dS sums to 0, and dS rounded to bf16 would not, which leaves the key
+// bias a rounding noise of about 1e-4 of the model's largest gradient (check-golden's bf16
+// tolerance catches it).
 template <typename T>
 void block_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int ldo,
-                       const Operands<T>& b) {
+                       const Operands<T>& b, GradWrite mode) {
   const int L = b.L, hs = b.hs, C = ld / 3;
+  const bool add = mode == GradWrite::accumulate;
+  const T beta = add ? T(1) : T(0);
   if constexpr (std::is_same_v<T, float>)
     if (b.pack) {
       block_gemm_bf16(hs, L, L, 1.0f, MatView<float>{dO, ldo, true}, MatView<float>{Pv, L},
-                      OutView{dQ + 2 * C, ld, true, true}, b.pack);
-      block_gemm_bf16(L, hs, L, 1.0f, MatView<float>{dS, L}, b.x16.K(),
-                      OutView{dQ, ld, false, true}, b.pack);
+                      OutView{dQ + 2 * C, ld, true, add}, b.pack);
+      block_gemm_bf16(L, hs, L, 1.0f, MatView<float>{dS, L}, b.x16.K(), OutView{dQ, ld, false, add},
+                      b.pack);
       for (int i = 0; i < L; ++i)
         for (int j = 0; j < hs; ++j)
           b.widened[static_cast<int64_t>(i) * hs + j] =
               to_float(b.x16.q[static_cast<int64_t>(i) * b.x16.ld + j]);
-      gemm(true, false, L, hs, L, 1.0f, dS, L, b.widened, hs, 1.0f, dQ + C, ld);
+      gemm(true, false, L, hs, L, 1.0f, dS, L, b.widened, hs, beta, dQ + C, ld);
       return;
     }
   const T* Q = b.x.q;
-  gemm(true, false, L, hs, L, T(1), Pv, L, dO, ldo, T(1), dQ + 2 * C, ld);       // dV
-  gemm(false, false, L, hs, L, T(1), dS, L, Q + b.x.off, b.x.ld, T(1), dQ, ld);  // dQ
-  gemm(true, false, L, hs, L, T(1), dS, L, Q, b.x.ld, T(1), dQ + C, ld);         // dK
+  gemm(true, false, L, hs, L, T(1), Pv, L, dO, ldo, beta, dQ + 2 * C, ld);       // dV
+  gemm(false, false, L, hs, L, T(1), dS, L, Q + b.x.off, b.x.ld, beta, dQ, ld);  // dQ
+  gemm(true, false, L, hs, L, T(1), dS, L, Q, b.x.ld, beta, dQ + C, ld);         // dK
 }
 
 // S: the storage of qkv (T, or bf16 | f16 widened per block; bf16 products read bf16 as stored).
@@ -375,7 +378,7 @@ namespace {
 template <typename T, typename S, typename P_>
 void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* probs,
                              const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                             AttentionDropout dropout, AttentionWork<T> work) {
+                             AttentionDropout dropout, AttentionWork<T> work, GradWrite mode) {
   const int hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
@@ -418,7 +421,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
         softmax_backward_row(dP + r, P + r, L, scale);
       }
       const T* Pv = dropout.p > 0 ? Pd : P;
-      block_input_grads(dQ, C3, Pv, dP, dO, C, x);  // dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q
+      block_input_grads(dQ, C3, Pv, dP, dO, C, x, mode);  // dV, dQ, dK
     }
 }
 
@@ -427,19 +430,19 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout, AttentionWork<T> work) {
-  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);
+                        AttentionDropout dropout, AttentionWork<T> work, GradWrite mode) {
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work, mode);
 }
 
 void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const bf16* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout, AttentionWork<float> work) {
-  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);
+                        AttentionDropout dropout, AttentionWork<float> work, GradWrite mode) {
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work, mode);
 }
 void attention_backward(float* dqkv, const float* dout, const f16* qkv, const f16* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout, AttentionWork<float> work) {
-  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work);
+                        AttentionDropout dropout, AttentionWork<float> work, GradWrite mode) {
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work, mode);
 }
 
 template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int,
@@ -448,9 +451,9 @@ template void attention_forward<double>(double*, double*, const double*, const i
                                         int, AttentionDropout, AttentionWork<double>);
 template void attention_backward<float>(float*, const float*, const float*, const float*,
                                         const int32_t*, int, int, int, AttentionDropout,
-                                        AttentionWork<float>);
+                                        AttentionWork<float>, GradWrite);
 template void attention_backward<double>(double*, const double*, const double*, const double*,
                                          const int32_t*, int, int, int, AttentionDropout,
-                                         AttentionWork<double>);
+                                         AttentionWork<double>, GradWrite);
 
 }  // namespace packbert::kernels

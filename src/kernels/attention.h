@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/bf16.h"
+#include "kernels/grad_write.h"
 
 namespace packbert::kernels {
 
@@ -56,17 +57,22 @@ void attention_forward(bf16* out, bf16* probs, const bf16* qkv, const int32_t* c
 void attention_forward(f16* out, f16* probs, const f16* qkv, const int32_t* cu_seqlens, int n_seq,
                        int C, int NH, AttentionDropout dropout = {},
                        AttentionWork<float> work = {});
-// Accumulates into dqkv [T, 3C]. probs: as kept by the forward, or null to recompute them.
+// Accumulates into dqkv [T, 3C], or (GradWrite::overwrite) writes over it: every row of it
+// belongs to one sequence (cu_seqlens[n_seq] = T), so every element is written once. probs: as
+// kept by the forward, or null to recompute them.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout = {}, AttentionWork<T> work = {});
+                        AttentionDropout dropout = {}, AttentionWork<T> work = {},
+                        GradWrite mode = GradWrite::accumulate);
 // With bf16 qkv and probabilities (gradients stay fp32).
 void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const bf16* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout = {}, AttentionWork<float> work = {});
+                        AttentionDropout dropout = {}, AttentionWork<float> work = {},
+                        GradWrite mode = GradWrite::accumulate);
 void attention_backward(float* dqkv, const float* dout, const f16* qkv, const f16* probs,
                         const int32_t* cu_seqlens, int n_seq, int C, int NH,
-                        AttentionDropout dropout = {}, AttentionWork<float> work = {});
+                        AttentionDropout dropout = {}, AttentionWork<float> work = {},
+                        GradWrite mode = GradWrite::accumulate);
 
 }  // namespace packbert::kernels

@@ -114,7 +114,9 @@ void layernorm_apply_from(T* out, const I* inp, const T* mean, const T* rstd, co
 
 template <typename T, typename I>
 void layernorm_backward_from(T* dinp, T* dweight, T* dbias, const T* dout, const I* inp,
-                             const T* weight, const T* mean, const T* rstd, int N, int C) {
+                             const T* weight, const T* mean, const T* rstd, int N, int C,
+                             GradWrite mode) {
+  const bool add = mode == GradWrite::accumulate;
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const I* x = inp + static_cast<int64_t>(n) * C;
@@ -134,7 +136,8 @@ void layernorm_backward_from(T* dinp, T* dweight, T* dbias, const T* dout, const
 #pragma omp simd
     for (int c = 0; c < C; ++c) {
       T norm = (widen(x[c]) - mu) * rs;
-      d[c] += (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+      const T v = (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+      d[c] = add ? d[c] + v : v;
     }
   }
   // Parameter gradients reduce over rows.
@@ -186,18 +189,18 @@ void layernorm_apply(float* out, const f16* inp, const float* mean, const float*
 }
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const T* mean, const T* rstd, int N, int C) {
-  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+                        const T* mean, const T* rstd, int N, int C, GradWrite mode) {
+  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, mode);
 }
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const bf16* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C) {
-  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+                        int N, int C, GradWrite mode) {
+  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, mode);
 }
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const f16* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C) {
-  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+                        int N, int C, GradWrite mode) {
+  layernorm_backward_from(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, mode);
 }
 
 namespace {
@@ -242,15 +245,30 @@ void gelu_forward_block(H* __restrict out, const H* __restrict inp, int64_t n) {
   }
 }
 
-template <typename I>
+// A template over the write mode, so each loop stays a plain vectorisable loop.
+template <bool kAdd, typename I>
 void gelu_backward_block(float* __restrict dinp, const I* __restrict inp,
                          const float* __restrict dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = widen(inp[i]);
     const float cdf = 0.5f * (1.0f + erf_fast(x * kInvSqrt2));
     const float pdf = kInvSqrt2Pi * exp_fast(-0.5f * x * x);
-    dinp[i] += dout[i] * (cdf + x * pdf);
+    const float v = dout[i] * (cdf + x * pdf);
+    if constexpr (kAdd)
+      dinp[i] += v;
+    else
+      dinp[i] = v;
   }
+}
+
+template <typename I>
+void gelu_backward_blocks(float* dinp, const I* inp, const float* dout, int64_t n, GradWrite mode) {
+  parallel_blocks(n, [&](int64_t a, int64_t b) {
+    if (mode == GradWrite::accumulate)
+      gelu_backward_block<true>(dinp + a, inp + a, dout + a, b - a);
+    else
+      gelu_backward_block<false>(dinp + a, inp + a, dout + a, b - a);
+  });
 }
 
 }  // namespace
@@ -270,11 +288,11 @@ void gelu_forward(T* out, const T* inp, int64_t n) {
 }
 
 template <typename T>
-void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, GradWrite mode) {
   if constexpr (std::is_same_v<T, float>) {
-    parallel_blocks(
-        n, [&](int64_t a, int64_t b) { gelu_backward_block(dinp + a, inp + a, dout + a, b - a); });
+    gelu_backward_blocks(dinp, inp, dout, n, mode);
   } else {
+    const bool add = mode == GradWrite::accumulate;
     const T inv_sqrt2 = T(0.70710678118654752440);
     const T inv_sqrt2pi = T(0.39894228040143267794);
 #pragma omp parallel for simd schedule(static)
@@ -282,7 +300,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
       T x = inp[i];
       T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
       T pdf = inv_sqrt2pi * std::exp(T(-0.5) * x * x);
-      dinp[i] += dout[i] * (cdf + x * pdf);
+      dinp[i] = (add ? dinp[i] : T(0)) + dout[i] * (cdf + x * pdf);
     }
   }
 }
@@ -311,8 +329,9 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
 
 template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int N, int C, int OC) {
-  if (dinp) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+                     int N, int C, int OC, GradWrite mode) {
+  const T beta = mode == GradWrite::accumulate ? T(1) : T(0);
+  if (dinp) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, beta, dinp, C);
   gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (dbias) bias_backward(dbias, dout, N, OC);
 }
@@ -322,12 +341,6 @@ namespace {
 template <typename H>
 void gelu_forward_half(H* out, const H* inp, int64_t n) {
   parallel_blocks(n, [&](int64_t a, int64_t b) { gelu_forward_block(out + a, inp + a, b - a); });
-}
-
-template <typename H>
-void gelu_backward_half(float* dinp, const H* inp, const float* dout, int64_t n) {
-  parallel_blocks(
-      n, [&](int64_t a, int64_t b) { gelu_backward_block(dinp + a, inp + a, dout + a, b - a); });
 }
 
 template <typename H, typename O>
@@ -347,17 +360,39 @@ void linear_forward_half(O* out, const H* inp, const H* weight, const float* bia
 
 template <typename H>
 void linear_backward_half(float* dinp, float* dweight, const H* dout16, const H* inp,
-                          const H* weight, int N, int C, int OC) {
-  if (dinp) gemm(false, false, N, C, OC, 1.0f, dout16, OC, weight, C, 1.0f, dinp, C);
+                          const H* weight, int N, int C, int OC, GradWrite mode) {
+  const float beta = mode == GradWrite::accumulate ? 1.0f : 0.0f;
+  if (dinp) gemm(false, false, N, C, OC, 1.0f, dout16, OC, weight, C, beta, dinp, C);
   gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C);
+}
+
+// dout16 = to_half(dout) and dbias += its column sums (bias_backward's order, so the same sums)
+// in one pass over dout.
+template <typename H>
+void to_half_and_bias_backward(H* dout16, float* dbias, const float* dout, int N, int OC) {
+  column_blocks(OC, [&](int c0, int w) {
+    float acc[kColumnBlock] = {};
+    for (int n = 0; n < N; ++n) {
+      const int64_t at = static_cast<int64_t>(n) * OC + c0;
+      const float* g = dout + at;
+      H* d = dout16 + at;
+      for (int j = 0; j < w; ++j) {
+        d[j] = to_half<H>(g[j]);
+        acc[j] += g[j];
+      }
+    }
+    for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
+  });
 }
 
 template <typename H>
 void linear_backward_half(float* dinp, float* dweight, float* dbias, const float* dout, H* dout16,
-                          const H* inp, const H* weight, int N, int C, int OC) {
-  to_half(dout16, dout, static_cast<int64_t>(N) * OC);
-  linear_backward_half(dinp, dweight, static_cast<const H*>(dout16), inp, weight, N, C, OC);
-  if (dbias) bias_backward(dbias, dout, N, OC);
+                          const H* inp, const H* weight, int N, int C, int OC, GradWrite mode) {
+  if (dbias)
+    to_half_and_bias_backward(dout16, dbias, dout, N, OC);
+  else
+    to_half(dout16, dout, static_cast<int64_t>(N) * OC);
+  linear_backward_half(dinp, dweight, static_cast<const H*>(dout16), inp, weight, N, C, OC, mode);
 }
 
 template <typename H>
@@ -396,8 +431,8 @@ void cross_entropy_backward_half(H* dlogits16, float* dbias, const float* probs,
   void gelu_forward(H* out, const H* inp, int64_t n) {                                            \
     gelu_forward_half(out, inp, n);                                                               \
   }                                                                                               \
-  void gelu_backward(float* dinp, const H* inp, const float* dout, int64_t n) {                   \
-    gelu_backward_half(dinp, inp, dout, n);                                                       \
+  void gelu_backward(float* dinp, const H* inp, const float* dout, int64_t n, GradWrite mode) {   \
+    gelu_backward_blocks(dinp, inp, dout, n, mode);                                               \
   }                                                                                               \
   void linear_forward(H* out, const H* inp, const H* weight, const float* bias, int N, int C,     \
                       int OC) {                                                                   \
@@ -408,12 +443,12 @@ void cross_entropy_backward_half(H* dlogits16, float* dbias, const float* probs,
     linear_forward_half(out, inp, weight, bias, N, C, OC);                                        \
   }                                                                                               \
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, H* dout16,   \
-                       const H* inp, const H* weight, int N, int C, int OC) {                     \
-    linear_backward_half(dinp, dweight, dbias, dout, dout16, inp, weight, N, C, OC);              \
+                       const H* inp, const H* weight, int N, int C, int OC, GradWrite mode) {     \
+    linear_backward_half(dinp, dweight, dbias, dout, dout16, inp, weight, N, C, OC, mode);        \
   }                                                                                               \
   void linear_backward(float* dinp, float* dweight, const H* dout16, const H* inp,                \
-                       const H* weight, int N, int C, int OC) {                                   \
-    linear_backward_half(dinp, dweight, dout16, inp, weight, N, C, OC);                           \
+                       const H* weight, int N, int C, int OC, GradWrite mode) {                   \
+    linear_backward_half(dinp, dweight, dout16, inp, weight, N, C, OC, mode);                     \
   }                                                                                               \
   void cross_entropy_backward(H* dlogits16, float* dbias, const float* probs,                     \
                               const int32_t* targets, const float* dlosses, int N, int V) {       \
@@ -591,11 +626,12 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
   template void layernorm_forward<T, bf16>(T*, T*, T*, const T*, const T*, const T*, int, int, T,  \
                                            bf16*);                                                 \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,          \
-                                      const T*, int, int);                                         \
+                                      const T*, int, int, GradWrite);                              \
   template void gelu_forward<T>(T*, const T*, int64_t);                                            \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                 \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t, GradWrite);                      \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);                \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);       \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int,        \
+                                   GradWrite);                                                     \
   template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const int32_t*, const T*, \
                                      const T*, const T*, int, int);                                \
   template void embedding_backward<T>(T*, T*, T*, const T*, const int32_t*, const int32_t*,        \

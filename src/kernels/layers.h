@@ -1,12 +1,14 @@
 // Element-wise and per-row kernels: forward/backward pairs over plain buffers (llm.c style).
 // Backward functions ACCUMULATE (+=) into every gradient they write, so a tensor used twice
-// needs no special case. All are templates instantiated for float (training) and double
+// needs no special case; those that take a GradWrite can instead write their input gradient over
+// a fresh buffer. All are templates instantiated for float (training) and double
 // (finite-difference tests).
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/bf16.h"
+#include "kernels/grad_write.h"
 
 namespace packbert::kernels {
 
@@ -27,7 +29,8 @@ void layernorm_apply(T* out, const T* inp, const T* mean, const T* rstd, const T
                      const T* bias, int N, int C, H* out16 = nullptr);
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const T* mean, const T* rstd, int N, int C);
+                        const T* mean, const T* rstd, int N, int C,
+                        GradWrite mode = GradWrite::accumulate);
 // The same over a 16-bit input (the residual sums under a 16-bit precision), widened and
 // computed in fp32.
 void layernorm_forward(float* out, float* mean, float* rstd, const bf16* inp, const float* weight,
@@ -40,22 +43,25 @@ void layernorm_apply(float* out, const f16* inp, const float* mean, const float*
                      const float* weight, const float* bias, int N, int C, f16* out16 = nullptr);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const bf16* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
+                        int N, int C, GradWrite mode = GradWrite::accumulate);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const f16* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
+                        int N, int C, GradWrite mode = GradWrite::accumulate);
 
 // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), as BERT and torch's F.gelu use. [n] elements.
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n);
 template <typename T>
-void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n,
+                   GradWrite mode = GradWrite::accumulate);
 // 16-bit input and output (GELU's input is written by a GEMM, its output read by one): widened,
 // computed in fp32, rounded once. Backward from a 16-bit input.
 void gelu_forward(bf16* out, const bf16* inp, int64_t n);
 void gelu_forward(f16* out, const f16* inp, int64_t n);
-void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n);
-void gelu_backward(float* dinp, const f16* inp, const float* dout, int64_t n);
+void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n,
+                   GradWrite mode = GradWrite::accumulate);
+void gelu_backward(float* dinp, const f16* inp, const float* dout, int64_t n,
+                   GradWrite mode = GradWrite::accumulate);
 
 // Linear layer with PyTorch's weight layout: out[N, OC] = inp[N, C] . weight[OC, C]^T + bias.
 // bias may be null.
@@ -63,11 +69,11 @@ template <typename T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC);
 template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int N, int C, int OC);
+                     int N, int C, int OC, GradWrite mode = GradWrite::accumulate);
 // The same with 16-bit operands (input and weight) and fp32 accumulation, output and gradients.
 // Backward rounds dout to 16 bits into dout16 ([N, OC], the caller's scratch) for its two GEMMs
 // (under fp16, where a gradient scaled too far overflows to infinity: the loss scaler's signal);
-// the bias gradient sums the fp32 dout. dinp may be null.
+// the bias gradient sums the fp32 dout in the same pass. dinp may be null.
 void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int N,
                     int C, int OC);
 void linear_forward(float* out, const f16* inp, const f16* weight, const float* bias, int N, int C,
@@ -79,15 +85,19 @@ void linear_forward(bf16* out, const bf16* inp, const bf16* weight, const float*
 void linear_forward(f16* out, const f16* inp, const f16* weight, const float* bias, int N, int C,
                     int OC);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, bf16* dout16,
-                     const bf16* inp, const bf16* weight, int N, int C, int OC);
+                     const bf16* inp, const bf16* weight, int N, int C, int OC,
+                     GradWrite mode = GradWrite::accumulate);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, f16* dout16,
-                     const f16* inp, const f16* weight, int N, int C, int OC);
+                     const f16* inp, const f16* weight, int N, int C, int OC,
+                     GradWrite mode = GradWrite::accumulate);
 // The two GEMMs of that backward over an output gradient already in 16 bits (the bias gradient
 // is its producer's: cross_entropy_backward's 16-bit form).
 void linear_backward(float* dinp, float* dweight, const bf16* dout16, const bf16* inp,
-                     const bf16* weight, int N, int C, int OC);
+                     const bf16* weight, int N, int C, int OC,
+                     GradWrite mode = GradWrite::accumulate);
 void linear_backward(float* dinp, float* dweight, const f16* dout16, const f16* inp,
-                     const f16* weight, int N, int C, int OC);
+                     const f16* weight, int N, int C, int OC,
+                     GradWrite mode = GradWrite::accumulate);
 
 // BERT embeddings: out[t] = word[ids[t]] + position[pos[t]] + token_type[types[t]], [T, C].
 template <typename T>

@@ -402,7 +402,6 @@ void BertModel<T>::backward_with(const std::function<void(size_t begin, size_t e
       ln_apply(input_of(l), below.r2, below.r2_16, below.ln2_mean, below.ln2_rstd,
                p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size, input16_of<H>(l));
     }
-    kernels::zero_fill(dx, TC);
     encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of<H>(l), input_of(l), dh, dx,
                            input16_of<H>(l));
     std::swap(dh, dx);

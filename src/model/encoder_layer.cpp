@@ -31,17 +31,6 @@ void for_each_dropout_run(const StepContext<T, H>& s, int64_t n, uint32_t site, 
     f(local[i] * width, local[i + 1] * width, static_cast<uint64_t>(global[i] * width));
 }
 
-// The gradient through a dropout site: dout itself when dropout is off, else the masked copy in
-// scratch.
-template <typename T, typename H>
-const T* through_dropout(const StepContext<T, H>& s, T* scratch, const T* dout, int64_t n,
-                         uint32_t layer, uint32_t site) {
-  if (s.p_hidden <= 0) return dout;
-  zero_fill(scratch, n);
-  dropout_site_backward(s, scratch, dout, n, layer, site);
-  return scratch;
-}
-
 // The step's linear layers: out = in . W^T + b with fp32 operands, or with the 16-bit twins (H) of
 // the input and weight when the caller passes them (T = float, a 16-bit precision), or block-sparse
 // when the layer has a pattern (W then holds its kept blocks' values; fp32 only).
@@ -69,18 +58,21 @@ void add_block_grads(const StepContext<T, H>& s, std::vector<float>& block_l1, c
             static_cast<float>(std::abs(dW[static_cast<int64_t>(rb * B + o) * C + c]));
 }
 
+// mode: how dinp is written (a fresh buffer is overwritten: the dense GEMM runs with beta 0).
 template <typename T, typename H>
 void linear_grad(const StepContext<T, H>& s, const BlockPattern* pattern, T* dinp, T* dW, T* db,
                  const T* dout, const T* in, const H* in16, const T* W, const H* W16, int N, int C,
-                 int OC, std::vector<float>* block_l1 = nullptr) {
+                 int OC, std::vector<float>* block_l1, GradWrite mode) {
   if (block_l1) add_block_grads(s, *block_l1, dout, in, N, C, OC, pattern->block);
-  if (pattern)
+  if (pattern) {
+    if (mode == GradWrite::overwrite) zero_fill(dinp, static_cast<int64_t>(N) * C);
     return sparse_linear_backward(dinp, dW, db, dout, in, *pattern, W, N, s.ws.get(Rec::sparse));
+  }
   if constexpr (std::is_same_v<T, float>)
     if (W16)
       return linear_backward(dinp, dW, db, dout, s.ws.template get16<H>(Rec::dout16), in16, W16, N,
-                             C, OC);
-  linear_backward(dinp, dW, db, dout, in, W, N, C, OC);
+                             C, OC, mode);
+  linear_backward(dinp, dW, db, dout, in, W, N, C, OC, mode);
 }
 
 // The block gradient norms backward collects for one of a layer's linear layers, or null.
@@ -121,12 +113,14 @@ void ln_forward(T* out, T* mean, T* rstd, const T* inp, const H* inp16, const T*
     if (inp16) return layernorm_forward(out, mean, rstd, inp16, w, b, N, C, eps, out16);
   layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, out16);
 }
+// Writes dinp over (each call's dinp is a fresh buffer).
 template <typename T, typename H>
 void ln_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const H* inp16, const T* w,
                  const T* mean, const T* rstd, int N, int C) {
+  constexpr GradWrite over = GradWrite::overwrite;
   if constexpr (std::is_same_v<T, float>)
-    if (inp16) return layernorm_backward(dinp, dw, db, dout, inp16, w, mean, rstd, N, C);
-  layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    if (inp16) return layernorm_backward(dinp, dw, db, dout, inp16, w, mean, rstd, N, C, over);
+  layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, over);
 }
 
 }  // namespace
@@ -179,6 +173,20 @@ void dropout_site_backward(const StepContext<T, H>& s, T* dinp, const T* dout, i
   });
 }
 
+namespace {
+
+// The gradient through a dropout site: dout itself when dropout is off, else the masked copy in
+// scratch, written over it (dropout's backward is its forward's mask and scale applied to dout).
+template <typename T, typename H>
+const T* through_dropout(const StepContext<T, H>& s, T* scratch, const T* dout, int64_t n,
+                         uint32_t layer, uint32_t site) {
+  if (s.p_hidden <= 0) return dout;
+  dropout_site(s, scratch, dout, n, layer, site);
+  return scratch;
+}
+
+}  // namespace
+
 template <typename T, typename H>
 void embeddings_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* ids,
                         const int32_t* pos, const int32_t* types, T* out) {
@@ -203,9 +211,8 @@ void embeddings_backward(const StepContext<T, H>& s, const ParamView<T>& p, cons
   const int64_t TC = static_cast<int64_t>(Tn) * C;
   const T* dln = through_dropout(s, s.ws.get(Rec::dtmp), dout, TC, kNoLayer, kEmbeddings);
   T* dsum = s.ws.get(Rec::dres);
-  zero_fill(dsum, TC);
   layernorm_backward(dsum, g.emb_ln_w, g.emb_ln_b, dln, s.ws.get(Rec::emb_sum), p.emb_ln_w,
-                     s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), Tn, C);
+                     s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), Tn, C, GradWrite::overwrite);
   embedding_backward(g.word, g.position, g.token_type, dsum, ids, pos, types, Tn, C);
 }
 
@@ -283,45 +290,45 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   if (s.policy.gelu) gelu_out(a, TI);
 
   // out = LN2(r2), r2 = dropout(gelu . Wo) + h1.
-  zero_fill(dres, TC);
+  // Each buffer is written over where first written (not zeroed, then added to).
+  constexpr GradWrite over = GradWrite::overwrite, add = GradWrite::accumulate;
   ln_backward(dres, g.ln2_w, g.ln2_b, dout, a.r2, a.r2_16, w.ln2_w, a.ln2_mean, a.ln2_rstd, Tn, C);
   std::copy(dres, dres + TC, dh1);  // the residual branch
   const T* dffn = through_dropout(s, dtmp, dres, TC, l, kFfnOut);
-  zero_fill(dgelu, TI);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu,
               a.gelu16, w.out_w, W16(&LayerView<H>::out_w), Tn, I, C,
-              block_grads_of(s, layer, &LayerBlockGrads::out));
-  zero_fill(dinter, TI);
+              block_grads_of(s, layer, &LayerBlockGrads::out), over);
+  bool gelu_done = false;
   if constexpr (std::is_same_v<T, float>) {
-    if (a.inter16) gelu_backward(dinter, a.inter16, dgelu, TI);
+    if (a.inter16) gelu_backward(dinter, a.inter16, dgelu, TI, over);
+    gelu_done = a.inter16 != nullptr;
   }
-  if (a.inter) gelu_backward(dinter, a.inter, dgelu, TI);
+  if (!gelu_done) gelu_backward(dinter, a.inter, dgelu, TI, over);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::inter), dh1, g.inter_w, g.inter_b, dinter,
               a.h1, a.h1_16, w.inter_w, W16(&LayerView<H>::inter_w), Tn, C, I,
-              block_grads_of(s, layer, &LayerBlockGrads::inter));
+              block_grads_of(s, layer, &LayerBlockGrads::inter), add);
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
-  zero_fill(dres, TC);
   ln_backward(dres, g.ln1_w, g.ln1_b, dh1, a.r1, a.r1_16, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
-  residual_forward(dinp, dinp, dres, TC);  // the residual branch
+  std::copy(dres, dres + TC, dinp);  // the residual branch
   const T* dproj = through_dropout(s, dtmp, dres, TC, l, kAttnOut);
-  zero_fill(datt, TC);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::attn_out), datt, g.attn_out_w, g.attn_out_b,
               dproj, a.att, a.att16, w.attn_out_w, W16(&LayerView<H>::attn_out_w), Tn, C, C,
-              block_grads_of(s, layer, &LayerBlockGrads::attn_out));
-  zero_fill(dqkv, 3 * TC);
+              block_grads_of(s, layer, &LayerBlockGrads::attn_out), over);
   const AttentionWork<T> work{s.probs_offsets, ws.get(Rec::attn_work)};
+  bool attention_done = false;
   if constexpr (std::is_same_v<T, float>) {
     if (a.qkv16)
       attention_backward(dqkv, datt, a.qkv16, a.probs16, s.tokens.cu_seqlens.data(), s.n_seq(), C,
-                         c.num_attention_heads, attention_dropout(s, layer), work);
+                         c.num_attention_heads, attention_dropout(s, layer), work, over);
+    attention_done = a.qkv16 != nullptr;
   }
-  if (a.qkv)
+  if (!attention_done)
     attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
-                       c.num_attention_heads, attention_dropout(s, layer), work);
+                       c.num_attention_heads, attention_dropout(s, layer), work, over);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::qkv), dinp, g.qkv_w, g.qkv_b, dqkv, in, in16,
               w.qkv_w, W16(&LayerView<H>::qkv_w), Tn, C, 3 * C,
-              block_grads_of(s, layer, &LayerBlockGrads::qkv));
+              block_grads_of(s, layer, &LayerBlockGrads::qkv), add);
 }
 
 #define PACKBERT_INSTANTIATE(T, H)                                                                 \

@@ -1,6 +1,6 @@
 // The encoder as paired functions over the step's workspace (llm.c style): embeddings and one
 // post-LN BERT layer, each forward next to its backward. Backward functions accumulate (+=) into
-// parameter gradients and into the gradient of their input.
+// parameter gradients; the layer's backward writes the gradient of its input over its buffer.
 #pragma once
 
 #include <cstdint>
@@ -90,8 +90,9 @@ template <typename T, typename H>
 void encoder_layer_forward(const StepContext<T, H>& s, int layer, const LayerView<T>& w,
                            const LayerRecord<T, H>& a, const T* in, T* out, const H* in16 = nullptr,
                            H* out16 = nullptr);
-// dinp += d loss / d in, given dout = d loss / d out and the record of the forward (rebuilding
-// what the policy did not keep: GELU's output, LN1's output, the attention probabilities).
+// dinp = d loss / d in (written over), given dout = d loss / d out and the record of the forward
+// (rebuilding what the policy did not keep: GELU's output, LN1's output, the attention
+// probabilities).
 template <typename T, typename H>
 void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerView<T>& w,
                             const LayerView<T>& g, const LayerRecord<T, H>& a, const T* in,

@@ -106,7 +106,7 @@ void mlm_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Param
   T *d3 = ws.get(Rec::mlm_d3), *d2 = ws.get(Rec::mlm_d2), *d1 = ws.get(Rec::mlm_d1),
     *din = ws.get(Rec::mlm_din);
   const T* dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
-  zero_fill(d3, MC);
+  constexpr GradWrite over = GradWrite::overwrite;  // d3, d2, d1 and din are written over
   // Under 16 bits the logits' gradient goes straight to its H form (the decoder's GEMM operand)
   // with the bias gradient in the same pass: no fp32 [M, V] gradient.
   if constexpr (std::is_same_v<T, float>) {
@@ -115,27 +115,25 @@ void mlm_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Param
       cross_entropy_backward(dlogits16, g.mlm_bias, ws.get(Rec::mlm_probs),
                              s.tokens.mlm_label.data(), dloss, M, V);
       linear_backward(d3, g.word, dlogits16, ws.template get16<H>(Rec::mlm_t3), s.p16->word, M, C,
-                      V);
+                      V, over);
     }
   }
   if (!s.p16) {
     T* dlogits = ws.get(Rec::mlm_dlogits);
     zero_fill(dlogits, static_cast<int64_t>(M) * V);
     cross_entropy_backward(dlogits, ws.get(Rec::mlm_probs), s.tokens.mlm_label.data(), dloss, M, V);
-    linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V);
+    linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V, over);
   }
-  zero_fill(d2, MC);
   layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
-                     ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), M, C);
-  zero_fill(d1, MC);
-  gelu_backward(d1, ws.get(Rec::mlm_t1), d2, MC);
-  zero_fill(din, MC);
+                     ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), M, C, over);
+  gelu_backward(d1, ws.get(Rec::mlm_t1), d2, MC, over);
   if constexpr (std::is_same_v<T, float>) {
     if (s.p16)
       linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.template get16<H>(Rec::dout16),
-                      ws.template get16<H>(Rec::mlm_in), s.p16->mlm_w, M, C, C);
+                      ws.template get16<H>(Rec::mlm_in), s.p16->mlm_w, M, C, C, over);
   }
-  if (!s.p16) linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get(Rec::mlm_in), p.mlm_w, M, C, C);
+  if (!s.p16)
+    linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get(Rec::mlm_in), p.mlm_w, M, C, C, over);
   gather_rows_backward(dtop, din, s.tokens.mlm_token.data(), M, C);
 }
 
