@@ -305,13 +305,18 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, GradWrite mo
   }
 }
 
-// dbias += column sums of dout [N, OC].
-template <typename T>
-void bias_backward(T* dbias, const T* dout, int N, int OC) {
+// dbias += column sums of dout [N, OC]. With dout16 (T = float), also dout16 = to_half(dout), in
+// the same pass: the 16-bit linear backward's GEMM operand.
+template <typename T, typename H = bf16>
+void bias_backward(T* dbias, const T* dout, int N, int OC, H* dout16 = nullptr) {
   column_blocks(OC, [&](int c0, int w) {
     T acc[kColumnBlock] = {};
     for (int n = 0; n < N; ++n) {
-      const T* g = dout + static_cast<int64_t>(n) * OC + c0;
+      const int64_t at = static_cast<int64_t>(n) * OC + c0;
+      const T* g = dout + at;
+      if constexpr (std::is_same_v<T, float>)
+        if (dout16)
+          for (int j = 0; j < w; ++j) dout16[at + j] = to_half<H>(g[j]);
       for (int j = 0; j < w; ++j) acc[j] += g[j];
     }
     for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
@@ -366,30 +371,11 @@ void linear_backward_half(float* dinp, float* dweight, const H* dout16, const H*
   gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C);
 }
 
-// dout16 = to_half(dout) and dbias += its column sums (bias_backward's order, so the same sums)
-// in one pass over dout.
-template <typename H>
-void to_half_and_bias_backward(H* dout16, float* dbias, const float* dout, int N, int OC) {
-  column_blocks(OC, [&](int c0, int w) {
-    float acc[kColumnBlock] = {};
-    for (int n = 0; n < N; ++n) {
-      const int64_t at = static_cast<int64_t>(n) * OC + c0;
-      const float* g = dout + at;
-      H* d = dout16 + at;
-      for (int j = 0; j < w; ++j) {
-        d[j] = to_half<H>(g[j]);
-        acc[j] += g[j];
-      }
-    }
-    for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
-  });
-}
-
 template <typename H>
 void linear_backward_half(float* dinp, float* dweight, float* dbias, const float* dout, H* dout16,
                           const H* inp, const H* weight, int N, int C, int OC, GradWrite mode) {
-  if (dbias)
-    to_half_and_bias_backward(dout16, dbias, dout, N, OC);
+  if (dbias)  // the rounding and the bias gradient in one pass over dout
+    bias_backward(dbias, dout, N, OC, dout16);
   else
     to_half(dout16, dout, static_cast<int64_t>(N) * OC);
   linear_backward_half(dinp, dweight, static_cast<const H*>(dout16), inp, weight, N, C, OC, mode);

@@ -142,11 +142,35 @@ void gelu_out(const LayerRecord<T, H>& a, int64_t n) {
     if (a.gelu16) return gelu_forward(a.gelu16, a.inter16, n);
   gelu_forward(a.gelu, a.inter, n);
 }
+// dinter, written over, from GELU's input as kept (T, or H under a 16-bit precision).
+template <typename T, typename H>
+void gelu_grad(const LayerRecord<T, H>& a, T* dinter, const T* dgelu, int64_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    if (a.inter16) return gelu_backward(dinter, a.inter16, dgelu, n, GradWrite::overwrite);
+  gelu_backward(dinter, a.inter, dgelu, n, GradWrite::overwrite);
+}
 
 template <typename T, typename H>
 AttentionDropout attention_dropout(const StepContext<T, H>& s, int layer) {
   return {s.p_attn, s.seed, dropout_key(s.step, static_cast<uint32_t>(layer), kAttnProbs),
           s.places && !s.places->attention.empty() ? s.places->attention.data() : nullptr};
+}
+
+// dqkv, written over, from the attention output's gradient and q | k | v and the probabilities
+// as kept (T, or H under a 16-bit precision).
+template <typename T, typename H>
+void attention_grad(const StepContext<T, H>& s, int layer, const LayerRecord<T, H>& a, T* dqkv,
+                    const T* datt) {
+  const int C = s.config.hidden_size, NH = s.config.num_attention_heads;
+  const int32_t* cu = s.tokens.cu_seqlens.data();
+  const AttentionWork<T> work{s.probs_offsets, s.ws.get(Rec::attn_work)};
+  const AttentionDropout drop = attention_dropout(s, layer);
+  constexpr GradWrite over = GradWrite::overwrite;
+  if constexpr (std::is_same_v<T, float>)
+    if (a.qkv16)
+      return attention_backward(dqkv, datt, a.qkv16, a.probs16, cu, s.n_seq(), C, NH, drop, work,
+                                over);
+  attention_backward(dqkv, datt, a.qkv, a.probs, cu, s.n_seq(), C, NH, drop, work, over);
 }
 
 }  // namespace
@@ -298,12 +322,7 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu,
               a.gelu16, w.out_w, W16(&LayerView<H>::out_w), Tn, I, C,
               block_grads_of(s, layer, &LayerBlockGrads::out), over);
-  bool gelu_done = false;
-  if constexpr (std::is_same_v<T, float>) {
-    if (a.inter16) gelu_backward(dinter, a.inter16, dgelu, TI, over);
-    gelu_done = a.inter16 != nullptr;
-  }
-  if (!gelu_done) gelu_backward(dinter, a.inter, dgelu, TI, over);
+  gelu_grad(a, dinter, dgelu, TI);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::inter), dh1, g.inter_w, g.inter_b, dinter,
               a.h1, a.h1_16, w.inter_w, W16(&LayerView<H>::inter_w), Tn, C, I,
               block_grads_of(s, layer, &LayerBlockGrads::inter), add);
@@ -315,17 +334,7 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::attn_out), datt, g.attn_out_w, g.attn_out_b,
               dproj, a.att, a.att16, w.attn_out_w, W16(&LayerView<H>::attn_out_w), Tn, C, C,
               block_grads_of(s, layer, &LayerBlockGrads::attn_out), over);
-  const AttentionWork<T> work{s.probs_offsets, ws.get(Rec::attn_work)};
-  bool attention_done = false;
-  if constexpr (std::is_same_v<T, float>) {
-    if (a.qkv16)
-      attention_backward(dqkv, datt, a.qkv16, a.probs16, s.tokens.cu_seqlens.data(), s.n_seq(), C,
-                         c.num_attention_heads, attention_dropout(s, layer), work, over);
-    attention_done = a.qkv16 != nullptr;
-  }
-  if (!attention_done)
-    attention_backward(dqkv, datt, a.qkv, a.probs, s.tokens.cu_seqlens.data(), s.n_seq(), C,
-                       c.num_attention_heads, attention_dropout(s, layer), work, over);
+  attention_grad(s, layer, a, dqkv, datt);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::qkv), dinp, g.qkv_w, g.qkv_b, dqkv, in, in16,
               w.qkv_w, W16(&LayerView<H>::qkv_w), Tn, C, 3 * C,
               block_grads_of(s, layer, &LayerBlockGrads::qkv), add);
