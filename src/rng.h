@@ -46,9 +46,17 @@ void shuffle(std::vector<T>& v, SplitMix64& rng) {
   for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng.below(i)]);
 }
 
-// Counter-based: 64 random bits for element i of the stream (seed, key).
+// Counter-based: 64 random bits for element i of the stream (seed, key). A loop over the
+// elements of one stream takes its per-stream half once (CounterStream), which leaves a
+// multiply-xor chain per element that vectorises.
+struct CounterStream {
+  uint64_t base;
+  CounterStream(uint64_t seed, uint64_t key) : base(mix64(seed ^ key)) {}
+  uint64_t operator()(uint64_t i) const { return mix64(base + i * kGolden64); }
+};
+
 inline uint64_t counter_bits(uint64_t seed, uint64_t key, uint64_t i) {
-  return mix64(mix64(seed ^ key) + i * kGolden64);
+  return CounterStream(seed, key)(i);
 }
 
 }  // namespace packbert

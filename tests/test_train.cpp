@@ -144,7 +144,10 @@ struct Bf16MasterState {
     std::vector<kernels::bf16> w = w16;
     const int before = omp_get_max_threads();
     omp_set_num_threads(threads);
-    for (int s = 0; s < n; ++s) opt.step(nullptr, grads.data(), lr, w.data());
+    for (int s = 0; s < n; ++s) {
+      std::vector<float> g = grads;  // a step consumes its gradient
+      opt.step(nullptr, g.data(), lr, w.data());
+    }
     omp_set_num_threads(before);
     return w;
   }
@@ -164,6 +167,41 @@ TEST(Optimizer, Bf16MastersAreReproducibleOnAnyThreadCount) {
     EXPECT_TRUE(same_bits(one, s.steps(kind, Masters::bf16, 3, 1e-3, 2)));
     EXPECT_TRUE(same_bits(one, s.steps(kind, Masters::bf16, 3, 1e-3, 1)));
     EXPECT_FALSE(same_bits(one, s.steps(kind, Masters::bf16_rn, 3, 1e-3, 1)));
+  }
+}
+
+// Under bf16 masters an update is the fp32 optimizer's, rounded: from the same weights (bf16
+// values) and gradients, two steps with round-to-nearest land each weight within a bf16 gap
+// (half from each rounding) plus 1% of its move of where fp32 masters go, for AdamW and LAMB.
+// Most weights move by several gaps (lr 1e-2), so a wrong term (bias correction, trust ratio,
+// a moment read back wrong) would show.
+TEST(Optimizer, Bf16MastersFollowTheFp32Update) {
+  Bf16MasterState s;
+  const double lr = 1e-2;
+  const int steps = 2;
+  for (OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::lamb}) {
+    const std::vector<kernels::bf16> w16 = s.steps(kind, Masters::bf16_rn, steps, lr, 2);
+    OptimizerConfig c;
+    c.kind = kind;
+    Optimizer opt(s.layout, c);
+    std::vector<float> w(s.w16.size());
+    kernels::to_float(w.data(), s.w16.data(), static_cast<int64_t>(w.size()));
+    for (int step = 0; step < steps; ++step) {
+      std::vector<float> g = s.grads;
+      opt.step(w.data(), g.data(), lr);
+    }
+    size_t off = 0, far_moved = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double start = kernels::to_float(s.w16[i]), got = kernels::to_float(w16[i]);
+      // The gap above the larger of the two (they may sit either side of a power of two).
+      const double gap =
+          std::ldexp(1.0, std::ilogb(std::max({std::abs(got), std::abs(w[i]) * 1.0, 1e-30})) - 7);
+      const double moved = std::abs(w[i] - start);
+      off += std::abs(got - w[i]) > gap + 0.01 * moved;
+      far_moved += moved > 4 * gap;
+    }
+    EXPECT_EQ(off, 0u) << optimizer_name(kind);
+    EXPECT_GT(far_moved, w.size() / 4) << optimizer_name(kind);
   }
 }
 

@@ -24,12 +24,11 @@ inline double dropout_uniform(uint64_t seed, uint64_t key, uint64_t i) {
 // exactly, since u >= p <=> (h >> 11) >= ceil(p * 2^53) for the integer h >> 11. The loop form
 // vectorises (AVX-512's 64-bit multiplies).
 struct DropoutMask {
-  uint64_t base, threshold;
+  CounterStream bits;
+  uint64_t threshold;
   DropoutMask(uint64_t seed, uint64_t key, double p)
-      : base(mix64(seed ^ key)), threshold(static_cast<uint64_t>(std::ceil(std::ldexp(p, 53)))) {}
-  bool keep(uint64_t i) const {
-    return (mix64(base + i * kGolden64) >> 11) >= threshold;  // == counter_bits(...) >> 11
-  }
+      : bits(seed, key), threshold(static_cast<uint64_t>(std::ceil(std::ldexp(p, 53)))) {}
+  bool keep(uint64_t i) const { return (bits(i) >> 11) >= threshold; }
 };
 
 // out[i] = keep(first + i) ? inp[i] / (1 - p) : 0. p in [0, 1). `first` places the n elements

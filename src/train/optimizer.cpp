@@ -36,10 +36,18 @@ Masters parse_masters(const std::string& name, const std::string& flag) {
   throw InputError(flag + ": expected fp32|bf16|bf16-rn, got '" + name + "'");
 }
 
-RoundingBits rounding_bits(uint64_t seed, int64_t step, size_t tensor, size_t index) {
+namespace {
+
+// The stochastic-rounding stream of tensor `tensor` at `step`.
+CounterStream rounding_stream(uint64_t seed, int64_t step, size_t tensor) {
   constexpr uint64_t kRounding = 0x726f756e64ULL;  // "round": apart from dropout's keys
-  const uint64_t key = mix64(static_cast<uint64_t>(step) * kGolden64 + tensor) ^ kRounding;
-  const uint64_t h = counter_bits(seed, key, index);
+  return {seed, mix64(static_cast<uint64_t>(step) * kGolden64 + tensor) ^ kRounding};
+}
+
+}  // namespace
+
+RoundingBits rounding_bits(uint64_t seed, int64_t step, size_t tensor, size_t index) {
+  const uint64_t h = rounding_stream(seed, step, tensor)(index);
   return {static_cast<uint16_t>(h), static_cast<uint16_t>(h >> 16), static_cast<uint16_t>(h >> 32)};
 }
 
@@ -118,29 +126,12 @@ namespace {
 using kernels::bf16;
 using kernels::to_float;
 
-// How the bf16 masters of one part of a tensor are written: stochastically with the bits of
-// (seed, step, tensor, index), or to nearest.
-struct Rounder {
-  bool stochastic;
-  uint64_t seed;
-  int64_t step;
-  size_t tensor;
-  void operator()(size_t index, float p, float m, float v, bf16& p16, bf16& m16, bf16& v16) const {
-    if (!stochastic) {
-      p16 = kernels::to_bf16(p), m16 = kernels::to_bf16(m), v16 = kernels::to_bf16(v);
-      return;
-    }
-    const RoundingBits r = rounding_bits(seed, step, tensor, index);
-    p16 = kernels::to_bf16_stochastic(p, r.weight);
-    m16 = kernels::to_bf16_stochastic(m, r.m);
-    v16 = kernels::to_bf16_stochastic(v, r.v);
-  }
-  bf16 one(size_t index, float p) const {
-    return stochastic
-               ? kernels::to_bf16_stochastic(p, rounding_bits(seed, step, tensor, index).weight)
-               : kernels::to_bf16(p);
-  }
-};
+// x in bf16: rounded stochastically with 16 random bits, or to nearest.
+template <bool kStochastic>
+bf16 round16(float x, uint64_t bits) {
+  if constexpr (kStochastic) return kernels::to_bf16_stochastic(x, static_cast<uint16_t>(bits));
+  return kernels::to_bf16(x);
+}
 
 // One AdamW update over n elements, in double like the PyTorch reference it is checked against.
 // Returns how many of the weights written are not finite.
@@ -171,6 +162,15 @@ struct LambStep {
     return m * rc1 / (std::sqrt(v * rc2) + eps) + wd * p;
   }
 };
+
+// Adam's constants at one step from the optimizer's settings and bias corrections 1 - beta^t.
+LambStep adam_step(const OptimizerConfig& c, std::pair<double, double> corrections) {
+  const auto [c1, c2] = corrections;
+  return {static_cast<float>(c.beta1),     static_cast<float>(c.beta2),
+          static_cast<float>(1 - c.beta1), static_cast<float>(1 - c.beta2),
+          static_cast<float>(1 / c1),      static_cast<float>(1 / c2),
+          static_cast<float>(c.eps)};
+}
 
 // LAMB's first pass over n elements: the moments moved by the gradient g * scale, the update
 // direction written over the gradient (which nothing reads after the step), and the squared
@@ -203,6 +203,68 @@ int64_t lamb_apply_block(float* __restrict p, kernels::bf16* __restrict p16,
     p[i] -= step * u[i];
     bad += !kernels::is_finite(p[i]);
     if constexpr (kMirror) p16[i] = kernels::to_bf16(p[i]);
+  }
+  return bad;
+}
+
+// Under bf16 masters: the same updates, each element widened, updated in float and written
+// back to bf16 with the bits of rounding_bits (weight: bits 0-15, m: 16-31, v: 32-47) for
+// element first + i of the arena, or to nearest. Loops over restrict pointers that GCC
+// vectorises, hash included (AVX-512's 64-bit multiplies).
+
+// AdamW: decay = 1 - lr * wd. Returns how many of the weights written are not finite.
+template <bool kStochastic>
+int64_t adamw16_block(bf16* __restrict p, bf16* __restrict m, bf16* __restrict v,
+                      const float* __restrict g, float scale, int64_t n, const LambStep& k,
+                      float lr, float decay, CounterStream bits, uint64_t first) {
+  int64_t bad = 0;
+#pragma omp simd reduction(+ : bad)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float mi = k.b1 * to_float(m[i]) + k.a1 * gi, vi = k.b2 * to_float(v[i]) + k.a2 * gi * gi;
+    const float pi = to_float(p[i]) * decay - lr * k.direction(mi, vi, 0.0f, 0.0f);
+    const uint64_t h = kStochastic ? bits(first + static_cast<uint64_t>(i)) : 0;
+    p[i] = round16<kStochastic>(pi, h);
+    m[i] = round16<kStochastic>(mi, h >> 16);
+    v[i] = round16<kStochastic>(vi, h >> 32);
+    bad += !kernels::is_finite(p[i]);
+  }
+  return bad;
+}
+
+// LAMB's first pass: the moments written rounded, the direction rebuilt from them (the moments
+// the next step reads) and written over the gradient, the squared norms added to pn and un.
+template <bool kStochastic>
+void lamb16_moments_block(const bf16* __restrict p, float* __restrict g, bf16* __restrict m,
+                          bf16* __restrict v, float scale, int64_t n, const LambStep& k, float wd,
+                          CounterStream bits, uint64_t first, double& pn, double& un) {
+  double sp = 0, su = 0;
+#pragma omp simd reduction(+ : sp, su)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float mi = k.b1 * to_float(m[i]) + k.a1 * gi, vi = k.b2 * to_float(v[i]) + k.a2 * gi * gi;
+    const uint64_t h = kStochastic ? bits(first + static_cast<uint64_t>(i)) : 0;
+    m[i] = round16<kStochastic>(mi, h >> 16);
+    v[i] = round16<kStochastic>(vi, h >> 32);
+    const float pi = to_float(p[i]);
+    const float u = k.direction(to_float(m[i]), to_float(v[i]), pi, wd);
+    g[i] = u;
+    sp += static_cast<double>(pi) * pi;
+    su += static_cast<double>(u) * u;
+  }
+  pn += sp, un += su;
+}
+
+// LAMB's second pass: p -= step * u, rounded. Returns how many weights written are not finite.
+template <bool kStochastic>
+int64_t lamb16_apply_block(bf16* __restrict p, const float* __restrict u, int64_t n, float step,
+                           CounterStream bits, uint64_t first) {
+  int64_t bad = 0;
+#pragma omp simd reduction(+ : bad)
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = round16<kStochastic>(to_float(p[i]) - step * u[i],
+                                kStochastic ? bits(first + static_cast<uint64_t>(i)) : 0);
+    bad += !kernels::is_finite(p[i]);
   }
   return bad;
 }
@@ -242,10 +304,7 @@ bool Optimizer::step(float* params, float* grads, double lr, kernels::bf16* para
   // LAMB: the moments and each tensor's squared norms of weights and update direction u (left in
   // the gradient's place), summed over the shards; then the trust-scaled step.
   std::fill(norms_.begin(), norms_.end(), 0.0);
-  const LambStep k{static_cast<float>(b1),     static_cast<float>(b2),
-                   static_cast<float>(1 - b1), static_cast<float>(1 - b2),
-                   static_cast<float>(1 / c1), static_cast<float>(1 / c2),
-                   static_cast<float>(eps)};
+  const LambStep k = adam_step(cfg_, {c1, c2});
   each_part([&](size_t t_index, const model::TensorSpec& t, size_t a, int64_t n) {
     const float* p = params + a;
     float *g = grads + a, *m = m_.data() + (a - begin_), *v = v_.data() + (a - begin_);
@@ -282,81 +341,58 @@ std::pair<double, double> Optimizer::bias_corrections() const {
           1.0 - std::pow(cfg_.beta2, static_cast<double>(t_))};
 }
 
-bool Optimizer::step16(bf16* params16, const float* grads, double lr, const Reduce& reduce,
-                       float scale) {
-  const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
-  const auto [c1, c2] = bias_corrections();
-  auto rounder = [&](size_t k) { return Rounder{cfg_.masters == Masters::bf16, cfg_.seed, t_, k}; };
-  if (cfg_.kind == OptimizerKind::adamw) {
-    each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
-      bf16 *p = params16 + a, *m = m16_.data() + (a - begin_), *v = v16_.data() + (a - begin_);
-      const float* g = grads + a;
-      const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
-      const Rounder round = rounder(k);
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const double gi = g[i] * scale;
-        const double pi = to_float(p[i]) * (1.0 - lr * wd);
-        const double mi = b1 * to_float(m[i]) + (1 - b1) * gi,
-                     vi = b2 * to_float(v[i]) + (1 - b2) * gi * gi;
-        const double pn = pi - lr * (mi / c1) / (std::sqrt(vi / c2) + eps);
-        round(a + static_cast<size_t>(i), static_cast<float>(pn), static_cast<float>(mi),
-              static_cast<float>(vi), p[i], m[i], v[i]);
-      }
-    });
-    return all_finite16(params16);
-  }
-  // LAMB as in step(): the moments written (rounded) first, the direction rebuilt from them.
-  std::fill(norms_.begin(), norms_.end(), 0.0);
-  auto direction = [&](double m, double v, double p, double wd) {
-    return (m / c1) / (std::sqrt(v / c2) + eps) + wd * p;
-  };
-  each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
-    const bf16* p = params16 + a;
-    const float* g = grads + a;
-    bf16 *m = m16_.data() + (a - begin_), *v = v16_.data() + (a - begin_);
-    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
-    const Rounder round = rounder(k);
-    double pn = 0, un = 0;
-#pragma omp parallel for schedule(static) reduction(+ : pn, un)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] * scale;
-      const float mi = static_cast<float>(b1 * to_float(m[i]) + (1 - b1) * gi);
-      const float vi = static_cast<float>(b2 * to_float(v[i]) + (1 - b2) * gi * gi);
-      bf16 unused;
-      round(a + static_cast<size_t>(i), 0.0f, mi, vi, unused, m[i], v[i]);
-      const double pi = to_float(p[i]);
-      const double u = direction(to_float(m[i]), to_float(v[i]), pi, wd);
-      pn += pi * pi;
-      un += u * u;
-    }
-    norms_[2 * k] = pn, norms_[2 * k + 1] = un;
-  });
-  if (reduce) reduce(norms_.data(), norms_.size());
-  each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
-    bf16* p = params16 + a;
-    const bf16 *m = m16_.data() + (a - begin_), *v = v16_.data() + (a - begin_);
-    const double wd = t.no_decay ? 0.0 : cfg_.weight_decay;
-    const double pn = std::sqrt(norms_[2 * k]), un = std::sqrt(norms_[2 * k + 1]);
-    const double step = lr * ((t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un);
-    const Rounder round = rounder(k);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const double pi = to_float(p[i]);
-      p[i] = round.one(
-          a + static_cast<size_t>(i),
-          static_cast<float>(pi - step * direction(to_float(m[i]), to_float(v[i]), pi, wd)));
-    }
-  });
-  return all_finite16(params16);
+bool Optimizer::step16(bf16* params16, float* grads, double lr, const Reduce& reduce, float scale) {
+  return cfg_.masters == Masters::bf16 ? step16_rounded<true>(params16, grads, lr, reduce, scale)
+                                       : step16_rounded<false>(params16, grads, lr, reduce, scale);
 }
 
-bool Optimizer::all_finite16(const bf16* params16) const {
-  int64_t bad = 0;
-  each_part([&](size_t, const model::TensorSpec&, size_t a, int64_t n) {
+template <bool kStochastic>
+bool Optimizer::step16_rounded(bf16* params16, float* grads, double lr, const Reduce& reduce,
+                               float scale) {
+  const LambStep k = adam_step(cfg_, bias_corrections());
+  auto bits = [&](size_t tensor) { return rounding_stream(cfg_.seed, t_, tensor); };
+  int64_t bad = 0;  // weights written that are not finite
+  if (cfg_.kind == OptimizerKind::adamw) {
+    each_part([&](size_t t_index, const model::TensorSpec& t, size_t a, int64_t n) {
+      bf16 *p = params16 + a, *m = m16_.data() + (a - begin_), *v = v16_.data() + (a - begin_);
+      const float* g = grads + a;
+      const float decay = static_cast<float>(1.0 - lr * (t.no_decay ? 0.0 : cfg_.weight_decay));
+      const CounterStream stream = bits(t_index);
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+      for (int64_t i = 0; i < n; i += kBlock)
+        bad += adamw16_block<kStochastic>(p + i, m + i, v + i, g + i, scale,
+                                          std::min(kBlock, n - i), k, static_cast<float>(lr), decay,
+                                          stream, a + static_cast<size_t>(i));
+    });
+    return bad == 0;
+  }
+  // LAMB as in step(), the direction rebuilt from the rounded moments.
+  std::fill(norms_.begin(), norms_.end(), 0.0);
+  each_part([&](size_t t_index, const model::TensorSpec& t, size_t a, int64_t n) {
     const bf16* p = params16 + a;
-#pragma omp parallel for simd schedule(static) reduction(+ : bad)
-    for (int64_t i = 0; i < n; ++i) bad += !kernels::is_finite(p[i]);
+    float* g = grads + a;
+    bf16 *m = m16_.data() + (a - begin_), *v = v16_.data() + (a - begin_);
+    const float wd = t.no_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
+    const CounterStream stream = bits(t_index);
+    double pn = 0, un = 0;
+#pragma omp parallel for schedule(static) reduction(+ : pn, un)
+    for (int64_t i = 0; i < n; i += kBlock)
+      lamb16_moments_block<kStochastic>(p + i, g + i, m + i, v + i, scale, std::min(kBlock, n - i),
+                                        k, wd, stream, a + static_cast<size_t>(i), pn, un);
+    norms_[2 * t_index] = pn, norms_[2 * t_index + 1] = un;
+  });
+  if (reduce) reduce(norms_.data(), norms_.size());
+  each_part([&](size_t t_index, const model::TensorSpec& t, size_t a, int64_t n) {
+    bf16* p = params16 + a;
+    const float* u = grads + a;
+    const double pn = std::sqrt(norms_[2 * t_index]), un = std::sqrt(norms_[2 * t_index + 1]);
+    const float step =
+        static_cast<float>(lr * ((t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un));
+    const CounterStream stream = bits(t_index);
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (int64_t i = 0; i < n; i += kBlock)
+      bad += lamb16_apply_block<kStochastic>(p + i, u + i, std::min(kBlock, n - i), step, stream,
+                                             a + static_cast<size_t>(i));
   });
   return bad == 0;
 }

@@ -74,8 +74,8 @@ class Optimizer {
   // finite (checked in the same pass).
   //
   // Under bf16 masters (config().masters) params is null and params16 the weights themselves;
-  // the moments are bf16 too. Each element is widened, updated in fp32/double as above, and
-  // written back rounded: stochastically (Masters::bf16) or to nearest (Masters::bf16_rn).
+  // the moments are bf16 too. Each element is widened, updated in float as above, and written
+  // back rounded: stochastically (Masters::bf16) or to nearest (Masters::bf16_rn).
   bool step(float* params, float* grads, double lr, kernels::bf16* params16 = nullptr,
             const Reduce& reduce = {}, float grad_scale = 1.0f);
   size_t begin() const { return begin_; }
@@ -101,11 +101,11 @@ class Optimizer {
   const OptimizerConfig& config() const { return cfg_; }
 
  private:
-  // step() under bf16 masters (t_ already advanced).
-  bool step16(kernels::bf16* params16, const float* grads, double lr, const Reduce& reduce,
-              float scale);
-  // Whether this shard's part of the bf16 weights is finite.
-  bool all_finite16(const kernels::bf16* params16) const;
+  // step() under bf16 masters (t_ already advanced), rounding stochastically or to nearest.
+  bool step16(kernels::bf16* params16, float* grads, double lr, const Reduce& reduce, float scale);
+  template <bool kStochastic>
+  bool step16_rounded(kernels::bf16* params16, float* grads, double lr, const Reduce& reduce,
+                      float scale);
   // Adam's bias corrections 1 - beta^t for the step t_.
   std::pair<double, double> bias_corrections() const;
   // Calls f(k, tensor, first, n) for the part [first, first + n) of each tensor k inside this
