@@ -503,6 +503,20 @@ std::vector<KernelCase> kernel_cases() {
           cross_entropy_backward(e.grad("logits"), e["probs"], e.ints("targets"), e.grad("losses"),
                                  N, V);
         }));
+    rows.push_back(row(
+        {"cross_entropy, logits kept",
+         "cross_entropy",
+         {{"logits", nz, 2.0}},
+         {{"losses", size_t(N)}},
+         {{"lse", size_t(N)}},
+         {{"targets", golden_ints("cross_entropy", "targets")}}},
+        [=](auto& e) {
+          cross_entropy_logits_forward(e["losses"], e["lse"], e["logits"], e.ints("targets"), N, V);
+        },
+        [=](auto& e) {
+          cross_entropy_logits_backward(e.grad("logits"), e["logits"], e["lse"], e.ints("targets"),
+                                        e.grad("losses"), N, V);
+        }));
   }
   {
     const int C = golden_int("attention", "C"), NH = golden_int("attention", "NH");
@@ -794,21 +808,22 @@ TEST(KernelBf16, GemmWithBiasAddsTheBiasToTheExactProduct) {
     }
 }
 
-// The one-pass cross-entropy backward for bf16 logits gives what its composition gives (zero
-// fill, the fp32 backward, rounding to bf16, the bias column sums), bit for bit, over rows with
-// and without a target, the target in the first and last column and a width that is not a
-// multiple of the column block.
+// The one-pass cross-entropy backward for 16-bit logits gives what its composition gives (the
+// fp32 backward written over the buffer, rounding to 16 bits, the bias column sums), bit for
+// bit, over rows with and without a target, the target in the first and last column and a width
+// that is not a multiple of the column block.
 TEST(KernelBf16, CrossEntropyBackwardToBf16EqualsItsComposition) {
   const int N = 9, V = 1000;
   std::mt19937 rng(8);
   std::normal_distribution<float> nd(0.0f, 3.0f);
-  std::vector<float> logits(static_cast<size_t>(N) * V), probs(logits.size()), losses(N), dl(N);
+  std::vector<float> logits(static_cast<size_t>(N) * V), losses(N), lse(N), dl(N);
   for (float& z : logits) z = nd(rng);
   const std::vector<int32_t> targets = {0, 999, -100, 5, 64, 63, 500, -1, 998};
-  cross_entropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V);
+  cross_entropy_logits_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
   for (int n = 0; n < N; ++n) dl[n] = 0.1f + 0.05f * static_cast<float>(n);
-  std::vector<float> dlogits(logits.size(), 0.0f), bias_a(V, 0.25f), bias_b(V, 0.25f);
-  cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), dl.data(), N, V);
+  std::vector<float> dlogits(logits.size(), NAN), bias_a(V, 0.25f), bias_b(V, 0.25f);
+  cross_entropy_logits_backward(dlogits.data(), logits.data(), lse.data(), targets.data(),
+                                dl.data(), N, V, GradWrite::overwrite);
   std::vector<bf16> want(logits.size()), got(logits.size(), to_bf16(7.0f));
   to_bf16(want.data(), dlogits.data(), static_cast<int64_t>(dlogits.size()));
   for (int v = 0; v < V; ++v) {  // bias_backward's order: the column's sum, then added
@@ -816,11 +831,47 @@ TEST(KernelBf16, CrossEntropyBackwardToBf16EqualsItsComposition) {
     for (int n = 0; n < N; ++n) sum += dlogits[static_cast<size_t>(n) * V + v];
     bias_a[v] += sum;
   }
-  cross_entropy_backward(got.data(), bias_b.data(), probs.data(), targets.data(), dl.data(), N, V);
+  cross_entropy_logits_backward(got.data(), bias_b.data(), logits.data(), lse.data(),
+                                targets.data(), dl.data(), N, V);
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(bf16)), 0);
   EXPECT_EQ(std::memcmp(bias_a.data(), bias_b.data(), V * sizeof(float)), 0);
   EXPECT_LT(to_float(got[0]), 0.0f);   // the target's entry: p - 1 < 0
   EXPECT_EQ(got[2 * V + 17].bits, 0);  // a row without a target
+}
+
+// The logits-kept cross-entropy gives the losses and gradient of the probability form (within
+// fp32 rounding) and its accuracy count, over a vocabulary-wide row with ties before and after
+// the target, the target at either end and rows without a target.
+TEST(KernelCount, LogitsKeptCrossEntropyMatchesTheProbabilityForm) {
+  const int N = 64, V = 3001;
+  SplitMix64 rng(9);
+  std::vector<float> z(static_cast<size_t>(N) * V);
+  for (float& x : z) x = static_cast<float>(rng.next() % 1000) / 100.0f;  // many ties
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) {
+    float* row = z.data() + static_cast<size_t>(n) * V;
+    const int64_t top = std::max_element(row, row + V) - row;
+    const int t = n % 4 == 0   ? static_cast<int>(top)
+                  : n % 4 == 1 ? (n % 8 == 1 ? 0 : V - 1)
+                               : static_cast<int>(rng.next() % V);
+    if (n % 4 == 2) row[t] = row[top];  // a tie with the maximum, before or after it
+    targets[static_cast<size_t>(n)] = n % 16 == 3 ? -100 : t;
+  }
+  std::vector<float> probs(z.size()), losses(N), lse(N), want_losses(N), dl(N);
+  cross_entropy_forward(want_losses.data(), probs.data(), z.data(), targets.data(), N, V);
+  const int64_t want_hits = count_argmax_hits(z.data(), targets.data(), N, V);
+  EXPECT_EQ(cross_entropy_logits_forward(losses.data(), lse.data(), z.data(), targets.data(), N, V),
+            want_hits);
+  EXPECT_GT(want_hits, N / 8);
+  EXPECT_LT(want_hits, N - 4);
+  for (int n = 0; n < N; ++n) {
+    EXPECT_NEAR(losses[n], want_losses[n], 1e-5f * (1 + want_losses[n])) << n;
+    dl[n] = 0.5f + 0.01f * static_cast<float>(n);
+  }
+  std::vector<float> want(z.size(), 0.0f), got(z.size(), 0.5f);
+  cross_entropy_backward(want.data(), probs.data(), targets.data(), dl.data(), N, V);
+  cross_entropy_logits_backward(got.data(), z.data(), lse.data(), targets.data(), dl.data(), N, V);
+  for (size_t i = 0; i < z.size(); ++i) ASSERT_NEAR(got[i] - 0.5f, want[i], 1e-6f) << i;
 }
 
 // Attention's one-thread bf16 block product equals the double product of its operands rounded to

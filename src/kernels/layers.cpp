@@ -382,8 +382,9 @@ void linear_backward_half(float* dinp, float* dweight, float* dbias, const float
 }
 
 template <typename H>
-void cross_entropy_backward_half(H* dlogits16, float* dbias, const float* probs,
-                                 const int32_t* targets, const float* dlosses, int N, int V) {
+void cross_entropy_logits_backward_half(H* dlogits16, float* dbias, const float* logits,
+                                        const float* lse, const int32_t* targets,
+                                        const float* dlosses, int N, int V) {
   // By blocks of columns, so each thread sums its own bias entries over the rows in order (the
   // order bias_backward sums them in).
   column_blocks(V, [&](int c0, int w) {
@@ -394,12 +395,12 @@ void cross_entropy_backward_half(H* dlogits16, float* dbias, const float* probs,
         std::fill(d, d + w, H{});
         continue;
       }
-      const float* p = probs + static_cast<int64_t>(n) * V + c0;
-      const float g = dlosses[n];
-      // The fp32 gradient as the fp32 backward forms it: p * g, then the target's minus g (in a
-      // statement of its own, so no fused multiply-subtract changes its rounding).
+      const float* z = logits + static_cast<int64_t>(n) * V + c0;
+      const float l = lse[n], g = dlosses[n];
+      // The fp32 gradient as the fp32 backward forms it: exp(z - lse) * g, then the target's
+      // minus g (in a statement of its own, so no fused multiply-subtract changes its rounding).
       float x[kColumnBlock];
-      for (int j = 0; j < w; ++j) x[j] = p[j] * g;
+      for (int j = 0; j < w; ++j) x[j] = exp_of(z[j] - l) * g;
       const int t = targets[n] - c0;  // the target's column in this block, if it is here
       if (t >= 0 && t < w) x[t] -= g;
       for (int j = 0; j < w; ++j) {
@@ -436,9 +437,10 @@ void cross_entropy_backward_half(H* dlogits16, float* dbias, const float* probs,
                        const H* weight, int N, int C, int OC, GradWrite mode) {                   \
     linear_backward_half(dinp, dweight, dout16, inp, weight, N, C, OC, mode);                     \
   }                                                                                               \
-  void cross_entropy_backward(H* dlogits16, float* dbias, const float* probs,                     \
-                              const int32_t* targets, const float* dlosses, int N, int V) {       \
-    cross_entropy_backward_half(dlogits16, dbias, probs, targets, dlosses, N, V);                 \
+  void cross_entropy_logits_backward(H* dlogits16, float* dbias, const float* logits,             \
+                                     const float* lse, const int32_t* targets,                    \
+                                     const float* dlosses, int N, int V) {                        \
+    cross_entropy_logits_backward_half(dlogits16, dbias, logits, lse, targets, dlosses, N, V);    \
   }                                                                                               \
   void gather_rows_forward(H* out, const H* inp, const int32_t* rows, int n_rows, int C) {        \
     gather_rows_forward<H>(out, inp, rows, n_rows, C);                                            \
@@ -509,6 +511,58 @@ void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, 
     const T g = dlosses[n];
 #pragma omp simd
     for (int v = 0; v < V; ++v) d[v] += p[v] * g;
+    d[targets[n]] -= g;
+  }
+}
+
+template <typename T>
+int64_t cross_entropy_logits_forward(T* losses, T* lse, const T* logits, const int32_t* targets,
+                                     int N, int V) {
+  int64_t hits = 0;
+#pragma omp parallel for schedule(static) reduction(+ : hits)
+  for (int n = 0; n < N; ++n) {
+    const int t = targets[n];
+    losses[n] = 0, lse[n] = 0;
+    if (t < 0) continue;
+    const T* z = logits + static_cast<int64_t>(n) * V;
+    const T zt = z[t];
+    // The largest logit before the target and after it: the row's maximum, and whether the
+    // target is its first maximum (count_argmax_hits's rule), in one pass of two reductions.
+    T before = -std::numeric_limits<T>::infinity(), after = before;
+#pragma omp simd reduction(max : before)
+    for (int v = 0; v < t; ++v) before = std::max(before, z[v]);
+#pragma omp simd reduction(max : after)
+    for (int v = t + 1; v < V; ++v) after = std::max(after, z[v]);
+    const T mx = std::max({before, zt, after});
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < V; ++v) sum += exp_of(z[v] - mx);
+    lse[n] = mx + std::log(sum);
+    losses[n] = lse[n] - zt;
+    hits += before < zt && after <= zt;
+  }
+  return hits;
+}
+
+template <typename T>
+void cross_entropy_logits_backward(T* dlogits, const T* logits, const T* lse,
+                                   const int32_t* targets, const T* dlosses, int N, int V,
+                                   GradWrite mode) {
+  const bool add = mode == GradWrite::accumulate;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    T* d = dlogits + static_cast<int64_t>(n) * V;
+    if (targets[n] < 0) {
+      if (!add) std::fill(d, d + V, T(0));
+      continue;
+    }
+    const T* z = logits + static_cast<int64_t>(n) * V;
+    const T l = lse[n], g = dlosses[n];
+#pragma omp simd
+    for (int v = 0; v < V; ++v) {
+      const T x = exp_of(z[v] - l) * g;
+      d[v] = add ? d[v] + x : x;
+    }
     d[targets[n]] -= g;
   }
 }
@@ -624,6 +678,9 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
                                       const int32_t*, int, int);                                   \
   template void cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);              \
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int, int);       \
+  template int64_t cross_entropy_logits_forward<T>(T*, T*, const T*, const int32_t*, int, int);    \
+  template void cross_entropy_logits_backward<T>(T*, const T*, const T*, const int32_t*, const T*, \
+                                                 int, int, GradWrite);                             \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                              \
   template void layernorm_apply<T, bf16>(T*, const T*, const T*, const T*, const T*, const T*,     \
                                          int, int, bf16*);                                         \

@@ -120,15 +120,33 @@ void cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* 
 template <typename T>
 void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, const T* dlosses,
                             int N, int V);
-// The same for logits made by a bf16 linear layer (the MLM decoder under bf16), in one pass:
-// dlogits16 = to_bf16((probs - onehot(target)) * dlosses[n]), written (not accumulated; rows
-// without a target are 0), and the layer's bias gradient dbias += the column sums of the fp32
-// values: what zero_fill, the fp32 backward, the rounding and bias_backward give, bit for bit,
-// without the fp32 [N, V] gradient.
-void cross_entropy_backward(bf16* dlogits16, float* dbias, const float* probs,
-                            const int32_t* targets, const float* dlosses, int N, int V);
-void cross_entropy_backward(f16* dlogits16, float* dbias, const float* probs,
-                            const int32_t* targets, const float* dlosses, int N, int V);
+
+// Softmax cross-entropy that keeps the logits and writes no probabilities: for the MLM decoder's
+// [N, V] over a vocabulary, where a probability matrix is one more [N, V] to write and read back.
+// The forward gives losses[n] = lse[n] - z[n, target] and keeps lse[n] = log(sum_v exp(z[n, v]))
+// for the backward, in two passes over each row: the first finds the maximum and, split at the
+// target, whether the target is the row's first maximum, the second sums the exponentials. It
+// returns how many rows have their target as the first maximum of the logits (the accuracy
+// count; the probabilities have the same argmax). Rows without a target (< 0): loss 0, lse 0,
+// not counted.
+template <typename T>
+int64_t cross_entropy_logits_forward(T* losses, T* lse, const T* logits, const int32_t* targets,
+                                     int N, int V);
+// dlogits (+)= (exp(z - lse) - onehot(target)) * dlosses[n] (mode; rows without a target add 0).
+template <typename T>
+void cross_entropy_logits_backward(T* dlogits, const T* logits, const T* lse,
+                                   const int32_t* targets, const T* dlosses, int N, int V,
+                                   GradWrite mode = GradWrite::accumulate);
+// The same for the logits of a 16-bit linear layer (the MLM decoder under bf16 or fp16), in one
+// pass: the gradient written rounded to 16 bits (rows without a target are 0), and the layer's
+// bias gradient dbias += the column sums of its fp32 values: what the fp32 backward, the rounding
+// and bias_backward give, bit for bit, without an fp32 [N, V] gradient.
+void cross_entropy_logits_backward(bf16* dlogits16, float* dbias, const float* logits,
+                                   const float* lse, const int32_t* targets, const float* dlosses,
+                                   int N, int V);
+void cross_entropy_logits_backward(f16* dlogits16, float* dbias, const float* logits,
+                                   const float* lse, const int32_t* targets, const float* dlosses,
+                                   int N, int V);
 
 // out = 0, [n]: gradient buffers before a backward accumulates into them.
 template <typename T>

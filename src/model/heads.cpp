@@ -65,7 +65,7 @@ void mlm_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top
   const int M = static_cast<int>(s.tokens.mlm_token.size()), C = s.config.hidden_size,
             V = s.config.vocab_size;
   const int32_t* labels = s.tokens.mlm_label.data();
-  T *t1 = ws.get(Rec::mlm_t1), *t2 = ws.get(Rec::mlm_t2), *probs = ws.get(Rec::mlm_probs),
+  T *t1 = ws.get(Rec::mlm_t1), *t2 = ws.get(Rec::mlm_t2), *logits = ws.get(Rec::mlm_logits),
     *losses = ws.get(Rec::head_losses);
   const T eps = static_cast<T>(s.config.layer_norm_eps);
   // The transform's input and the decoder's input are read only by GEMMs: 16-bit under a 16-bit
@@ -78,7 +78,7 @@ void mlm_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top
       gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
       layernorm_forward(ws.get(Rec::tmp), ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), t2,
                         p.mlm_ln_w, p.mlm_ln_b, M, C, eps, t3_16);
-      linear_forward(probs, t3_16, s.p16->word, p.mlm_bias, M, C, V);
+      linear_forward(logits, t3_16, s.p16->word, p.mlm_bias, M, C, V);
     }
   }
   if (!s.p16) {
@@ -88,12 +88,13 @@ void mlm_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top
     gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
     layernorm_forward(t3, ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), t2, p.mlm_ln_w, p.mlm_ln_b,
                       M, C, eps);
-    linear_forward(probs, t3, p.word, p.mlm_bias, M, C, V);  // logits, turned into probs in place
+    linear_forward(logits, t3, p.word, p.mlm_bias, M, C, V);
   }
-  cross_entropy_forward(losses, probs, probs, labels, M, V);
+  // The logits stay (no probability matrix): the backward forms the gradient from them.
+  out.mlm_correct =
+      cross_entropy_logits_forward(losses, ws.get(Rec::mlm_lse), logits, labels, M, V);
   out.mlm_count = M;
   out.mlm_loss = mean_loss(losses, M, s.mlm_total ? s.mlm_total : M);
-  out.mlm_correct = count_argmax_hits(probs, labels, M, V);
 }
 
 template <typename T, typename H>
@@ -106,22 +107,22 @@ void mlm_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Param
   T *d3 = ws.get(Rec::mlm_d3), *d2 = ws.get(Rec::mlm_d2), *d1 = ws.get(Rec::mlm_d1),
     *din = ws.get(Rec::mlm_din);
   const T* dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
-  constexpr GradWrite over = GradWrite::overwrite;  // d3, d2, d1 and din are written over
+  constexpr GradWrite over = GradWrite::overwrite;  // dlogits, d3, d2, d1, din written over
   // Under 16 bits the logits' gradient goes straight to its H form (the decoder's GEMM operand)
   // with the bias gradient in the same pass: no fp32 [M, V] gradient.
   if constexpr (std::is_same_v<T, float>) {
     if (s.p16) {
       H* dlogits16 = ws.template get16<H>(Rec::dout16);
-      cross_entropy_backward(dlogits16, g.mlm_bias, ws.get(Rec::mlm_probs),
-                             s.tokens.mlm_label.data(), dloss, M, V);
+      cross_entropy_logits_backward(dlogits16, g.mlm_bias, ws.get(Rec::mlm_logits),
+                                    ws.get(Rec::mlm_lse), s.tokens.mlm_label.data(), dloss, M, V);
       linear_backward(d3, g.word, dlogits16, ws.template get16<H>(Rec::mlm_t3), s.p16->word, M, C,
                       V, over);
     }
   }
   if (!s.p16) {
     T* dlogits = ws.get(Rec::mlm_dlogits);
-    zero_fill(dlogits, static_cast<int64_t>(M) * V);
-    cross_entropy_backward(dlogits, ws.get(Rec::mlm_probs), s.tokens.mlm_label.data(), dloss, M, V);
+    cross_entropy_logits_backward(dlogits, ws.get(Rec::mlm_logits), ws.get(Rec::mlm_lse),
+                                  s.tokens.mlm_label.data(), dloss, M, V, over);
     linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V, over);
   }
   layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
