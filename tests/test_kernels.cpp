@@ -696,12 +696,13 @@ TEST(KernelBf16, RoundsToNearestEvenAndKeepsSpecialValues) {
 }
 
 // The bf16 GEMM equals the double product of its (bf16) operands up to fp32 accumulation, for
-// every transpose, strided operands, alpha and both betas.
+// every transpose, strided operands, alpha and both betas; also for a product wider than the
+// column blocks the bf16 backend cuts it into (4,096).
 template <typename H>
-void check_gemm_is_the_exact_product() {
+void check_gemm_is_the_exact_product(int M = 37, int N = 29, int K = 53) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const int M = 37, N = 29, K = 53, pad = 3;
+  const int pad = 3;
   for (const bool ta : {false, true})
     for (const bool tb : {false, true})
       for (const float alpha : {1.0f, 0.5f})
@@ -735,6 +736,36 @@ void check_gemm_is_the_exact_product() {
 TEST(KernelBf16, GemmMatchesTheExactProductOfItsOperands) {
   if (!bf16_unavailable_reason().empty()) GTEST_SKIP() << bf16_unavailable_reason();
   check_gemm_is_the_exact_product<bf16>();
+  check_gemm_is_the_exact_product<bf16>(3, 2 * 4096 + 29, 5);
+}
+
+// The wide bf16 linear forward (the MLM decoder's shape, cut into column blocks) equals the
+// double product plus bias, into fp32 and into bf16 (rounded once).
+TEST(KernelBf16, WideLinearForwardMatchesTheExactProduct) {
+  if (!bf16_unavailable_reason().empty()) GTEST_SKIP() << bf16_unavailable_reason();
+  const int N = 5, C = 7, OC = 2 * 4096 + 29;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<bf16> x(static_cast<size_t>(N) * C), w(static_cast<size_t>(OC) * C);
+  for (bf16& a : x) a = to_bf16(nd(rng));
+  for (bf16& a : w) a = to_bf16(nd(rng));
+  std::vector<float> bias(OC), out(static_cast<size_t>(N) * OC, NAN);
+  for (float& b : bias) b = nd(rng);
+  std::vector<bf16> out16(out.size());
+  linear_forward(out.data(), x.data(), w.data(), bias.data(), N, C, OC);
+  linear_forward(out16.data(), x.data(), w.data(), bias.data(), N, C, OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double want = bias[o], mag = std::abs(bias[o]);
+      for (int c = 0; c < C; ++c) {
+        const double p = static_cast<double>(to_float(x[n * C + c])) * to_float(w[o * C + c]);
+        want += p, mag += std::abs(p);
+      }
+      const size_t i = static_cast<size_t>(n) * OC + o;
+      ASSERT_NEAR(out[i], want, 1e-5 * mag + 1e-6) << n << ", " << o;
+      ASSERT_NEAR(to_float(out16[i]), want, 0x1p-8 * std::abs(want) + 1e-5 * mag + 1e-6)
+          << n << ", " << o;
+    }
 }
 // The fp16 GEMM (operands widened to fp32 for sgemm) likewise, on any CPU.
 TEST(KernelF16, GemmMatchesTheExactProductOfItsOperands) {
