@@ -515,6 +515,28 @@ void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, 
   }
 }
 
+namespace {
+
+// The largest entries of row z [V] before and after column t, in two reductions that
+// vectorise; the target is the row's first maximum (as std::max_element finds it) when it is
+// above every entry before it and not below any after it.
+template <typename T>
+struct TargetMaxima {
+  T before, after, target;
+  bool target_first() const { return before < target && after <= target; }
+};
+template <typename T>
+TargetMaxima<T> maxima_around(const T* z, int t, int V) {
+  T before = -std::numeric_limits<T>::infinity(), after = before;
+#pragma omp simd reduction(max : before)
+  for (int v = 0; v < t; ++v) before = std::max(before, z[v]);
+#pragma omp simd reduction(max : after)
+  for (int v = t + 1; v < V; ++v) after = std::max(after, z[v]);
+  return {before, after, z[t]};
+}
+
+}  // namespace
+
 template <typename T>
 int64_t cross_entropy_logits_forward(T* losses, T* lse, const T* logits, const int32_t* targets,
                                      int N, int V) {
@@ -526,20 +548,16 @@ int64_t cross_entropy_logits_forward(T* losses, T* lse, const T* logits, const i
     if (t < 0) continue;
     const T* z = logits + static_cast<int64_t>(n) * V;
     const T zt = z[t];
-    // The largest logit before the target and after it: the row's maximum, and whether the
-    // target is its first maximum (count_argmax_hits's rule), in one pass of two reductions.
-    T before = -std::numeric_limits<T>::infinity(), after = before;
-#pragma omp simd reduction(max : before)
-    for (int v = 0; v < t; ++v) before = std::max(before, z[v]);
-#pragma omp simd reduction(max : after)
-    for (int v = t + 1; v < V; ++v) after = std::max(after, z[v]);
-    const T mx = std::max({before, zt, after});
+    // The row's maximum and whether the target is its first maximum (count_argmax_hits's rule),
+    // in one pass.
+    const TargetMaxima<T> around = maxima_around(z, t, V);
+    const T mx = std::max({around.before, zt, around.after});
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int v = 0; v < V; ++v) sum += exp_of(z[v] - mx);
     lse[n] = mx + std::log(sum);
     losses[n] = lse[n] - zt;
-    hits += before < zt && after <= zt;
+    hits += around.target_first();
   }
   return hits;
 }
@@ -609,20 +627,12 @@ void tanh_backward(T* dinp, const T* out, const T* dout, int64_t n) {
 template <typename T>
 int64_t count_argmax_hits(const T* scores, const int32_t* targets, int N, int V) {
   int64_t hits = 0;
-  // Row n is a hit when its target's score is above every score before it and not below any
-  // after it (the target is the first maximum, as std::max_element finds it): two max
-  // reductions, which vectorise.
+  // Row n is a hit when its target is the row's first maximum.
 #pragma omp parallel for schedule(static) reduction(+ : hits)
   for (int n = 0; n < N; ++n) {
     const int t = targets[n];
     if (t < 0) continue;
-    const T* z = scores + static_cast<int64_t>(n) * V;
-    T before = -std::numeric_limits<T>::infinity(), after = before;
-#pragma omp simd reduction(max : before)
-    for (int v = 0; v < t; ++v) before = std::max(before, z[v]);
-#pragma omp simd reduction(max : after)
-    for (int v = t + 1; v < V; ++v) after = std::max(after, z[v]);
-    hits += before < z[t] && after <= z[t];
+    hits += maxima_around(scores + static_cast<int64_t>(n) * V, t, V).target_first();
   }
   return hits;
 }
