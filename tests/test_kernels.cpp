@@ -975,6 +975,59 @@ TEST(KernelBf16, BlockProductMatchesTheExactProductOfItsRoundedOperands) {
           }
 }
 
+// bf16 attention backward: dS is rounded to bf16 for the dQ and dK products, which breaks its
+// zero row sums unless re-centred. The key bias's true gradient, the sum of a sequence's dK
+// rows, must stay 0 up to fp32 rounding (far below the bf16 rounding of dS, about 4e-3 of a
+// value), and dQ, dK and dV must agree with the fp32 kernel on the same rounded inputs within
+// bf16's rounding (normwise per block).
+TEST(KernelBf16, AttentionKeyGradientsSumToZeroPerSequence) {
+  if (!block_gemm_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  const int C = 128, NH = 2, hs = C / NH;
+  const std::vector<int32_t> cu = {0, 1, 38, 102, 135};
+  const int n_seq = static_cast<int>(cu.size()) - 1, T = cu.back();
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<bf16> qkv16(static_cast<size_t>(T) * 3 * C);
+  for (auto& x : qkv16) x = to_bf16(0.5f * nd(rng));
+  std::vector<float> qkv(qkv16.size()), dout(static_cast<size_t>(T) * C);
+  to_float(qkv.data(), qkv16.data(), static_cast<int64_t>(qkv.size()));
+  for (float& x : dout) x = nd(rng);
+  const int64_t np = attention_probs_offsets(cu.data(), n_seq, NH).back();
+  const AttentionDropout drop{0.1, 3, 4};
+  std::vector<bf16> out16(static_cast<size_t>(T) * C), probs16(np);
+  attention_forward(out16.data(), probs16.data(), qkv16.data(), cu.data(), n_seq, C, NH, drop);
+  std::vector<float> probs(np), out(out16.size()), d16(qkv.size()), d32(qkv.size());
+  to_float(probs.data(), probs16.data(), np);
+  attention_backward(d16.data(), dout.data(), qkv16.data(), probs16.data(), cu.data(), n_seq, C, NH,
+                     drop, {}, GradWrite::overwrite);
+  attention_backward(d32.data(), dout.data(), qkv.data(), probs.data(), cu.data(), n_seq, C, NH,
+                     drop, {}, GradWrite::overwrite);
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < NH; ++h) {
+      for (int part = 0; part < 3; ++part) {  // dQ, dK, dV of the block against fp32
+        double diff2 = 0, ref2 = 0;
+        for (int t = cu[s]; t < cu[s + 1]; ++t)
+          for (int j = 0; j < hs; ++j) {
+            const size_t at = static_cast<size_t>(t) * 3 * C + part * C + h * hs + j;
+            diff2 += std::pow(double(d16[at]) - d32[at], 2);
+            ref2 += std::pow(double(d32[at]), 2);
+          }
+        EXPECT_LE(std::sqrt(diff2), 2e-2 * std::sqrt(ref2) + 1e-6)
+            << "sequence " << s << " head " << h << " part " << part;
+      }
+      for (int j = 0; j < hs; ++j) {
+        double sum = 0, mag = 0;
+        for (int t = cu[s]; t < cu[s + 1]; ++t) {
+          const double g = d16[static_cast<size_t>(t) * 3 * C + C + h * hs + j];
+          sum += g;
+          mag += std::abs(g);
+        }
+        ASSERT_LE(std::abs(sum), 1e-5 * mag + 1e-7)
+            << "sequence " << s << " head " << h << " column " << j;
+      }
+    }
+}
+
 TEST(KernelBf16, RefusedWithTheMissingFeatureNamed) {
   setenv("PACKBERT_CPU_NO_BF16", "1", 1);
   const std::string why = bf16_unavailable_reason();

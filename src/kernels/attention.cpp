@@ -1,5 +1,6 @@
 #include "kernels/attention.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -18,8 +19,8 @@ namespace packbert::kernels {
 // blocks; inside a parallel region oneDNN's sgemm runs single-threaded, so the two levels of
 // parallelism do not fight. Under bf16 (a bf16 qkv) on a CPU with AVX512-BF16, five of the six
 // products run as one thread's bf16 block products instead (kernels/block_gemm.h), on q, k and v
-// as stored, with P, dO and dS rounded to bf16 as they are packed; dK = dSᵀ Q stays fp32
-// (block_input_grads says why).
+// as stored, with P, dO and dS rounded to bf16 as they are packed. All six do: dS is rounded and
+// then re-centred so its rows still sum to zero (block_input_grads says why).
 
 void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64_t* off) {
   off[0] = 0;
@@ -67,6 +68,39 @@ void softmax_backward_row(T* __restrict d, const T* __restrict p, int L, T scale
   for (int j = 0; j < L; ++j) row += p[j] * d[j];
 #pragma omp simd
   for (int j = 0; j < L; ++j) d[j] = p[j] * (d[j] - row) * scale;
+}
+
+// dst[i] = to_half<H>(src[i]) for i < n, in non-temporal stores where the CPU has AVX-512: the
+// kept probabilities (25 MB a BERT-base layer at 4 x 512) are read only by the backward pass,
+// long after the caches have turned over, and a store through the caches would first read
+// every line in.
+template <typename H>
+void store_rounded_nt(H* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#ifdef __AVX512F__
+  constexpr int64_t kLine = 64 / sizeof(H);
+  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 64 != 0; ++i) dst[i] = to_half<H>(src[i]);
+  for (; i + kLine <= n; i += kLine) {
+    alignas(64) H line[kLine];
+#pragma omp simd
+    for (int64_t j = 0; j < kLine; ++j) line[j] = to_half<H>(src[i + j]);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_load_si512(line));
+  }
+  _mm_sfence();
+#endif
+  for (; i < n; ++i) dst[i] = to_half<H>(src[i]);
+}
+
+// Rounds a row of dS to bf16 in place (the values the bf16 block products pack: rounding them
+// again changes nothing) and returns the sum of the rounded row.
+inline float round_row_bf16(float* __restrict d, int L) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < L; ++j) {
+    d[j] = to_float(to_bf16(d[j]));
+    sum += d[j];
+  }
+  return sum;
 }
 
 }  // namespace
@@ -217,7 +251,9 @@ struct Operands {
   Head<T> x{};
   Head16 x16{};
   bf16* pack = nullptr;
-  T* widened = nullptr;  // [L, hs] of scratch for the bf16 form's queries widened (dK's product)
+  // Scratch for the bf16 form's dS corrections (block_input_grads): the mean key and Σ e_i q_i
+  // (2 hs floats), then dS's row sums (L); fits the [L, 3 hs] the T form widens q | k | v into.
+  T* corrections = nullptr;
   int L = 0, hs = 0;
 };
 template <typename T, typename S>
@@ -229,7 +265,7 @@ Operands<T> block_operands(const S* qkv, int a, int L, int h, int hs, int C, T* 
     if (products16) {
       b.x16 = {qkv + static_cast<int64_t>(a) * 3 * C + h * hs, 3 * C, C};
       b.pack = pack_scratch(mine, max_len, hs);
-      b.widened = qkv_scratch(mine, L);
+      b.corrections = qkv_scratch(mine, L);
       return b;
     }
   b.x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
@@ -273,10 +309,16 @@ void block_dp(T* dP, const T* dO, int ldo, const Operands<T>& b) {
 }
 // dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q into dQ's block of dqkv (rows ld apart; = instead of +=
 // under GradWrite::overwrite). The bf16 form of dV computes dVᵀ = dOᵀ Pv and writes it back
-// transposed. dK stays an fp32 product, over the queries widened: the key bias's true gradient
-// is 0 because every row of dS sums to 0, and dS rounded to bf16 would not, which leaves the key
-// bias a rounding noise of about 1e-4 of the model's largest gradient (check-golden's bf16
-// tolerance catches it).
+// transposed, and dK likewise as (Qᵀ dS)ᵀ.
+// The bf16 form takes dS rounded to bf16 (round_row_bf16) with its row sums e: softmax's
+// backward makes every row of dS sum to 0, which is why the key bias's true gradient is 0 (the
+// sum of dK's rows is Σ_i rowsum_i(dS) q_i), and rounding breaks it: left alone, the key bias
+// would collect a rounding noise of about 1e-4 of the model's largest gradient. So both products
+// use dS' = dS - e / L (each row's sum spread evenly over its L keys, a move within the
+// rounding), applied after the bf16 products as rank-one corrections:
+//   dQ' = dS K - e ⊗ mean_j(k_j),   dK' = dSᵀ Q - 1 ⊗ (Σ_i e_i q_i) / L,
+// whose rows sum, for dK', to 0 up to fp32 rounding.
+// row_sums: e, for the bf16 form (at b.corrections + 2 hs).
 template <typename T>
 void block_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int ldo,
                        const Operands<T>& b, GradWrite mode) {
@@ -289,11 +331,35 @@ void block_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int
                       OutView{dQ + 2 * C, ld, true, add}, b.pack);
       block_gemm_bf16(L, hs, L, 1.0f, MatView<float>{dS, L}, b.x16.K(), OutView{dQ, ld, false, add},
                       b.pack);
-      for (int i = 0; i < L; ++i)
-        for (int j = 0; j < hs; ++j)
-          b.widened[static_cast<int64_t>(i) * hs + j] =
-              to_float(b.x16.q[static_cast<int64_t>(i) * b.x16.ld + j]);
-      gemm(true, false, L, hs, L, 1.0f, dS, L, b.widened, hs, beta, dQ + C, ld);
+      block_gemm_bf16(hs, L, L, 1.0f, b.x16.Q(true), MatView<float>{dS, L},
+                      OutView{dQ + C, ld, true, add}, b.pack);
+      // The rank-one corrections: kbar = mean of the keys, c = Σ_i e_i q_i / L.
+      float* kbar = b.corrections;
+      float* c = kbar + hs;
+      const float* row_sums = c + hs;
+      const float inv_L = 1.0f / static_cast<float>(L);
+      std::fill(kbar, kbar + 2 * hs, 0.0f);
+      for (int i = 0; i < L; ++i) {
+        const bf16* q = b.x16.q + static_cast<int64_t>(i) * b.x16.ld;
+        const bf16* k = q + b.x16.C;
+        const float e = row_sums[i];
+#pragma omp simd
+        for (int j = 0; j < hs; ++j) {
+          kbar[j] += to_float(k[j]);
+          c[j] += e * to_float(q[j]);
+        }
+      }
+      for (int j = 0; j < 2 * hs; ++j) kbar[j] *= inv_L;
+      for (int i = 0; i < L; ++i) {
+        float* dq = dQ + static_cast<int64_t>(i) * ld;
+        float* dk = dq + C;
+        const float e = row_sums[i];
+#pragma omp simd
+        for (int j = 0; j < hs; ++j) {
+          dq[j] -= e * kbar[j];
+          dk[j] -= c[j];
+        }
+      }
       return;
     }
   const T* Q = b.x.q;
@@ -331,9 +397,7 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       const Operands<T> x = block_operands(qkv, a, L, h, hs, C, mine, w.max_len, products16);
       block_probs(P, x, scale);
       if constexpr (!std::is_same_v<P_, T>)
-        if (probs)
-          for (int64_t i = 0; i < static_cast<int64_t>(L) * L; ++i)
-            probs[first + i] = to_half<P_>(P[i]);
+        if (probs) store_rounded_nt(probs + first, P, static_cast<int64_t>(L) * L);
       if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
@@ -419,6 +483,8 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
         if (dropout.p > 0)
           drop_rows_backward(Pd + r, dP + r, P + r, L, mask, drawn + r, keep_scale);
         softmax_backward_row(dP + r, P + r, L, scale);
+        if constexpr (std::is_same_v<T, float>)
+          if (x.pack) x.corrections[2 * hs + i] = round_row_bf16(dP + r, L);
       }
       const T* Pv = dropout.p > 0 ? Pd : P;
       block_input_grads(dQ, C3, Pv, dP, dO, C, x, mode);  // dV, dQ, dK

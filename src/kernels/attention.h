@@ -47,8 +47,10 @@ template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
                        int NH, AttentionDropout dropout = {}, AttentionWork<T> work = {});
 // The same under `--precision bf16`: qkv and the output in bf16 (written by and read by bf16
-// GEMMs), and the kept probabilities in bf16; each block's q, k, v are widened to fp32 once,
-// computed on in fp32, and the output and probabilities rounded once. Backward uses the rounded
+// GEMMs), and the kept probabilities in bf16. On a CPU with AVX512-BF16 the per-(sequence, head)
+// products take bf16 operands (softmax and the elementwise work stay fp32); without it each
+// block's q, k, v are widened to fp32 once and multiplied in fp32. The output and probabilities
+// are rounded once. Backward uses the rounded
 // probabilities (rebuilt ones are rounded the same way, so policies still agree bit for bit).
 void attention_forward(bf16* out, bf16* probs, const bf16* qkv, const int32_t* cu_seqlens,
                        int n_seq, int C, int NH, AttentionDropout dropout = {},

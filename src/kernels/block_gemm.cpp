@@ -49,6 +49,45 @@ PACKBERT_BF16_TARGET inline __m512i bits16(const bf16* p, int n) {
   return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(tail_mask(n), p));
 }
 
+// 16 pairs of bf16 bits as 16 dwords: elements 2l and 2l + 1 of p (32 of them) in dword l, the
+// first in the low half.
+PACKBERT_BF16_TARGET inline __m512i pairs32(const float* p) {
+  const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+  __m512i raw;
+  std::memcpy(&raw, &h, sizeof raw);
+  return raw;
+}
+PACKBERT_BF16_TARGET inline __m512i pairs32(const bf16* p) {
+  return _mm512_loadu_si512(p);
+}
+
+// Transposes 16 x 16 dwords in registers: afterwards r[j] lane i holds what r[i] lane j held.
+PACKBERT_BF16_TARGET inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // Per group g of 4 rows, u[4g + k] holds column 4l + k of the group's rows in lane l.
+  __m512i u[16];
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i w0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512i w3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+    r[k] = _mm512_shuffle_i32x4(w0, w2, 0x88);
+    r[k + 8] = _mm512_shuffle_i32x4(w0, w2, 0xdd);
+    r[k + 4] = _mm512_shuffle_i32x4(w1, w3, 0x88);
+    r[k + 12] = _mm512_shuffle_i32x4(w1, w3, 0xdd);
+  }
+}
+
 inline uint16_t bits_of(float x) {
   return to_bf16(x).bits;
 }
@@ -71,9 +110,24 @@ PACKBERT_BF16_TARGET void pack_a(uint16_t* dst, int M, int K, int Kp, MatView<S>
     }
     return;
   }
+  // A(., k) is stored row k. Blocks of 16 rows of dst by 32 k: 16 pairs of stored rows read
+  // as 16-lane vectors, paired, and transposed in registers; the edges one element at a time.
+  const int M16 = M / 16 * 16, K32 = K / 32 * 32;
+  for (int i0 = 0; i0 < M16; i0 += 16)
+    for (int k0 = 0; k0 < K32; k0 += 32) {
+      __m512i v[16];
+      for (int kk = 0; kk < 16; ++kk) {
+        const S* r0 = A.p + static_cast<int64_t>(k0 + 2 * kk) * A.ld + i0;
+        v[kk] = _mm512_or_si512(bits16(r0, 16), _mm512_slli_epi32(bits16(r0 + A.ld, 16), 16));
+      }
+      transpose16(v);
+      for (int l = 0; l < 16; ++l)
+        _mm512_storeu_si512(dst + static_cast<int64_t>(i0 + l) * Kp + k0, v[l]);
+    }
   for (int k = 0; k < K; ++k) {
-    const S* row = A.p + static_cast<int64_t>(k) * A.ld;  // A(., k) is stored row k
-    for (int i = 0; i < M; ++i) dst[static_cast<int64_t>(i) * Kp + k] = bits_of(row[i]);
+    const S* row = A.p + static_cast<int64_t>(k) * A.ld;
+    for (int i = k < K32 ? M16 : 0; i < M; ++i)
+      dst[static_cast<int64_t>(i) * Kp + k] = bits_of(row[i]);
   }
   if (Kp > K)
     for (int i = 0; i < M; ++i) dst[static_cast<int64_t>(i) * Kp + K] = 0;
@@ -99,9 +153,22 @@ PACKBERT_BF16_TARGET void pack_b(uint32_t* dst, int K, int N, int Np, MatView<S>
   }
   for (int kk = 0; kk < K2; ++kk)
     std::fill(dst + static_cast<int64_t>(kk) * Np + N, dst + static_cast<int64_t>(kk + 1) * Np, 0u);
+  // B(., n) is stored row n, where a pair of k is two neighbours. Blocks of 16 columns by 16
+  // pairs: 32 elements of 16 stored rows read as 16 pairs each and transposed in registers; the
+  // edges one element at a time.
+  const int N16 = N / 16 * 16, P16 = K / 32 * 16;
+  for (int n0 = 0; n0 < N16; n0 += 16)
+    for (int kk0 = 0; kk0 < P16; kk0 += 16) {
+      __m512i v[16];
+      for (int l = 0; l < 16; ++l)
+        v[l] = pairs32(B.p + static_cast<int64_t>(n0 + l) * B.ld + 2 * kk0);
+      transpose16(v);
+      for (int kk = 0; kk < 16; ++kk)
+        _mm512_storeu_si512(dst + static_cast<int64_t>(kk0 + kk) * Np + n0, v[kk]);
+    }
   for (int n = 0; n < N; ++n) {
-    const S* row = B.p + static_cast<int64_t>(n) * B.ld;  // B(., n) is stored row n
-    for (int kk = 0; kk < K2; ++kk) {
+    const S* row = B.p + static_cast<int64_t>(n) * B.ld;
+    for (int kk = n < N16 ? P16 : 0; kk < K2; ++kk) {
       const uint32_t lo = bits_of(row[2 * kk]);
       const uint32_t hi = 2 * kk + 1 < K ? bits_of(row[2 * kk + 1]) : 0u;
       dst[static_cast<int64_t>(kk) * Np + n] = lo | hi << 16;
@@ -135,6 +202,7 @@ PACKBERT_BF16_TARGET void tile(const uint16_t* A, int Kp, const uint32_t* B, int
     }
   }
   const __m512 scale = _mm512_set1_ps(alpha);
+  float out[R][kCols];  // the tile, when C is written transposed
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 2; ++v) {
       const int col = n0 + 16 * v, cnt = std::min(16, N - col);
@@ -146,14 +214,21 @@ PACKBERT_BF16_TARGET void tile(const uint16_t* A, int Kp, const uint32_t* B, int
         _mm512_mask_storeu_ps(c, m,
                               C.accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), val) : val);
       } else {
-        float out[16];
-        _mm512_storeu_ps(out, val);
-        for (int l = 0; l < cnt; ++l) {
-          float& c = C.p[static_cast<int64_t>(col + l) * C.ld + m0 + r];
-          c = C.accumulate ? c + out[l] : out[l];
-        }
+        _mm512_storeu_ps(out[r] + 16 * v, val);
       }
     }
+  if (!C.trans) return;
+  // Transposed: column j of the tile is R consecutive floats of C's row n0 + j.
+  const __m512i rows =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(kCols));
+  const __mmask16 m = tail_mask(R);
+  for (int j = 0; j < std::min(kCols, N - n0); ++j) {
+    const __m512 col = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, rows, &out[0][j], 4);
+    float* c = C.p + static_cast<int64_t>(n0 + j) * C.ld + m0;
+    _mm512_mask_storeu_ps(c, m,
+                          C.accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), col) : col);
+  }
 }
 
 template <int... Rs>
