@@ -843,6 +843,48 @@ TEST(KernelBf16, GemmWithBiasAddsTheBiasToTheExactProduct) {
 // fp32 backward written over the buffer, rounding to 16 bits, the bias column sums), bit for
 // bit, over rows with and without a target, the target in the first and last column and a width
 // that is not a multiple of the column block.
+// GELU's backward into a linear layer's 16-bit operand: gelu_backward, then the rounding and the
+// bias gradient linear_backward's 16-bit form takes from that fp32 gradient (bias_backward's
+// order: each column summed over the rows, then added). The fp32 gradients may differ in their
+// last bit (a vectorised loop and its scalar tail fall at other elements, and GCC contracts the
+// two into FMAs differently), so each 16-bit value is within one step of 16 bits and each bias
+// within fp32 rounding of its sum. Odd shapes: columns past one block and not a multiple of it.
+TEST(KernelBf16, GeluBackwardToHalfMatchesItsComposition) {
+  const int N = 37, OC = 150;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> x(static_cast<size_t>(N) * OC), dout(x.size());
+  for (float& v : x) v = nd(rng);
+  for (float& v : dout) v = nd(rng);
+  auto check = [&]<typename H>(H, float step) {
+    std::vector<H> inp(x.size());
+    to_half(inp.data(), x.data(), static_cast<int64_t>(x.size()));
+    std::vector<float> d(x.size(), NAN), bias_a(OC, 0.25f), bias_b(OC, 0.25f), mag(OC, 0.0f);
+    gelu_backward(d.data(), inp.data(), dout.data(), static_cast<int64_t>(d.size()),
+                  GradWrite::overwrite);
+    for (int c = 0; c < OC; ++c) {
+      float sum = 0;
+      for (int n = 0; n < N; ++n) {
+        sum += d[static_cast<size_t>(n) * OC + c];
+        mag[c] += std::abs(d[static_cast<size_t>(n) * OC + c]);
+      }
+      bias_a[c] += sum;
+    }
+    std::vector<H> got(x.size(), to_half<H>(7.0f));
+    gelu_backward_to_half(got.data(), bias_b.data(), inp.data(), dout.data(), N, OC);
+    int rounded_apart = 0;
+    for (size_t i = 0; i < d.size(); ++i) {
+      const float want = to_float(to_half<H>(d[i])), have = to_float(got[i]);
+      ASSERT_LE(std::abs(have - want), step * std::abs(d[i]) + 1e-30f) << i;
+      rounded_apart += have != want;
+    }
+    EXPECT_LE(rounded_apart, static_cast<int>(d.size()) / 100);  // a last-bit tie, rarely
+    for (int c = 0; c < OC; ++c) ASSERT_NEAR(bias_b[c], bias_a[c], 1e-6f * (mag[c] + 1)) << c;
+  };
+  check(bf16{}, 1.0f / 128);
+  check(f16{}, 1.0f / 1024);
+}
+
 TEST(KernelBf16, CrossEntropyBackwardToBf16EqualsItsComposition) {
   const int N = 9, V = 1000;
   std::mt19937 rng(8);

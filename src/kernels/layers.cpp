@@ -381,6 +381,25 @@ void linear_backward_half(float* dinp, float* dweight, float* dbias, const float
   linear_backward_half(dinp, dweight, static_cast<const H*>(dout16), inp, weight, N, C, OC, mode);
 }
 
+// By blocks of columns, each thread summing its columns over the rows in order, as bias_backward
+// does.
+template <typename H>
+void gelu_backward_to_half_blocks(H* dinp16, float* dbias, const H* inp, const float* dout, int N,
+                                  int OC) {
+  column_blocks(OC, [&](int c0, int w) {
+    float acc[kColumnBlock] = {}, d[kColumnBlock];
+    for (int n = 0; n < N; ++n) {
+      const int64_t at = static_cast<int64_t>(n) * OC + c0;
+      gelu_backward_block<false>(d, inp + at, dout + at, w);
+      for (int j = 0; j < w; ++j) {
+        dinp16[at + j] = to_half<H>(d[j]);
+        acc[j] += d[j];
+      }
+    }
+    for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
+  });
+}
+
 template <typename H>
 void cross_entropy_logits_backward_half(H* dlogits16, float* dbias, const float* logits,
                                         const float* lse, const int32_t* targets,
@@ -420,6 +439,10 @@ void cross_entropy_logits_backward_half(H* dlogits16, float* dbias, const float*
   }                                                                                               \
   void gelu_backward(float* dinp, const H* inp, const float* dout, int64_t n, GradWrite mode) {   \
     gelu_backward_blocks(dinp, inp, dout, n, mode);                                               \
+  }                                                                                               \
+  void gelu_backward_to_half(H* dinp16, float* dbias, const H* inp, const float* dout, int N,     \
+                             int OC) {                                                            \
+    gelu_backward_to_half_blocks(dinp16, dbias, inp, dout, N, OC);                                \
   }                                                                                               \
   void linear_forward(H* out, const H* inp, const H* weight, const float* bias, int N, int C,     \
                       int OC) {                                                                   \

@@ -62,6 +62,15 @@ void gelu_backward(float* dinp, const bf16* inp, const float* dout, int64_t n,
                    GradWrite mode = GradWrite::accumulate);
 void gelu_backward(float* dinp, const f16* inp, const float* dout, int64_t n,
                    GradWrite mode = GradWrite::accumulate);
+// GELU's backward straight into the 16-bit backward of the linear layer that feeds it: of
+// d = what gelu_backward would write over dinp ([N, OC]), only to_half(d) (dinp16, the layer's
+// GEMM operand) and dbias += the column sums of d are written, in one pass, so d never goes to
+// memory in fp32. gelu_backward followed by linear_backward's rounding and bias sum, up to the
+// last bit of d (a vector loop's scalar tail falls on other elements).
+void gelu_backward_to_half(bf16* dinp16, float* dbias, const bf16* inp, const float* dout, int N,
+                           int OC);
+void gelu_backward_to_half(f16* dinp16, float* dbias, const f16* inp, const float* dout, int N,
+                           int OC);
 
 // Linear layer with PyTorch's weight layout: out[N, OC] = inp[N, C] . weight[OC, C]^T + bias.
 // bias may be null.

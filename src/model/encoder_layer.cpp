@@ -150,6 +150,25 @@ void gelu_grad(const LayerRecord<T, H>& a, T* dinter, const T* dgelu, int64_t n)
   gelu_backward(dinter, a.inter, dgelu, n, GradWrite::overwrite);
 }
 
+// GELU's and the FFN up-projection's backward under 16 bits, dense: GELU's gradient goes
+// straight to the projection's 16-bit GEMM operand and bias gradient (gelu_backward_to_half),
+// never to memory in fp32; dh1 += its input gradient. False (nothing done) where that path does
+// not apply: T storage, a sparse layer, or block gradients wanted.
+template <typename T, typename H>
+bool ffn_up_backward_16(const StepContext<T, H>& s, const LayerRecord<T, H>& a,
+                        const LayerView<T>& g, T* dh1, const T* dgelu, const H* W16,
+                        const BlockPattern* pattern, const std::vector<float>* block_l1) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!a.inter16 || !W16 || pattern || block_l1) return false;
+    const int Tn = s.T_(), C = s.config.hidden_size, I = s.config.intermediate_size;
+    H* d16 = s.ws.template get16<H>(Rec::dout16);
+    gelu_backward_to_half(d16, g.inter_b, a.inter16, dgelu, Tn, I);
+    linear_backward(dh1, g.inter_w, d16, a.h1_16, W16, Tn, C, I, GradWrite::accumulate);
+    return true;
+  }
+  return false;
+}
+
 template <typename T, typename H>
 AttentionDropout attention_dropout(const StepContext<T, H>& s, int layer) {
   return {s.p_attn, s.seed, dropout_key(s.step, static_cast<uint32_t>(layer), kAttnProbs),
@@ -322,10 +341,14 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu,
               a.gelu16, w.out_w, W16(&LayerView<H>::out_w), Tn, I, C,
               block_grads_of(s, layer, &LayerBlockGrads::out), over);
-  gelu_grad(a, dinter, dgelu, TI);
-  linear_grad(s, pattern_of(s, layer, &LayerPatterns::inter), dh1, g.inter_w, g.inter_b, dinter,
-              a.h1, a.h1_16, w.inter_w, W16(&LayerView<H>::inter_w), Tn, C, I,
-              block_grads_of(s, layer, &LayerBlockGrads::inter), add);
+  const BlockPattern* inter_pattern = pattern_of(s, layer, &LayerPatterns::inter);
+  std::vector<float>* inter_blocks = block_grads_of(s, layer, &LayerBlockGrads::inter);
+  if (!ffn_up_backward_16(s, a, g, dh1, dgelu, W16(&LayerView<H>::inter_w), inter_pattern,
+                          inter_blocks)) {
+    gelu_grad(a, dinter, dgelu, TI);
+    linear_grad(s, inter_pattern, dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
+                W16(&LayerView<H>::inter_w), Tn, C, I, inter_blocks, add);
+  }
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
   ln_backward(dres, g.ln1_w, g.ln1_b, dh1, a.r1, a.r1_16, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
