@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <type_traits>
 
 #include "kernels/attention.h"
@@ -345,6 +346,8 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   std::vector<float>* inter_blocks = block_grads_of(s, layer, &LayerBlockGrads::inter);
   if (!ffn_up_backward_16(s, a, g, dh1, dgelu, W16(&LayerView<H>::inter_w), inter_pattern,
                           inter_blocks)) {
+    if (!dinter)  // not held under 16 bits (workspace.cpp: grad.gelu_in)
+      throw std::logic_error("block-sparse layers run in fp32 only");
     gelu_grad(a, dinter, dgelu, TI);
     linear_grad(s, inter_pattern, dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
                 W16(&LayerView<H>::inter_w), Tn, C, I, inter_blocks, add);

@@ -218,7 +218,9 @@ const RecordSpec kRecords[] = {
     {Rec::dtmp, "grad.linear_out", Role::scratch, Need::encoder, TC},
     {Rec::datt, "grad.attention_out", Role::scratch, Need::encoder, TC},
     {Rec::dqkv, "grad.qkv", Role::scratch, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
-    {Rec::dinter, "grad.gelu_in", Role::scratch, Need::encoder, TI},
+    // Under 16 bits GELU's backward writes the FFN up-projection's 16-bit operand straight into
+    // scratch.grad_bf16 (ffn_up_backward_16; sparse layers, which would need this, run in fp32).
+    {Rec::dinter, "grad.gelu_in", Role::scratch, Need::encoder, TI, Dtype::fp32_only},
     {Rec::dgelu, "grad.gelu_out", Role::scratch, Need::encoder, TI},
     {Rec::head_dloss, "grad.losses", Role::scratch, Need::encoder,
      [](S s, B) { return std::max(s.masked, s.sequences); }},
