@@ -1,8 +1,10 @@
 #include "kernels/block_gemm.h"
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
-// reports wherever they are inlined.
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized (and,
+// at -O2 without -march=native, as in the sanitizer build, -Wuninitialized) reports wherever they
+// are inlined.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -177,12 +179,13 @@ PACKBERT_BF16_TARGET void pack_b(uint32_t* dst, int K, int N, int Np, MatView<S>
 }
 
 // R rows of the product (from row m0) by the 32 columns from n0, written to C.
+// A's rows are lda apart (Kp when packed); Kp / 2 pairs of k.
 template <int R>
-PACKBERT_BF16_TARGET void tile(const uint16_t* A, int Kp, const uint32_t* B, int Np, int m0, int n0,
-                               int N, float alpha, const OutView& C) {
+PACKBERT_BF16_TARGET void tile(const uint16_t* A, int lda, int Kp, const uint32_t* B, int Np,
+                               int m0, int n0, int N, float alpha, const OutView& C) {
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  const uint16_t* a = A + static_cast<int64_t>(m0) * Kp;
+  const uint16_t* a = A + static_cast<int64_t>(m0) * lda;
   const uint32_t* b = B + n0;
   for (int kk = 0; kk < Kp / 2; ++kk) {
     __m512bh b0, b1;
@@ -193,7 +196,7 @@ PACKBERT_BF16_TARGET void tile(const uint16_t* A, int Kp, const uint32_t* B, int
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       int32_t pair;
-      std::memcpy(&pair, a + static_cast<int64_t>(r) * Kp + 2 * kk, sizeof pair);
+      std::memcpy(&pair, a + static_cast<int64_t>(r) * lda + 2 * kk, sizeof pair);
       const __m512i bc = _mm512_set1_epi32(pair);
       __m512bh av;
       std::memcpy(&av, &bc, sizeof av);
@@ -232,9 +235,9 @@ PACKBERT_BF16_TARGET void tile(const uint16_t* A, int Kp, const uint32_t* B, int
 }
 
 template <int... Rs>
-void tile_rows(int rows, std::integer_sequence<int, Rs...>, const uint16_t* A, int Kp,
+void tile_rows(int rows, std::integer_sequence<int, Rs...>, const uint16_t* A, int lda, int Kp,
                const uint32_t* B, int Np, int m0, int n0, int N, float alpha, const OutView& C) {
-  ((rows == Rs + 1 ? tile<Rs + 1>(A, Kp, B, Np, m0, n0, N, alpha, C) : void()), ...);
+  ((rows == Rs + 1 ? tile<Rs + 1>(A, lda, Kp, B, Np, m0, n0, N, alpha, C) : void()), ...);
 }
 
 }  // namespace
@@ -254,14 +257,20 @@ void block_gemm_bf16(int M, int N, int K, float alpha, MatView<SA> A, MatView<SB
   const int Kp = even(K), Np = cols_padded(N);
   uint16_t* a = reinterpret_cast<uint16_t*>(pack);
   uint32_t* b = reinterpret_cast<uint32_t*>(a + static_cast<int64_t>(M) * Kp);
+  // A bf16 A stored row by row with K even is already in the packed layout, rows ld apart: the
+  // tiles read it in place.
+  const uint16_t* rows = a;
+  int lda = Kp;
+  if constexpr (std::is_same_v<SA, bf16>)
+    if (!A.trans && K % 2 == 0) rows = reinterpret_cast<const uint16_t*>(A.p), lda = A.ld;
   if (K > 0) {
-    pack_a(a, M, K, Kp, A);
+    if (rows == a) pack_a(a, M, K, Kp, A);
     pack_b(b, K, N, Np, B);
   }
   for (int n0 = 0; n0 < N; n0 += kCols)
     for (int m0 = 0; m0 < M; m0 += kRows)
-      tile_rows(std::min(kRows, M - m0), std::make_integer_sequence<int, kRows>{}, a, Kp, b, Np, m0,
-                n0, N, alpha, C);
+      tile_rows(std::min(kRows, M - m0), std::make_integer_sequence<int, kRows>{}, rows, lda, Kp, b,
+                Np, m0, n0, N, alpha, C);
 }
 
 template void block_gemm_bf16<float, float>(int, int, int, float, MatView<float>, MatView<float>,
