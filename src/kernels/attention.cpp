@@ -38,25 +38,41 @@ std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_se
 
 namespace {
 
+// v stored as O: itself, or rounded to bf16 (a bf16 block product's operand, written by its
+// producer instead of packed from fp32).
+template <typename O, typename T>
+inline O stored_as(T v) {
+  if constexpr (std::is_same_v<O, T>)
+    return v;
+  else
+    return to_bf16(v);
+}
+
 // out[j] = keep(first + j) ? x[j] * scale : 0.
-template <typename T>
-void drop_row(T* __restrict out, const T* __restrict x, int L, const DropoutMask& mask,
+template <typename O, typename T>
+void drop_row(O* __restrict out, const T* __restrict x, int L, const DropoutMask& mask,
               uint64_t first, T scale) {
 #pragma omp simd
-  for (int j = 0; j < L; ++j) out[j] = mask.keep(first + j) ? x[j] * scale : T(0);
+  for (int j = 0; j < L; ++j) out[j] = stored_as<O>(mask.keep(first + j) ? x[j] * scale : T(0));
 }
 
 // Backward through the mask, evaluating it once for both uses: pd = p * mask / keep (the dropped
 // probabilities dV needs) and d <- d * mask / keep.
-template <typename T>
-void drop_rows_backward(T* __restrict pd, T* __restrict d, const T* __restrict p, int L,
+template <typename O, typename T>
+void drop_rows_backward(O* __restrict pd, T* __restrict d, const T* __restrict p, int L,
                         const DropoutMask& mask, uint64_t first, T scale) {
 #pragma omp simd
   for (int j = 0; j < L; ++j) {
     const bool keep = mask.keep(first + j);
-    pd[j] = keep ? p[j] * scale : T(0);
+    pd[j] = stored_as<O>(keep ? p[j] * scale : T(0));
     d[j] = keep ? d[j] * scale : T(0);
   }
+}
+
+// out = x rounded to bf16, [n].
+inline void round_to_bf16(bf16* __restrict out, const float* __restrict x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
 }
 
 // Softmax backward of one row through the dropout mask: d <- P (d' - rowsum(P d')) * scale with
@@ -91,14 +107,14 @@ void store_rounded_nt(H* dst, const float* src, int64_t n) {
   for (; i < n; ++i) dst[i] = to_half<H>(src[i]);
 }
 
-// Rounds a row of dS to bf16 in place (the values the bf16 block products pack: rounding them
-// again changes nothing) and returns the sum of the rounded row.
-inline float round_row_bf16(float* __restrict d, int L) {
+// A row of dS rounded to bf16 (the operand of both of its bf16 products); returns the sum of the
+// rounded row.
+inline float round_row_bf16(bf16* __restrict out, const float* __restrict d, int L) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int j = 0; j < L; ++j) {
-    d[j] = to_float(to_bf16(d[j]));
-    sum += d[j];
+    out[j] = to_bf16(d[j]);
+    sum += to_float(out[j]);
   }
   return sum;
 }
@@ -289,14 +305,14 @@ void block_probs(T* P, const Operands<T>& b, T scale) {
     }
   probs_block(P, b.x.q, b.x.ld, b.x.off, L, b.hs, scale);
 }
-// out[L, hs] (rows ldo apart) = Pv V.
+// out[L, hs] (rows ldo apart) = Pv V; the bf16 form from Pv already rounded to bf16.
 template <typename T>
 void block_pv(T* out, int ldo, const T* Pv, const Operands<T>& b) {
-  if constexpr (std::is_same_v<T, float>)
-    if (b.pack)
-      return block_gemm_bf16(b.L, b.hs, b.L, 1.0f, MatView<float>{Pv, b.L}, b.x16.V(),
-                             OutView{out, ldo}, b.pack);
   gemm(false, false, b.L, b.hs, b.L, T(1), Pv, b.L, b.x.q + 2 * b.x.off, b.x.ld, T(0), out, ldo);
+}
+void block_pv(float* out, int ldo, const bf16* Pv16, const Operands<float>& b) {
+  block_gemm_bf16(b.L, b.hs, b.L, 1.0f, MatView<bf16>{Pv16, b.L}, b.x16.V(), OutView{out, ldo},
+                  b.pack);
 }
 // dP[L, L] = dO Vᵀ (dO rows ldo apart).
 template <typename T>
@@ -310,7 +326,8 @@ void block_dp(T* dP, const T* dO, int ldo, const Operands<T>& b) {
 // dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q into dQ's block of dqkv (rows ld apart; = instead of +=
 // under GradWrite::overwrite). The bf16 form of dV computes dVᵀ = dOᵀ Pv and writes it back
 // transposed, and dK likewise as (Qᵀ dS)ᵀ.
-// The bf16 form takes dS rounded to bf16 (round_row_bf16) with its row sums e: softmax's
+// The bf16 form (block_input_grads16) takes Pv and dS rounded to bf16 by their producers (dS by
+// round_row_bf16, with its row sums e). Softmax's
 // backward makes every row of dS sum to 0, which is why the key bias's true gradient is 0 (the
 // sum of dK's rows is Σ_i rowsum_i(dS) q_i), and rounding breaks it: left alone, the key bias
 // would collect a rounding noise of about 1e-4 of the model's largest gradient. So both products
@@ -318,54 +335,54 @@ void block_dp(T* dP, const T* dO, int ldo, const Operands<T>& b) {
 // rounding), applied after the bf16 products as rank-one corrections:
 //   dQ' = dS K - e ⊗ mean_j(k_j),   dK' = dSᵀ Q - 1 ⊗ (Σ_i e_i q_i) / L,
 // whose rows sum, for dK', to 0 up to fp32 rounding.
-// row_sums: e, for the bf16 form (at b.corrections + 2 hs).
 template <typename T>
 void block_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int ldo,
                        const Operands<T>& b, GradWrite mode) {
   const int L = b.L, hs = b.hs, C = ld / 3;
-  const bool add = mode == GradWrite::accumulate;
-  const T beta = add ? T(1) : T(0);
-  if constexpr (std::is_same_v<T, float>)
-    if (b.pack) {
-      block_gemm_bf16(hs, L, L, 1.0f, MatView<float>{dO, ldo, true}, MatView<float>{Pv, L},
-                      OutView{dQ + 2 * C, ld, true, add}, b.pack);
-      block_gemm_bf16(L, hs, L, 1.0f, MatView<float>{dS, L}, b.x16.K(), OutView{dQ, ld, false, add},
-                      b.pack);
-      block_gemm_bf16(hs, L, L, 1.0f, b.x16.Q(true), MatView<float>{dS, L},
-                      OutView{dQ + C, ld, true, add}, b.pack);
-      // The rank-one corrections: kbar = mean of the keys, c = Σ_i e_i q_i / L.
-      float* kbar = b.corrections;
-      float* c = kbar + hs;
-      const float* row_sums = c + hs;
-      const float inv_L = 1.0f / static_cast<float>(L);
-      std::fill(kbar, kbar + 2 * hs, 0.0f);
-      for (int i = 0; i < L; ++i) {
-        const bf16* q = b.x16.q + static_cast<int64_t>(i) * b.x16.ld;
-        const bf16* k = q + b.x16.C;
-        const float e = row_sums[i];
-#pragma omp simd
-        for (int j = 0; j < hs; ++j) {
-          kbar[j] += to_float(k[j]);
-          c[j] += e * to_float(q[j]);
-        }
-      }
-      for (int j = 0; j < 2 * hs; ++j) kbar[j] *= inv_L;
-      for (int i = 0; i < L; ++i) {
-        float* dq = dQ + static_cast<int64_t>(i) * ld;
-        float* dk = dq + C;
-        const float e = row_sums[i];
-#pragma omp simd
-        for (int j = 0; j < hs; ++j) {
-          dq[j] -= e * kbar[j];
-          dk[j] -= c[j];
-        }
-      }
-      return;
-    }
+  const T beta = mode == GradWrite::accumulate ? T(1) : T(0);
   const T* Q = b.x.q;
   gemm(true, false, L, hs, L, T(1), Pv, L, dO, ldo, beta, dQ + 2 * C, ld);       // dV
   gemm(false, false, L, hs, L, T(1), dS, L, Q + b.x.off, b.x.ld, beta, dQ, ld);  // dQ
   gemm(true, false, L, hs, L, T(1), dS, L, Q, b.x.ld, beta, dQ + C, ld);         // dK
+}
+// row_sums: e (at b.corrections + 2 hs).
+void block_input_grads16(float* dQ, int ld, const bf16* Pv16, const bf16* dS16, const float* dO,
+                         int ldo, const Operands<float>& b, GradWrite mode) {
+  const int L = b.L, hs = b.hs, C = ld / 3;
+  const bool add = mode == GradWrite::accumulate;
+  block_gemm_bf16(hs, L, L, 1.0f, MatView<float>{dO, ldo, true}, MatView<bf16>{Pv16, L},
+                  OutView{dQ + 2 * C, ld, true, add}, b.pack);
+  block_gemm_bf16(L, hs, L, 1.0f, MatView<bf16>{dS16, L}, b.x16.K(), OutView{dQ, ld, false, add},
+                  b.pack);
+  block_gemm_bf16(hs, L, L, 1.0f, b.x16.Q(true), MatView<bf16>{dS16, L},
+                  OutView{dQ + C, ld, true, add}, b.pack);
+  // The rank-one corrections: kbar = mean of the keys, c = Σ_i e_i q_i / L.
+  float* kbar = b.corrections;
+  float* c = kbar + hs;
+  const float* row_sums = c + hs;
+  const float inv_L = 1.0f / static_cast<float>(L);
+  std::fill(kbar, kbar + 2 * hs, 0.0f);
+  for (int i = 0; i < L; ++i) {
+    const bf16* q = b.x16.q + static_cast<int64_t>(i) * b.x16.ld;
+    const bf16* k = q + b.x16.C;
+    const float e = row_sums[i];
+#pragma omp simd
+    for (int j = 0; j < hs; ++j) {
+      kbar[j] += to_float(k[j]);
+      c[j] += e * to_float(q[j]);
+    }
+  }
+  for (int j = 0; j < 2 * hs; ++j) kbar[j] *= inv_L;
+  for (int i = 0; i < L; ++i) {
+    float* dq = dQ + static_cast<int64_t>(i) * ld;
+    float* dk = dq + C;
+    const float e = row_sums[i];
+#pragma omp simd
+    for (int j = 0; j < hs; ++j) {
+      dq[j] -= e * kbar[j];
+      dk[j] -= c[j];
+    }
+  }
 }
 
 // S: the storage of qkv (T, or bf16 | f16 widened per block; bf16 products read bf16 as stored).
@@ -398,17 +415,32 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       block_probs(P, x, scale);
       if constexpr (!std::is_same_v<P_, T>)
         if (probs) store_rounded_nt(probs + first, P, static_cast<int64_t>(L) * L);
-      if (dropout.p > 0)
-        for (int i = 0; i < L; ++i) {
-          const int64_t r = static_cast<int64_t>(i) * L;
-          drop_row(Pd + r, P + r, L, mask, drawn + r, keep_scale);
-        }
-      const T* Pv = dropout.p > 0 ? Pd : P;
+      // out = Pv V, Pv = P or its dropped copy; for bf16 products Pv is rounded as it is written.
+      auto pv_into = [&](T* dst, int ld) {
+        if constexpr (std::is_same_v<T, float>)
+          if (x.pack) {
+            bf16* Pv16 = reinterpret_cast<bf16*>(Pd);
+            if (dropout.p > 0)
+              for (int i = 0; i < L; ++i) {
+                const int64_t r = static_cast<int64_t>(i) * L;
+                drop_row(Pv16 + r, P + r, L, mask, drawn + r, keep_scale);
+              }
+            else
+              round_to_bf16(Pv16, P, static_cast<int64_t>(L) * L);
+            return block_pv(dst, ld, Pv16, x);
+          }
+        if (dropout.p > 0)
+          for (int i = 0; i < L; ++i) {
+            const int64_t r = static_cast<int64_t>(i) * L;
+            drop_row(Pd + r, P + r, L, mask, drawn + r, keep_scale);
+          }
+        block_pv(dst, ld, dropout.p > 0 ? Pd : P, x);
+      };
       if constexpr (std::is_same_v<O, T>) {
-        block_pv(out + static_cast<int64_t>(a) * C + h * hs, C, Pv, x);
+        pv_into(out + static_cast<int64_t>(a) * C + h * hs, C);
       } else {
         T* block = out_scratch(mine, L, hs);  // [L, hs]
-        block_pv(block, hs, Pv, x);
+        pv_into(block, hs);
         for (int i = 0; i < L; ++i) {
           O* o = out + static_cast<int64_t>(a + i) * C + h * hs;
           for (int j = 0; j < hs; ++j) o[j] = to_half<O>(block[static_cast<int64_t>(i) * hs + j]);
@@ -477,17 +509,31 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
           decode_probs_row<P_>(rebuilt + static_cast<int64_t>(i) * L, L, probs == nullptr);
       }
       block_dp(dP, dO, C, x);  // dO Vᵀ
-      // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
+      // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale. For bf16
+      // products, Pv and dS are rounded to bf16 as they are written (into Pd's room: 2 x LL
+      // bf16).
+      if constexpr (std::is_same_v<T, float>)
+        if (x.pack) {
+          bf16 *Pv16 = reinterpret_cast<bf16*>(Pd), *dS16 = Pv16 + LL;
+          for (int i = 0; i < L; ++i) {
+            const int64_t r = static_cast<int64_t>(i) * L;
+            if (dropout.p > 0)
+              drop_rows_backward(Pv16 + r, dP + r, P + r, L, mask, drawn + r, keep_scale);
+            else
+              round_to_bf16(Pv16 + r, P + r, L);
+            softmax_backward_row(dP + r, P + r, L, scale);
+            x.corrections[2 * hs + i] = round_row_bf16(dS16 + r, dP + r, L);
+          }
+          block_input_grads16(dQ, C3, Pv16, dS16, dO, C, x, mode);  // dV, dQ, dK
+          continue;
+        }
       for (int i = 0; i < L; ++i) {
         const int64_t r = static_cast<int64_t>(i) * L;
         if (dropout.p > 0)
           drop_rows_backward(Pd + r, dP + r, P + r, L, mask, drawn + r, keep_scale);
         softmax_backward_row(dP + r, P + r, L, scale);
-        if constexpr (std::is_same_v<T, float>)
-          if (x.pack) x.corrections[2 * hs + i] = round_row_bf16(dP + r, L);
       }
-      const T* Pv = dropout.p > 0 ? Pd : P;
-      block_input_grads(dQ, C3, Pv, dP, dO, C, x, mode);  // dV, dQ, dK
+      block_input_grads(dQ, C3, dropout.p > 0 ? Pd : P, dP, dO, C, x, mode);  // dV, dQ, dK
     }
 }
 
