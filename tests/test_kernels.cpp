@@ -490,20 +490,6 @@ std::vector<KernelCase> kernel_cases() {
     const int N = golden_int("cross_entropy", "N"), V = golden_int("cross_entropy", "V");
     const size_t nz = static_cast<size_t>(N) * V;
     rows.push_back(row(
-        {"cross_entropy",
-         "cross_entropy",
-         {{"logits", nz, 2.0}},
-         {{"losses", size_t(N)}},
-         {{"probs", nz}},
-         {{"targets", golden_ints("cross_entropy", "targets")}}},
-        [=](auto& e) {
-          cross_entropy_forward(e["losses"], e["probs"], e["logits"], e.ints("targets"), N, V);
-        },
-        [=](auto& e) {
-          cross_entropy_backward(e.grad("logits"), e["probs"], e.ints("targets"), e.grad("losses"),
-                                 N, V);
-        }));
-    rows.push_back(row(
         {"cross_entropy, logits kept",
          "cross_entropy",
          {{"logits", nz, 2.0}},
@@ -912,10 +898,11 @@ TEST(KernelBf16, CrossEntropyBackwardToBf16EqualsItsComposition) {
   EXPECT_EQ(got[2 * V + 17].bits, 0);  // a row without a target
 }
 
-// The logits-kept cross-entropy gives the losses and gradient of the probability form (within
-// fp32 rounding) and its accuracy count, over a vocabulary-wide row with ties before and after
-// the target, the target at either end and rows without a target.
-TEST(KernelCount, LogitsKeptCrossEntropyMatchesTheProbabilityForm) {
+// The logits-kept cross-entropy against a double reference (log-sum-exp from the row's maximum;
+// gradient softmax - onehot), and its accuracy count against count_argmax_hits, over a
+// vocabulary-wide row with ties before and after the target, the target at either end and rows
+// without a target (loss 0, gradient 0, written over under GradWrite::overwrite).
+TEST(KernelCount, LogitsKeptCrossEntropyMatchesADoubleReference) {
   const int N = 64, V = 3001;
   SplitMix64 rng(9);
   std::vector<float> z(static_cast<size_t>(N) * V);
@@ -930,21 +917,38 @@ TEST(KernelCount, LogitsKeptCrossEntropyMatchesTheProbabilityForm) {
     if (n % 4 == 2) row[t] = row[top];  // a tie with the maximum, before or after it
     targets[static_cast<size_t>(n)] = n % 16 == 3 ? -100 : t;
   }
-  std::vector<float> probs(z.size()), losses(N), lse(N), want_losses(N), dl(N);
-  cross_entropy_forward(want_losses.data(), probs.data(), z.data(), targets.data(), N, V);
+  std::vector<float> losses(N), lse(N), dl(N);
   const int64_t want_hits = count_argmax_hits(z.data(), targets.data(), N, V);
   EXPECT_EQ(cross_entropy_logits_forward(losses.data(), lse.data(), z.data(), targets.data(), N, V),
             want_hits);
   EXPECT_GT(want_hits, N / 8);
   EXPECT_LT(want_hits, N - 4);
+  std::vector<double> ref_lse(N, 0.0);
   for (int n = 0; n < N; ++n) {
-    EXPECT_NEAR(losses[n], want_losses[n], 1e-5f * (1 + want_losses[n])) << n;
     dl[n] = 0.5f + 0.01f * static_cast<float>(n);
+    const float* row = z.data() + static_cast<size_t>(n) * V;
+    if (targets[n] < 0) {
+      EXPECT_EQ(losses[n], 0.0f) << n;
+      continue;
+    }
+    const double mx = *std::max_element(row, row + V);
+    double sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
+    ref_lse[n] = mx + std::log(sum);
+    EXPECT_NEAR(losses[n], ref_lse[n] - row[targets[n]], 1e-5 * (1 + ref_lse[n])) << n;
   }
-  std::vector<float> want(z.size(), 0.0f), got(z.size(), 0.5f);
-  cross_entropy_backward(want.data(), probs.data(), targets.data(), dl.data(), N, V);
+  std::vector<float> got(z.size(), 0.5f), over(z.size(), NAN);
   cross_entropy_logits_backward(got.data(), z.data(), lse.data(), targets.data(), dl.data(), N, V);
-  for (size_t i = 0; i < z.size(); ++i) ASSERT_NEAR(got[i] - 0.5f, want[i], 1e-6f) << i;
+  cross_entropy_logits_backward(over.data(), z.data(), lse.data(), targets.data(), dl.data(), N, V,
+                                GradWrite::overwrite);
+  for (int n = 0; n < N; ++n)
+    for (int v = 0; v < V; ++v) {
+      const size_t i = static_cast<size_t>(n) * V + v;
+      const double want =
+          targets[n] < 0 ? 0.0 : (std::exp(double(z[i]) - ref_lse[n]) - (v == targets[n])) * dl[n];
+      ASSERT_NEAR(got[i] - 0.5f, want, 1e-6) << n << " " << v;
+      ASSERT_NEAR(over[i], want, 1e-6) << n << " " << v;
+    }
 }
 
 // Attention's one-thread bf16 block product equals the double product of its operands rounded to

@@ -510,34 +510,6 @@ void embedding_backward(T* dword, T* dposition, T* dtoken_type, const T* dout, c
     }
 }
 
-template <typename T>
-void cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* targets, int N,
-                           int V) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const T* z = logits + static_cast<int64_t>(n) * V;
-    T* p = probs + static_cast<int64_t>(n) * V;
-    const T zt = targets[n] < 0 ? T(0) : z[targets[n]];  // read before p overwrites z
-    const SoftmaxStats<T> st = softmax_row(p, z, V);
-    losses[n] = targets[n] < 0 ? T(0) : -(zt - st.max - std::log(st.sum));
-  }
-}
-
-template <typename T>
-void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, const T* dlosses,
-                            int N, int V) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    if (targets[n] < 0) continue;
-    const T* p = probs + static_cast<int64_t>(n) * V;
-    T* d = dlogits + static_cast<int64_t>(n) * V;
-    const T g = dlosses[n];
-#pragma omp simd
-    for (int v = 0; v < V; ++v) d[v] += p[v] * g;
-    d[targets[n]] -= g;
-  }
-}
-
 namespace {
 
 // The largest entries of row z [V] before and after column t, in two reductions that
@@ -709,8 +681,6 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
                                      const T*, const T*, int, int);                                \
   template void embedding_backward<T>(T*, T*, T*, const T*, const int32_t*, const int32_t*,        \
                                       const int32_t*, int, int);                                   \
-  template void cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, int, int);              \
-  template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int, int);       \
   template int64_t cross_entropy_logits_forward<T>(T*, T*, const T*, const int32_t*, int, int);    \
   template void cross_entropy_logits_backward<T>(T*, const T*, const T*, const int32_t*, const T*, \
                                                  int, int, GradWrite);                             \

@@ -100,7 +100,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const f16* inp, const f16* weight, int N, int C, int OC,
                      GradWrite mode = GradWrite::accumulate);
 // The two GEMMs of that backward over an output gradient already in 16 bits (the bias gradient
-// is its producer's: cross_entropy_backward's 16-bit form).
+// is its producer's: cross_entropy_logits_backward's 16-bit form).
 void linear_backward(float* dinp, float* dweight, const bf16* dout16, const bf16* inp,
                      const bf16* weight, int N, int C, int OC,
                      GradWrite mode = GradWrite::accumulate);
@@ -120,18 +120,10 @@ template <typename T>
 void embedding_backward(T* dword, T* dposition, T* dtoken_type, const T* dout, const int32_t* ids,
                         const int32_t* pos, const int32_t* types, int n_tokens, int C);
 
-// Softmax cross-entropy per row. logits, probs: [N, V] (probs may be logits itself, overwriting
-// them); targets: [N] (< 0 = ignored: loss 0, no gradient); losses: [N].
-// Backward: dlogits += (probs - onehot(target)) * dlosses[n].
-template <typename T>
-void cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* targets, int N,
-                           int V);
-template <typename T>
-void cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets, const T* dlosses,
-                            int N, int V);
-
-// Softmax cross-entropy that keeps the logits and writes no probabilities: for the MLM decoder's
-// [N, V] over a vocabulary, where a probability matrix is one more [N, V] to write and read back.
+// Softmax cross-entropy per row (every head's classification loss: MLM, NSP, classifier) that
+// keeps the logits and writes no probabilities: over the MLM decoder's vocabulary a probability
+// matrix would be one more [N, V] to write and read back. logits: [N, V]; targets: [N] (< 0 =
+// ignored: loss 0, no gradient); losses: [N].
 // The forward gives losses[n] = lse[n] - z[n, target] and keeps lse[n] = log(sum_v exp(z[n, v]))
 // for the backward, in two passes over each row: the first finds the maximum and, split at the
 // target, whether the target is the row's first maximum, the second sums the exponentials. It

@@ -142,12 +142,12 @@ template <typename T, typename H>
 void nsp_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
                  Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size;
-  T *probs = s.ws.get(Rec::nsp_probs), *losses = s.ws.get(Rec::head_losses);
-  linear_forward(probs, s.ws.get(Rec::pooled), p.nsp_w, p.nsp_b, n, C, 2);
-  cross_entropy_forward(losses, probs, probs, targets, n, 2);
+  T *logits = s.ws.get(Rec::nsp_logits), *losses = s.ws.get(Rec::head_losses);
+  linear_forward(logits, s.ws.get(Rec::pooled), p.nsp_w, p.nsp_b, n, C, 2);
+  out.nsp_correct =
+      cross_entropy_logits_forward(losses, s.ws.get(Rec::nsp_lse), logits, targets, n, 2);
   out.nsp_count = count_targets(targets, n);
   out.nsp_loss = mean_loss(losses, n, s.nsp_total ? s.nsp_total : out.nsp_count);
-  out.nsp_correct = count_argmax_hits(probs, targets, n, 2);
 }
 
 template <typename T, typename H>
@@ -156,9 +156,9 @@ void nsp_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Param
   const int n = s.n_seq(), C = s.config.hidden_size;
   if (out.nsp_count == 0) return;
   T* dlogits = s.ws.get(Rec::nsp_dlogits);
-  zero_fill(dlogits, 2 * static_cast<int64_t>(n));
-  cross_entropy_backward(dlogits, s.ws.get(Rec::nsp_probs), targets,
-                         mean_dloss(s, n, s.nsp_total ? s.nsp_total : out.nsp_count), n, 2);
+  cross_entropy_logits_backward(dlogits, s.ws.get(Rec::nsp_logits), s.ws.get(Rec::nsp_lse), targets,
+                                mean_dloss(s, n, s.nsp_total ? s.nsp_total : out.nsp_count), n, 2,
+                                GradWrite::overwrite);
   linear_backward(s.ws.get(Rec::dpooled), g.nsp_w, g.nsp_b, dlogits, s.ws.get(Rec::pooled), p.nsp_w,
                   n, C, 2);
 }
@@ -168,15 +168,15 @@ void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p, const
                         Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size, NL = s.config.num_labels;
   T *in = s.ws.get(Rec::cls_drop), *logits = s.ws.get(Rec::cls_logits),
-    *probs = s.ws.get(Rec::cls_probs), *losses = s.ws.get(Rec::head_losses);
+    *losses = s.ws.get(Rec::head_losses);
   const T* pooled = s.ws.get(Rec::pooled);
   const int64_t nC = static_cast<int64_t>(n) * C;
   dropout_site(s, in, pooled, nC, kNoLayer, kPooled);
   linear_forward(logits, in, p.cls_w, p.cls_b, n, C, NL);
-  cross_entropy_forward(losses, probs, logits, targets, n, NL);
+  out.cls_correct =
+      cross_entropy_logits_forward(losses, s.ws.get(Rec::cls_lse), logits, targets, n, NL);
   out.cls_count = count_targets(targets, n);
   out.cls_loss = mean_loss(losses, n, s.cls_total ? s.cls_total : out.cls_count);
-  out.cls_correct = count_argmax_hits(probs, targets, n, NL);
 }
 
 template <typename T, typename H>
@@ -187,9 +187,9 @@ void classifier_backward(const StepContext<T, H>& s, const ParamView<T>& p, cons
   const int64_t nC = static_cast<int64_t>(n) * C;
   T *dlogits = s.ws.get(Rec::cls_dlogits), *din = s.ws.get(Rec::cls_ddrop),
     *dpooled = s.ws.get(Rec::dpooled);
-  zero_fill(dlogits, static_cast<int64_t>(n) * NL);
-  cross_entropy_backward(dlogits, s.ws.get(Rec::cls_probs), targets,
-                         mean_dloss(s, n, s.cls_total ? s.cls_total : out.cls_count), n, NL);
+  cross_entropy_logits_backward(dlogits, s.ws.get(Rec::cls_logits), s.ws.get(Rec::cls_lse), targets,
+                                mean_dloss(s, n, s.cls_total ? s.cls_total : out.cls_count), n, NL,
+                                GradWrite::overwrite);
   zero_fill(din, nC);
   linear_backward(din, g.cls_w, g.cls_b, dlogits, s.ws.get(Rec::cls_drop), p.cls_w, n, C, NL);
   if (s.p_hidden > 0)

@@ -125,10 +125,11 @@ enum class Rec : uint8_t {
   mlm_logits,
   mlm_lse,
   mlm_t3,
-  nsp_probs,
+  nsp_logits,
+  nsp_lse,
   cls_drop,
   cls_logits,
-  cls_probs,
+  cls_lse,
   span_logits,
   span_probs,
   // scratch: forward temporaries and gradients
