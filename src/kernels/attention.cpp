@@ -17,10 +17,11 @@ namespace packbert::kernels {
 // Each (sequence, head) block is two GEMMs forward (Q·Kᵀ, P·V) and four backward (five when the
 // probabilities are recomputed) over strided views of qkv (row stride 3C), run in parallel over
 // blocks; inside a parallel region oneDNN's sgemm runs single-threaded, so the two levels of
-// parallelism do not fight. Under bf16 (a bf16 qkv) on a CPU with AVX512-BF16, five of the six
-// products run as one thread's bf16 block products instead (kernels/block_gemm.h), on q, k and v
-// as stored, with P, dO and dS rounded to bf16 as they are packed. All six do: dS is rounded and
-// then re-centred so its rows still sum to zero (block_input_grads says why).
+// parallelism do not fight. Under bf16 (a bf16 qkv) on a CPU with AVX512-BF16, all six products
+// run as one thread's bf16 block products instead (kernels/block_gemm.h), on q, k and v as
+// stored, with the (dropped) probabilities and dS rounded to bf16 by the loops that write them
+// and dO as it is packed; dS is re-centred so its rows still sum to zero (block_input_grads says
+// why).
 
 void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64_t* off) {
   off[0] = 0;
@@ -416,24 +417,23 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       if constexpr (!std::is_same_v<P_, T>)
         if (probs) store_rounded_nt(probs + first, P, static_cast<int64_t>(L) * L);
       // out = Pv V, Pv = P or its dropped copy; for bf16 products Pv is rounded as it is written.
+      auto drop_into = [&](auto* dropped) {  // T, or bf16 for bf16 products
+        for (int i = 0; i < L; ++i) {
+          const int64_t r = static_cast<int64_t>(i) * L;
+          drop_row(dropped + r, P + r, L, mask, drawn + r, keep_scale);
+        }
+      };
       auto pv_into = [&](T* dst, int ld) {
         if constexpr (std::is_same_v<T, float>)
           if (x.pack) {
             bf16* Pv16 = reinterpret_cast<bf16*>(Pd);
             if (dropout.p > 0)
-              for (int i = 0; i < L; ++i) {
-                const int64_t r = static_cast<int64_t>(i) * L;
-                drop_row(Pv16 + r, P + r, L, mask, drawn + r, keep_scale);
-              }
+              drop_into(Pv16);
             else
               round_to_bf16(Pv16, P, static_cast<int64_t>(L) * L);
             return block_pv(dst, ld, Pv16, x);
           }
-        if (dropout.p > 0)
-          for (int i = 0; i < L; ++i) {
-            const int64_t r = static_cast<int64_t>(i) * L;
-            drop_row(Pd + r, P + r, L, mask, drawn + r, keep_scale);
-          }
+        if (dropout.p > 0) drop_into(Pd);
         block_pv(dst, ld, dropout.p > 0 ? Pd : P, x);
       };
       if constexpr (std::is_same_v<O, T>) {

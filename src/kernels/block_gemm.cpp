@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kernels/cpu.h"
+#include "kernels/transpose16.h"
 
 // The packed layouts: A as [M][Kp] bf16 rows (Kp = K rounded up to even, a zero past K), B as
 // [Kp / 2][Np] pairs (Np = N rounded up to 32): pair (kk, n) holds B[2kk][n] in its low half and
@@ -61,33 +62,6 @@ PACKBERT_BF16_TARGET inline __m512i pairs32(const float* p) {
 }
 PACKBERT_BF16_TARGET inline __m512i pairs32(const bf16* p) {
   return _mm512_loadu_si512(p);
-}
-
-// Transposes 16 x 16 dwords in registers: afterwards r[j] lane i holds what r[i] lane j held.
-PACKBERT_BF16_TARGET inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // Per group g of 4 rows, u[4g + k] holds column 4l + k of the group's rows in lane l.
-  __m512i u[16];
-  for (int g = 0; g < 4; ++g) {
-    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int k = 0; k < 4; ++k) {
-    const __m512i w0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
-    const __m512i w1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
-    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
-    const __m512i w3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
-    r[k] = _mm512_shuffle_i32x4(w0, w2, 0x88);
-    r[k + 8] = _mm512_shuffle_i32x4(w0, w2, 0xdd);
-    r[k + 4] = _mm512_shuffle_i32x4(w1, w3, 0x88);
-    r[k + 12] = _mm512_shuffle_i32x4(w1, w3, 0xdd);
-  }
 }
 
 inline uint16_t bits_of(float x) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/transpose16.h"
 #include "rng.h"
 #include "stopwatch.h"
 
@@ -69,32 +70,10 @@ inline void transpose_tile(const T* src, int64_t lds, T* dst, int64_t ldd, int r
 #ifdef __AVX512F__
   if constexpr (std::is_same_v<T, float>)
     if (rows == 16 && cols == 16) {
-      __m512 r[16], t[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
-      for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-      }
-      // Per group g of 4 rows, u[4g + k] holds column 4l + k of the group's rows in lane l.
-      __m512 u[16];
-      for (int g = 0; g < 4; ++g) {
-        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
-        const __m512d c = _mm512_castps_pd(t[4 * g + 1]), d = _mm512_castps_pd(t[4 * g + 3]);
-        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-      }
-      for (int k = 0; k < 4; ++k) {
-        const __m512 w0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
-        const __m512 w1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
-        const __m512 w2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
-        const __m512 w3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
-        _mm512_storeu_ps(dst + k * ldd, _mm512_shuffle_f32x4(w0, w2, 0x88));
-        _mm512_storeu_ps(dst + (k + 8) * ldd, _mm512_shuffle_f32x4(w0, w2, 0xdd));
-        _mm512_storeu_ps(dst + (k + 4) * ldd, _mm512_shuffle_f32x4(w1, w3, 0x88));
-        _mm512_storeu_ps(dst + (k + 12) * ldd, _mm512_shuffle_f32x4(w1, w3, 0xdd));
-      }
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(_mm512_loadu_ps(src + i * lds));
+      transpose16(r);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(dst + j * ldd, _mm512_castsi512_ps(r[j]));
       return;
     }
 #endif
