@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
@@ -24,10 +25,26 @@ using namespace packbert::kernels;
 
 namespace {
 
-std::vector<float> randn(size_t n, float scale, uint32_t seed) {
+// 64-byte-aligned buffers, as the model's workspace gives its layers (whole cache lines per
+// row, which the sparse forward's streamed stores need).
+template <typename T>
+struct Aligned {
+  using value_type = T;
+  Aligned() = default;
+  template <typename U>
+  Aligned(const Aligned<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+  bool operator==(const Aligned&) const { return true; }
+};
+using Buffer = std::vector<float, Aligned<float>>;
+
+Buffer randn(size_t n, float scale, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
+  Buffer v(n);
   for (float& x : v) x = d(rng);
   return v;
 }
@@ -66,7 +83,7 @@ int main(int argc, char** argv) {
   const auto dy = randn(static_cast<size_t>(N) * OC, 1.0f, 2);
   const auto w = randn(static_cast<size_t>(OC) * C, 0.02f, 3);
   const auto bias = randn(OC, 0.02f, 4);
-  std::vector<float> y(static_cast<size_t>(N) * OC), dx(static_cast<size_t>(N) * C),
+  Buffer y(static_cast<size_t>(N) * OC), dx(static_cast<size_t>(N) * C),
       dw(static_cast<size_t>(OC) * C), db(OC);
 
   auto dense_step = [&] {
@@ -76,9 +93,9 @@ int main(int argc, char** argv) {
   for (int B : blocks) {
     const BlockPattern p =
         random_block_pattern(OC, C, B, blocks_kept(OC, C, B, sparsity), 1234 + B);
-    std::vector<float> values(p.values_size()), dvalues(p.values_size());
+    Buffer values(p.values_size()), dvalues(p.values_size());
     gather_blocks(values.data(), p, w.data());
-    std::vector<float> scratch(sparse_linear_scratch(p, N));
+    Buffer scratch(sparse_linear_scratch(p, N));
     auto sparse_step = [&] {
       sparse_linear_forward(y.data(), x.data(), p, values.data(), bias.data(), N, scratch.data());
       sparse_linear_backward(dx.data(), dvalues.data(), db.data(), dy.data(), x.data(), p,

@@ -296,8 +296,9 @@ int row_tiles(int N) {
   return (N + kRowTile - 1) / kRowTile;
 }
 
-// packed = src [N, width] packed tile by tile (above). With colsum, also colsum[c] += sum over
-// t of src[t][c] (the bias gradient, taken while dout streams by): each tile's sums go to
+// packed = src [N, width] packed tile by tile (above), one block column of a tile at a time
+// (R strided loads, one contiguous store of R x B). With colsum, also colsum[c] += sum over t of
+// src[t][c] (the bias gradient, taken while dout streams by): each tile's sums go to
 // partial[tile][width], then each column adds its tiles in order, so the sum does not depend on
 // the thread count.
 template <int B>
@@ -309,16 +310,28 @@ void pack_tiles(float* packed, const float* src, int N, int width, float* colsum
   {
 #pragma omp for schedule(static)
     for (int tile = 0; tile < tiles; ++tile) {
+      const int nt = std::min(R, N - tile * R);
+      const float* rows = src + static_cast<int64_t>(tile) * R * width;
       float* dst = packed + static_cast<int64_t>(tile) * R * width;
-      float* sums = colsum ? partial + static_cast<int64_t>(tile) * width : nullptr;
-      if (sums) std::fill(sums, sums + width, 0.0f);
-      for (int r = 0; r < R; ++r) {
-        const int t = tile * R + r;
-        for (int cb = 0; cb < blocks; ++cb) {
-          const V v = t < N ? load_lanes<B>(src + static_cast<int64_t>(t) * width + cb * B) : V{};
-          store_lanes<B>(dst + (cb * R + r) * B, v);
-          if (sums) store_lanes<B>(sums + cb * B, load_lanes<B>(sums + cb * B) + v);
+      for (int cb = 0; cb < blocks; ++cb) {
+        const float* s = rows + cb * B;
+        float* d = dst + cb * R * B;
+        V sum = {};
+        if (nt == R) {
+#pragma GCC unroll 24
+          for (int r = 0; r < R; ++r) {
+            const V v = load_lanes<B>(s + static_cast<int64_t>(r) * width);
+            store_lanes<B>(d + r * B, v);
+            sum += v;
+          }
+        } else {
+          for (int r = 0; r < R; ++r) {
+            const V v = r < nt ? load_lanes<B>(s + static_cast<int64_t>(r) * width) : V{};
+            store_lanes<B>(d + r * B, v);
+            sum += v;
+          }
         }
+        if (colsum) store_lanes<B>(partial + static_cast<int64_t>(tile) * width + cb * B, sum);
       }
     }
     if (colsum) add_tile_sums(colsum, partial, tiles, width);
@@ -327,15 +340,25 @@ void pack_tiles(float* packed, const float* src, int N, int width, float* colsum
 
 // R tokens of one output block: acc[t] += sum over the list's slots and b < B of
 // tile[src_block(s)][t][b] * wrows(s)[b][:]. R is a constant so the accumulators stay in
-// registers and the R chains of FMAs interleave.
+// registers and the R chains of FMAs interleave. The blocks of the slot PF places on in the
+// list (up to e_end, the list's end: across output blocks, within the tile) are prefetched: a
+// slot's blocks sit at another place of the tile and the weights each time, which the hardware
+// prefetcher cannot guess (without it a third of the time went to the first loads of a slot).
 template <int B, int R>
 inline void row_tile(typename Lanes<B>::type (&acc)[R], const float* tile, int e0, int e1,
-                     const int32_t* list, const int32_t* src_block, const float* wrows) {
+                     int e_end, const int32_t* list, const int32_t* src_block, const float* wrows) {
   using V = typename Lanes<B>::type;
+  constexpr int PF = 2;  // slots ahead: their blocks come from L2, a slot takes ~200 cycles
   for (int e = e0; e < e1; ++e) {
     const int s = list[e];
     const float* w = wrows + static_cast<int64_t>(s) * B * B;
     const float* xb = tile + src_block[e] * R * B;
+    if (e + PF < e_end) {
+      const float* wn = wrows + static_cast<int64_t>(list[e + PF]) * B * B;
+      const float* xn = tile + src_block[e + PF] * R * B;
+      for (int l = 0; l < B * B; l += 16) __builtin_prefetch(wn + l);
+      for (int l = 0; l < R * B; l += 16) __builtin_prefetch(xn + l);
+    }
 #pragma GCC unroll 16
     for (int b = 0; b < B; ++b) {
       const V wv = load_lanes<B>(w + b * B);
@@ -349,6 +372,9 @@ inline void row_tile(typename Lanes<B>::type (&acc)[R], const float* tile, int e
 // wrow(s, b) (+ bias), src packed (pack_tiles, width ld_src), wrow(s, b) a row of B weights:
 // forward, rows of the transposed blocks; input gradient, rows of the blocks as stored. One
 // thread per (token tile, output block) sums in list order: independent of the thread count.
+// A large output written over (the forward's, 25 MB at BERT-base's FFN over 2,048 tokens) with
+// 16 x 16 blocks goes out with non-temporal stores: each row of a block is one whole cache line,
+// and reading each line in before overwriting it would double the traffic.
 template <int B>
 void row_product(float* out, int ld_out, bool accumulate, const float* bias, const float* packed,
                  int ld_src, int N, const std::vector<int32_t>& start,
@@ -357,20 +383,37 @@ void row_product(float* out, int ld_out, bool accumulate, const float* bias, con
   using V = typename Lanes<B>::type;
   constexpr int R = kRowTile;
   const int n_out = static_cast<int>(start.size()) - 1;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int tile = 0; tile < row_tiles(N); ++tile)
-    for (int ob = 0; ob < n_out; ++ob) {
-      const int t0 = tile * R, nt = std::min(R, N - t0);
-      V acc[R] = {};
-      row_tile<B, R>(acc, packed + static_cast<int64_t>(tile) * R * ld_src, start[ob],
-                     start[ob + 1], list.data(), src_block.data(), wrows);
-      V bv = {};
-      if (bias) bv = load_lanes<B>(bias + ob * B);
-      for (int t = 0; t < nt; ++t) {
-        float* o = out + static_cast<int64_t>(t0 + t) * ld_out + ob * B;
-        store_lanes<B>(o, accumulate ? load_lanes<B>(o) + acc[t] : acc[t] + bv);
+  constexpr int64_t kStreamBytes = int64_t{8} << 20;
+  [[maybe_unused]] const bool stream =
+      B == 16 && !accumulate && reinterpret_cast<uintptr_t>(out) % 64 == 0 && ld_out % 16 == 0 &&
+      static_cast<int64_t>(N) * ld_out * sizeof(float) >= kStreamBytes;
+#pragma omp parallel
+  {
+#pragma omp for collapse(2) schedule(static) nowait
+    for (int tile = 0; tile < row_tiles(N); ++tile)
+      for (int ob = 0; ob < n_out; ++ob) {
+        const int t0 = tile * R, nt = std::min(R, N - t0);
+        V acc[R] = {};
+        row_tile<B, R>(acc, packed + static_cast<int64_t>(tile) * R * ld_src, start[ob],
+                       start[ob + 1], start[n_out], list.data(), src_block.data(), wrows);
+        V bv = {};
+        if (bias) bv = load_lanes<B>(bias + ob * B);
+        for (int t = 0; t < nt; ++t) {
+          float* o = out + static_cast<int64_t>(t0 + t) * ld_out + ob * B;
+#ifdef __AVX512F__
+          if constexpr (B == 16)
+            if (stream) {
+              _mm512_stream_ps(o, reinterpret_cast<__m512>(acc[t] + bv));
+              continue;
+            }
+#endif
+          store_lanes<B>(o, accumulate ? load_lanes<B>(o) + acc[t] : acc[t] + bv);
+        }
       }
-    }
+#ifdef __AVX512F__
+    _mm_sfence();  // the streamed lines are visible before the team's closing barrier
+#endif
+  }
 }
 
 // dvalues[s][o][:] += sum over tokens of dout[t][row(s) * B + o] * inp[t][col(s) * B ..], both
@@ -382,6 +425,7 @@ void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_pa
                      const float* inp_packed, int N) {
   using V = typename Lanes<B>::type;
   constexpr int R = kRowTile;
+  constexpr int kAhead = 4;  // tiles
   const int n = p.nnz(), tiles = row_tiles(N);
 #pragma omp parallel for schedule(static)
   for (int e = 0; e < n; ++e) {
@@ -393,6 +437,12 @@ void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_pa
       const float* dy =
           dout_packed + static_cast<int64_t>(tile) * R * p.rows + p.slot_row[s] * R * B;
       const float* x = inp_packed + static_cast<int64_t>(tile) * R * p.cols + p.slot_col[s] * R * B;
+      // The next tile's output gradient (the row's, in L2 after its first slot) and, further
+      // ahead, the input's (another block column each slot: from L3).
+      if (tile + 1 < tiles)
+        for (int l = 0; l < R * B; l += 16) __builtin_prefetch(dy + R * p.rows + l);
+      if (tile + kAhead < tiles)
+        for (int l = 0; l < R * B; l += 16) __builtin_prefetch(x + kAhead * R * p.cols + l);
       for (int t = 0; t < R; ++t) {
         const V xv = load_lanes<B>(x + t * B);
 #pragma GCC unroll 16
