@@ -296,46 +296,44 @@ int row_tiles(int N) {
   return (N + kRowTile - 1) / kRowTile;
 }
 
-// packed = src [N, width] packed tile by tile (above), one block column of a tile at a time
-// (R strided loads, one contiguous store of R x B). With colsum, also colsum[c] += sum over t of
-// src[t][c] (the bias gradient, taken while dout streams by): each tile's sums go to
-// partial[tile][width], then each column adds its tiles in order, so the sum does not depend on
-// the thread count.
+// Tile `tile` of src [N, width] packed (above), one block column at a time (R strided loads, one
+// contiguous store of R x B). With partial, also partial[tile][c] = the tile's sum of src[t][c]
+// (the bias gradient's share, taken while dout streams by; add_tile_sums adds the tiles in
+// order, so the sum does not depend on the thread count). pack_tiles packs them all.
 template <int B>
-void pack_tiles(float* packed, const float* src, int N, int width, float* colsum, float* partial) {
+void pack_tile(float* packed, const float* src, int tile, int N, int width, float* partial) {
   using V = typename Lanes<B>::type;
   constexpr int R = kRowTile;
-  const int blocks = width / B, tiles = row_tiles(N);
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (int tile = 0; tile < tiles; ++tile) {
-      const int nt = std::min(R, N - tile * R);
-      const float* rows = src + static_cast<int64_t>(tile) * R * width;
-      float* dst = packed + static_cast<int64_t>(tile) * R * width;
-      for (int cb = 0; cb < blocks; ++cb) {
-        const float* s = rows + cb * B;
-        float* d = dst + cb * R * B;
-        V sum = {};
-        if (nt == R) {
+  const int blocks = width / B, nt = std::min(R, N - tile * R);
+  const float* rows = src + static_cast<int64_t>(tile) * R * width;
+  float* dst = packed + static_cast<int64_t>(tile) * R * width;
+  for (int cb = 0; cb < blocks; ++cb) {
+    const float* s = rows + cb * B;
+    float* d = dst + cb * R * B;
+    V sum = {};
+    if (nt == R) {
 #pragma GCC unroll 24
-          for (int r = 0; r < R; ++r) {
-            const V v = load_lanes<B>(s + static_cast<int64_t>(r) * width);
-            store_lanes<B>(d + r * B, v);
-            sum += v;
-          }
-        } else {
-          for (int r = 0; r < R; ++r) {
-            const V v = r < nt ? load_lanes<B>(s + static_cast<int64_t>(r) * width) : V{};
-            store_lanes<B>(d + r * B, v);
-            sum += v;
-          }
-        }
-        if (colsum) store_lanes<B>(partial + static_cast<int64_t>(tile) * width + cb * B, sum);
+      for (int r = 0; r < R; ++r) {
+        const V v = load_lanes<B>(s + static_cast<int64_t>(r) * width);
+        store_lanes<B>(d + r * B, v);
+        sum += v;
+      }
+    } else {
+      for (int r = 0; r < R; ++r) {
+        const V v = r < nt ? load_lanes<B>(s + static_cast<int64_t>(r) * width) : V{};
+        store_lanes<B>(d + r * B, v);
+        sum += v;
       }
     }
-    if (colsum) add_tile_sums(colsum, partial, tiles, width);
+    if (partial) store_lanes<B>(partial + static_cast<int64_t>(tile) * width + cb * B, sum);
   }
+}
+
+template <int B>
+void pack_tiles(float* packed, const float* src, int N, int width) {
+#pragma omp parallel for schedule(static)
+  for (int tile = 0; tile < row_tiles(N); ++tile)
+    pack_tile<B>(packed, src, tile, N, width, nullptr);
 }
 
 // R tokens of one output block: acc[t] += sum over the list's slots and b < B of
@@ -369,47 +367,62 @@ inline void row_tile(typename Lanes<B>::type (&acc)[R], const float* tile, int e
 }
 
 // out[t][ob * B ..] (+)= sum over the list's slots s and b < B of src[t][src_block(s) * B + b] *
-// wrow(s, b) (+ bias), src packed (pack_tiles, width ld_src), wrow(s, b) a row of B weights:
+// wrow(s, b) (+ bias), src packed (pack_tile, width ld_src), wrow(s, b) a row of B weights:
 // forward, rows of the transposed blocks; input gradient, rows of the blocks as stored. One
 // thread per (token tile, output block) sums in list order: independent of the thread count.
-// A large output written over (the forward's, 25 MB at BERT-base's FFN over 2,048 tokens) with
-// 16 x 16 blocks goes out with non-temporal stores: each row of a block is one whole cache line,
-// and reading each line in before overwriting it would double the traffic.
 template <int B>
-void row_product(float* out, int ld_out, bool accumulate, const float* bias, const float* packed,
-                 int ld_src, int N, const std::vector<int32_t>& start,
-                 const std::vector<int32_t>& list, const std::vector<int32_t>& src_block,
-                 const float* wrows) {
-  using V = typename Lanes<B>::type;
-  constexpr int R = kRowTile;
-  const int n_out = static_cast<int>(start.size()) - 1;
+struct RowProduct {
+  float* out;
+  int ld_out;
+  bool accumulate;
+  const float* bias;  // may be null
+  const float* packed;
+  int ld_src, N;
+  const std::vector<int32_t>&start, &list, &src_block;
+  const float* wrows;
+  bool stream = false;  // the forward's output with streamed stores (see below)
+
+  int outputs() const { return static_cast<int>(start.size()) - 1; }
+
+  // The R tokens of tile `tile` for output block ob.
+  void operator()(int tile, int ob) const {
+    using V = typename Lanes<B>::type;
+    constexpr int R = kRowTile;
+    const int t0 = tile * R, nt = std::min(R, N - t0);
+    V acc[R] = {};
+    row_tile<B, R>(acc, packed + static_cast<int64_t>(tile) * R * ld_src, start[ob], start[ob + 1],
+                   start[outputs()], list.data(), src_block.data(), wrows);
+    V bv = {};
+    if (bias) bv = load_lanes<B>(bias + ob * B);
+    for (int t = 0; t < nt; ++t) {
+      float* o = out + static_cast<int64_t>(t0 + t) * ld_out + ob * B;
+#ifdef __AVX512F__
+      if constexpr (B == 16)
+        if (stream) {
+          _mm512_stream_ps(o, reinterpret_cast<__m512>(acc[t] + bv));
+          continue;
+        }
+#endif
+      store_lanes<B>(o, accumulate ? load_lanes<B>(o) + acc[t] : acc[t] + bv);
+    }
+  }
+};
+
+// The forward product over every (token tile, output block). A large output written over (25
+// MB at BERT-base's FFN over 2,048 tokens) with 16 x 16 blocks goes out with streamed stores:
+// each row of a block is one whole cache line, and reading each line in before overwriting it
+// would double the traffic.
+template <int B>
+void row_product(RowProduct<B> product) {
   constexpr int64_t kStreamBytes = int64_t{8} << 20;
-  [[maybe_unused]] const bool stream =
-      B == 16 && !accumulate && reinterpret_cast<uintptr_t>(out) % 64 == 0 && ld_out % 16 == 0 &&
-      static_cast<int64_t>(N) * ld_out * sizeof(float) >= kStreamBytes;
+  product.stream = B == 16 && !product.accumulate &&
+                   reinterpret_cast<uintptr_t>(product.out) % 64 == 0 && product.ld_out % 16 == 0 &&
+                   static_cast<int64_t>(product.N) * product.ld_out * sizeof(float) >= kStreamBytes;
 #pragma omp parallel
   {
 #pragma omp for collapse(2) schedule(static) nowait
-    for (int tile = 0; tile < row_tiles(N); ++tile)
-      for (int ob = 0; ob < n_out; ++ob) {
-        const int t0 = tile * R, nt = std::min(R, N - t0);
-        V acc[R] = {};
-        row_tile<B, R>(acc, packed + static_cast<int64_t>(tile) * R * ld_src, start[ob],
-                       start[ob + 1], start[n_out], list.data(), src_block.data(), wrows);
-        V bv = {};
-        if (bias) bv = load_lanes<B>(bias + ob * B);
-        for (int t = 0; t < nt; ++t) {
-          float* o = out + static_cast<int64_t>(t0 + t) * ld_out + ob * B;
-#ifdef __AVX512F__
-          if constexpr (B == 16)
-            if (stream) {
-              _mm512_stream_ps(o, reinterpret_cast<__m512>(acc[t] + bv));
-              continue;
-            }
-#endif
-          store_lanes<B>(o, accumulate ? load_lanes<B>(o) + acc[t] : acc[t] + bv);
-        }
-      }
+    for (int tile = 0; tile < row_tiles(product.N); ++tile)
+      for (int ob = 0; ob < product.outputs(); ++ob) product(tile, ob);
 #ifdef __AVX512F__
     _mm_sfence();  // the streamed lines are visible before the team's closing barrier
 #endif
@@ -646,9 +659,9 @@ void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T*
       transpose_blocks(valuesT, values, p.nnz(), p.block);
       with_block(p.block, [&]<int B, int K>() {
         if constexpr (B > 1) {
-          pack_tiles<B>(inp_packed, inp, N, p.cols, nullptr, nullptr);
-          row_product<B>(out, p.rows, false, bias, inp_packed, p.cols, N, p.by_row_start, p.by_row,
-                         p.by_row_col, valuesT);
+          pack_tiles<B>(inp_packed, inp, N, p.cols);
+          row_product<B>({out, p.rows, false, bias, inp_packed, p.cols, N, p.by_row_start, p.by_row,
+                          p.by_row_col, valuesT});
         }
       });
       return;
@@ -673,11 +686,24 @@ void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const 
       float* partial = inp_packed + rows_packed * p.cols;
       with_block(p.block, [&]<int B, int K>() {
         if constexpr (B > 1) {
-          pack_tiles<B>(dout_packed, dout, N, p.rows, dbias, partial);
-          pack_tiles<B>(inp_packed, inp, N, p.cols, nullptr, nullptr);
-          if (dinp)
-            row_product<B>(dinp, p.cols, true, nullptr, dout_packed, p.rows, N, p.by_col_start,
-                           p.by_col, p.by_col_row, values);
+          // Tile by tile: dout's tile packed (its bias sums on the way), then the input gradient
+          // of its tokens while the packed tile is in L2.
+          const RowProduct<B> dinp_product{dinp,        p.cols,       true,  nullptr,
+                                           dout_packed, p.rows,       N,     p.by_col_start,
+                                           p.by_col,    p.by_col_row, values};
+#pragma omp parallel
+          {
+#pragma omp for schedule(static)
+            for (int tile = 0; tile < row_tiles(N); ++tile) {
+              pack_tile<B>(dout_packed, dout, tile, N, p.rows, dbias ? partial : nullptr);
+              if (dinp)
+                for (int ob = 0; ob < dinp_product.outputs(); ++ob) dinp_product(tile, ob);
+            }
+            if (dbias) add_tile_sums(dbias, partial, row_tiles(N), p.rows);
+#pragma omp for schedule(static)
+            for (int tile = 0; tile < row_tiles(N); ++tile)
+              pack_tile<B>(inp_packed, inp, tile, N, p.cols, nullptr);
+          }
           row_weight_grad<B>(dvalues, p, dout_packed, inp_packed, N);
         }
       });
