@@ -175,8 +175,8 @@ TEST(SparseLinear, StreamedForwardOutputEqualsTheDenseLayer) {
 // Every output element is one thread's sum in a fixed order: 1 and 2 threads agree bit for bit.
 TEST(SparseLinear, ResultsDoNotDependOnTheThreadCount) {
   std::mt19937 rng(12);
-  for (const int B : {1, 16}) {
-    const int N = 200, C = 64, OC = 96;
+  for (const int B : {1, 4, 8, 16}) {
+    const int N = 203, C = 64, OC = 96;
     const BlockPattern p = random_block_pattern(OC, C, B, blocks_kept(OC, C, B, 0.7), 9);
     const auto x = randn(static_cast<size_t>(N) * C, rng);
     const auto dy = randn(static_cast<size_t>(N) * OC, rng);

@@ -268,13 +268,32 @@ void token_weight_grad_1x1(T* dvalues, const BlockPattern& p, const T* doutT, co
     }
 }
 
-// Row-major kernels, float only, one vector of B lanes per block row or column: they need no
-// transposed activations, only the activations packed tile by tile: [tiles][blocks][R][B], R
-// tokens per tile (zeros past N). A tile's values of one block column sit together, so R
-// tokens of one block are R x B floats at fixed offsets from one pointer, and a whole tile (R
-// rows of the activation) is one contiguous stretch that stays in cache while every output
-// block is computed from it. A block's B outputs (forward), B inputs (input gradient) or B
-// columns (weight gradient) are one vector; R tokens are the register tile.
+// Row-major kernels, float only, B = 4, 8 and 16: one 16-lane vector holds a block's B outputs
+// (inputs, weight rows) for G = 16 / B tokens at once, lane j * G + q for feature j of the
+// group's token q, so every block size fills a whole 512-bit register; 24 such vectors are the
+// register tile (24 G tokens). The activations are packed tile by tile, [tiles][blocks][24][B][G]
+// (zeros past N): a tile's block column is one stretch of 24 x 16 floats at a fixed offset from
+// one pointer, a group's G values of one feature are adjacent (one broadcast of G floats), and
+// a group's B x G values are one vector (the weight gradient's load). At B = 16 (G = 1) this is
+// the activations' rows cut into blocks.
+using V16 = Vec<float>;
+
+template <int B>
+constexpr int kGroup = 16 / B;  // tokens per vector
+constexpr int kRowTile = 24;    // vectors in the register tile
+template <int B>
+constexpr int kTileTokens = kRowTile* kGroup<B>;
+constexpr int kTileBlock = kRowTile * 16;  // floats of one block column of a tile
+
+template <int B>
+int row_tiles(int N) {
+  return (N + kTileTokens<B> - 1) / kTileTokens<B>;
+}
+int row_tiles(int N, int B) {
+  const int tokens = kRowTile * (16 / B);
+  return (N + tokens - 1) / tokens;
+}
+
 template <int B>
 struct Lanes {
   typedef float type __attribute__((vector_size(4 * B)));
@@ -290,78 +309,182 @@ inline void store_lanes(float* p, typename Lanes<B>::type v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-constexpr int kRowTile = 24;  // tokens per tile and register tile of the row-major kernels
-
-int row_tiles(int N) {
-  return (N + kRowTile - 1) / kRowTile;
+// The G floats at p repeated across the vector: lane l = p[l % G].
+template <int G>
+inline V16 repeat_group(const float* p) {
+#ifdef __AVX512F__
+  if constexpr (G == 2) {
+    double d;
+    std::memcpy(&d, p, sizeof d);
+    return reinterpret_cast<V16>(_mm512_set1_pd(d));
+  } else if constexpr (G == 4) {
+    return reinterpret_cast<V16>(_mm512_broadcast_f32x4(_mm_loadu_ps(p)));
+  }
+#endif
+  V16 v;
+  for (int l = 0; l < 16; ++l) v[l] = p[l % G];  // G = 1: one broadcast
+  return v;
 }
 
-// Tile `tile` of src [N, width] packed (above), one block column at a time (R strided loads, one
-// contiguous store of R x B). With partial, also partial[tile][c] = the tile's sum of src[t][c]
-// (the bias gradient's share, taken while dout streams by; add_tile_sums adds the tiles in
-// order, so the sum does not depend on the thread count). pack_tiles packs them all.
+// The B floats at p spread over the vector: lane j * G + q = p[j].
+template <int B>
+inline V16 spread(const float* p) {
+  constexpr int G = kGroup<B>;
+  if constexpr (G == 1) {
+    return load<float>(p);
+  } else {
+#ifdef __AVX512F__
+    __m512 w;
+    if constexpr (B == 8)
+      w = _mm512_castps256_ps512(_mm256_loadu_ps(p));
+    else
+      w = _mm512_castps128_ps512(_mm_loadu_ps(p));
+    const __m512i idx = _mm512_set_epi32(15 / G, 14 / G, 13 / G, 12 / G, 11 / G, 10 / G, 9 / G,
+                                         8 / G, 7 / G, 6 / G, 5 / G, 4 / G, 3 / G, 2 / G, 1 / G, 0);
+    return reinterpret_cast<V16>(_mm512_permutexvar_ps(idx, w));
+#else
+    V16 v;
+    for (int l = 0; l < 16; ++l) v[l] = p[l / G];
+    return v;
+#endif
+  }
+}
+
+// Token q's B features out of a vector: lane j = v[j * G + q].
+template <int B>
+inline typename Lanes<B>::type token_lanes(V16 v, int q) {
+  constexpr int G = kGroup<B>;
+  typename Lanes<B>::type out;
+  if constexpr (G == 1) {
+    out = v;
+  } else {
+#ifdef __AVX512F__
+    const __m512i idx =
+        _mm512_add_epi32(_mm512_set_epi32(15 * G, 14 * G, 13 * G, 12 * G, 11 * G, 10 * G, 9 * G,
+                                          8 * G, 7 * G, 6 * G, 5 * G, 4 * G, 3 * G, 2 * G, G, 0),
+                         _mm512_set1_epi32(q));
+    const V16 picked =
+        reinterpret_cast<V16>(_mm512_permutexvar_ps(idx, reinterpret_cast<__m512>(v)));
+    std::memcpy(&out, &picked, sizeof out);
+#else
+    for (int j = 0; j < B; ++j) out[j] = v[j * G + q];
+#endif
+  }
+  return out;
+}
+
+// The group of G rows from `rows` (rows apart by width, `valid` of them inside the input, the
+// rest zeros), B features each, interleaved: lane c * G + q = row q's feature c.
+template <int B>
+inline V16 interleave_rows(const float* rows, int64_t width, int valid) {
+  constexpr int G = kGroup<B>;
+  if constexpr (G == 1) {
+    return valid ? load<float>(rows) : V16{};
+  } else {
+#ifdef __AVX512F__
+    if (valid == G) {
+      if constexpr (G == 2) {
+        const __m512 a = _mm512_castps256_ps512(_mm256_loadu_ps(rows));
+        const __m512 b = _mm512_castps256_ps512(_mm256_loadu_ps(rows + width));
+        const __m512i idx =
+            _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        return reinterpret_cast<V16>(_mm512_permutex2var_ps(a, idx, b));
+      } else {
+        __m512 r = _mm512_castps128_ps512(_mm_loadu_ps(rows));
+        r = _mm512_insertf32x4(r, _mm_loadu_ps(rows + width), 1);
+        r = _mm512_insertf32x4(r, _mm_loadu_ps(rows + 2 * width), 2);
+        r = _mm512_insertf32x4(r, _mm_loadu_ps(rows + 3 * width), 3);
+        // r's lane q * 4 + c = row q's feature c; want lane c * 4 + q.
+        const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+        return reinterpret_cast<V16>(_mm512_permutexvar_ps(idx, r));
+      }
+    }
+#endif
+    V16 v = {};
+    for (int q = 0; q < valid; ++q)
+      for (int c = 0; c < B; ++c) v[c * G + q] = rows[q * width + c];
+    return v;
+  }
+}
+
+// Tile `tile` of src [N, width] packed (above), one block column at a time. With partial, also
+// partial[tile][c] = the tile's sum of src[t][c] (the bias gradient's share, taken while dout
+// streams by; add_tile_sums adds the tiles in order, so the sum does not depend on the thread
+// count).
 template <int B>
 void pack_tile(float* packed, const float* src, int tile, int N, int width, float* partial) {
-  using V = typename Lanes<B>::type;
-  constexpr int R = kRowTile;
-  const int blocks = width / B, nt = std::min(R, N - tile * R);
-  const float* rows = src + static_cast<int64_t>(tile) * R * width;
-  float* dst = packed + static_cast<int64_t>(tile) * R * width;
+  constexpr int G = kGroup<B>, R = kRowTile, T = kTileTokens<B>;
+  const int blocks = width / B, t_first = tile * T, nt = std::min(T, N - t_first);
+  const float* rows = src + static_cast<int64_t>(t_first) * width;
+  float* dst = packed + static_cast<int64_t>(tile) * T * width;
   for (int cb = 0; cb < blocks; ++cb) {
     const float* s = rows + cb * B;
-    float* d = dst + cb * R * B;
-    V sum = {};
-    if (nt == R) {
+    float* d = dst + cb * kTileBlock;
+    V16 sum = {};
+    if (nt == T) {
 #pragma GCC unroll 24
-      for (int r = 0; r < R; ++r) {
-        const V v = load_lanes<B>(s + static_cast<int64_t>(r) * width);
-        store_lanes<B>(d + r * B, v);
+      for (int k = 0; k < R; ++k) {
+        const V16 v = interleave_rows<B>(s + static_cast<int64_t>(k) * G * width, width, G);
+        std::memcpy(d + k * 16, &v, sizeof v);
         sum += v;
       }
     } else {
-      for (int r = 0; r < R; ++r) {
-        const V v = r < nt ? load_lanes<B>(s + static_cast<int64_t>(r) * width) : V{};
-        store_lanes<B>(d + r * B, v);
+      for (int k = 0; k < R; ++k) {
+        const int valid = std::clamp(nt - k * G, 0, G);
+        const V16 v =
+            valid ? interleave_rows<B>(s + static_cast<int64_t>(k) * G * width, width, valid)
+                  : V16{};
+        std::memcpy(d + k * 16, &v, sizeof v);
         sum += v;
       }
     }
-    if (partial) store_lanes<B>(partial + static_cast<int64_t>(tile) * width + cb * B, sum);
+    if (partial)
+      for (int c = 0; c < B; ++c) {
+        float total = 0;
+        for (int q = 0; q < G; ++q) total += sum[c * G + q];
+        partial[static_cast<int64_t>(tile) * width + cb * B + c] = total;
+      }
   }
 }
 
 template <int B>
 void pack_tiles(float* packed, const float* src, int N, int width) {
 #pragma omp parallel for schedule(static)
-  for (int tile = 0; tile < row_tiles(N); ++tile)
+  for (int tile = 0; tile < row_tiles<B>(N); ++tile)
     pack_tile<B>(packed, src, tile, N, width, nullptr);
 }
 
-// R tokens of one output block: acc[t] += sum over the list's slots and b < B of
-// tile[src_block(s)][t][b] * wrows(s)[b][:]. R is a constant so the accumulators stay in
-// registers and the R chains of FMAs interleave. The blocks of the slot PF places on in the
-// list (up to e_end, the list's end: across output blocks, within the tile) are prefetched: a
-// slot's blocks sit at another place of the tile and the weights each time, which the hardware
-// prefetcher cannot guess (without it a third of the time went to the first loads of a slot).
-template <int B, int R>
-inline void row_tile(typename Lanes<B>::type (&acc)[R], const float* tile, int e0, int e1,
-                     int e_end, const int32_t* list, const int32_t* src_block, const float* wrows) {
-  using V = typename Lanes<B>::type;
+// The register tile of one output block: acc[k] lane j * G + q += sum over the list's slots and
+// b < B of token (k G + q)'s feature b of block column src_block(s) * wrows(s)[b][j]. The
+// blocks of the slot PF places on in the list (up to e_end, the list's end: across output
+// blocks, within the tile) are prefetched: a slot's blocks sit at another place of the tile and
+// of the weights each time, which the hardware prefetcher cannot guess (without it a third of
+// the time went to the first loads of a slot).
+template <int B>
+inline void row_tile(V16 (&acc)[kRowTile], const float* tile, int e0, int e1, int e_end,
+                     const int32_t* list, const int32_t* src_block, const float* wrows) {
+  constexpr int G = kGroup<B>, R = kRowTile;
   constexpr int PF = 2;  // slots ahead: their blocks come from L2, a slot takes ~200 cycles
   for (int e = e0; e < e1; ++e) {
-    const int s = list[e];
-    const float* w = wrows + static_cast<int64_t>(s) * B * B;
-    const float* xb = tile + src_block[e] * R * B;
+    const float* w = wrows + static_cast<int64_t>(list[e]) * B * B;
+    const float* xb = tile + static_cast<int64_t>(src_block[e]) * kTileBlock;
     if (e + PF < e_end) {
       const float* wn = wrows + static_cast<int64_t>(list[e + PF]) * B * B;
-      const float* xn = tile + src_block[e + PF] * R * B;
+      const float* xn = tile + static_cast<int64_t>(src_block[e + PF]) * kTileBlock;
+#pragma GCC unroll 16
       for (int l = 0; l < B * B; l += 16) __builtin_prefetch(wn + l);
-      for (int l = 0; l < R * B; l += 16) __builtin_prefetch(xn + l);
+#pragma GCC unroll 24
+      for (int l = 0; l < kTileBlock; l += 16) __builtin_prefetch(xn + l);
     }
 #pragma GCC unroll 16
     for (int b = 0; b < B; ++b) {
-      const V wv = load_lanes<B>(w + b * B);
-#pragma GCC unroll 32
-      for (int t = 0; t < R; ++t) acc[t] += xb[t * B + b] * wv;
+      const V16 wv = spread<B>(w + b * B);
+#pragma GCC unroll 24
+      for (int k = 0; k < R; ++k)
+        if constexpr (G == 1)
+          acc[k] += xb[k * 16 + b] * wv;  // one FMA with its operand broadcast from memory
+        else
+          acc[k] += repeat_group<G>(xb + k * 16 + b * G) * wv;
     }
   }
 }
@@ -384,27 +507,34 @@ struct RowProduct {
 
   int outputs() const { return static_cast<int>(start.size()) - 1; }
 
-  // The R tokens of tile `tile` for output block ob.
+  // The tokens of tile `tile` for output block ob.
   void operator()(int tile, int ob) const {
     using V = typename Lanes<B>::type;
-    constexpr int R = kRowTile;
-    const int t0 = tile * R, nt = std::min(R, N - t0);
-    V acc[R] = {};
-    row_tile<B, R>(acc, packed + static_cast<int64_t>(tile) * R * ld_src, start[ob], start[ob + 1],
-                   start[outputs()], list.data(), src_block.data(), wrows);
+    constexpr int G = kGroup<B>, R = kRowTile, T = kTileTokens<B>;
+    const int t_first = tile * T, nt = std::min(T, N - t_first);
+    V16 acc[R] = {};
+    row_tile<B>(acc, packed + static_cast<int64_t>(tile) * T * ld_src, start[ob], start[ob + 1],
+                start[outputs()], list.data(), src_block.data(), wrows);
     V bv = {};
     if (bias) bv = load_lanes<B>(bias + ob * B);
-    for (int t = 0; t < nt; ++t) {
-      float* o = out + static_cast<int64_t>(t0 + t) * ld_out + ob * B;
+      // Constant indexes into acc (unrolled), so the accumulators stay in registers.
+#pragma GCC unroll 24
+    for (int k = 0; k < R; ++k)
+#pragma GCC unroll 4
+      for (int q = 0; q < G; ++q) {
+        const int t = k * G + q;
+        if (nt < T && t >= nt) break;
+        float* o = out + static_cast<int64_t>(t_first + t) * ld_out + ob * B;
+        const V v = token_lanes<B>(acc[k], q);
 #ifdef __AVX512F__
-      if constexpr (B == 16)
-        if (stream) {
-          _mm512_stream_ps(o, reinterpret_cast<__m512>(acc[t] + bv));
-          continue;
-        }
+        if constexpr (B == 16)
+          if (stream) {
+            _mm512_stream_ps(o, reinterpret_cast<__m512>(v + bv));
+            continue;
+          }
 #endif
-      store_lanes<B>(o, accumulate ? load_lanes<B>(o) + acc[t] : acc[t] + bv);
-    }
+        store_lanes<B>(o, accumulate ? load_lanes<B>(o) + v : v + bv);
+      }
   }
 };
 
@@ -421,7 +551,7 @@ void row_product(RowProduct<B> product) {
 #pragma omp parallel
   {
 #pragma omp for collapse(2) schedule(static) nowait
-    for (int tile = 0; tile < row_tiles(product.N); ++tile)
+    for (int tile = 0; tile < row_tiles<B>(product.N); ++tile)
       for (int ob = 0; ob < product.outputs(); ++ob) product(tile, ob);
 #ifdef __AVX512F__
     _mm_sfence();  // the streamed lines are visible before the team's closing barrier
@@ -429,40 +559,55 @@ void row_product(RowProduct<B> product) {
   }
 }
 
-// dvalues[s][o][:] += sum over tokens of dout[t][row(s) * B + o] * inp[t][col(s) * B ..], both
-// packed: one slot's B row vectors in registers over all tiles in order. Slots go row by row,
-// so a thread keeps the output gradient's block row in cache across the row's slots. A slot is
-// one thread's sum in token order: independent of the thread count.
+// dvalues[s][o][i] += sum over tokens of dout[t][row(s) * B + o] * inp[t][col(s) * B + i], both
+// packed: for each group of G tokens, the output gradient's group (lane o * G + q) times input
+// feature i repeated (one vector per i, lanes summed at the end), G groups in flight so that
+// at least 16 independent accumulators cover the FMA latency. One thread per slot, tiles in
+// order: independent of the thread count. Slots go row by row, so a thread keeps the output
+// gradient's block row in cache across the row's slots.
 template <int B>
 void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_packed,
                      const float* inp_packed, int N) {
-  using V = typename Lanes<B>::type;
-  constexpr int R = kRowTile;
+  constexpr int G = kGroup<B>, R = kRowTile, T = kTileTokens<B>, U = G;
   constexpr int kAhead = 4;  // tiles
-  const int n = p.nnz(), tiles = row_tiles(N);
+  const int n = p.nnz(), tiles = row_tiles<B>(N);
 #pragma omp parallel for schedule(static)
   for (int e = 0; e < n; ++e) {
     const int s = p.by_row[e];
-    float* dv = dvalues + static_cast<int64_t>(s) * B * B;
-    V acc[B];
-    for (int o = 0; o < B; ++o) acc[o] = load_lanes<B>(dv + o * B);
+    V16 acc[U][B] = {};
     for (int tile = 0; tile < tiles; ++tile) {
-      const float* dy =
-          dout_packed + static_cast<int64_t>(tile) * R * p.rows + p.slot_row[s] * R * B;
-      const float* x = inp_packed + static_cast<int64_t>(tile) * R * p.cols + p.slot_col[s] * R * B;
+      const float* dy = dout_packed + static_cast<int64_t>(tile) * T * p.rows +
+                        static_cast<int64_t>(p.slot_row[s]) * kTileBlock;
+      const float* x = inp_packed + static_cast<int64_t>(tile) * T * p.cols +
+                       static_cast<int64_t>(p.slot_col[s]) * kTileBlock;
       // The next tile's output gradient (the row's, in L2 after its first slot) and, further
       // ahead, the input's (another block column each slot: from L3).
       if (tile + 1 < tiles)
-        for (int l = 0; l < R * B; l += 16) __builtin_prefetch(dy + R * p.rows + l);
+        for (int l = 0; l < kTileBlock; l += 16) __builtin_prefetch(dy + T * p.rows + l);
       if (tile + kAhead < tiles)
-        for (int l = 0; l < R * B; l += 16) __builtin_prefetch(x + kAhead * R * p.cols + l);
-      for (int t = 0; t < R; ++t) {
-        const V xv = load_lanes<B>(x + t * B);
+        for (int l = 0; l < kTileBlock; l += 16) __builtin_prefetch(x + kAhead * T * p.cols + l);
+      for (int k = 0; k < R; k += U)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u) {
+          const V16 d = load<float>(dy + (k + u) * 16);
 #pragma GCC unroll 16
-        for (int o = 0; o < B; ++o) acc[o] += dy[t * B + o] * xv;
+          for (int i = 0; i < B; ++i)
+            if constexpr (G == 1)
+              acc[u][i] += x[(k + u) * 16 + i] * d;  // operand broadcast from memory
+            else
+              acc[u][i] += d * repeat_group<G>(x + (k + u) * 16 + i * G);
+        }
+    }
+    float* dv = dvalues + static_cast<int64_t>(s) * B * B;
+    for (int i = 0; i < B; ++i) {
+      V16 a = acc[0][i];
+      for (int u = 1; u < U; ++u) a += acc[u][i];
+      for (int o = 0; o < B; ++o) {
+        float total = 0;
+        for (int q = 0; q < G; ++q) total += a[o * G + q];
+        dv[o * B + i] += total;
       }
     }
-    for (int o = 0; o < B; ++o) store_lanes<B>(dv + o * B, acc[o]);
   }
 }
 
@@ -495,10 +640,10 @@ void with_block(int block, F f) {
                               " is not supported (1, 4, 8 or 16)");
 }
 
-// The row-major kernels fill a whole vector per block row only at B = 8 and 16 (half or all of
-// a 512-bit register); smaller blocks go token-major, where every size fills one.
+// Float blocks of 4, 8 and 16 go row-major; 1 x 1 (a group of 16 tokens per vector with one
+// weight broadcast, which is the token-major kernel) and double go token-major.
 bool row_major(int block) {
-  return block >= 8;
+  return block >= 4;
 }
 
 }  // namespace
@@ -604,15 +749,14 @@ void gather_blocks(T* values, const BlockPattern& p, const T* dense) {
 int64_t sparse_linear_scratch(int rows, int cols, int block, int64_t nnz, int N) {
   const int64_t sides = rows + cols;
   // Token-major: both sides transposed, then the bias's sums per tile (every block size in
-  // double, 1 and 4 in float).
+  // double, 1 in float).
   const int64_t token =
       sides * token_tiles(N) * kTokenTile + static_cast<int64_t>(token_tiles(N)) * rows;
   if (!row_major(block)) return token;
-  // Row-major (8 and 16 in float): both sides packed, then the blocks transposed or the bias's
-  // sums.
-  const int64_t packed = sides * row_tiles(N) * kRowTile;
-  return std::max(
-      token, packed + std::max(nnz * block * block, static_cast<int64_t>(row_tiles(N)) * rows));
+  // Row-major (4, 8 and 16 in float): both sides packed, then the blocks transposed or the
+  // bias's sums.
+  const int64_t tiles = row_tiles(N, block), packed = sides * tiles * kRowTile * (16 / block);
+  return std::max(token, packed + std::max(nnz * block * block, tiles * rows));
 }
 
 int64_t sparse_linear_scratch(const BlockPattern& p, int N) {
@@ -680,12 +824,13 @@ void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const 
   if constexpr (std::is_same_v<T, float>)
     if (row_major(p.block)) {
       // scratch: [dout packed][inp packed][the bias gradient's sums per tile]
-      const int64_t rows_packed = static_cast<int64_t>(row_tiles(N)) * kRowTile;
-      float* dout_packed = scratch;
-      float* inp_packed = dout_packed + rows_packed * p.rows;
-      float* partial = inp_packed + rows_packed * p.cols;
       with_block(p.block, [&]<int B, int K>() {
         if constexpr (B > 1) {
+          const int tiles = row_tiles<B>(N);
+          const int64_t rows_packed = static_cast<int64_t>(tiles) * kTileTokens<B>;
+          float* dout_packed = scratch;
+          float* inp_packed = dout_packed + rows_packed * p.rows;
+          float* partial = inp_packed + rows_packed * p.cols;
           // Tile by tile: dout's tile packed (its bias sums on the way), then the input gradient
           // of its tokens while the packed tile is in L2.
           const RowProduct<B> dinp_product{dinp,        p.cols,       true,  nullptr,
@@ -694,14 +839,14 @@ void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const 
 #pragma omp parallel
           {
 #pragma omp for schedule(static)
-            for (int tile = 0; tile < row_tiles(N); ++tile) {
+            for (int tile = 0; tile < tiles; ++tile) {
               pack_tile<B>(dout_packed, dout, tile, N, p.rows, dbias ? partial : nullptr);
               if (dinp)
                 for (int ob = 0; ob < dinp_product.outputs(); ++ob) dinp_product(tile, ob);
             }
-            if (dbias) add_tile_sums(dbias, partial, row_tiles(N), p.rows);
+            if (dbias) add_tile_sums(dbias, partial, tiles, p.rows);
 #pragma omp for schedule(static)
-            for (int tile = 0; tile < row_tiles(N); ++tile)
+            for (int tile = 0; tile < tiles; ++tile)
               pack_tile<B>(inp_packed, inp, tile, N, p.cols, nullptr);
           }
           row_weight_grad<B>(dvalues, p, dout_packed, inp_packed, N);

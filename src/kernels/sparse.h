@@ -8,13 +8,13 @@
 // update by a counting sort, O(nnz + rows / B + cols / B).
 //
 // Two layouts, both over activations packed into the caller's scratch (no allocation):
-// - row-major (float, B = 8 and 16): a block's B outputs (inputs, weight columns) are one
-//   vector, 24 tokens the register tile; the activations are packed tile by tile so a tile's
-//   block columns sit at fixed offsets from one pointer.
-// - token-major (B = 1 and 4, and every size in double): one vector holds one feature of 16
-//   tokens (8 in double), the activations transposed in tiles of 128 tokens; a block's weights
-//   are broadcast, which keeps 1 x 1 and 4 x 4 at full vector width where row-major would fill a
-//   quarter of a 512-bit register or one lane.
+// - row-major (float, B = 4, 8 and 16): one 512-bit vector holds a block's B outputs (inputs,
+//   weight rows) for G = 16 / B tokens, 24 vectors the register tile; the activations are
+//   packed tile by tile with each group's G tokens interleaved, so a tile's block columns sit
+//   at fixed offsets from one pointer and a group's values of one feature are one broadcast.
+// - token-major (B = 1, and every size in double): one vector holds one feature of 16 tokens
+//   (8 in double), the activations transposed in tiles of 128 tokens; a block's weights are
+//   broadcast.
 // Either way every output element is one thread's sum in a fixed order: the results do not
 // depend on the thread count.
 #pragma once
