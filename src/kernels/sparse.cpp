@@ -236,36 +236,83 @@ void token_weight_grad(T* dvalues, const BlockPattern& p, const T* doutT, const 
   }
 }
 
-// The 1 x 1 weight gradient: a row's slots share the row of doutT, so G of them go together
-// (one load of the output gradient per G FMAs), with U vectors of tokens in flight to cover the
-// FMA latency.
+// Folds x and y, whose lanes form blocks of S lanes (each block one running sum), into blocks of
+// S / 2: block 2k holds x's block k folded in half, block 2k + 1 y's.
+template <typename T, int S>
+inline Vec<T> fold(Vec<T> x, Vec<T> y) {
+  constexpr int L = kLanes<T>, H = S / 2;
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> Index
+      __attribute__((vector_size(64)));
+  Index lo, hi;
+  for (int l = 0; l < L; ++l) {
+    const int k = l / S, r = l % S;
+    lo[l] = r < H ? k * S + r : L + k * S + r - H;
+    hi[l] = r < H ? k * S + r + H : L + k * S + r;
+  }
+  return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
+}
+
+// v[0 .. L) (clobbered) to one vector whose lane l is the sum of v[bit_reverse(l)]'s lanes:
+// L - 1 folds instead of L horizontal sums.
+template <typename T, int S = kLanes<T>>
+inline Vec<T> fold_sums(Vec<T>* v, int n = kLanes<T>) {
+  for (int i = 0; i < n / 2; ++i) v[i] = fold<T, S>(v[2 * i], v[2 * i + 1]);
+  if constexpr (S == 2)
+    return v[0];
+  else
+    return fold_sums<T, S / 2>(v, n / 2);
+}
+
+template <int L>
+constexpr int bit_reverse(int l) {
+  int r = 0;
+  for (int bit = 1; bit < L; bit <<= 1, l >>= 1) r = (r << 1) | (l & 1);
+  return r;
+}
+
+// The 1 x 1 weight gradient, tile by tile: the input's transposed tile (128 tokens of every
+// feature, 393 KB at C = 768) stays in L2 while every row reads features of it (row by row over
+// all tiles read the whole input from L3 once per row, which set this kernel's time). L slots of
+// a row go together, one accumulator each over the tile's tokens (one load of the output
+// gradient's row per L FMAs); their sums are folded into one vector and added up per slot in
+// sums_by_row (by_row's order: each thread's rows are one stretch of it, where adding into
+// dvalues directly had the threads share cache lines), which goes into dvalues at the end.
+// Tiles in order, a slot's tile in one thread: independent of the thread count.
 template <typename T>
-void token_weight_grad_1x1(T* dvalues, const BlockPattern& p, const T* doutT, const T* inT, int N) {
-  constexpr int L = kLanes<T>, TT = kTokenTile, G = 4, U = 2;
+void token_weight_grad_1x1(T* dvalues, const BlockPattern& p, const T* doutT, const T* inT, int N,
+                           T* sums_by_row) {
+  constexpr int L = kLanes<T>, TT = kTokenTile;
   const int tiles = token_tiles(N), R = p.block_rows();
-#pragma omp parallel for schedule(dynamic, 8)
-  for (int r = 0; r < R; ++r)
-    for (int e0 = p.by_row_start[r]; e0 < p.by_row_start[r + 1]; e0 += G) {
-      const int g = std::min(G, p.by_row_start[r + 1] - e0);
-      int cols[G];
-      for (int j = 0; j < G; ++j) cols[j] = p.by_row_col[e0 + std::min(j, g - 1)];
-      Vec<T> acc[G][U] = {};
-      for (int tile = 0; tile < tiles; ++tile) {
-        const T* dy = doutT + (static_cast<int64_t>(tile) * p.rows + r) * TT;
-        const T* x = inT + static_cast<int64_t>(tile) * p.cols * TT;
-        for (int t = 0; t < TT; t += U * L)
-          for (int u = 0; u < U; ++u) {
-            const Vec<T> d = load(dy + t + u * L);
-            for (int j = 0; j < G; ++j)
-              acc[j][u] += d * load(x + static_cast<int64_t>(cols[j]) * TT + t + u * L);
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int e = 0; e < p.nnz(); ++e) sums_by_row[e] = 0;
+    for (int tile = 0; tile < tiles; ++tile) {
+      const T* x = inT + static_cast<int64_t>(tile) * p.cols * TT;
+      const T* dy_tile = doutT + static_cast<int64_t>(tile) * p.rows * TT;
+#pragma omp for schedule(static)
+      for (int r = 0; r < R; ++r)
+        for (int e0 = p.by_row_start[r]; e0 < p.by_row_start[r + 1]; e0 += L) {
+          const int g = std::min(L, p.by_row_start[r + 1] - e0);
+          const T* xs[L];  // a short group repeats its last slot (its sums dropped)
+          for (int j = 0; j < L; ++j)
+            xs[j] = x + static_cast<int64_t>(p.by_row_col[e0 + std::min(j, g - 1)]) * TT;
+          const T* dy = dy_tile + static_cast<int64_t>(r) * TT;
+          Vec<T> acc[L] = {};
+          for (int t = 0; t < TT; t += L) {
+            const Vec<T> d = load(dy + t);
+#pragma GCC unroll 16
+            for (int j = 0; j < L; ++j) acc[j] += d * load(xs[j] + t);
           }
-      }
-      for (int j = 0; j < g; ++j) {
-        Vec<T> sum = acc[j][0];
-        for (int u = 1; u < U; ++u) sum += acc[j][u];
-        dvalues[p.by_row[e0 + j]] += hsum<T>(sum);
-      }
+          const Vec<T> sums = fold_sums<T>(acc);
+#pragma GCC unroll 16
+          for (int l = 0; l < L; ++l)
+            if (const int j = bit_reverse<L>(l); j < g) sums_by_row[e0 + j] += sums[l];
+        }
     }
+#pragma omp for schedule(static)
+    for (int e = 0; e < p.nnz(); ++e) dvalues[p.by_row[e]] += sums_by_row[e];
+  }
 }
 
 // Row-major kernels, float only, B = 4, 8 and 16: one 16-lane vector holds a block's B outputs
@@ -560,55 +607,66 @@ void row_product(RowProduct<B> product) {
 }
 
 // dvalues[s][o][i] += sum over tokens of dout[t][row(s) * B + o] * inp[t][col(s) * B + i], both
-// packed: for each group of G tokens, the output gradient's group (lane o * G + q) times input
-// feature i repeated (one vector per i, lanes summed at the end), G groups in flight so that
-// at least 16 independent accumulators cover the FMA latency. One thread per slot, tiles in
-// order: independent of the thread count. Slots go row by row, so a thread keeps the output
-// gradient's block row in cache across the row's slots.
+// packed. S = G slots of one block row go together: for each group of G tokens, the output
+// gradient's group (lane o * G + q; one load, shared by the S slots) times each slot's input
+// feature i repeated (one broadcast), S x B = 16 accumulators whose lanes are summed at the end.
+// Sharing the output gradient's loads and the per-tile work across S slots is what keeps the
+// small blocks' weight gradient fed. One thread per group of slots, tiles in order: independent
+// of the thread count.
 template <int B>
 void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_packed,
                      const float* inp_packed, int N) {
-  constexpr int G = kGroup<B>, R = kRowTile, T = kTileTokens<B>, U = G;
+  constexpr int G = kGroup<B>, S = G, R = kRowTile, T = kTileTokens<B>;
   constexpr int kAhead = 4;  // tiles
-  const int n = p.nnz(), tiles = row_tiles<B>(N);
-#pragma omp parallel for schedule(static)
-  for (int e = 0; e < n; ++e) {
-    const int s = p.by_row[e];
-    V16 acc[U][B] = {};
-    for (int tile = 0; tile < tiles; ++tile) {
-      const float* dy = dout_packed + static_cast<int64_t>(tile) * T * p.rows +
-                        static_cast<int64_t>(p.slot_row[s]) * kTileBlock;
-      const float* x = inp_packed + static_cast<int64_t>(tile) * T * p.cols +
-                       static_cast<int64_t>(p.slot_col[s]) * kTileBlock;
-      // The next tile's output gradient (the row's, in L2 after its first slot) and, further
-      // ahead, the input's (another block column each slot: from L3).
-      if (tile + 1 < tiles)
-        for (int l = 0; l < kTileBlock; l += 16) __builtin_prefetch(dy + T * p.rows + l);
-      if (tile + kAhead < tiles)
-        for (int l = 0; l < kTileBlock; l += 16) __builtin_prefetch(x + kAhead * T * p.cols + l);
-      for (int k = 0; k < R; k += U)
+  const int tiles = row_tiles<B>(N);
+  const int64_t dy_tile = static_cast<int64_t>(T) * p.rows,
+                x_tile = static_cast<int64_t>(T) * p.cols;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int r = 0; r < p.block_rows(); ++r)
+    for (int e0 = p.by_row_start[r]; e0 < p.by_row_start[r + 1]; e0 += S) {
+      const int g = std::min(S, p.by_row_start[r + 1] - e0);
+      const float* xs[S];  // a short group repeats its last slot (results dropped)
+      for (int j = 0; j < S; ++j)
+        xs[j] =
+            inp_packed + static_cast<int64_t>(p.by_row_col[e0 + std::min(j, g - 1)]) * kTileBlock;
+      const float* dy0 = dout_packed + static_cast<int64_t>(r) * kTileBlock;
+      V16 acc[S][B] = {};
+      for (int tile = 0; tile < tiles; ++tile) {
+        const float* dy = dy0 + tile * dy_tile;
+        // The next tile's output gradient (the row's, in L2 after its first group) and, further
+        // ahead, the inputs' (other block columns each time: from L3).
+        if (tile + 1 < tiles)
+#pragma GCC unroll 24
+          for (int l = 0; l < kTileBlock; l += 16) __builtin_prefetch(dy + dy_tile + l);
+        if (tile + kAhead < tiles)
+          for (int j = 0; j < S; ++j)
+#pragma GCC unroll 24
+            for (int l = 0; l < kTileBlock; l += 16)
+              __builtin_prefetch(xs[j] + (tile + kAhead) * x_tile + l);
+        for (int k = 0; k < R; ++k) {
+          const V16 d = load<float>(dy + k * 16);
 #pragma GCC unroll 4
-        for (int u = 0; u < U; ++u) {
-          const V16 d = load<float>(dy + (k + u) * 16);
+          for (int j = 0; j < S; ++j) {
+            const float* x = xs[j] + tile * x_tile + k * 16;
 #pragma GCC unroll 16
-          for (int i = 0; i < B; ++i)
-            if constexpr (G == 1)
-              acc[u][i] += x[(k + u) * 16 + i] * d;  // operand broadcast from memory
-            else
-              acc[u][i] += d * repeat_group<G>(x + (k + u) * 16 + i * G);
+            for (int i = 0; i < B; ++i)
+              if constexpr (G == 1)
+                acc[j][i] += x[i] * d;  // operand broadcast from memory
+              else
+                acc[j][i] += d * repeat_group<G>(x + i * G);
+          }
         }
-    }
-    float* dv = dvalues + static_cast<int64_t>(s) * B * B;
-    for (int i = 0; i < B; ++i) {
-      V16 a = acc[0][i];
-      for (int u = 1; u < U; ++u) a += acc[u][i];
-      for (int o = 0; o < B; ++o) {
-        float total = 0;
-        for (int q = 0; q < G; ++q) total += a[o * G + q];
-        dv[o * B + i] += total;
+      }
+      for (int j = 0; j < g; ++j) {
+        float* dv = dvalues + static_cast<int64_t>(p.by_row[e0 + j]) * B * B;
+        for (int i = 0; i < B; ++i)
+          for (int o = 0; o < B; ++o) {
+            float total = 0;
+            for (int q = 0; q < G; ++q) total += acc[j][i][o * G + q];
+            dv[o * B + i] += total;
+          }
       }
     }
-  }
 }
 
 // valuesT[s] = values[s]^T, each block transposed: the forward product's weight rows.
@@ -749,9 +807,9 @@ void gather_blocks(T* values, const BlockPattern& p, const T* dense) {
 int64_t sparse_linear_scratch(int rows, int cols, int block, int64_t nnz, int N) {
   const int64_t sides = rows + cols;
   // Token-major: both sides transposed, then the bias's sums per tile (every block size in
-  // double, 1 in float).
-  const int64_t token =
-      sides * token_tiles(N) * kTokenTile + static_cast<int64_t>(token_tiles(N)) * rows;
+  // double, 1 in float), then (1 x 1) the weight gradient's sums per slot.
+  const int64_t token = sides * token_tiles(N) * kTokenTile +
+                        static_cast<int64_t>(token_tiles(N)) * rows + (block == 1 ? nnz : 0);
   if (!row_major(block)) return token;
   // Row-major (4, 8 and 16 in float): both sides packed, then the blocks transposed or the
   // bias's sums.
@@ -854,7 +912,8 @@ void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const 
       });
       return;
     }
-  // scratch: [inp packed][dout packed][the bias gradient's sums per tile]
+  // scratch: [inp packed][dout packed][the bias gradient's sums per tile][1 x 1: the weight
+  // gradient's sums per slot]
   const int64_t tokens_packed = static_cast<int64_t>(token_tiles(N)) * kTokenTile;
   T* inT = scratch;
   T* doutT = inT + tokens_packed * p.cols;
@@ -866,7 +925,7 @@ void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const 
       token_product<T, B, K, true>(dinp, p.cols, true, nullptr, doutT, p.rows, N, p.by_col_start,
                                    p.by_col, p.by_col_row, values);
     if constexpr (B == 1)
-      token_weight_grad_1x1<T>(dvalues, p, doutT, inT, N);
+      token_weight_grad_1x1<T>(dvalues, p, doutT, inT, N, partial + token_tiles(N) * p.rows);
     else
       token_weight_grad<T, B>(dvalues, p, doutT, inT, N);
   });
