@@ -239,7 +239,7 @@ void token_weight_grad(T* dvalues, const BlockPattern& p, const T* doutT, const 
 // Folds x and y, whose lanes form blocks of S lanes (each block one running sum), into blocks of
 // S / 2: block 2k holds x's block k folded in half, block 2k + 1 y's.
 template <typename T, int S>
-inline Vec<T> fold(Vec<T> x, Vec<T> y) {
+[[gnu::always_inline]] inline Vec<T> fold(Vec<T> x, Vec<T> y) {
   constexpr int L = kLanes<T>, H = S / 2;
   typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> Index
       __attribute__((vector_size(64)));
@@ -255,7 +255,7 @@ inline Vec<T> fold(Vec<T> x, Vec<T> y) {
 // v[0 .. L) (clobbered) to one vector whose lane l is the sum of v[bit_reverse(l)]'s lanes:
 // L - 1 folds instead of L horizontal sums.
 template <typename T, int S = kLanes<T>>
-inline Vec<T> fold_sums(Vec<T>* v, int n = kLanes<T>) {
+[[gnu::always_inline]] inline Vec<T> fold_sums(Vec<T>* v, int n = kLanes<T>) {
   for (int i = 0; i < n / 2; ++i) v[i] = fold<T, S>(v[2 * i], v[2 * i + 1]);
   if constexpr (S == 2)
     return v[0];
@@ -358,7 +358,7 @@ inline void store_lanes(float* p, typename Lanes<B>::type v) {
 
 // The G floats at p repeated across the vector: lane l = p[l % G].
 template <int G>
-inline V16 repeat_group(const float* p) {
+[[gnu::always_inline]] inline V16 repeat_group(const float* p) {
 #ifdef __AVX512F__
   if constexpr (G == 2) {
     double d;
@@ -375,7 +375,7 @@ inline V16 repeat_group(const float* p) {
 
 // The B floats at p spread over the vector: lane j * G + q = p[j].
 template <int B>
-inline V16 spread(const float* p) {
+[[gnu::always_inline]] inline V16 spread(const float* p) {
   constexpr int G = kGroup<B>;
   if constexpr (G == 1) {
     return load<float>(p);
@@ -399,7 +399,7 @@ inline V16 spread(const float* p) {
 
 // Token q's B features out of a vector: lane j = v[j * G + q].
 template <int B>
-inline typename Lanes<B>::type token_lanes(V16 v, int q) {
+[[gnu::always_inline]] inline typename Lanes<B>::type token_lanes(V16 v, int q) {
   constexpr int G = kGroup<B>;
   typename Lanes<B>::type out;
   if constexpr (G == 1) {
@@ -423,7 +423,7 @@ inline typename Lanes<B>::type token_lanes(V16 v, int q) {
 // The group of G rows from `rows` (rows apart by width, `valid` of them inside the input, the
 // rest zeros), B features each, interleaved: lane c * G + q = row q's feature c.
 template <int B>
-inline V16 interleave_rows(const float* rows, int64_t width, int valid) {
+[[gnu::always_inline]] inline V16 interleave_rows(const float* rows, int64_t width, int valid) {
   constexpr int G = kGroup<B>;
   if constexpr (G == 1) {
     return valid ? load<float>(rows) : V16{};
