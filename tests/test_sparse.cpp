@@ -147,28 +147,31 @@ TEST(SparseLinear, EqualsTheDenseLayerOnTheMaskedWeight) {
     }
 }
 
-// A large forward output (>= 8 MB) with 16 x 16 blocks, 64-byte aligned rows, is written with
-// streamed stores; misaligned, with ordinary ones: both equal the dense layer. N leaves a
-// partial last tile.
+// A large forward output (>= 8 MB), 64-byte aligned rows, is written a cache line of each token
+// at a time with streamed stores; misaligned, with ordinary ones: both equal the dense layer, at
+// every row-major block size. N leaves a partial last tile.
 TEST(SparseLinear, StreamedForwardOutputEqualsTheDenseLayer) {
   std::mt19937 rng(13);
-  const int B = 16, N = 24 * 29 + 8, C = 32, OC = 3072;
-  ASSERT_GE(static_cast<int64_t>(N) * OC * 4, int64_t{8} << 20);
-  const BlockPattern p = random_block_pattern(OC, C, B, blocks_kept(OC, C, B, 0.5), 5);
-  const auto x = randn(static_cast<size_t>(N) * C, rng);
-  const auto values = randn(p.values_size(), rng, 0.3f);
-  const auto bias = randn(OC, rng);
-  std::vector<float> w(static_cast<size_t>(OC) * C), y(static_cast<size_t>(N) * OC);
-  densify(w.data(), p, values.data());
-  linear_forward(y.data(), x.data(), w.data(), bias.data(), N, C, OC);
-  std::vector<float> scratch(sparse_linear_scratch(p, N));
-  std::vector<float> buffer(y.size() + 32, -1.0f);
-  float* aligned = buffer.data();
-  while (reinterpret_cast<uintptr_t>(aligned) % 64) ++aligned;
-  for (float* out : {aligned, aligned + 1}) {
-    sparse_linear_forward(out, x.data(), p, values.data(), bias.data(), N, scratch.data());
-    const std::vector<float> got(out, out + y.size());
-    expect_normwise(got, y, 1e-6, out == aligned ? "aligned" : "misaligned");
+  for (const int B : {4, 8, 16}) {
+    const int N = 96 * 7 + 37, C = 32, OC = 3072;
+    ASSERT_GE(static_cast<int64_t>(N) * OC * 4, int64_t{8} << 20);
+    const BlockPattern p = random_block_pattern(OC, C, B, blocks_kept(OC, C, B, 0.5), 5);
+    const auto x = randn(static_cast<size_t>(N) * C, rng);
+    const auto values = randn(p.values_size(), rng, 0.3f);
+    const auto bias = randn(OC, rng);
+    std::vector<float> w(static_cast<size_t>(OC) * C), y(static_cast<size_t>(N) * OC);
+    densify(w.data(), p, values.data());
+    linear_forward(y.data(), x.data(), w.data(), bias.data(), N, C, OC);
+    std::vector<float> scratch(sparse_linear_scratch(p, N));
+    std::vector<float> buffer(y.size() + 32, -1.0f);
+    float* aligned = buffer.data();
+    while (reinterpret_cast<uintptr_t>(aligned) % 64) ++aligned;
+    for (float* out : {aligned, aligned + 1}) {
+      sparse_linear_forward(out, x.data(), p, values.data(), bias.data(), N, scratch.data());
+      const std::vector<float> got(out, out + y.size());
+      expect_normwise(got, y, 1e-6,
+                      "B=" + std::to_string(B) + (out == aligned ? " aligned" : " misaligned"));
+    }
   }
 }
 

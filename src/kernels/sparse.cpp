@@ -550,15 +550,20 @@ struct RowProduct {
   int ld_src, N;
   const std::vector<int32_t>&start, &list, &src_block;
   const float* wrows;
-  bool stream = false;  // the forward's output with streamed stores (see below)
 
   int outputs() const { return static_cast<int>(start.size()) - 1; }
 
-  // The tokens of tile `tile` for output block ob.
+  // The tokens of tile `tile` for output block ob, into `out` (+= with accumulate).
   void operator()(int tile, int ob) const {
+    const int t_first = tile * kTileTokens<B>;
+    compute(tile, ob, out + static_cast<int64_t>(t_first) * ld_out + ob * B, ld_out, accumulate);
+  }
+
+  // The same into dst (the tile's first token, rows ld apart).
+  void compute(int tile, int ob, float* dst, int64_t ld, bool add) const {
     using V = typename Lanes<B>::type;
     constexpr int G = kGroup<B>, R = kRowTile, T = kTileTokens<B>;
-    const int t_first = tile * T, nt = std::min(T, N - t_first);
+    const int nt = std::min(T, N - tile * T);
     V16 acc[R] = {};
     row_tile<B>(acc, packed + static_cast<int64_t>(tile) * T * ld_src, start[ob], start[ob + 1],
                 start[outputs()], list.data(), src_block.data(), wrows);
@@ -571,39 +576,50 @@ struct RowProduct {
       for (int q = 0; q < G; ++q) {
         const int t = k * G + q;
         if (nt < T && t >= nt) break;
-        float* o = out + static_cast<int64_t>(t_first + t) * ld_out + ob * B;
+        float* o = dst + t * ld;
         const V v = token_lanes<B>(acc[k], q);
-#ifdef __AVX512F__
-        if constexpr (B == 16)
-          if (stream) {
-            _mm512_stream_ps(o, reinterpret_cast<__m512>(v + bv));
-            continue;
-          }
-#endif
-        store_lanes<B>(o, accumulate ? load_lanes<B>(o) + v : v + bv);
+        store_lanes<B>(o, add ? load_lanes<B>(o) + v : v + bv);
       }
   }
 };
 
 // The forward product over every (token tile, output block). A large output written over (25
-// MB at BERT-base's FFN over 2,048 tokens) with 16 x 16 blocks goes out with streamed stores:
-// each row of a block is one whole cache line, and reading each line in before overwriting it
-// would double the traffic.
+// MB at BERT-base's FFN over 2,048 tokens) goes out with streamed stores, a whole cache line
+// (16 features) of each token at a time: the 16 / B output blocks of a line are computed into
+// a buffer first. Reading each line in before overwriting it would double the traffic.
 template <int B>
-void row_product(RowProduct<B> product) {
+void row_product(const RowProduct<B>& product) {
   constexpr int64_t kStreamBytes = int64_t{8} << 20;
-  product.stream = B == 16 && !product.accumulate &&
-                   reinterpret_cast<uintptr_t>(product.out) % 64 == 0 && product.ld_out % 16 == 0 &&
-                   static_cast<int64_t>(product.N) * product.ld_out * sizeof(float) >= kStreamBytes;
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(static) nowait
-    for (int tile = 0; tile < row_tiles<B>(product.N); ++tile)
-      for (int ob = 0; ob < product.outputs(); ++ob) product(tile, ob);
+  constexpr int T = kTileTokens<B>, Lb = 16 / B;  // output blocks per line
+  const int tiles = row_tiles<B>(product.N), outputs = product.outputs();
 #ifdef __AVX512F__
-    _mm_sfence();  // the streamed lines are visible before the team's closing barrier
-#endif
+  const bool stream =
+      !product.accumulate && outputs % Lb == 0 &&
+      reinterpret_cast<uintptr_t>(product.out) % 64 == 0 && product.ld_out % 16 == 0 &&
+      static_cast<int64_t>(product.N) * product.ld_out * sizeof(float) >= kStreamBytes;
+  if (stream) {
+#pragma omp parallel
+    {
+      alignas(64) float line[T][16];
+#pragma omp for collapse(2) schedule(static) nowait
+      for (int tile = 0; tile < tiles; ++tile)
+        for (int og = 0; og < outputs / Lb; ++og) {
+          for (int j = 0; j < Lb; ++j)
+            product.compute(tile, og * Lb + j, &line[0][j * B], 16, false);
+          const int t_first = tile * T, nt = std::min(T, product.N - t_first);
+          for (int t = 0; t < nt; ++t)
+            _mm512_stream_ps(
+                product.out + static_cast<int64_t>(t_first + t) * product.ld_out + og * 16,
+                _mm512_load_ps(line[t]));
+        }
+      _mm_sfence();  // the streamed lines are visible before the team's closing barrier
+    }
+    return;
   }
+#endif
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int tile = 0; tile < tiles; ++tile)
+    for (int ob = 0; ob < outputs; ++ob) product(tile, ob);
 }
 
 // dvalues[s][o][i] += sum over tokens of dout[t][row(s) * B + o] * inp[t][col(s) * B + i], both
