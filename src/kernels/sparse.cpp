@@ -589,10 +589,10 @@ struct RowProduct {
 // a buffer first. Reading each line in before overwriting it would double the traffic.
 template <int B>
 void row_product(const RowProduct<B>& product) {
-  constexpr int64_t kStreamBytes = int64_t{8} << 20;
-  constexpr int T = kTileTokens<B>, Lb = 16 / B;  // output blocks per line
   const int tiles = row_tiles<B>(product.N), outputs = product.outputs();
 #ifdef __AVX512F__
+  constexpr int64_t kStreamBytes = int64_t{8} << 20;
+  constexpr int T = kTileTokens<B>, Lb = 16 / B;  // output blocks per line
   const bool stream =
       !product.accumulate && outputs % Lb == 0 &&
       reinterpret_cast<uintptr_t>(product.out) % 64 == 0 && product.ld_out % 16 == 0 &&
