@@ -332,13 +332,13 @@ template <int B>
 constexpr int kTileTokens = kRowTile* kGroup<B>;
 constexpr int kTileBlock = kRowTile * 16;  // floats of one block column of a tile
 
-template <int B>
-int row_tiles(int N) {
-  return (N + kTileTokens<B> - 1) / kTileTokens<B>;
-}
 int row_tiles(int N, int B) {
   const int tokens = kRowTile * (16 / B);
   return (N + tokens - 1) / tokens;
+}
+template <int B>
+int row_tiles(int N) {
+  return row_tiles(N, B);
 }
 
 template <int B>
@@ -420,6 +420,14 @@ template <int B>
   return out;
 }
 
+// The sum over the group's tokens of feature c: v[c * G] + ... + v[c * G + G - 1].
+template <int G>
+inline float group_sum(const V16& v, int c) {
+  float total = 0;
+  for (int q = 0; q < G; ++q) total += v[c * G + q];
+  return total;
+}
+
 // The group of G rows from `rows` (rows apart by width, `valid` of them inside the input, the
 // rest zeros), B features each, interleaved: lane c * G + q = row q's feature c.
 template <int B>
@@ -486,11 +494,8 @@ void pack_tile(float* packed, const float* src, int tile, int N, int width, floa
       }
     }
     if (partial)
-      for (int c = 0; c < B; ++c) {
-        float total = 0;
-        for (int q = 0; q < G; ++q) total += sum[c * G + q];
-        partial[static_cast<int64_t>(tile) * width + cb * B + c] = total;
-      }
+      for (int c = 0; c < B; ++c)
+        partial[static_cast<int64_t>(tile) * width + cb * B + c] = group_sum<G>(sum, c);
   }
 }
 
@@ -676,11 +681,7 @@ void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_pa
       for (int j = 0; j < g; ++j) {
         float* dv = dvalues + static_cast<int64_t>(p.by_row[e0 + j]) * B * B;
         for (int i = 0; i < B; ++i)
-          for (int o = 0; o < B; ++o) {
-            float total = 0;
-            for (int q = 0; q < G; ++q) total += acc[j][i][o * G + q];
-            dv[o * B + i] += total;
-          }
+          for (int o = 0; o < B; ++o) dv[o * B + i] += group_sum<G>(acc[j][i], o);
       }
     }
 }
