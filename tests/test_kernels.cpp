@@ -1074,6 +1074,76 @@ TEST(KernelBf16, AttentionKeyGradientsSumToZeroPerSequence) {
     }
 }
 
+// The bf16 form takes a block through softmax a strip of rows at a time and writes dVᵀ and dKᵀ
+// back through 16 x 16 register transposes: sequences longer than a strip (64 rows) and not a
+// multiple of it, and a head size that is not a multiple of 16 (the transposes' edges), against
+// the fp32 kernel on the same rounded inputs; rebuilt probabilities against kept ones; and the
+// accumulating write against the overwriting one.
+TEST(KernelBf16, AttentionOverSeveralStripsAgreesWithFp32) {
+  if (!block_gemm_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  const std::vector<int32_t> cu = {0, 150, 220, 221, 350};  // L = 150, 70, 1, 129
+  const int n_seq = static_cast<int>(cu.size()) - 1, T = cu.back();
+  for (const int C : {128, 48}) {  // head sizes 64 and 24
+    const int NH = 2, hs = C / NH;
+    std::mt19937 rng(C);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<bf16> qkv16(static_cast<size_t>(T) * 3 * C);
+    for (auto& x : qkv16) x = to_bf16(0.5f * nd(rng));
+    std::vector<float> qkv(qkv16.size()), dout(static_cast<size_t>(T) * C);
+    to_float(qkv.data(), qkv16.data(), static_cast<int64_t>(qkv.size()));
+    for (float& x : dout) x = nd(rng);
+    const int64_t np = attention_probs_offsets(cu.data(), n_seq, NH).back();
+    const AttentionDropout drop{0.1, 5, 6};
+    std::vector<bf16> out16(static_cast<size_t>(T) * C), probs16(np);
+    std::vector<float> out(out16.size()), probs(np);
+    attention_forward(out16.data(), probs16.data(), qkv16.data(), cu.data(), n_seq, C, NH, drop);
+    attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), n_seq, C, NH, drop);
+    std::vector<float> d16(qkv.size()), d32(qkv.size()), rebuilt(qkv.size()), acc(qkv.size());
+    attention_backward(d16.data(), dout.data(), qkv16.data(), probs16.data(), cu.data(), n_seq, C,
+                       NH, drop, {}, GradWrite::overwrite);
+    attention_backward(d32.data(), dout.data(), qkv.data(), probs.data(), cu.data(), n_seq, C, NH,
+                       drop, {}, GradWrite::overwrite);
+    attention_backward(rebuilt.data(), dout.data(), qkv16.data(), static_cast<const bf16*>(nullptr),
+                       cu.data(), n_seq, C, NH, drop, {}, GradWrite::overwrite);
+    for (size_t i = 0; i < acc.size(); ++i) acc[i] = static_cast<float>(i % 7) - 3.0f;
+    attention_backward(acc.data(), dout.data(), qkv16.data(), probs16.data(), cu.data(), n_seq, C,
+                       NH, drop);
+    // Normwise over rows [t0, t1) and columns [c0, c0 + w) of [T, ld] tensors.
+    auto rel = [](const auto& x, const std::vector<float>& ref, int ld, int t0, int t1, int c0,
+                  int w) {
+      double diff2 = 0, ref2 = 0;
+      for (int t = t0; t < t1; ++t)
+        for (int j = c0; j < c0 + w; ++j) {
+          const size_t at = static_cast<size_t>(t) * ld + j;
+          double v;
+          if constexpr (std::is_same_v<std::decay_t<decltype(x[at])>, float>)
+            v = x[at];
+          else
+            v = to_float(x[at]);
+          diff2 += std::pow(v - ref[at], 2);
+          ref2 += std::pow(static_cast<double>(ref[at]), 2);
+        }
+      return std::sqrt(diff2) / (std::sqrt(ref2) + 1e-12);
+    };
+    for (int s = 0; s < n_seq; ++s)
+      for (int h = 0; h < NH; ++h) {
+        const std::string where = "C " + std::to_string(C) + " sequence " + std::to_string(s) +
+                                  " head " + std::to_string(h);
+        EXPECT_LE(rel(out16, out, C, cu[s], cu[s + 1], h * hs, hs), 2e-2) << where;
+        for (int part = 0; part < 3; ++part)  // dQ, dK, dV
+          EXPECT_LE(rel(d16, d32, 3 * C, cu[s], cu[s + 1], part * C + h * hs, hs), 2e-2)
+              << where << " part " << part;
+      }
+    EXPECT_LE(rel(probs16, probs, static_cast<int>(np), 0, 1, 0, static_cast<int>(np)), 1e-2);
+    for (size_t i = 0; i < d16.size(); ++i) {
+      ASSERT_EQ(rebuilt[i], d16[i]) << "C " << C << " element " << i;
+      const float g0 = static_cast<float>(i % 7) - 3.0f;
+      ASSERT_NEAR(acc[i], g0 + d16[i], 1e-5f * (std::abs(g0) + std::abs(d16[i])) + 1e-6f)
+          << "C " << C << " element " << i;
+    }
+  }
+}
+
 TEST(KernelBf16, RefusedWithTheMissingFeatureNamed) {
   setenv("PACKBERT_CPU_NO_BF16", "1", 1);
   const std::string why = bf16_unavailable_reason();

@@ -11,6 +11,7 @@
 #include "kernels/dropout.h"
 #include "kernels/fastmath.h"
 #include "kernels/gemm.h"
+#include "kernels/transpose16.h"
 
 namespace packbert::kernels {
 
@@ -21,7 +22,8 @@ namespace packbert::kernels {
 // run as one thread's bf16 block products instead (kernels/block_gemm.h), on q, k and v as
 // stored, with the (dropped) probabilities and dS rounded to bf16 by the loops that write them
 // and dO as it is packed; dS is re-centred so its rows still sum to zero (block_input_grads says
-// why).
+// why). The bf16 form takes each block through scores, softmax, dropout, Pv V and dO Vᵀ a strip
+// of 64 rows at a time, so that a strip's values stay in L2 from one pass to the next.
 
 void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64_t* off) {
   off[0] = 0;
@@ -108,6 +110,35 @@ void store_rounded_nt(H* dst, const float* src, int64_t n) {
   for (; i < n; ++i) dst[i] = to_half<H>(src[i]);
 }
 
+// dst[j][i] = t[i][j], or += under `add`, for i < rows, j < cols: t is [rows, cols], dst's rows ld
+// apart. By 16 x 16 blocks transposed in registers where the CPU has AVX-512; the edges (and
+// everything without AVX-512) one element at a time.
+void store_transposed(float* dst, int ld, const float* t, int rows, int cols, bool add) {
+  int rows16 = 0, cols16 = 0;
+#ifdef __AVX512F__
+  rows16 = rows / 16 * 16, cols16 = cols / 16 * 16;
+  for (int i0 = 0; i0 < rows16; i0 += 16)
+    for (int j0 = 0; j0 < cols16; j0 += 16) {
+      __m512i v[16];
+      for (int l = 0; l < 16; ++l)
+        v[l] = _mm512_castps_si512(_mm512_loadu_ps(t + static_cast<int64_t>(i0 + l) * cols + j0));
+      transpose16(v);
+      for (int l = 0; l < 16; ++l) {
+        float* d = dst + static_cast<int64_t>(j0 + l) * ld + i0;
+        const __m512 x = _mm512_castsi512_ps(v[l]);
+        _mm512_storeu_ps(d, add ? _mm512_add_ps(_mm512_loadu_ps(d), x) : x);
+      }
+    }
+#endif
+  for (int j = 0; j < cols; ++j) {
+    float* d = dst + static_cast<int64_t>(j) * ld;
+    for (int i = j < cols16 ? rows16 : 0; i < rows; ++i) {
+      const float x = t[static_cast<int64_t>(i) * cols + j];
+      d[i] = add ? d[i] + x : x;
+    }
+  }
+}
+
 // A row of dS rounded to bf16 (the operand of both of its bf16 products); returns the sum of the
 // rounded row.
 inline float round_row_bf16(bf16* __restrict out, const float* __restrict d, int L) {
@@ -124,12 +155,26 @@ inline float round_row_bf16(bf16* __restrict out, const float* __restrict d, int
 
 namespace {
 
-// Floats of packing room the bf16 block products of one (sequence, head) block need: the
-// largest of the three product shapes (L x L x hs, L x hs x L, hs x L x L), with room to align.
-int64_t pack_floats(int L, int hs) {
-  const int64_t elems = std::max({block_gemm_pack_elems(L, L, hs), block_gemm_pack_elems(L, hs, L),
+// Rows of a block that the bf16 form takes through its scores, softmax, dropout and products at
+// a time: a strip's scores (64 x 512 floats at L = 512) stay in L2 between the passes, where a
+// whole block's (1 MB) would go out to L3 and back at every pass.
+constexpr int kStrip = 64;
+
+// bf16 elements of packing room the bf16 form needs for one block: for its whole-block products
+// (the largest of the three shapes L x L x hs, L x hs x L, hs x L x L), or, earlier in the same
+// block, for the strips: the keys and the values packed once, then a strip's left operand.
+int64_t pack_elems(int L, int hs) {
+  const int64_t whole = std::max({block_gemm_pack_elems(L, L, hs), block_gemm_pack_elems(L, hs, L),
                                   block_gemm_pack_elems(hs, L, L)});
-  return (elems + 1) / 2 + 16;
+  const int64_t strips =
+      block_gemm_packed_b_elems(hs, L) +
+      std::max(block_gemm_packed_b_elems(L, hs), block_gemm_packed_b_elems(hs, L)) +
+      block_gemm_pack_elems(kStrip, 0, std::max(L, hs));
+  return std::max(whole, strips);
+}
+// The same in floats, with room to align.
+int64_t pack_floats(int L, int hs) {
+  return (pack_elems(L, hs) + 1) / 2 + 16;
 }
 
 }  // namespace
@@ -271,6 +316,8 @@ struct Operands {
   // Scratch for the bf16 form's dS corrections (block_input_grads): the mean key and Σ e_i q_i
   // (2 hs floats), then dS's row sums (L); fits the [L, 3 hs] the T form widens q | k | v into.
   T* corrections = nullptr;
+  // [hs, L] for the bf16 form's transposed products (dVᵀ, dKᵀ) before they are written back.
+  T* transposed = nullptr;
   int L = 0, hs = 0;
 };
 template <typename T, typename S>
@@ -283,50 +330,68 @@ Operands<T> block_operands(const S* qkv, int a, int L, int h, int hs, int C, T* 
       b.x16 = {qkv + static_cast<int64_t>(a) * 3 * C + h * hs, 3 * C, C};
       b.pack = pack_scratch(mine, max_len, hs);
       b.corrections = qkv_scratch(mine, L);
+      b.transposed = out_scratch(mine, L, hs);
       return b;
     }
   b.x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
   return b;
 }
 
-// The block's six products, each as a bf16 block product when the operands say so, else as a T
-// gemm. P = softmax(scale Q Kᵀ) row by row: forward and a recomputing backward both call this,
-// so a rebuilt block is the kept one bit for bit.
+// The T form's products, each a T gemm over the whole block. P = softmax(scale Q Kᵀ) row by row:
+// forward and a recomputing backward both call this, so a rebuilt block is the kept one bit for
+// bit.
 template <typename T>
 void block_probs(T* P, const Operands<T>& b, T scale) {
-  const int L = b.L;
-  if constexpr (std::is_same_v<T, float>)
-    if (b.pack) {
-      block_gemm_bf16(L, L, b.hs, scale, b.x16.Q(), b.x16.K(true), OutView{P, L}, b.pack);
-      for (int i = 0; i < L; ++i) {
-        const int64_t r = static_cast<int64_t>(i) * L;
-        softmax_row(P + r, P + r, L);
-      }
-      return;
-    }
-  probs_block(P, b.x.q, b.x.ld, b.x.off, L, b.hs, scale);
+  probs_block(P, b.x.q, b.x.ld, b.x.off, b.L, b.hs, scale);
 }
-// out[L, hs] (rows ldo apart) = Pv V; the bf16 form from Pv already rounded to bf16.
+// out[L, hs] (rows ldo apart) = Pv V.
 template <typename T>
 void block_pv(T* out, int ldo, const T* Pv, const Operands<T>& b) {
   gemm(false, false, b.L, b.hs, b.L, T(1), Pv, b.L, b.x.q + 2 * b.x.off, b.x.ld, T(0), out, ldo);
 }
-void block_pv(float* out, int ldo, const bf16* Pv16, const Operands<float>& b) {
-  block_gemm_bf16(b.L, b.hs, b.L, 1.0f, MatView<bf16>{Pv16, b.L}, b.x16.V(), OutView{out, ldo},
-                  b.pack);
-}
 // dP[L, L] = dO Vᵀ (dO rows ldo apart).
 template <typename T>
 void block_dp(T* dP, const T* dO, int ldo, const Operands<T>& b) {
-  if constexpr (std::is_same_v<T, float>)
-    if (b.pack)
-      return block_gemm_bf16(b.L, b.L, b.hs, 1.0f, MatView<float>{dO, ldo}, b.x16.V(true),
-                             OutView{dP, b.L}, b.pack);
   gemm(false, true, b.L, b.L, b.hs, T(1), dO, ldo, b.x.q + 2 * b.x.off, b.x.ld, T(0), dP, b.L);
 }
+
+// The bf16 form goes through a block kStrip rows at a time, with the keys and the values (or
+// their transpose) packed once per block at the start of its packing room; each strip's left
+// operand is packed after them (`a`), when it is not read in place.
+struct Strips {
+  PackedB keys, values;
+  bf16* a = nullptr;
+};
+// keys: Kᵀ, the scores' right operand (when `keys`); values: V for Pv V, or Vᵀ for dO Vᵀ
+// (`transposed`).
+Strips pack_strips(const Operands<float>& b, bool keys, bool transposed) {
+  Strips st;
+  bf16* room = b.pack;
+  if (keys) st.keys = block_gemm_pack_b(b.hs, b.L, b.x16.K(true), room);
+  room += block_gemm_packed_b_elems(b.hs, b.L);
+  st.values = transposed ? block_gemm_pack_b(b.hs, b.L, b.x16.V(true), room)
+                         : block_gemm_pack_b(b.L, b.hs, b.x16.V(), room);
+  st.a =
+      room + std::max(block_gemm_packed_b_elems(b.L, b.hs), block_gemm_packed_b_elems(b.hs, b.L));
+  return st;
+}
+// P[rows, L] = softmax(scale Q Kᵀ) for the block's rows i0 .. i0 + rows: each element's sum and
+// each row's softmax are those of the whole-block product, so forward and a recomputing backward
+// agree bit for bit.
+void probs_strip(float* P, const Operands<float>& b, const Strips& st, int i0, int rows,
+                 float scale) {
+  const int L = b.L;
+  const MatView<bf16> q{b.x16.q + static_cast<int64_t>(i0) * b.x16.ld, b.x16.ld};
+  block_gemm_bf16(rows, scale, q, st.keys, OutView{P, L}, st.a);
+  for (int i = 0; i < rows; ++i) {
+    const int64_t r = static_cast<int64_t>(i) * L;
+    softmax_row(P + r, P + r, L);
+  }
+}
+
 // dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q into dQ's block of dqkv (rows ld apart; = instead of +=
-// under GradWrite::overwrite). The bf16 form of dV computes dVᵀ = dOᵀ Pv and writes it back
-// transposed, and dK likewise as (Qᵀ dS)ᵀ.
+// under GradWrite::overwrite). The bf16 form of dV computes dVᵀ = dOᵀ Pv (so that both of its
+// operands pack row by row) and writes it back transposed, and dK likewise as (Qᵀ dS)ᵀ.
 // The bf16 form (block_input_grads16) takes Pv and dS rounded to bf16 by their producers (dS by
 // round_row_bf16, with its row sums e). Softmax's
 // backward makes every row of dS sum to 0, which is why the key bias's true gradient is 0 (the
@@ -351,12 +416,16 @@ void block_input_grads16(float* dQ, int ld, const bf16* Pv16, const bf16* dS16, 
                          int ldo, const Operands<float>& b, GradWrite mode) {
   const int L = b.L, hs = b.hs, C = ld / 3;
   const bool add = mode == GradWrite::accumulate;
+  // dVᵀ and dKᵀ go to scratch, then into dqkv through register transposes: written transposed
+  // by the product itself, each tile would scatter short pieces of 32 rows of dqkv.
   block_gemm_bf16(hs, L, L, 1.0f, MatView<float>{dO, ldo, true}, MatView<bf16>{Pv16, L},
-                  OutView{dQ + 2 * C, ld, true, add}, b.pack);
+                  OutView{b.transposed, L}, b.pack);
+  store_transposed(dQ + 2 * C, ld, b.transposed, hs, L, add);
   block_gemm_bf16(L, hs, L, 1.0f, MatView<bf16>{dS16, L}, b.x16.K(), OutView{dQ, ld, false, add},
                   b.pack);
-  block_gemm_bf16(hs, L, L, 1.0f, b.x16.Q(true), MatView<bf16>{dS16, L},
-                  OutView{dQ + C, ld, true, add}, b.pack);
+  block_gemm_bf16(hs, L, L, 1.0f, b.x16.Q(true), MatView<bf16>{dS16, L}, OutView{b.transposed, L},
+                  b.pack);
+  store_transposed(dQ + C, ld, b.transposed, hs, L, add);
   // The rank-one corrections: kbar = mean of the keys, c = Σ_i e_i q_i / L.
   float* kbar = b.corrections;
   float* c = kbar + hs;
@@ -386,6 +455,67 @@ void block_input_grads16(float* dQ, int ld, const bf16* Pv16, const bf16* dS16, 
   }
 }
 
+// The bf16 form's forward of one block into dst [L, hs] (rows ld apart), a strip at a time: the
+// scores and their softmax, the probabilities stored rounded (when `probs`, the block's first),
+// the dropped ones rounded into the strip's Pv, and the strip's rows of Pv V.
+void forward_strips(float* dst, int ld, bf16* probs, const Operands<float>& x, float* mine,
+                    const DropoutMask& mask, int64_t drawn, bool drop, float keep_scale,
+                    float scale) {
+  const int L = x.L;
+  const Strips st = pack_strips(x, true, false);
+  float* P = mine;                                                           // [rows, L]
+  bf16* Pv16 = reinterpret_cast<bf16*>(mine + static_cast<int64_t>(L) * L);  // [rows, L]
+  for (int i0 = 0; i0 < L; i0 += kStrip) {
+    const int rows = std::min(kStrip, L - i0);
+    const int64_t at = static_cast<int64_t>(i0) * L, n = static_cast<int64_t>(rows) * L;
+    probs_strip(P, x, st, i0, rows, scale);
+    if (probs) store_rounded_nt(probs + at, P, n);
+    if (drop)
+      for (int i = 0; i < rows; ++i) {
+        const int64_t r = static_cast<int64_t>(i) * L;
+        drop_row(Pv16 + r, P + r, L, mask, drawn + at + r, keep_scale);
+      }
+    else
+      round_to_bf16(Pv16, P, n);
+    block_gemm_bf16(rows, 1.0f, MatView<bf16>{Pv16, L}, st.values,
+                    OutView{dst + static_cast<int64_t>(i0) * ld, ld}, st.a);
+  }
+}
+
+// The bf16 form's backward of one block up to its products, a strip at a time: the probabilities
+// (the kept ones widened, or rebuilt when `probs` is null), dP = dO Vᵀ, then through the dropout
+// mask and the softmax to dS. The dropped probabilities and dS go, rounded, into whole-block
+// Pv16 and dS16 [L, L] for the dV, dQ and dK products; dS's row sums into the corrections.
+void backward_strips(bf16* Pv16, bf16* dS16, const bf16* probs, const float* dO, int ldo,
+                     const Operands<float>& x, float* mine, const DropoutMask& mask, int64_t drawn,
+                     bool drop, float keep_scale, float scale) {
+  const int L = x.L, hs = x.hs;
+  const int64_t LL = static_cast<int64_t>(L) * L;
+  const Strips st = pack_strips(x, probs == nullptr, true);
+  float *dP = mine, *P = mine + 2 * LL;  // [rows, L] each
+  for (int i0 = 0; i0 < L; i0 += kStrip) {
+    const int rows = std::min(kStrip, L - i0);
+    const int64_t at = static_cast<int64_t>(i0) * L, n = static_cast<int64_t>(rows) * L;
+    if (probs)
+      for (int64_t i = 0; i < n; ++i) P[i] = to_float(probs[at + i]);
+    else
+      probs_strip(P, x, st, i0, rows, scale);
+    for (int i = 0; i < rows; ++i)
+      decode_probs_row<bf16>(P + static_cast<int64_t>(i) * L, L, probs == nullptr);
+    block_gemm_bf16(rows, 1.0f, MatView<float>{dO + static_cast<int64_t>(i0) * ldo, ldo}, st.values,
+                    OutView{dP, L}, st.a);
+    for (int i = 0; i < rows; ++i) {
+      const int64_t r = static_cast<int64_t>(i) * L, R = at + r;
+      if (drop)
+        drop_rows_backward(Pv16 + R, dP + r, P + r, L, mask, drawn + R, keep_scale);
+      else
+        round_to_bf16(Pv16 + R, P + r, L);
+      softmax_backward_row(dP + r, P + r, L, scale);
+      x.corrections[2 * hs + i0 + i] = round_row_bf16(dS16 + R, dP + r, L);
+    }
+  }
+}
+
 // S: the storage of qkv (T, or bf16 | f16 widened per block; bf16 products read bf16 as stored).
 // O = T writes each (sequence, head) block of the output in place; O = bf16 | f16 computes it in
 // the thread's scratch and rounds it into the output (its only reader is a GEMM). P: the storage
@@ -408,44 +538,42 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) +
                             static_cast<int64_t>(h) * L * L;  // its place in the dropout stream
       T* mine = w.thread_scratch();
+      const Operands<T> x = block_operands(qkv, a, L, h, hs, C, mine, w.max_len, products16);
+      // out = Pv V through `into(dst, ld)`, in place, or into scratch and rounded.
+      auto write_out = [&](auto into) {
+        if constexpr (std::is_same_v<O, T>) {
+          into(out + static_cast<int64_t>(a) * C + h * hs, C);
+        } else {
+          T* block = out_scratch(mine, L, hs);  // [L, hs]
+          into(block, hs);
+          for (int i = 0; i < L; ++i) {
+            O* o = out + static_cast<int64_t>(a + i) * C + h * hs;
+            for (int j = 0; j < hs; ++j) o[j] = to_half<O>(block[static_cast<int64_t>(i) * hs + j]);
+          }
+        }
+      };
+      if constexpr (std::is_same_v<T, float> && std::is_same_v<S, bf16>)
+        if (x.pack) {
+          write_out([&](float* dst, int ld) {
+            forward_strips(dst, ld, probs ? probs + first : nullptr, x, mine, mask, drawn,
+                           dropout.p > 0, keep_scale, scale);
+          });
+          continue;
+        }
       T* P = mine;  // the probabilities (kept in place when stored in T)
       if constexpr (std::is_same_v<P_, T>)
         if (probs) P = probs + first;
       T* Pd = mine + static_cast<int64_t>(L) * L;  // their dropped copy
-      const Operands<T> x = block_operands(qkv, a, L, h, hs, C, mine, w.max_len, products16);
       block_probs(P, x, scale);
       if constexpr (!std::is_same_v<P_, T>)
         if (probs) store_rounded_nt(probs + first, P, static_cast<int64_t>(L) * L);
-      // out = Pv V, Pv = P or its dropped copy; for bf16 products Pv is rounded as it is written.
-      auto drop_into = [&](auto* dropped) {  // T, or bf16 for bf16 products
+      // Pv = P or its dropped copy.
+      if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
-          drop_row(dropped + r, P + r, L, mask, drawn + r, keep_scale);
+          drop_row(Pd + r, P + r, L, mask, drawn + r, keep_scale);
         }
-      };
-      auto pv_into = [&](T* dst, int ld) {
-        if constexpr (std::is_same_v<T, float>)
-          if (x.pack) {
-            bf16* Pv16 = reinterpret_cast<bf16*>(Pd);
-            if (dropout.p > 0)
-              drop_into(Pv16);
-            else
-              round_to_bf16(Pv16, P, static_cast<int64_t>(L) * L);
-            return block_pv(dst, ld, Pv16, x);
-          }
-        if (dropout.p > 0) drop_into(Pd);
-        block_pv(dst, ld, dropout.p > 0 ? Pd : P, x);
-      };
-      if constexpr (std::is_same_v<O, T>) {
-        pv_into(out + static_cast<int64_t>(a) * C + h * hs, C);
-      } else {
-        T* block = out_scratch(mine, L, hs);  // [L, hs]
-        pv_into(block, hs);
-        for (int i = 0; i < L; ++i) {
-          O* o = out + static_cast<int64_t>(a + i) * C + h * hs;
-          for (int j = 0; j < hs; ++j) o[j] = to_half<O>(block[static_cast<int64_t>(i) * hs + j]);
-        }
-      }
+      write_out([&](T* dst, int ld) { block_pv(dst, ld, dropout.p > 0 ? Pd : P, x); });
     }
 }
 
@@ -493,6 +621,14 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
       T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * hs;
       const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
+      if constexpr (std::is_same_v<T, float> && std::is_same_v<S, bf16>)
+        if (x.pack) {  // Pv and dS rounded to bf16 as they are written, into Pd's room
+          bf16 *Pv16 = reinterpret_cast<bf16*>(Pd), *dS16 = Pv16 + LL;
+          backward_strips(Pv16, dS16, probs ? probs + first : nullptr, dO, C, x, mine, mask, drawn,
+                          dropout.p > 0, keep_scale, scale);
+          block_input_grads16(dQ, C3, Pv16, dS16, dO, C, x, mode);  // dV, dQ, dK
+          continue;
+        }
       T* rebuilt = mine + 2 * LL;
       const T* P = rebuilt;  // the kept probabilities, or rebuilt ones in scratch
       if constexpr (std::is_same_v<P_, T>) {
@@ -509,24 +645,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
           decode_probs_row<P_>(rebuilt + static_cast<int64_t>(i) * L, L, probs == nullptr);
       }
       block_dp(dP, dO, C, x);  // dO Vᵀ
-      // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale. For bf16
-      // products, Pv and dS are rounded to bf16 as they are written (into Pd's room: 2 x LL
-      // bf16).
-      if constexpr (std::is_same_v<T, float>)
-        if (x.pack) {
-          bf16 *Pv16 = reinterpret_cast<bf16*>(Pd), *dS16 = Pv16 + LL;
-          for (int i = 0; i < L; ++i) {
-            const int64_t r = static_cast<int64_t>(i) * L;
-            if (dropout.p > 0)
-              drop_rows_backward(Pv16 + r, dP + r, P + r, L, mask, drawn + r, keep_scale);
-            else
-              round_to_bf16(Pv16 + r, P + r, L);
-            softmax_backward_row(dP + r, P + r, L, scale);
-            x.corrections[2 * hs + i] = round_row_bf16(dS16 + r, dP + r, L);
-          }
-          block_input_grads16(dQ, C3, Pv16, dS16, dO, C, x, mode);  // dV, dQ, dK
-          continue;
-        }
+      // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
       for (int i = 0; i < L; ++i) {
         const int64_t r = static_cast<int64_t>(i) * L;
         if (dropout.p > 0)

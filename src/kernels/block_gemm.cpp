@@ -224,29 +224,50 @@ int64_t block_gemm_pack_elems(int M, int N, int K) {
   return static_cast<int64_t>(M) * even(K) + static_cast<int64_t>(even(K)) * cols_padded(N);
 }
 
+int64_t block_gemm_packed_b_elems(int K, int N) {
+  return static_cast<int64_t>(even(K)) * cols_padded(N);
+}
+
+template <typename SB>
+PackedB block_gemm_pack_b(int K, int N, MatView<SB> B, bf16* room) {
+  uint32_t* b = reinterpret_cast<uint32_t*>(room);
+  if (K > 0 && N > 0) pack_b(b, K, N, cols_padded(N), B);
+  return {b, K, N};
+}
+
+template <typename SA>
+void block_gemm_bf16(int M, float alpha, MatView<SA> A, const PackedB& B, OutView C, bf16* pack) {
+  const int K = B.K, N = B.N;
+  if (M <= 0 || N <= 0) return;
+  const int Kp = even(K), Np = cols_padded(N);
+  // A bf16 A stored row by row with K even is already in the packed layout, rows ld apart: the
+  // tiles read it in place.
+  const uint16_t* rows = reinterpret_cast<const uint16_t*>(pack);
+  int lda = Kp;
+  bool in_place = false;
+  if constexpr (std::is_same_v<SA, bf16>)
+    if (!A.trans && K % 2 == 0)
+      rows = reinterpret_cast<const uint16_t*>(A.p), lda = A.ld, in_place = true;
+  if (K > 0 && !in_place) pack_a(reinterpret_cast<uint16_t*>(pack), M, K, Kp, A);
+  for (int n0 = 0; n0 < N; n0 += kCols)
+    for (int m0 = 0; m0 < M; m0 += kRows)
+      tile_rows(std::min(kRows, M - m0), std::make_integer_sequence<int, kRows>{}, rows, lda, Kp,
+                B.p, Np, m0, n0, N, alpha, C);
+}
+
 template <typename SA, typename SB>
 void block_gemm_bf16(int M, int N, int K, float alpha, MatView<SA> A, MatView<SB> B, OutView C,
                      bf16* pack) {
   if (M <= 0 || N <= 0) return;
-  const int Kp = even(K), Np = cols_padded(N);
-  uint16_t* a = reinterpret_cast<uint16_t*>(pack);
-  uint32_t* b = reinterpret_cast<uint32_t*>(a + static_cast<int64_t>(M) * Kp);
-  // A bf16 A stored row by row with K even is already in the packed layout, rows ld apart: the
-  // tiles read it in place.
-  const uint16_t* rows = a;
-  int lda = Kp;
-  if constexpr (std::is_same_v<SA, bf16>)
-    if (!A.trans && K % 2 == 0) rows = reinterpret_cast<const uint16_t*>(A.p), lda = A.ld;
-  if (K > 0) {
-    if (rows == a) pack_a(a, M, K, Kp, A);
-    pack_b(b, K, N, Np, B);
-  }
-  for (int n0 = 0; n0 < N; n0 += kCols)
-    for (int m0 = 0; m0 < M; m0 += kRows)
-      tile_rows(std::min(kRows, M - m0), std::make_integer_sequence<int, kRows>{}, rows, lda, Kp, b,
-                Np, m0, n0, N, alpha, C);
+  // A's packing room first, then B's.
+  const PackedB packed = block_gemm_pack_b(K, N, B, pack + block_gemm_pack_elems(M, 0, K));
+  block_gemm_bf16(M, alpha, A, packed, C, pack);
 }
 
+template PackedB block_gemm_pack_b<float>(int, int, MatView<float>, bf16*);
+template PackedB block_gemm_pack_b<bf16>(int, int, MatView<bf16>, bf16*);
+template void block_gemm_bf16<float>(int, float, MatView<float>, const PackedB&, OutView, bf16*);
+template void block_gemm_bf16<bf16>(int, float, MatView<bf16>, const PackedB&, OutView, bf16*);
 template void block_gemm_bf16<float, float>(int, int, int, float, MatView<float>, MatView<float>,
                                             OutView, bf16*);
 template void block_gemm_bf16<float, bf16>(int, int, int, float, MatView<float>, MatView<bf16>,

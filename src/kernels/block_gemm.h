@@ -45,4 +45,20 @@ template <typename SA, typename SB>
 void block_gemm_bf16(int M, int N, int K, float alpha, MatView<SA> A, MatView<SB> B, OutView C,
                      bf16* pack);
 
+// A right operand packed once for several products that share it: attention multiplies each row
+// strip of a block by the same keys and values.
+struct PackedB {
+  const uint32_t* p = nullptr;
+  int K = 0, N = 0;
+};
+// bf16 elements of room block_gemm_pack_b needs for a K x N operand.
+int64_t block_gemm_packed_b_elems(int K, int N);
+template <typename SB>
+PackedB block_gemm_pack_b(int K, int N, MatView<SB> B, bf16* room);
+// C = alpha * A[M, B.K] . B, bit for bit what the unpacked form gives for the same rows (each
+// element's sum runs over k in the same order). pack: block_gemm_pack_elems(M, 0, B.K) bf16 for
+// A when it is not a bf16 row-major view with B.K even (read in place); may be null then.
+template <typename SA>
+void block_gemm_bf16(int M, float alpha, MatView<SA> A, const PackedB& B, OutView C, bf16* pack);
+
 }  // namespace packbert::kernels

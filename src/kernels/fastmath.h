@@ -2,10 +2,13 @@
 // stop a loop from vectorising). Double keeps libm: the finite-difference tests run in double.
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace packbert::kernels {
 
@@ -24,14 +27,17 @@ inline float exp_fast(float x) {
   return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
 }
 
-// erf: Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7, below float resolution near 1).
-inline float erf_fast(float x) {
+// erf: Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7, below float resolution near 1), from
+// x and exp(-x^2): GELU's backward has that exponential already (the normal density's).
+inline float erf_with(float x, float exp_minus_x2) {
   const float a = std::abs(x), t = 1.0f / (1.0f + 0.3275911f * a);
   const float poly =
       t * (0.254829592f +
            t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  const float y = 1.0f - poly * exp_fast(-a * a);
-  return std::copysign(y, x);
+  return std::copysign(1.0f - poly * exp_minus_x2, x);
+}
+inline float erf_fast(float x) {
+  return erf_with(x, exp_fast(-x * x));
 }
 
 inline float exp_of(float x) {
@@ -39,6 +45,29 @@ inline float exp_of(float x) {
 }
 inline double exp_of(double x) {
   return std::exp(x);
+}
+
+// The largest of init and z[0 .. n). GCC keeps a float max reduction scalar, even under `omp simd`
+// (a chain of dependent vmaxss, one element every few cycles), so with AVX-512 this keeps one
+// running maximum per lane of a vector and takes their largest at the end. Without NaNs in z,
+// the result is the sequential std::max's.
+template <typename T>
+T max_of(const T* z, int64_t n, T init) {
+  T mx = init;
+  int64_t j = 0;
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<T, float>) {
+    // The masked forms: the plain ones start from _mm512_undefined_ps(), which GCC 12's
+    // -Wmaybe-uninitialized reports wherever they are inlined.
+    __m512 lanes = _mm512_set1_ps(init);
+    for (; j + 16 <= n; j += 16) lanes = _mm512_maskz_max_ps(0xffff, _mm512_loadu_ps(z + j), lanes);
+    float lane[16];
+    _mm512_storeu_ps(lane, lanes);
+    for (float v : lane) mx = std::max(mx, v);
+  }
+#endif
+  for (; j < n; ++j) mx = std::max(mx, z[j]);
+  return mx;
 }
 
 template <typename T>
@@ -49,9 +78,7 @@ struct SoftmaxStats {
 // p = softmax(z) over one row of n values (p may be z itself), vectorised.
 template <typename T>
 SoftmaxStats<T> softmax_row(T* p, const T* z, int n) {
-  T mx = z[0];
-#pragma omp simd reduction(max : mx)
-  for (int j = 1; j < n; ++j) mx = std::max(mx, z[j]);
+  const T mx = max_of(z, n, z[0]);
   T sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int j = 0; j < n; ++j) {

@@ -251,8 +251,9 @@ void gelu_backward_block(float* __restrict dinp, const I* __restrict inp,
                          const float* __restrict dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = widen(inp[i]);
-    const float cdf = 0.5f * (1.0f + erf_fast(x * kInvSqrt2));
-    const float pdf = kInvSqrt2Pi * exp_fast(-0.5f * x * x);
+    const float gauss = exp_fast(-0.5f * x * x);  // erf's exp(-z^2) at z = x / sqrt(2) as well
+    const float cdf = 0.5f * (1.0f + erf_with(x * kInvSqrt2, gauss));
+    const float pdf = kInvSqrt2Pi * gauss;
     const float v = dout[i] * (cdf + x * pdf);
     if constexpr (kAdd)
       dinp[i] += v;
@@ -512,9 +513,9 @@ void embedding_backward(T* dword, T* dposition, T* dtoken_type, const T* dout, c
 
 namespace {
 
-// The largest entries of row z [V] before and after column t, in two reductions that
-// vectorise; the target is the row's first maximum (as std::max_element finds it) when it is
-// above every entry before it and not below any after it.
+// The largest entries of row z [V] before and after column t (max_of: vectorised); the target is
+// the row's first maximum (as std::max_element finds it) when it is above every entry before it and
+// not below any after it.
 template <typename T>
 struct TargetMaxima {
   T before, after, target;
@@ -522,12 +523,8 @@ struct TargetMaxima {
 };
 template <typename T>
 TargetMaxima<T> maxima_around(const T* z, int t, int V) {
-  T before = -std::numeric_limits<T>::infinity(), after = before;
-#pragma omp simd reduction(max : before)
-  for (int v = 0; v < t; ++v) before = std::max(before, z[v]);
-#pragma omp simd reduction(max : after)
-  for (int v = t + 1; v < V; ++v) after = std::max(after, z[v]);
-  return {before, after, z[t]};
+  constexpr T kLowest = -std::numeric_limits<T>::infinity();
+  return {max_of(z, t, kLowest), max_of(z + t + 1, V - t - 1, kLowest), z[t]};
 }
 
 }  // namespace
