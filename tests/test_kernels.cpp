@@ -1026,18 +1026,29 @@ TEST(KernelBf16, BlockProductMatchesTheExactProductOfItsRoundedOperands) {
 // rows, must stay 0 up to fp32 rounding (far below the bf16 rounding of dS, about 4e-3 of a
 // value), and dQ, dK and dV must agree with the fp32 kernel on the same rounded inputs within
 // bf16's rounding (normwise per block).
+// Random bf16 q | k | v [T, 3C] (0.5 N(0, 1)), the same widened to fp32, and an output gradient
+// [T, C] (N(0, 1)).
+struct AttentionInputs16 {
+  std::vector<bf16> qkv16;
+  std::vector<float> qkv, dout;
+  AttentionInputs16(int T, int C, unsigned seed)
+      : qkv16(static_cast<size_t>(T) * 3 * C), qkv(qkv16.size()), dout(static_cast<size_t>(T) * C) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : qkv16) x = to_bf16(0.5f * nd(rng));
+    to_float(qkv.data(), qkv16.data(), static_cast<int64_t>(qkv.size()));
+    for (float& x : dout) x = nd(rng);
+  }
+};
+
 TEST(KernelBf16, AttentionKeyGradientsSumToZeroPerSequence) {
   if (!block_gemm_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
   const int C = 128, NH = 2, hs = C / NH;
   const std::vector<int32_t> cu = {0, 1, 38, 102, 135};
   const int n_seq = static_cast<int>(cu.size()) - 1, T = cu.back();
-  std::mt19937 rng(17);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<bf16> qkv16(static_cast<size_t>(T) * 3 * C);
-  for (auto& x : qkv16) x = to_bf16(0.5f * nd(rng));
-  std::vector<float> qkv(qkv16.size()), dout(static_cast<size_t>(T) * C);
-  to_float(qkv.data(), qkv16.data(), static_cast<int64_t>(qkv.size()));
-  for (float& x : dout) x = nd(rng);
+  const AttentionInputs16 in(T, C, 17);
+  const std::vector<bf16>& qkv16 = in.qkv16;
+  const std::vector<float>&qkv = in.qkv, &dout = in.dout;
   const int64_t np = attention_probs_offsets(cu.data(), n_seq, NH).back();
   const AttentionDropout drop{0.1, 3, 4};
   std::vector<bf16> out16(static_cast<size_t>(T) * C), probs16(np);
@@ -1085,13 +1096,9 @@ TEST(KernelBf16, AttentionOverSeveralStripsAgreesWithFp32) {
   const int n_seq = static_cast<int>(cu.size()) - 1, T = cu.back();
   for (const int C : {128, 48}) {  // head sizes 64 and 24
     const int NH = 2, hs = C / NH;
-    std::mt19937 rng(C);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<bf16> qkv16(static_cast<size_t>(T) * 3 * C);
-    for (auto& x : qkv16) x = to_bf16(0.5f * nd(rng));
-    std::vector<float> qkv(qkv16.size()), dout(static_cast<size_t>(T) * C);
-    to_float(qkv.data(), qkv16.data(), static_cast<int64_t>(qkv.size()));
-    for (float& x : dout) x = nd(rng);
+    const AttentionInputs16 in(T, C, C);
+    const std::vector<bf16>& qkv16 = in.qkv16;
+    const std::vector<float>&qkv = in.qkv, &dout = in.dout;
     const int64_t np = attention_probs_offsets(cu.data(), n_seq, NH).back();
     const AttentionDropout drop{0.1, 5, 6};
     std::vector<bf16> out16(static_cast<size_t>(T) * C), probs16(np);
