@@ -22,8 +22,10 @@ struct MatView {
 
 // Where the product goes: C[i][j] (+)= alpha * (A B)[i][j], or, when `trans`, C[j][i] (+)= the
 // same: the product of the transposed operands written back transposed, which lets a product
-// whose left operand is a transposed L x L block (attention's dV = Pᵀ dO, computed as
-// (dOᵀ P)ᵀ) pack that block row by row instead.
+// whose left operand is a transposed L x L block (such as attention's dV = Pᵀ dO, as (dOᵀ P)ᵀ)
+// pack that block row by row instead. Each tile writes short pieces of many rows of C this way;
+// attention itself computes dVᵀ into scratch and transposes it back in registers
+// (attention.cpp's store_transposed), which is faster for its tall outputs.
 struct OutView {
   float* p;
   int ld;

@@ -1,6 +1,7 @@
 // A 16 x 16 transpose of 32-bit lanes in AVX-512 registers, shared by the kernels that
-// transpose tiles (block_gemm.cpp's packing, sparse.cpp's activation tiles). Callers run it only
-// where the CPU has AVX-512F (their own target attribute or -march).
+// transpose tiles (block_gemm.cpp's packing, sparse.cpp's activation tiles, attention.cpp's
+// write-back of dVᵀ and dKᵀ). Callers run it only where the CPU has AVX-512F (their own target
+// attribute or -march).
 #pragma once
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized (and,
