@@ -1021,34 +1021,6 @@ TEST(KernelBf16, BlockProductMatchesTheExactProductOfItsRoundedOperands) {
           }
 }
 
-// A right operand packed a few rows at a time (as attention's backward packs Pv and dS strip by
-// strip) is, byte for byte, the operand packed whole: even and odd K, chunks of several sizes
-// (the last one odd when K is), N inside one 32-column tile and past it.
-TEST(KernelBf16, OperandPackedRowsAtATimeIsTheWholeOperandPacked) {
-  if (!block_gemm_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (const auto& [K, N, chunk] :
-       {std::array{150, 150, 64}, std::array{129, 45, 64}, std::array{7, 7, 2},
-        std::array{1, 1, 64}, std::array{64, 33, 6}}) {
-    const int ld = N + 5;
-    std::vector<bf16> B(static_cast<size_t>(K) * ld);
-    for (auto& x : B) x = to_bf16(nd(rng));
-    const int64_t elems = block_gemm_packed_b_elems(K, N);
-    std::vector<bf16> whole(elems, to_bf16(7.0f)), rows(elems, to_bf16(-3.0f));
-    const PackedB w = block_gemm_pack_b(K, N, MatView<bf16>{B.data(), ld}, whole.data());
-    PackedB r{};
-    for (int k0 = 0; k0 < K; k0 += chunk)
-      r = block_gemm_pack_b_rows(K, N, k0, std::min(chunk, K - k0),
-                                 MatView<bf16>{B.data() + static_cast<size_t>(k0) * ld, ld},
-                                 rows.data());
-    ASSERT_EQ(r.K, w.K);
-    ASSERT_EQ(r.N, w.N);
-    ASSERT_EQ(std::memcmp(whole.data(), rows.data(), elems * sizeof(bf16)), 0)
-        << "K=" << K << " N=" << N << " chunk=" << chunk;
-  }
-}
-
 // bf16 attention backward: dS is rounded to bf16 for the dQ and dK products, which breaks its
 // zero row sums unless re-centred. The key bias's true gradient, the sum of a sequence's dK
 // rows, must stay 0 up to fp32 rounding (far below the bf16 rounding of dS, about 4e-3 of a

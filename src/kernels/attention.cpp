@@ -160,20 +160,17 @@ namespace {
 // whole block's (1 MB) would go out to L3 and back at every pass.
 constexpr int kStrip = 64;
 
-// bf16 elements of a block's strip room: the keys and the values packed once, then a strip's
-// left operand.
-int64_t strip_elems(int L, int hs) {
-  return block_gemm_packed_b_elems(hs, L) +
-         std::max(block_gemm_packed_b_elems(L, hs), block_gemm_packed_b_elems(hs, L)) +
-         block_gemm_pack_elems(kStrip, 0, std::max(L, hs));
-}
-// bf16 elements of packing room the bf16 form needs for one block: the strips' room (which the
-// backward's whole-block products dVᵀ = dOᵀ Pv and dKᵀ = Qᵀ dS reuse for their left operand),
-// then, for the backward, the keys packed as dQ = dS K's right operand and Pv and dS packed as
-// the strips make them.
+// bf16 elements of packing room the bf16 form needs for one block: for its whole-block products
+// (the largest of the three shapes L x L x hs, L x hs x L, hs x L x L), or, earlier in the same
+// block, for the strips: the keys and the values packed once, then a strip's left operand.
 int64_t pack_elems(int L, int hs) {
-  return std::max(strip_elems(L, hs), block_gemm_pack_elems(hs, 0, L)) +
-         block_gemm_packed_b_elems(L, hs) + 2 * block_gemm_packed_b_elems(L, L);
+  const int64_t whole = std::max({block_gemm_pack_elems(L, L, hs), block_gemm_pack_elems(L, hs, L),
+                                  block_gemm_pack_elems(hs, L, L)});
+  const int64_t strips =
+      block_gemm_packed_b_elems(hs, L) +
+      std::max(block_gemm_packed_b_elems(L, hs), block_gemm_packed_b_elems(hs, L)) +
+      block_gemm_pack_elems(kStrip, 0, std::max(L, hs));
+  return std::max(whole, strips);
 }
 // The same in floats, with room to align.
 int64_t pack_floats(int L, int hs) {
@@ -360,30 +357,22 @@ void block_dp(T* dP, const T* dO, int ldo, const Operands<T>& b) {
 
 // The bf16 form goes through a block kStrip rows at a time, with the keys and the values (or
 // their transpose) packed once per block at the start of its packing room; each strip's left
-// operand is packed after them (`a`), when it is not read in place. The backward also packs the
-// keys as dQ = dS K's right operand (`keys_dq`), and keeps room after them for Pv and dS, packed
-// strip by strip as the right operands of dVᵀ = dOᵀ Pv and dKᵀ = Qᵀ dS (`pv`, `ds`).
+// operand is packed after them (`a`), when it is not read in place.
 struct Strips {
-  PackedB keys, values, keys_dq;
-  bf16 *a = nullptr, *pv = nullptr, *ds = nullptr;
+  PackedB keys, values;
+  bf16* a = nullptr;
 };
-// keys: Kᵀ, the scores' right operand (when `keys`); values: V for Pv V (forward), or Vᵀ for
-// dO Vᵀ (backward).
-Strips pack_strips(const Operands<float>& b, bool keys, bool backward) {
+// keys: Kᵀ, the scores' right operand (when `keys`); values: V for Pv V, or Vᵀ for dO Vᵀ
+// (`transposed`).
+Strips pack_strips(const Operands<float>& b, bool keys, bool transposed) {
   Strips st;
   bf16* room = b.pack;
   if (keys) st.keys = block_gemm_pack_b(b.hs, b.L, b.x16.K(true), room);
   room += block_gemm_packed_b_elems(b.hs, b.L);
-  st.values = backward ? block_gemm_pack_b(b.hs, b.L, b.x16.V(true), room)
-                       : block_gemm_pack_b(b.L, b.hs, b.x16.V(), room);
+  st.values = transposed ? block_gemm_pack_b(b.hs, b.L, b.x16.V(true), room)
+                         : block_gemm_pack_b(b.L, b.hs, b.x16.V(), room);
   st.a =
       room + std::max(block_gemm_packed_b_elems(b.L, b.hs), block_gemm_packed_b_elems(b.hs, b.L));
-  if (backward) {
-    bf16* after = b.pack + std::max(strip_elems(b.L, b.hs), block_gemm_pack_elems(b.hs, 0, b.L));
-    st.keys_dq = block_gemm_pack_b(b.L, b.hs, b.x16.K(), after);
-    st.pv = after + block_gemm_packed_b_elems(b.L, b.hs);
-    st.ds = st.pv + block_gemm_packed_b_elems(b.L, b.L);
-  }
   return st;
 }
 // P[rows, L] = softmax(scale Q Kᵀ) for the block's rows i0 .. i0 + rows: each element's sum and
@@ -401,15 +390,15 @@ void probs_strip(float* P, const Operands<float>& b, const Strips& st, int i0, i
 }
 
 // dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q into dQ's block of dqkv (rows ld apart; = instead of +=
-// under GradWrite::overwrite). The bf16 form computes dQ strip by strip (backward_strips), and
-// dV as dVᵀ = dOᵀ Pv (so that both of its operands pack row by row) and dK as (Qᵀ dS)ᵀ,
-// written back transposed (block_input_grads16).
-// The bf16 form takes Pv and dS rounded to bf16 by their producers (dS by round_row_bf16, with its
-// row sums e). Softmax's backward makes every row of dS sum to 0, which is why the key bias's
-// true gradient is 0 (the sum of dK's rows is Σ_i rowsum_i(dS) q_i), and rounding breaks it: left
-// alone, the key bias would collect a rounding noise of about 1e-4 of the model's largest
-// gradient. So both products use dS' = dS - e / L (each row's sum spread evenly over its L keys,
-// a move within the rounding), applied after the bf16 products as rank-one corrections:
+// under GradWrite::overwrite). The bf16 form of dV computes dVᵀ = dOᵀ Pv (so that both of its
+// operands pack row by row) and writes it back transposed, and dK likewise as (Qᵀ dS)ᵀ.
+// The bf16 form (block_input_grads16) takes Pv and dS rounded to bf16 by their producers (dS by
+// round_row_bf16, with its row sums e). Softmax's
+// backward makes every row of dS sum to 0, which is why the key bias's true gradient is 0 (the
+// sum of dK's rows is Σ_i rowsum_i(dS) q_i), and rounding breaks it: left alone, the key bias
+// would collect a rounding noise of about 1e-4 of the model's largest gradient. So both products
+// use dS' = dS - e / L (each row's sum spread evenly over its L keys, a move within the
+// rounding), applied after the bf16 products as rank-one corrections:
 //   dQ' = dS K - e ⊗ mean_j(k_j),   dK' = dSᵀ Q - 1 ⊗ (Σ_i e_i q_i) / L,
 // whose rows sum, for dK', to 0 up to fp32 rounding.
 template <typename T>
@@ -422,20 +411,20 @@ void block_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int
   gemm(false, false, L, hs, L, T(1), dS, L, Q + b.x.off, b.x.ld, beta, dQ, ld);  // dQ
   gemm(true, false, L, hs, L, T(1), dS, L, Q, b.x.ld, beta, dQ + C, ld);         // dK
 }
-// dV and dK from Pv and dS as backward_strips packed them, then the rank-one corrections of dQ
-// (which backward_strips computed) and dK; row_sums: e (at b.corrections + 2 hs).
-void block_input_grads16(float* dQ, int ld, const Strips& st, const float* dO, int ldo,
-                         const Operands<float>& b, GradWrite mode) {
+// row_sums: e (at b.corrections + 2 hs).
+void block_input_grads16(float* dQ, int ld, const bf16* Pv16, const bf16* dS16, const float* dO,
+                         int ldo, const Operands<float>& b, GradWrite mode) {
   const int L = b.L, hs = b.hs, C = ld / 3;
   const bool add = mode == GradWrite::accumulate;
-  const PackedB Pv{reinterpret_cast<const uint32_t*>(st.pv), L, L},
-      dS{reinterpret_cast<const uint32_t*>(st.ds), L, L};
   // dVᵀ and dKᵀ go to scratch, then into dqkv through register transposes: written transposed
-  // by the product itself, each tile would scatter short pieces of 32 rows of dqkv. Their left
-  // operands are packed where the strips' were.
-  block_gemm_bf16(hs, 1.0f, MatView<float>{dO, ldo, true}, Pv, OutView{b.transposed, L}, b.pack);
+  // by the product itself, each tile would scatter short pieces of 32 rows of dqkv.
+  block_gemm_bf16(hs, L, L, 1.0f, MatView<float>{dO, ldo, true}, MatView<bf16>{Pv16, L},
+                  OutView{b.transposed, L}, b.pack);
   store_transposed(dQ + 2 * C, ld, b.transposed, hs, L, add);
-  block_gemm_bf16(hs, 1.0f, b.x16.Q(true), dS, OutView{b.transposed, L}, b.pack);
+  block_gemm_bf16(L, hs, L, 1.0f, MatView<bf16>{dS16, L}, b.x16.K(), OutView{dQ, ld, false, add},
+                  b.pack);
+  block_gemm_bf16(hs, L, L, 1.0f, b.x16.Q(true), MatView<bf16>{dS16, L}, OutView{b.transposed, L},
+                  b.pack);
   store_transposed(dQ + C, ld, b.transposed, hs, L, add);
   // The rank-one corrections: kbar = mean of the keys, c = Σ_i e_i q_i / L.
   float* kbar = b.corrections;
@@ -493,22 +482,17 @@ void forward_strips(float* dst, int ld, bf16* probs, const Operands<float>& x, f
   }
 }
 
-// The bf16 form's backward of one block up to dV and dK, a strip at a time: the probabilities
+// The bf16 form's backward of one block up to its products, a strip at a time: the probabilities
 // (the kept ones widened, or rebuilt when `probs` is null), dP = dO Vᵀ, then through the dropout
-// mask and the softmax to dS, and the strip's rows of dQ = dS K (into dQ, rows ld apart). The
-// strip's dropped probabilities and dS, rounded to bf16, are packed while they are in cache as
-// the right operands of dVᵀ = dOᵀ Pv and dKᵀ = Qᵀ dS (st.pv, st.ds); dS's row sums go into the
-// corrections.
-void backward_strips(float* dQ, int ld, GradWrite mode, const Strips& st, const bf16* probs,
-                     const float* dO, int ldo, const Operands<float>& x, float* mine,
-                     const DropoutMask& mask, int64_t drawn, bool drop, float keep_scale,
-                     float scale) {
+// mask and the softmax to dS. The dropped probabilities and dS go, rounded, into whole-block
+// Pv16 and dS16 [L, L] for the dV, dQ and dK products; dS's row sums into the corrections.
+void backward_strips(bf16* Pv16, bf16* dS16, const bf16* probs, const float* dO, int ldo,
+                     const Operands<float>& x, float* mine, const DropoutMask& mask, int64_t drawn,
+                     bool drop, float keep_scale, float scale) {
   const int L = x.L, hs = x.hs;
   const int64_t LL = static_cast<int64_t>(L) * L;
-  float *dP = mine, *P = mine + 2 * LL;                  // [rows, L] each
-  bf16* Pv16 = reinterpret_cast<bf16*>(mine + LL);       // [rows, L]
-  bf16* dS16 = Pv16 + std::min(kStrip, L) * int64_t{L};  // [rows, L]
-  const bool add = mode == GradWrite::accumulate;
+  const Strips st = pack_strips(x, probs == nullptr, true);
+  float *dP = mine, *P = mine + 2 * LL;  // [rows, L] each
   for (int i0 = 0; i0 < L; i0 += kStrip) {
     const int rows = std::min(kStrip, L - i0);
     const int64_t at = static_cast<int64_t>(i0) * L, n = static_cast<int64_t>(rows) * L;
@@ -521,18 +505,14 @@ void backward_strips(float* dQ, int ld, GradWrite mode, const Strips& st, const 
     block_gemm_bf16(rows, 1.0f, MatView<float>{dO + static_cast<int64_t>(i0) * ldo, ldo}, st.values,
                     OutView{dP, L}, st.a);
     for (int i = 0; i < rows; ++i) {
-      const int64_t r = static_cast<int64_t>(i) * L;
+      const int64_t r = static_cast<int64_t>(i) * L, R = at + r;
       if (drop)
-        drop_rows_backward(Pv16 + r, dP + r, P + r, L, mask, drawn + at + r, keep_scale);
+        drop_rows_backward(Pv16 + R, dP + r, P + r, L, mask, drawn + R, keep_scale);
       else
-        round_to_bf16(Pv16 + r, P + r, L);
+        round_to_bf16(Pv16 + R, P + r, L);
       softmax_backward_row(dP + r, P + r, L, scale);
-      x.corrections[2 * hs + i0 + i] = round_row_bf16(dS16 + r, dP + r, L);
+      x.corrections[2 * hs + i0 + i] = round_row_bf16(dS16 + R, dP + r, L);
     }
-    block_gemm_pack_b_rows(L, L, i0, rows, MatView<bf16>{Pv16, L}, st.pv);
-    block_gemm_pack_b_rows(L, L, i0, rows, MatView<bf16>{dS16, L}, st.ds);
-    block_gemm_bf16(rows, 1.0f, MatView<bf16>{dS16, L}, st.keys_dq,
-                    OutView{dQ + static_cast<int64_t>(i0) * ld, ld, false, add}, st.a);
   }
 }
 
@@ -642,11 +622,11 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
       const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
       if constexpr (std::is_same_v<T, float> && std::is_same_v<S, bf16>)
-        if (x.pack) {
-          const Strips st = pack_strips(x, probs == nullptr, true);
-          backward_strips(dQ, C3, mode, st, probs ? probs + first : nullptr, dO, C, x, mine, mask,
-                          drawn, dropout.p > 0, keep_scale, scale);  // ... dQ
-          block_input_grads16(dQ, C3, st, dO, C, x, mode);           // dV, dK
+        if (x.pack) {  // Pv and dS rounded to bf16 as they are written, into Pd's room
+          bf16 *Pv16 = reinterpret_cast<bf16*>(Pd), *dS16 = Pv16 + LL;
+          backward_strips(Pv16, dS16, probs ? probs + first : nullptr, dO, C, x, mine, mask, drawn,
+                          dropout.p > 0, keep_scale, scale);
+          block_input_grads16(dQ, C3, Pv16, dS16, dO, C, x, mode);  // dV, dQ, dK
           continue;
         }
       T* rebuilt = mine + 2 * LL;

@@ -235,15 +235,6 @@ PackedB block_gemm_pack_b(int K, int N, MatView<SB> B, bf16* room) {
   return {b, K, N};
 }
 
-template <typename SB>
-PackedB block_gemm_pack_b_rows(int K, int N, int k0, int rows, MatView<SB> B, bf16* room) {
-  uint32_t* b = reinterpret_cast<uint32_t*>(room);
-  const int Np = cols_padded(N);
-  // The rows' pairs are pairs k0 / 2 onwards; an odd last row (k0 + rows = K) pairs with zero.
-  if (rows > 0 && N > 0) pack_b(b + static_cast<int64_t>(k0 / 2) * Np, rows, N, Np, B);
-  return {b, K, N};
-}
-
 template <typename SA>
 void block_gemm_bf16(int M, float alpha, MatView<SA> A, const PackedB& B, OutView C, bf16* pack) {
   const int K = B.K, N = B.N;
@@ -275,7 +266,6 @@ void block_gemm_bf16(int M, int N, int K, float alpha, MatView<SA> A, MatView<SB
 
 template PackedB block_gemm_pack_b<float>(int, int, MatView<float>, bf16*);
 template PackedB block_gemm_pack_b<bf16>(int, int, MatView<bf16>, bf16*);
-template PackedB block_gemm_pack_b_rows<bf16>(int, int, int, int, MatView<bf16>, bf16*);
 template void block_gemm_bf16<float>(int, float, MatView<float>, const PackedB&, OutView, bf16*);
 template void block_gemm_bf16<bf16>(int, float, MatView<bf16>, const PackedB&, OutView, bf16*);
 template void block_gemm_bf16<float, float>(int, int, int, float, MatView<float>, MatView<float>,

@@ -57,12 +57,6 @@ struct PackedB {
 int64_t block_gemm_packed_b_elems(int K, int N);
 template <typename SB>
 PackedB block_gemm_pack_b(int K, int N, MatView<SB> B, bf16* room);
-// Rows k0 .. k0 + rows of a K x N right operand packed into room (block_gemm_packed_b_elems(K,
-// N)), for an operand made a few rows at a time: B's element (k0 + r, n) is rows.p[r * rows.ld
-// + n] (not transposed). k0 is even, and so is rows unless the rows end at K. Once every row is
-// in, the returned operand is what block_gemm_pack_b gives for the whole.
-template <typename SB>
-PackedB block_gemm_pack_b_rows(int K, int N, int k0, int rows, MatView<SB> B, bf16* room);
 // C = alpha * A[M, B.K] . B, bit for bit what the unpacked form gives for the same rows (each
 // element's sum runs over k in the same order). pack: block_gemm_pack_elems(M, 0, B.K) bf16 for
 // A when it is not a bf16 row-major view with B.K even (read in place); may be null then.
