@@ -17,6 +17,7 @@ Needs build/packbert and the demo data (made with `packbert demo --max-steps 0` 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -131,13 +132,13 @@ def across(by_seed, specs):
     the mean over the seeds."""
     seeds = list(by_seed)
     final = {(seed, r["kind"]): r["evals"][-1][2] for seed, runs in by_seed.items() for r in runs}
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     print("\n### across seeds: final held-out MLM accuracy\n")
     print("| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |")
     print("|---|" + "---:|" * (len(seeds) + 1))
     for spec in specs:
         xs = [final[(s, spec)] for s in seeds]
-        print(f"| {spec} | " + " | ".join(f"{x:.4f}" for x in xs) + f" | {mean(xs):.4f} |")
+        print(f"| {spec} | " + " | ".join(f"{x:.4f}" for x in xs) +
+              f" | {statistics.mean(xs):.4f} |")
     pairs = [(spec, specs[0]) for spec in specs[1:]]
     pairs += [(spec, spec.partition("/")[0]) for spec in specs
               if "/" in spec and spec.partition("/")[0] in specs and
@@ -147,7 +148,7 @@ def across(by_seed, specs):
     for spec, ref in pairs:
         gaps = [final[(s, spec)] - final[(s, ref)] for s in seeds]
         print(f"| {spec} - {ref} | " + " | ".join(f"{g:+.4f}" for g in gaps) +
-              f" | {mean(gaps):+.4f} | {max(gaps, key=abs):+.4f} |")
+              f" | {statistics.mean(gaps):+.4f} | {max(gaps, key=abs):+.4f} |")
 
 
 if __name__ == "__main__":
