@@ -14,7 +14,8 @@
 //   at fixed offsets from one pointer and a group's values of one feature are one broadcast.
 // - token-major (B = 1, and every size in double): one vector holds one feature of 16 tokens
 //   (8 in double), the activations transposed in tiles of 128 tokens; a block's weights are
-//   broadcast.
+//   broadcast. At 1 x 1 the weight and input gradients go through the slots a chunk of 64 rows
+//   at a time (by_chunk), so the chunk's rows of the output gradient stay in L1.
 // Either way every output element is one thread's sum in a fixed order: the results do not
 // depend on the thread count.
 #pragma once
@@ -33,13 +34,18 @@ struct BlockPattern {
   // Slots by block column: by_col[by_col_start[c] .. by_col_start[c + 1]) in ascending row;
   // by_col_row[e] = slot_row[by_col[e]].
   std::vector<int32_t> by_col_start, by_col, by_col_row;
+  // 1 x 1 only (empty otherwise), the weight gradient's order: slots by chunk of kRowChunk
+  // block rows, by column inside a chunk, by row inside a column: chunk k's slots are
+  // by_chunk[by_chunk_start[k] .. by_chunk_start[k + 1]); by_chunk_row/col[e] their block.
+  static constexpr int kRowChunk = 64;
+  std::vector<int32_t> by_chunk_start, by_chunk, by_chunk_row, by_chunk_col;
 
   int nnz() const { return static_cast<int>(slot_row.size()); }
   int block_rows() const { return rows / block; }
   int block_cols() const { return cols / block; }
   int64_t values_size() const { return static_cast<int64_t>(nnz()) * block * block; }
-  // Rebuilds by_row* and by_col* from slot_row/slot_col. Throws std::invalid_argument when a
-  // slot is out of range or two slots hold the same block.
+  // Rebuilds by_row*, by_col* and by_chunk* from slot_row/slot_col. Throws std::invalid_argument
+  // when a slot is out of range or two slots hold the same block.
   void index();
 };
 
