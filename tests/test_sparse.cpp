@@ -66,7 +66,30 @@ TEST(SparsePattern, RandomPatternKeepsExactlyNnzDistinctBlocksAndIndexesThem) {
           EXPECT_LT(p.slot_row[p.by_col[e - 1]], p.slot_row[p.by_col[e]]);
         }
       }
-    for (int h : hits) EXPECT_EQ(h, 2);
+    // 1 x 1 also lists the slots by chunk of rows (the last one short here), then by column,
+    // then by row; the other sizes have no such index.
+    if (B == 1) {
+      const int chunks = (p.block_rows() + BlockPattern::kRowChunk - 1) / BlockPattern::kRowChunk;
+      ASSERT_EQ(static_cast<int>(p.by_chunk_start.size()), chunks + 1);
+      EXPECT_EQ(p.by_chunk_start[chunks], nnz);
+      for (int k = 0; k < chunks; ++k)
+        for (int e = p.by_chunk_start[k]; e < p.by_chunk_start[k + 1]; ++e) {
+          const int s = p.by_chunk[e];
+          ++hits[s];
+          EXPECT_EQ(p.slot_row[s] / BlockPattern::kRowChunk, k);
+          EXPECT_EQ(p.by_chunk_row[e], p.slot_row[s]);
+          EXPECT_EQ(p.by_chunk_col[e], p.slot_col[s]);
+          if (e > p.by_chunk_start[k]) {
+            const int prev = p.by_chunk[e - 1];
+            EXPECT_LT(std::pair(p.slot_col[prev], p.slot_row[prev]),
+                      std::pair(p.slot_col[s], p.slot_row[s]));
+          }
+        }
+      for (int h : hits) EXPECT_EQ(h, 3);
+    } else {
+      EXPECT_TRUE(p.by_chunk.empty() && p.by_chunk_start.empty()) << "B=" << B;
+      for (int h : hits) EXPECT_EQ(h, 2);
+    }
     // The same seed draws the same pattern; another seed another one.
     EXPECT_EQ(random_block_pattern(rows, cols, B, nnz, 5).slot_row, p.slot_row);
     EXPECT_NE(random_block_pattern(rows, cols, B, nnz, 6).slot_col, p.slot_col);
@@ -149,10 +172,10 @@ TEST(SparseLinear, EqualsTheDenseLayerOnTheMaskedWeight) {
 
 // A large forward output (>= 8 MB), 64-byte aligned rows, is written a cache line of each token
 // at a time with streamed stores; misaligned, with ordinary ones: both equal the dense layer, at
-// every row-major block size. N leaves a partial last tile.
+// every block size (row-major and, at 1 x 1, token-major). N leaves a partial last tile.
 TEST(SparseLinear, StreamedForwardOutputEqualsTheDenseLayer) {
   std::mt19937 rng(13);
-  for (const int B : {4, 8, 16}) {
+  for (const int B : {1, 4, 8, 16}) {
     const int N = 96 * 7 + 37, C = 32, OC = 3072;
     ASSERT_GE(static_cast<int64_t>(N) * OC * 4, int64_t{8} << 20);
     const BlockPattern p = random_block_pattern(OC, C, B, blocks_kept(OC, C, B, 0.5), 5);
