@@ -447,20 +447,20 @@ void token_input_grad_1x1(T* dinp, const BlockPattern& p, const T* chunk_values,
 
 // Row-major kernels, float only, B = 4, 8 and 16: one 16-lane vector holds a block's B outputs
 // (inputs, weight rows) for G = 16 / B tokens at once, lane j * G + q for feature j of the
-// group's token q, so every block size fills a whole 512-bit register; 24 such vectors are the
-// register tile (24 G tokens). The activations are packed tile by tile, [tiles][blocks][24][B][G]
-// (zeros past N): a tile's block column is one stretch of 24 x 16 floats at a fixed offset from
-// one pointer, a group's G values of one feature are adjacent (one broadcast of G floats), and
-// a group's B x G values are one vector (the weight gradient's load). At B = 16 (G = 1) this is
-// the activations' rows cut into blocks.
+// group's token q, so every block size fills a whole 512-bit register; R such vectors (24 or
+// 12, below) are the register tile (R G tokens). The activations are packed tile by tile,
+// [tiles][blocks][R][B][G] (zeros past N): a tile's block column is one stretch of R x 16
+// floats at a fixed offset from one pointer, a group's G values of one feature are adjacent
+// (one broadcast of G floats), and a group's B x G values are one vector (the weight
+// gradient's load). At B = 16 (G = 1) this is the activations' rows cut into blocks.
 using V16 = Vec<float>;
 
 template <int B>
 constexpr int kGroup = 16 / B;  // tokens per vector
 // Vectors in the register tile: 24 at B = 16, 12 at B = 4 and 8, whose tiles of 24 vectors
 // (96 and 48 tokens) made the output gradient's packed tile 1.2 and 0.6 MB at BERT-base's FFN,
-// more than L2 keeps while the input gradient reads it (with 12: 4.0x and 5.6x faster than the
-// dense GEMMs where 24 gave 3.6x and 5.2x; 12 at B = 16 was slower).
+// more than L2 keeps while the input gradient reads it (sparse_bench medians with 12: 3.98x and
+// 5.27x the dense GEMMs' speed where 24 gave 3.65x and 5.11x; 12 at B = 16 was slower).
 constexpr int row_tile_vectors(int B) {
   return B == 16 ? 24 : 12;
 }
