@@ -135,6 +135,43 @@ void pack_tiles_transposed(T* packedT, const T* src, int N, int width, T* colsum
   }
 }
 
+// A token-major panel back to rows, 16 x 16 at a time: out[t][f] (+)= panel[f][t] (+ bias[f])
+// for t < nt and f < nf <= 16, panel rows ld_panel apart, out rows ld_out apart. stream (float,
+// nf = 16, out's rows 64-byte aligned): each row goes out as one streamed cache line; the caller
+// fences.
+template <typename T>
+void to_rows(T* out, int64_t ld_out, const T* panel, int ld_panel, int nf, int nt, bool accumulate,
+             const T* bias, [[maybe_unused]] bool stream) {
+  for (int t0 = 0; t0 < nt; t0 += 16) {
+    const int rows = std::min(16, nt - t0);
+    T tr[16][16];
+    transpose_tile(panel + t0, ld_panel, &tr[0][0], 16, nf, rows);
+    for (int t = 0; t < rows; ++t) {
+      T* __restrict row = out + static_cast<int64_t>(t0 + t) * ld_out;
+      const T* __restrict v = tr[t];
+#ifdef __AVX512F__
+      if constexpr (std::is_same_v<T, float>)
+        if (stream) {
+          __m512 line = _mm512_loadu_ps(v);
+          if (bias) line = _mm512_add_ps(line, _mm512_loadu_ps(bias));
+          _mm512_stream_ps(row, line);
+          continue;
+        }
+#endif
+      if (accumulate) {
+#pragma omp simd
+        for (int f = 0; f < nf; ++f) row[f] += v[f];
+      } else if (bias) {
+#pragma omp simd
+        for (int f = 0; f < nf; ++f) row[f] = v[f] + bias[f];
+      } else {
+#pragma omp simd
+        for (int f = 0; f < nf; ++f) row[f] = v[f];
+      }
+    }
+  }
+}
+
 // The product both directions share, for each output block `ob` and K vectors of tokens:
 // acc[a] = sum over the list's slots s and b < B of w(s, a, b) * srcT[src_block(s) * B + b], then
 // out[t][ob * B + a] (+)= acc[a][t] (+ bias). Forward: outputs are W's rows, the list is by
@@ -187,36 +224,9 @@ void token_product(T* out, int ld_out, bool accumulate, const T* bias, const T* 
               std::memcpy(&buf[j * B + a][sub * TW + k * L], &acc[a][k], sizeof(Vec<T>));
         }
       }
-      // Token-major back to rows, 16 x 16 at a time.
-      const int f0 = ob0 * B, nf = nob * B;
-      for (int t0 = 0; t0 < nt; t0 += 16) {
-        const int rows = std::min(16, nt - t0);
-        T tr[16][16];
-        transpose_tile(&buf[0][t0], TT, &tr[0][0], 16, nf, rows);
-        for (int t = 0; t < rows; ++t) {
-          T* __restrict row = out + static_cast<int64_t>(t_first + t0 + t) * ld_out + f0;
-          const T* __restrict v = tr[t];
-#ifdef __AVX512F__
-          if constexpr (std::is_same_v<T, float>)
-            if (stream) {
-              __m512 line = _mm512_loadu_ps(v);
-              if (bias) line = _mm512_add_ps(line, _mm512_loadu_ps(bias + f0));
-              _mm512_stream_ps(row, line);
-              continue;
-            }
-#endif
-          if (accumulate) {
-#pragma omp simd
-            for (int f = 0; f < nf; ++f) row[f] += v[f];
-          } else if (bias) {
-#pragma omp simd
-            for (int f = 0; f < nf; ++f) row[f] = v[f] + bias[f0 + f];
-          } else {
-#pragma omp simd
-            for (int f = 0; f < nf; ++f) row[f] = v[f];
-          }
-        }
-      }
+      const int f0 = ob0 * B;
+      to_rows(out + static_cast<int64_t>(t_first) * ld_out + f0, ld_out, &buf[0][0], TT, nob * B,
+              nt, accumulate, bias ? bias + f0 : nullptr, stream);
     }
 #ifdef __AVX512F__
   if (stream) _mm_sfence();
@@ -308,10 +318,9 @@ template <typename T>
 // into registers once per chunk for every slot of its column there. Row by row, every product
 // read its input row from L2, which set this kernel's time (13.5 ms at BERT-base's FFN over
 // 2,048 tokens, 9 ms this way). 16 slots go together, one accumulator each over the tile's
-// tokens; their sums are folded into one vector and added up
-// per slot in sums (by_chunk's order: each thread's chunks are one stretch of it), which goes
-// into dvalues at the end. Tiles in order, a slot's tile in one thread: independent of the
-// thread count.
+// tokens; their sums are folded into one vector and added up per slot in sums (by_chunk's
+// order: each thread's chunks are one stretch of it), which goes into dvalues at the end.
+// Tiles in order, a slot's tile in one thread: independent of the thread count.
 template <typename T>
 void token_weight_grad_1x1(T* dvalues, const BlockPattern& p, const T* doutT, const T* inT, int N,
                            T* sums) {
@@ -328,8 +337,9 @@ void token_weight_grad_1x1(T* dvalues, const BlockPattern& p, const T* doutT, co
 #pragma omp for schedule(static)
       for (int k = 0; k < chunks; ++k) {
         const int begin = p.by_chunk_start[k], end = p.by_chunk_start[k + 1];
-        const T* next_chunk = dy + static_cast<int64_t>(k + 1) * kChunkRows * TT;
-        const int64_t next_size = k + 1 < chunks ? int64_t{kChunkRows} * TT : 0;
+        const bool next = k + 1 < chunks;
+        const T* next_chunk = next ? dy + static_cast<int64_t>(k + 1) * kChunkRows * TT : dy;
+        const int64_t next_size = next ? int64_t{kChunkRows} * TT : 0;
         Vec<T> acc[L];
         int pending = 0;  // slots in acc
         // Adds acc's g sums into the slots that end at e.
@@ -426,22 +436,12 @@ void token_input_grad_1x1(T* dinp, const BlockPattern& p, const T* chunk_values,
           }
         }
       }
-      // Token-major back to rows, 16 x 16 at a time, added into dinp.
+      // Token-major back to rows, added into dinp.
       const int t_first = tile * TT, nt = std::min(TT, N - t_first);
-      for (int f0 = c0; f0 < c1; f0 += 16) {
-        const int nf = std::min(16, c1 - f0);
-        for (int t0 = 0; t0 < nt; t0 += 16) {
-          const int rows = std::min(16, nt - t0);
-          T tr[16][16];
-          transpose_tile(buf + static_cast<int64_t>(f0) * TT + t0, TT, &tr[0][0], 16, nf, rows);
-          for (int t = 0; t < rows; ++t) {
-            T* __restrict row = dinp + static_cast<int64_t>(t_first + t0 + t) * p.cols + f0;
-            const T* __restrict v = tr[t];
-#pragma omp simd
-            for (int f = 0; f < nf; ++f) row[f] += v[f];
-          }
-        }
-      }
+      for (int f0 = c0; f0 < c1; f0 += 16)
+        to_rows(dinp + static_cast<int64_t>(t_first) * p.cols + f0, p.cols,
+                buf + static_cast<int64_t>(f0) * TT, TT, std::min(16, c1 - f0), nt, true,
+                static_cast<const T*>(nullptr), false);
     }
 }
 
