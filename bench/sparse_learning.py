@@ -7,6 +7,10 @@ model's steps are the dense run's scaled by the ratio of FLOPs per token. Held-o
 against FLOPs and against training seconds.
 
     /usr/bin/python3 bench/sparse_learning.py [--dense-steps 600] [--blocks 1,16] [--seeds 1]
+                                              [--precision fp32|bf16]
+
+--precision applies to every run (dense and sparse); under bf16 the sparse layers widen their
+16-bit inputs and run the fp32 block-sparse kernels.
 
 Needs build/packbert and the demo data (made with `packbert demo --max-steps 0` when absent).
 """
@@ -106,13 +110,19 @@ def main():
                     "runs scale it by --sparse-lr-scale auto")
     ap.add_argument("--warmup-fraction", type=float, default=0.04)
     ap.add_argument("--evals", type=int, default=10)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                    help="every run's --precision")
     ap.add_argument("--reuse", action="store_true",
                     help="keep a run whose workdir already holds its final evaluation")
     ap.add_argument("--data", default=os.path.join(ROOT, "out", "demo"))
-    ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "sparse_learning"))
+    ap.add_argument("--workdir", default="", help="the runs' directories (default "
+                    "out/sparse_learning, with _<precision> added unless fp32)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "sparse_learning.svg"))
     a = ap.parse_args()
+    if not a.workdir:
+        a.workdir = os.path.join(
+            ROOT, "out", "sparse_learning" + ("" if a.precision == "fp32" else "_" + a.precision))
     exe, seqs, packs = demo_data(a.build, a.data)
     model, isa = cpu()
     dense_fpt = flops_per_token("mini")
@@ -121,7 +131,7 @@ def main():
         fpt = flops_per_token("medium", b, a.sparsity)
         configs.append((f"bert-medium s={a.sparsity} {b}x{b}", "medium", b,
                         int(round(a.dense_steps * dense_fpt / fpt))))
-    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; demo corpus, fp32, LAMB, "
+    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; demo corpus, {a.precision}, LAMB, "
           f"{a.packs_per_step} packs a step; equal non-embedding FLOPs: "
           + ", ".join(f"{n} {s} steps" for n, _, _, s in configs), flush=True)
     runs = []
@@ -136,7 +146,8 @@ def main():
                        "--warmup", str(max(1, int(a.warmup_fraction * steps))),
                        "--batch-rows", str(a.packs_per_step),
                        "--eval-every", str(max(1, steps // a.evals)), "--eval-fraction", "0.005",
-                       "--seed", str(seed), "--out", out, "--overwrite"]
+                       "--seed", str(seed), "--out", out, "--overwrite",
+                       "--precision", a.precision]
                 if block:
                     cmd += ["--sparsity", str(a.sparsity), "--block", str(block)]
                 if subprocess.run(cmd, stdout=subprocess.DEVNULL,

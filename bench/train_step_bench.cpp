@@ -114,8 +114,6 @@ int main(int argc, char** argv) {
     policy = model::parse_recompute(recompute);
     std::optional<double> limit;
     if (!memory_limit.empty()) limit = train::parse_bytes(memory_limit, "--memory-limit");
-    if (sparsity.on() && precision != model::Precision::fp32)
-      throw InputError("--sparsity runs in fp32 only");
     train::PlanRequest req;
     req.config = c;
     req.precision = precision;

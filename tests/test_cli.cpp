@@ -385,7 +385,9 @@ TEST_F(Cli, PlanPredictsWhatFitsAndRefusesBadValues) {
            {"--recompute every:0", "--recompute every:0: every:K needs a whole number K >= 1"},
            {"--recompute sometimes", "--recompute sometimes: unknown"},
            {"--memory-limit lots", "--memory-limit lots: expected a size"},
-           {"--memory-limit 1G", "smaller than the parameters, gradients and optimizer state"}}) {
+           {"--memory-limit 1G", "smaller than the parameters, gradients and optimizer state"},
+           {"--precision bf16 --master-weights bf16 --sparsity 0.9",
+            "--sparsity needs fp32 master weights"}}) {
     Result r = run("plan --preset base --tokens 2048 --sequences 4 " + args);
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
@@ -444,8 +446,9 @@ TEST_F(Cli, SparseFlagsArePlannedAndChecked) {
       {"pretrain --data x.seqs --out run --sparsity 1.5", "--sparsity"},
       {"pretrain --data x.seqs --out run --block 4", "--block requires --sparsity"}};
   if (packbert::kernels::bf16_unavailable_reason().empty())
-    cases.push_back({"pretrain --data x.seqs --out run --sparsity 0.9 --precision bf16",
-                     "--sparsity trains in fp32 only"});
+    cases.push_back(
+        {"pretrain --data x.seqs --out run --sparsity 0.9 --precision bf16 --master-weights bf16",
+         "--sparsity needs fp32 master weights"});
   for (const auto& [args, needle] : cases) {
     Result r = run(args);
     EXPECT_EQ(r.code, 2) << args;

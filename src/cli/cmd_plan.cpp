@@ -72,6 +72,10 @@ void run_plan(const PlanArgs& a) {
   if (a.masters != train::Masters::fp32 && a.precision != model::Precision::bf16)
     throw InputError("--master-weights " + std::string(train::masters_name(a.masters)) +
                      " needs --precision bf16");
+  if (a.masters != train::Masters::fp32 && r.sparsity.on())
+    throw InputError(
+        "--sparsity needs fp32 master weights (the block-sparse kernels read their values in "
+        "fp32): drop --master-weights");
   const double limit = a.memory_limit.value_or(train::available_memory());
   const std::string limit_text =
       train::format_bytes(limit) + (a.memory_limit ? " (--memory-limit)" : " (available now)");

@@ -84,6 +84,8 @@ void BertModel<T>::keep_masters_in_bf16() {
     throw std::logic_error("bf16 master weights need a float model");
   } else {
     if (masters16_) return;
+    if (!patterns_.empty())  // the block-sparse kernels read their values in fp32
+      throw std::logic_error("block-sparse layers need fp32 master weights");
     kernels::to_bf16(weights16(), params_.data(), static_cast<int64_t>(params_.size()));
     const KeptArena arena = fp32_kept_arena(layout_);
     kept_fp32_ = arena.places;
@@ -252,8 +254,8 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
   if (masters16_ && options.precision != Precision::bf16)
     throw std::logic_error("a model with bf16 master weights runs Precision::bf16 steps only");
-  if (is_16bit(options.precision) && !patterns_.empty())
-    throw std::logic_error("block-sparse layers run in fp32 only");
+  if (masters16_ && !patterns_.empty())
+    throw std::logic_error("block-sparse layers need fp32 master weights");
   if (is_16bit(options.precision)) {
     if constexpr (std::is_same_v<T, float>) {
       if (options.precision == Precision::bf16 && !masters16_ &&

@@ -32,16 +32,52 @@ void for_each_dropout_run(const StepContext<T, H>& s, int64_t n, uint32_t site, 
     f(local[i] * width, local[i + 1] * width, static_cast<uint64_t>(global[i] * width));
 }
 
+// A block-sparse layer's input in fp32: `in` itself, or under a 16-bit precision (where the layer
+// input is kept in 16 bits only and `in` is null) in16 widened into scratch.sparse_widened. The
+// block-sparse kernels compute in fp32 from fp32 operands; widening costs one pass over the input,
+// small beside the kernel's (1 - s) * 2 * N * C * OC.
+template <typename T, typename H>
+const T* sparse_input(const StepContext<T, H>& s, const T* in, const H* in16, int64_t n) {
+  if (in) return in;
+  T* x = s.ws.get(Rec::sparse_wide);
+  if (!x || !in16) throw std::logic_error("a block-sparse layer's 16-bit input has no scratch");
+  if constexpr (std::is_same_v<T, float>) to_float(x, in16, n);
+  return x;
+}
+// The fp32 part of scratch.sparse_widened after the widened input: a sparse layer's output that
+// the step keeps in 16 bits, or GELU's input gradient.
+template <typename T, typename H>
+T* sparse_output(const StepContext<T, H>& s) {
+  T* base = s.ws.get(Rec::sparse_wide);
+  if (!base) throw std::logic_error("scratch.sparse_widened is not held for this step");
+  return base + sparse_wide_input(s.T_(), s.config);
+}
+
 // The step's linear layers: out = in . W^T + b with fp32 operands, or with the 16-bit twins (H) of
 // the input and weight when the caller passes them (T = float, a 16-bit precision), or block-sparse
-// when the layer has a pattern (W then holds its kept blocks' values; fp32 only).
+// when the layer has a pattern (W then holds its kept blocks' values, in fp32 under every
+// precision).
 template <typename T, typename H>
 void linear(const StepContext<T, H>& s, const BlockPattern* pattern, T* out, const T* in,
             const H* in16, const T* W, const H* W16, const T* b, int N, int C, int OC) {
-  if (pattern) return sparse_linear_forward(out, in, *pattern, W, b, N, s.ws.get(Rec::sparse));
+  if (pattern)
+    return sparse_linear_forward(out, sparse_input(s, in, in16, static_cast<int64_t>(N) * C),
+                                 *pattern, W, b, N, s.ws.get(Rec::sparse));
   if constexpr (std::is_same_v<T, float>)
     if (W16) return linear_forward(out, in16, W16, b, N, C, OC);
   linear_forward(out, in, W, b, N, C, OC);
+}
+// The same under a 16-bit precision for an output only 16-bit readers take (q | k | v, GELU's
+// input): the fp32 sum plus bias rounded once, inside the GEMM when dense, after the block-sparse
+// kernel (into scratch) when sparse.
+template <typename H>
+void linear_to16(const StepContext<float, H>& s, const BlockPattern* pattern, H* out16,
+                 const H* in16, const float* W, const H* W16, const float* b, int N, int C,
+                 int OC) {
+  if (!pattern) return linear_forward(out16, in16, W16, b, N, C, OC);
+  float* y = sparse_output(s);
+  linear(s, pattern, y, static_cast<const float*>(nullptr), in16, W, W16, b, N, C, OC);
+  to_half(out16, y, static_cast<int64_t>(N) * OC);
 }
 // block_l1[rb * C / B + cb] += the L1 norm of block (rb, cb) of dout^T . in, the dense weight
 // gradient (formed in s.dense_scratch).
@@ -64,11 +100,13 @@ template <typename T, typename H>
 void linear_grad(const StepContext<T, H>& s, const BlockPattern* pattern, T* dinp, T* dW, T* db,
                  const T* dout, const T* in, const H* in16, const T* W, const H* W16, int N, int C,
                  int OC, std::vector<float>* block_l1, GradWrite mode) {
-  if (block_l1) add_block_grads(s, *block_l1, dout, in, N, C, OC, pattern->block);
   if (pattern) {
+    const T* x = sparse_input(s, in, in16, static_cast<int64_t>(N) * C);
+    if (block_l1) add_block_grads(s, *block_l1, dout, x, N, C, OC, pattern->block);
     if (mode == GradWrite::overwrite) zero_fill(dinp, static_cast<int64_t>(N) * C);
-    return sparse_linear_backward(dinp, dW, db, dout, in, *pattern, W, N, s.ws.get(Rec::sparse));
+    return sparse_linear_backward(dinp, dW, db, dout, x, *pattern, W, N, s.ws.get(Rec::sparse));
   }
+  if (block_l1) throw std::logic_error("block gradients are for block-sparse layers");
   if constexpr (std::is_same_v<T, float>)
     if (W16)
       return linear_backward(dinp, dW, db, dout, s.ws.template get16<H>(Rec::dout16), in16, W16, N,
@@ -280,7 +318,8 @@ void encoder_layer_forward(const StepContext<T, H>& s, int layer, const LayerVie
   // read by attention).
   if constexpr (std::is_same_v<T, float>) {
     if (w16) {
-      linear_forward(a.qkv16, in16, w16->qkv_w, w.qkv_b, Tn, C, 3 * C);
+      linear_to16(s, pattern_of(s, layer, &LayerPatterns::qkv), a.qkv16, in16, w.qkv_w, w16->qkv_w,
+                  w.qkv_b, Tn, C, 3 * C);
       attention_forward(a.att16, a.probs16, a.qkv16, cu, s.n_seq(), C, c.num_attention_heads, drop,
                         work);
     }
@@ -295,7 +334,9 @@ void encoder_layer_forward(const StepContext<T, H>& s, int layer, const LayerVie
   residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   ln_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, a.r1_16, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
   if constexpr (std::is_same_v<T, float>) {
-    if (w16) linear_forward(a.inter16, a.h1_16, w16->inter_w, w.inter_b, Tn, C, I);
+    if (w16)
+      linear_to16(s, pattern_of(s, layer, &LayerPatterns::inter), a.inter16, a.h1_16, w.inter_w,
+                  w16->inter_w, w.inter_b, Tn, C, I);
   }
   if (!w16)
     linear(s, pattern_of(s, layer, &LayerPatterns::inter), a.inter, a.h1, a.h1_16, w.inter_w,
@@ -346,8 +387,9 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   std::vector<float>* inter_blocks = block_grads_of(s, layer, &LayerBlockGrads::inter);
   if (!ffn_up_backward_16(s, a, g, dh1, dgelu, W16(&LayerView<H>::inter_w), inter_pattern,
                           inter_blocks)) {
-    if (!dinter)  // not held under 16 bits (workspace.cpp: grad.gelu_in)
-      throw std::logic_error("block-sparse layers run in fp32 only");
+    // Under 16 bits grad.gelu_in is not held: a sparse up-projection takes GELU's input
+    // gradient in fp32 from scratch.sparse_widened.
+    if (!dinter) dinter = sparse_output(s);
     gelu_grad(a, dinter, dgelu, TI);
     linear_grad(s, inter_pattern, dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
                 W16(&LayerView<H>::inter_w), Tn, C, I, inter_blocks, add);

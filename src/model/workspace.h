@@ -6,6 +6,7 @@
 // one shared slot rebuilt in backward, or in the scratch of a re-run segment.
 #pragma once
 
+#include <algorithm>
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
@@ -73,6 +74,16 @@ struct StepShape {
   int64_t sparse_scratch = 0;  // elements the block-sparse linear layers need (model/sparse.h)
 };
 StepShape shape_of(const TokenLayout& tl, int threads);
+
+// The two parts of scratch.sparse_widened (elements, for `tokens` tokens): a block-sparse layer's
+// 16-bit input widened to fp32, [T, max(C, I)], then the fp32 output of a layer kept in 16 bits
+// or GELU's fp32 input gradient, [T, max(3C, I)].
+inline int64_t sparse_wide_input(int64_t tokens, const BertConfig& c) {
+  return tokens * std::max(c.hidden_size, c.intermediate_size);
+}
+inline int64_t sparse_wide_output(int64_t tokens, const BertConfig& c) {
+  return tokens * std::max(3 * c.hidden_size, c.intermediate_size);
+}
 
 // Where a record lives.
 enum class Storage { activation, scratch };
@@ -149,6 +160,7 @@ enum class Rec : uint8_t {
   seg_hidden,
   dout16,
   sparse,
+  sparse_wide,
   dpooled,
   dpre,
   dcls,

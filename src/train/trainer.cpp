@@ -216,10 +216,10 @@ void Trainer::setup(bool resume) {
                       "of the batch, which cannot be split across processes): run it without "
                       "mpirun");
   if (opt_.sparse.sparsity.on()) {
-    if (lo.precision != model::Precision::fp32)
+    if (lo.optimizer.masters != Masters::fp32)
       throw OptionError("sparsity",
-                        "trains in fp32 only (the block-sparse kernels have no bf16 "
-                        "path yet): drop --precision bf16");
+                        "needs fp32 master weights (the block-sparse kernels read their "
+                        "values in fp32): drop --master-weights");
     if (!(opt_.sparse.prune_ratio >= 0 && opt_.sparse.prune_ratio <= 1))
       throw OptionError("prune_ratio", "must be in [0, 1]");
     if (opt_.sparse.regrow == Regrow::gradient && comm_.distributed())
