@@ -9,8 +9,8 @@ against FLOPs and against training seconds.
     /usr/bin/python3 bench/sparse_learning.py [--dense-steps 600] [--blocks 1,16] [--seeds 1]
                                               [--precision fp32|bf16]
 
---precision applies to every run (dense and sparse); under bf16 the sparse layers widen their
-16-bit inputs and run the fp32 block-sparse kernels.
+--precision applies to every run (dense and sparse); under bf16 the block-sparse kernels read
+the 16-bit activations and compute in fp32.
 
 Needs build/packbert and the demo data (made with `packbert demo --max-steps 0` when absent).
 """

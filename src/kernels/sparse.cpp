@@ -83,6 +83,22 @@ inline void transpose_tile(const T* src, int64_t lds, T* dst, int64_t ldd, int r
     for (int i = 0; i < rows; ++i) dst[j * ldd + i] = src[i * lds + j];
 }
 
+// The activations' element types the kernels take: T itself, or (T = float) the 16-bit
+// activations of a bf16 / fp16 step, widened (exactly) as they are packed.
+template <typename T, typename S>
+inline T widen(S x) {
+  if constexpr (std::is_same_v<S, T>)
+    return x;
+  else
+    return to_float(x);
+}
+// dst[i][j] = src[i][j] widened, for i < rows, j < cols (rows of src lds apart, of dst 16).
+template <typename T, typename S>
+inline void widen_block(T (*dst)[16], const S* src, int64_t lds, int rows, int cols) {
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) dst[i][j] = widen<T>(src[i * lds + j]);
+}
+
 int token_tiles(int N) {
   return (N + kTokenTile - 1) / kTokenTile;
 }
@@ -103,8 +119,8 @@ void add_tile_sums(T* colsum, const T* partial, int tiles, int width) {
 // packedT[tile][c][t] = src[tile * TT + t][c] for src [N, width], zeros past N. With colsum,
 // also colsum[c] += sum over t of src[t][c] (the bias gradient): per-tile sums in
 // partial[tile][width], then each column adds its tiles in order (thread-count independent).
-template <typename T>
-void pack_tiles_transposed(T* packedT, const T* src, int N, int width, T* colsum, T* partial) {
+template <typename T, typename S = T>
+void pack_tiles_transposed(T* packedT, const S* src, int N, int width, T* colsum, T* partial) {
   constexpr int TT = kTokenTile, kCols = 16;
   const int tiles = token_tiles(N), chunks = (width + kCols - 1) / kCols;
 #pragma omp parallel
@@ -115,11 +131,18 @@ void pack_tiles_transposed(T* packedT, const T* src, int N, int width, T* colsum
         const int c0 = ch * kCols, nc = std::min(kCols, width - c0);
         const int nt = std::min(TT, N - tile * TT);
         T* dst = packedT + (static_cast<int64_t>(tile) * width + c0) * TT;
-        const T* rows = src + static_cast<int64_t>(tile) * TT * width + c0;
+        const S* rows = src + static_cast<int64_t>(tile) * TT * width + c0;
         for (int t0 = 0; t0 < TT; t0 += 16) {
-          if (t0 < nt)
-            transpose_tile(rows + static_cast<int64_t>(t0) * width, width, dst + t0, TT,
-                           std::min(16, nt - t0), nc);
+          if (t0 < nt) {
+            const int rt = std::min(16, nt - t0);
+            if constexpr (std::is_same_v<S, T>) {
+              transpose_tile(rows + static_cast<int64_t>(t0) * width, width, dst + t0, TT, rt, nc);
+            } else {  // 16-bit activations: widened into a 16 x 16 block, then transposed
+              alignas(64) T wide[16][16];
+              widen_block<T>(wide, rows + static_cast<int64_t>(t0) * width, width, rt, nc);
+              transpose_tile(&wide[0][0], 16, dst + t0, TT, rt, nc);
+            }
+          }
           for (int c = 0; c < nc; ++c)
             std::fill(dst + c * TT + std::max(t0, std::min(nt, t0 + 16)), dst + c * TT + t0 + 16,
                       T(0));
@@ -605,20 +628,33 @@ template <int B>
 // partial[tile][c] = the tile's sum of src[t][c] (the bias gradient's share, taken while dout
 // streams by; add_tile_sums adds the tiles in order, so the sum does not depend on the thread
 // count).
-template <int B>
-void pack_tile(float* packed, const float* src, int tile, int N, int width, float* partial) {
+// interleave_rows from rows of S: float as they are, 16-bit activations widened first (G rows
+// of B values into a G x B block).
+template <int B, typename S>
+[[gnu::always_inline]] inline V16 interleave_from(const S* rows, int64_t width, int valid) {
+  if constexpr (std::is_same_v<S, float>) {
+    return interleave_rows<B>(rows, width, valid);
+  } else {
+    alignas(64) float wide[kGroup<B>][16];
+    widen_block<float>(wide, rows, width, valid, B);
+    return interleave_rows<B>(&wide[0][0], 16, valid);
+  }
+}
+
+template <int B, typename S = float>
+void pack_tile(float* packed, const S* src, int tile, int N, int width, float* partial) {
   constexpr int G = kGroup<B>, R = kRowTile<B>, T = kTileTokens<B>;
   const int blocks = width / B, t_first = tile * T, nt = std::min(T, N - t_first);
-  const float* rows = src + static_cast<int64_t>(t_first) * width;
+  const S* rows = src + static_cast<int64_t>(t_first) * width;
   float* dst = packed + static_cast<int64_t>(tile) * T * width;
   for (int cb = 0; cb < blocks; ++cb) {
-    const float* s = rows + cb * B;
+    const S* s = rows + cb * B;
     float* d = dst + cb * kTileBlock<B>;
     V16 sum = {};
     if (nt == T) {
 #pragma GCC unroll 24
       for (int k = 0; k < R; ++k) {
-        const V16 v = interleave_rows<B>(s + static_cast<int64_t>(k) * G * width, width, G);
+        const V16 v = interleave_from<B>(s + static_cast<int64_t>(k) * G * width, width, G);
         std::memcpy(d + k * 16, &v, sizeof v);
         sum += v;
       }
@@ -626,7 +662,7 @@ void pack_tile(float* packed, const float* src, int tile, int N, int width, floa
       for (int k = 0; k < R; ++k) {
         const int valid = std::clamp(nt - k * G, 0, G);
         const V16 v =
-            valid ? interleave_rows<B>(s + static_cast<int64_t>(k) * G * width, width, valid)
+            valid ? interleave_from<B>(s + static_cast<int64_t>(k) * G * width, width, valid)
                   : V16{};
         std::memcpy(d + k * 16, &v, sizeof v);
         sum += v;
@@ -638,8 +674,8 @@ void pack_tile(float* packed, const float* src, int tile, int N, int width, floa
   }
 }
 
-template <int B>
-void pack_tiles(float* packed, const float* src, int N, int width) {
+template <int B, typename S>
+void pack_tiles(float* packed, const S* src, int N, int width) {
 #pragma omp parallel for schedule(static)
   for (int tile = 0; tile < row_tiles<B>(N); ++tile)
     pack_tile<B>(packed, src, tile, N, width, nullptr);
@@ -1027,9 +1063,11 @@ BlockPattern top_blocks_by_l1(const T* dense, int rows, int cols, int block, int
   return p;
 }
 
-template <typename T>
-void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T* values,
-                           const T* bias, int N, T* scratch) {
+namespace {
+
+template <typename T, typename S>
+void forward_from(T* out, const S* inp, const BlockPattern& p, const T* values, const T* bias,
+                  int N, T* scratch) {
   if constexpr (std::is_same_v<T, float>)
     if (row_major(p.block)) {
       // scratch: [values: blocks transposed][inp packed]
@@ -1053,9 +1091,9 @@ void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T*
   });
 }
 
-template <typename T>
-void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const T* inp,
-                            const BlockPattern& p, const T* values, int N, T* scratch) {
+template <typename T, typename S>
+void backward_from(T* dinp, T* dvalues, T* dbias, const T* dout, const S* inp,
+                   const BlockPattern& p, const T* values, int N, T* scratch) {
   if constexpr (std::is_same_v<T, float>)
     if (row_major(p.block)) {
       // scratch: [dout packed][inp packed][the bias gradient's sums per tile]
@@ -1115,6 +1153,33 @@ void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const 
     }
   });
 }
+
+}  // namespace
+
+template <typename T>
+void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T* values,
+                           const T* bias, int N, T* scratch) {
+  forward_from(out, inp, p, values, bias, N, scratch);
+}
+template <typename T>
+void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const T* inp,
+                            const BlockPattern& p, const T* values, int N, T* scratch) {
+  backward_from(dinp, dvalues, dbias, dout, inp, p, values, N, scratch);
+}
+
+#define PACKBERT_SPARSE_16(H)                                                                      \
+  void sparse_linear_forward(float* out, const H* inp, const BlockPattern& p, const float* values, \
+                             const float* bias, int N, float* scratch) {                           \
+    forward_from(out, inp, p, values, bias, N, scratch);                                           \
+  }                                                                                                \
+  void sparse_linear_backward(float* dinp, float* dvalues, float* dbias, const float* dout,        \
+                              const H* inp, const BlockPattern& p, const float* values, int N,     \
+                              float* scratch) {                                                    \
+    backward_from(dinp, dvalues, dbias, dout, inp, p, values, N, scratch);                         \
+  }
+PACKBERT_SPARSE_16(bf16)
+PACKBERT_SPARSE_16(f16)
+#undef PACKBERT_SPARSE_16
 
 #define PACKBERT_SPARSE(T)                                                                      \
   template BlockPattern top_blocks_by_l1<T>(const T*, int, int, int, int);                      \

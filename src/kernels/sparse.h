@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/bf16.h"
+
 namespace packbert::kernels {
 
 struct BlockPattern {
@@ -85,5 +87,18 @@ void sparse_linear_forward(T* out, const T* inp, const BlockPattern& p, const T*
 template <typename T>
 void sparse_linear_backward(T* dinp, T* dvalues, T* dbias, const T* dout, const T* inp,
                             const BlockPattern& p, const T* values, int N, T* scratch);
+// The same over the 16-bit activations of a bf16 or fp16 step (fp32 values, bias, outputs and
+// gradients): the input is widened, exactly, as the kernels pack it, so the results are the fp32
+// kernels' on the widened input, bit for bit, with no widened copy of it in memory.
+void sparse_linear_forward(float* out, const bf16* inp, const BlockPattern& p, const float* values,
+                           const float* bias, int N, float* scratch);
+void sparse_linear_forward(float* out, const f16* inp, const BlockPattern& p, const float* values,
+                           const float* bias, int N, float* scratch);
+void sparse_linear_backward(float* dinp, float* dvalues, float* dbias, const float* dout,
+                            const bf16* inp, const BlockPattern& p, const float* values, int N,
+                            float* scratch);
+void sparse_linear_backward(float* dinp, float* dvalues, float* dbias, const float* dout,
+                            const f16* inp, const BlockPattern& p, const float* values, int N,
+                            float* scratch);
 
 }  // namespace packbert::kernels

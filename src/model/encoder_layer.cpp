@@ -32,60 +32,57 @@ void for_each_dropout_run(const StepContext<T, H>& s, int64_t n, uint32_t site, 
     f(local[i] * width, local[i + 1] * width, static_cast<uint64_t>(global[i] * width));
 }
 
-// A block-sparse layer's input in fp32: `in` itself, or under a 16-bit precision (where the layer
-// input is kept in 16 bits only and `in` is null) in16 widened into scratch.sparse_widened. The
-// block-sparse kernels compute in fp32 from fp32 operands; widening costs one pass over the input,
-// small beside the kernel's (1 - s) * 2 * N * C * OC.
-template <typename T, typename H>
-const T* sparse_input(const StepContext<T, H>& s, const T* in, const H* in16, int64_t n) {
-  if (in) return in;
-  T* x = s.ws.get(Rec::sparse_wide);
-  if (!x || !in16) throw std::logic_error("a block-sparse layer's 16-bit input has no scratch");
-  if constexpr (std::is_same_v<T, float>) to_float(x, in16, n);
-  return x;
-}
-// The fp32 part of scratch.sparse_widened after the widened input: a sparse layer's output that
-// the step keeps in 16 bits, or GELU's input gradient.
+// scratch.sparse_output: under a 16-bit precision, the fp32 output of a block-sparse layer that
+// the step keeps in 16 bits, or GELU's fp32 input gradient for a sparse up-projection.
 template <typename T, typename H>
 T* sparse_output(const StepContext<T, H>& s) {
-  T* base = s.ws.get(Rec::sparse_wide);
-  if (!base) throw std::logic_error("scratch.sparse_widened is not held for this step");
-  return base + sparse_wide_input(s.T_(), s.config);
+  T* out = s.ws.get(Rec::sparse_out);
+  if (!out) throw std::logic_error("scratch.sparse_output is not held for this step");
+  return out;
 }
 
 // The step's linear layers: out = in . W^T + b with fp32 operands, or with the 16-bit twins (H) of
 // the input and weight when the caller passes them (T = float, a 16-bit precision), or block-sparse
 // when the layer has a pattern (W then holds its kept blocks' values, in fp32 under every
-// precision).
+// precision; under 16 bits the kernel reads the 16-bit input, in is null).
 template <typename T, typename H>
 void linear(const StepContext<T, H>& s, const BlockPattern* pattern, T* out, const T* in,
             const H* in16, const T* W, const H* W16, const T* b, int N, int C, int OC) {
-  if (pattern)
-    return sparse_linear_forward(out, sparse_input(s, in, in16, static_cast<int64_t>(N) * C),
-                                 *pattern, W, b, N, s.ws.get(Rec::sparse));
-  if constexpr (std::is_same_v<T, float>)
-    if (W16) return linear_forward(out, in16, W16, b, N, C, OC);
+  T* scratch = s.ws.get(Rec::sparse);
+  if constexpr (std::is_same_v<T, float>) {
+    if (pattern && !in) return sparse_linear_forward(out, in16, *pattern, W, b, N, scratch);
+    if (!pattern && W16) return linear_forward(out, in16, W16, b, N, C, OC);
+  }
+  if (pattern) return sparse_linear_forward(out, in, *pattern, W, b, N, scratch);
   linear_forward(out, in, W, b, N, C, OC);
 }
 // The same under a 16-bit precision for an output only 16-bit readers take (q | k | v, GELU's
 // input): the fp32 sum plus bias rounded once, inside the GEMM when dense, after the block-sparse
-// kernel (into scratch) when sparse.
+// kernel (from scratch.sparse_output) when sparse.
 template <typename H>
 void linear_to16(const StepContext<float, H>& s, const BlockPattern* pattern, H* out16,
                  const H* in16, const float* W, const H* W16, const float* b, int N, int C,
                  int OC) {
   if (!pattern) return linear_forward(out16, in16, W16, b, N, C, OC);
   float* y = sparse_output(s);
-  linear(s, pattern, y, static_cast<const float*>(nullptr), in16, W, W16, b, N, C, OC);
+  sparse_linear_forward(y, in16, *pattern, W, b, N, s.ws.get(Rec::sparse));
   to_half(out16, y, static_cast<int64_t>(N) * OC);
 }
 // block_l1[rb * C / B + cb] += the L1 norm of block (rb, cb) of dout^T . in, the dense weight
-// gradient (formed in s.dense_scratch).
+// gradient (formed in s.dense_scratch): from fp32 operands, or under 16 bits (in null) from
+// in16 and dout rounded to 16 bits (scratch.grad_bf16), as a dense 16-bit layer's weight
+// gradient is formed.
 template <typename T, typename H>
 void add_block_grads(const StepContext<T, H>& s, std::vector<float>& block_l1, const T* dout,
-                     const T* in, int N, int C, int OC, int B) {
+                     const T* in, const H* in16, int N, int C, int OC, int B) {
   T* dW = s.dense_scratch;
-  gemm(true, false, OC, C, N, T(1), dout, OC, in, C, T(0), dW, C);
+  if (in) {
+    gemm(true, false, OC, C, N, T(1), dout, OC, in, C, T(0), dW, C);
+  } else if constexpr (std::is_same_v<T, float>) {
+    H* dout16 = s.ws.template get16<H>(Rec::dout16);
+    to_half(dout16, dout, static_cast<int64_t>(N) * OC);
+    gemm(true, false, OC, C, N, 1.0f, dout16, OC, in16, C, 0.0f, dW, C);
+  }
   const int Cb = C / B;
 #pragma omp parallel for schedule(static)
   for (int rb = 0; rb < OC / B; ++rb)
@@ -101,10 +98,12 @@ void linear_grad(const StepContext<T, H>& s, const BlockPattern* pattern, T* din
                  const T* dout, const T* in, const H* in16, const T* W, const H* W16, int N, int C,
                  int OC, std::vector<float>* block_l1, GradWrite mode) {
   if (pattern) {
-    const T* x = sparse_input(s, in, in16, static_cast<int64_t>(N) * C);
-    if (block_l1) add_block_grads(s, *block_l1, dout, x, N, C, OC, pattern->block);
+    if (block_l1) add_block_grads(s, *block_l1, dout, in, in16, N, C, OC, pattern->block);
     if (mode == GradWrite::overwrite) zero_fill(dinp, static_cast<int64_t>(N) * C);
-    return sparse_linear_backward(dinp, dW, db, dout, x, *pattern, W, N, s.ws.get(Rec::sparse));
+    T* scratch = s.ws.get(Rec::sparse);
+    if constexpr (std::is_same_v<T, float>)
+      if (!in) return sparse_linear_backward(dinp, dW, db, dout, in16, *pattern, W, N, scratch);
+    return sparse_linear_backward(dinp, dW, db, dout, in, *pattern, W, N, scratch);
   }
   if (block_l1) throw std::logic_error("block gradients are for block-sparse layers");
   if constexpr (std::is_same_v<T, float>)
@@ -388,7 +387,7 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   if (!ffn_up_backward_16(s, a, g, dh1, dgelu, W16(&LayerView<H>::inter_w), inter_pattern,
                           inter_blocks)) {
     // Under 16 bits grad.gelu_in is not held: a sparse up-projection takes GELU's input
-    // gradient in fp32 from scratch.sparse_widened.
+    // gradient in fp32 from scratch.sparse_output.
     if (!dinter) dinter = sparse_output(s);
     gelu_grad(a, dinter, dgelu, TI);
     linear_grad(s, inter_pattern, dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,

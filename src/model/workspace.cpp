@@ -213,15 +213,12 @@ const RecordSpec kRecords[] = {
     // The block-sparse linear layers' packed activations (0 when dense).
     {Rec::sparse, "scratch.sparse_linear", Role::scratch, Need::encoder,
      [](S s, B) { return s.sparse_scratch; }},
-    // Under a 16-bit precision the block-sparse kernels (fp32) take a layer's 16-bit input
-    // widened, and give an output the layers keep in 16 bits (q | k | v, GELU's input) and GELU's
-    // fp32 input gradient here: the input part, [T, max(C, I)], then the output part,
-    // [T, max(3C, I)] (0 when dense).
-    {Rec::sparse_wide, "scratch.sparse_widened", Role::scratch, Need::encoder,
-     [](S s, B c) {
-       return s.sparse_scratch ? sparse_wide_input(s.tokens, c) + sparse_wide_output(s.tokens, c)
-                               : 0;
-     },
+    // Under a 16-bit precision, for the block-sparse layers (fp32 kernels that read the 16-bit
+    // input): the fp32 output of one whose output the step keeps in 16 bits (q | k | v, GELU's
+    // input), rounded from here, and GELU's fp32 input gradient for a sparse up-projection (0
+    // when dense).
+    {Rec::sparse_out, "scratch.sparse_output", Role::scratch, Need::encoder,
+     [](S s, B c) { return s.sparse_scratch ? sparse_output_elems(s.tokens, c) : 0; },
      Dtype::wide_twin},
     {Rec::dh, "grad.layer_out", Role::scratch, Need::encoder, TC},
     {Rec::dx, "grad.layer_in", Role::scratch, Need::encoder, TC},
@@ -232,7 +229,7 @@ const RecordSpec kRecords[] = {
     {Rec::dqkv, "grad.qkv", Role::scratch, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
     // Under 16 bits GELU's backward writes the FFN up-projection's 16-bit operand straight into
     // scratch.grad_bf16 (ffn_up_backward_16; a sparse up-projection takes it in fp32 from
-    // scratch.sparse_widened).
+    // scratch.sparse_output).
     {Rec::dinter, "grad.gelu_in", Role::scratch, Need::encoder, TI, Dtype::fp32_only},
     {Rec::dgelu, "grad.gelu_out", Role::scratch, Need::encoder, TI},
     {Rec::head_dloss, "grad.losses", Role::scratch, Need::encoder,

@@ -75,13 +75,8 @@ struct StepShape {
 };
 StepShape shape_of(const TokenLayout& tl, int threads);
 
-// The two parts of scratch.sparse_widened (elements, for `tokens` tokens): a block-sparse layer's
-// 16-bit input widened to fp32, [T, max(C, I)], then the fp32 output of a layer kept in 16 bits
-// or GELU's fp32 input gradient, [T, max(3C, I)].
-inline int64_t sparse_wide_input(int64_t tokens, const BertConfig& c) {
-  return tokens * std::max(c.hidden_size, c.intermediate_size);
-}
-inline int64_t sparse_wide_output(int64_t tokens, const BertConfig& c) {
+// scratch.sparse_output's elements for `tokens` tokens: [T, max(3C, I)].
+inline int64_t sparse_output_elems(int64_t tokens, const BertConfig& c) {
   return tokens * std::max(3 * c.hidden_size, c.intermediate_size);
 }
 
@@ -160,7 +155,7 @@ enum class Rec : uint8_t {
   seg_hidden,
   dout16,
   sparse,
-  sparse_wide,
+  sparse_out,
   dpooled,
   dpre,
   dcls,
