@@ -624,10 +624,6 @@ template <int B>
   }
 }
 
-// Tile `tile` of src [N, width] packed (above), one block column at a time. With partial, also
-// partial[tile][c] = the tile's sum of src[t][c] (the bias gradient's share, taken while dout
-// streams by; add_tile_sums adds the tiles in order, so the sum does not depend on the thread
-// count).
 // interleave_rows from rows of S: float as they are, 16-bit activations widened first (G rows
 // of B values into a G x B block).
 template <int B, typename S>
@@ -641,6 +637,10 @@ template <int B, typename S>
   }
 }
 
+// Tile `tile` of src [N, width] packed (above), one block column at a time. With partial, also
+// partial[tile][c] = the tile's sum of src[t][c] (the bias gradient's share, taken while dout
+// streams by; add_tile_sums adds the tiles in order, so the sum does not depend on the thread
+// count).
 template <int B, typename S = float>
 void pack_tile(float* packed, const S* src, int tile, int N, int width, float* partial) {
   constexpr int G = kGroup<B>, R = kRowTile<B>, T = kTileTokens<B>;

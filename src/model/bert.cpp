@@ -254,8 +254,6 @@ Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& optio
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
   if (masters16_ && options.precision != Precision::bf16)
     throw std::logic_error("a model with bf16 master weights runs Precision::bf16 steps only");
-  if (masters16_ && !patterns_.empty())
-    throw std::logic_error("block-sparse layers need fp32 master weights");
   if (is_16bit(options.precision)) {
     if constexpr (std::is_same_v<T, float>) {
       if (options.precision == Precision::bf16 && !masters16_ &&

@@ -48,12 +48,14 @@ T* sparse_output(const StepContext<T, H>& s) {
 template <typename T, typename H>
 void linear(const StepContext<T, H>& s, const BlockPattern* pattern, T* out, const T* in,
             const H* in16, const T* W, const H* W16, const T* b, int N, int C, int OC) {
-  T* scratch = s.ws.get(Rec::sparse);
-  if constexpr (std::is_same_v<T, float>) {
-    if (pattern && !in) return sparse_linear_forward(out, in16, *pattern, W, b, N, scratch);
-    if (!pattern && W16) return linear_forward(out, in16, W16, b, N, C, OC);
+  if (pattern) {
+    T* scratch = s.ws.get(Rec::sparse);
+    if constexpr (std::is_same_v<T, float>)
+      if (!in) return sparse_linear_forward(out, in16, *pattern, W, b, N, scratch);
+    return sparse_linear_forward(out, in, *pattern, W, b, N, scratch);
   }
-  if (pattern) return sparse_linear_forward(out, in, *pattern, W, b, N, scratch);
+  if constexpr (std::is_same_v<T, float>)
+    if (W16) return linear_forward(out, in16, W16, b, N, C, OC);
   linear_forward(out, in, W, b, N, C, OC);
 }
 // The same under a 16-bit precision for an output only 16-bit readers take (q | k | v, GELU's

@@ -218,7 +218,9 @@ const RecordSpec kRecords[] = {
     // input), rounded from here, and GELU's fp32 input gradient for a sparse up-projection (0
     // when dense).
     {Rec::sparse_out, "scratch.sparse_output", Role::scratch, Need::encoder,
-     [](S s, B c) { return s.sparse_scratch ? sparse_output_elems(s.tokens, c) : 0; },
+     [](S s, B c) {
+       return s.sparse_scratch ? s.tokens * std::max(3 * c.hidden_size, c.intermediate_size) : 0;
+     },
      Dtype::wide_twin},
     {Rec::dh, "grad.layer_out", Role::scratch, Need::encoder, TC},
     {Rec::dx, "grad.layer_in", Role::scratch, Need::encoder, TC},

@@ -6,7 +6,6 @@
 // one shared slot rebuilt in backward, or in the scratch of a re-run segment.
 #pragma once
 
-#include <algorithm>
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
@@ -74,11 +73,6 @@ struct StepShape {
   int64_t sparse_scratch = 0;  // elements the block-sparse linear layers need (model/sparse.h)
 };
 StepShape shape_of(const TokenLayout& tl, int threads);
-
-// scratch.sparse_output's elements for `tokens` tokens: [T, max(3C, I)].
-inline int64_t sparse_output_elems(int64_t tokens, const BertConfig& c) {
-  return tokens * std::max(3 * c.hidden_size, c.intermediate_size);
-}
 
 // Where a record lives.
 enum class Storage { activation, scratch };
