@@ -84,6 +84,9 @@ def main():
                     "comma list of ga, beta ('' for none)")
     ap.add_argument("--adjust-accumulation", type=int, default=2)
     ap.add_argument("--preset", default="mini")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="encoder layers (0 = the preset's): packing shrinks the per-token work, "
+                    "so a deeper model shows more of its gain past the shared per-step costs")
     ap.add_argument("--packs-per-step", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--warmup", type=int, default=40)
@@ -102,7 +105,8 @@ def main():
     os.makedirs(a.workdir, exist_ok=True)
     model, isa = cpu()
     masters = "" if a.master_weights == "fp32" else f" (masters {a.master_weights})"
-    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; bert-{a.preset}, {a.precision}"
+    shape = f"bert-{a.preset}" + (f" ({a.layers} layers)" if a.layers else "")
+    print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; {shape}, {a.precision}"
           f"{masters}, "
           f"LAMB lr {a.lr}, {a.packs_per_step} packs a step, target {a.target} held-out MLM "
           f"accuracy (evaluated every {a.eval_every} steps), cap {a.max_steps} steps", flush=True)
@@ -112,6 +116,8 @@ def main():
               "lamb", "--eval-every", str(a.eval_every), "--eval-fraction", "0.005",
               "--target-accuracy", str(a.target), "--precision", a.precision,
               "--master-weights", a.master_weights, "--overwrite"]
+    if a.layers:
+        common += ["--layers", str(a.layers)]
     plan = []
     for seed in range(1, a.seeds + 1):
         plan.append(("packed", seed, ["--batch-rows", str(a.packs_per_step)]))

@@ -212,6 +212,84 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
   EXPECT_EQ(std::count(cut.err.begin(), cut.err.end(), '\n'), 1) << cut.err;
 }
 
+// A new model's shape from a Hugging Face config.json or from a preset with sizes overridden:
+// the checkpoint (exported config.json) has the asked-for shape; a shape beside --resume or
+// --init, or --config beside --preset, is refused with one line.
+TEST_F(Cli, PretrainShapesAModelFromAConfigOrSizes) {
+  std::string text;
+  for (int d = 0; d < 12; ++d) {
+    for (int s = 0; s < 3; ++s)
+      text += "A short line of text, number " + std::to_string(d * 3 + s) + " of the corpus.\n";
+    text += "\n";
+  }
+  const std::string seqs = (dir_ / "s.seqs").string();
+  ASSERT_EQ(run("prepare " + write("c.txt", text).string() + " --out " + seqs +
+                " --max-seq-len 32 --pack optimal")
+                .code,
+            0);
+  const std::string common =
+      "pretrain --data " + seqs + " --steps 1 --batch-rows 2 --eval-fraction 0.2";
+  auto exported = [&](const std::string& run_dir) {
+    const std::string hf = run_dir + "_hf";
+    Result ex = run("export --checkpoint " + run_dir + "/checkpoint.safetensors --out " + hf);
+    EXPECT_EQ(ex.code, 0) << ex.err;
+    return nlohmann::json::parse(slurp(hf + "/config.json"));
+  };
+  const fs::path cfg = write("cfg.json", R"({"hidden_size": 48, "num_hidden_layers": 3,
+      "num_attention_heads": 3, "intermediate_size": 100, "hidden_dropout_prob": 0.0,
+      "vocab_size": 30522, "max_position_embeddings": 64})");
+  const std::string from_cfg = (dir_ / "cfg_run").string();
+  Result a = run(common + " --out " + from_cfg + " --config " + cfg.string());
+  ASSERT_EQ(a.code, 0) << a.err;
+  nlohmann::json c = exported(from_cfg);
+  EXPECT_EQ(c["hidden_size"], 48);
+  EXPECT_EQ(c["num_hidden_layers"], 3);
+  EXPECT_EQ(c["num_attention_heads"], 3);
+  EXPECT_EQ(c["intermediate_size"], 100);
+  EXPECT_EQ(c["hidden_dropout_prob"], 0.0);
+  EXPECT_EQ(c["max_position_embeddings"], 64);  // the file's, not a preset's 512
+  // A preset with overrides: --hidden brings BERT's heads (64 wide) and FFN (4x) along.
+  const std::string sized = (dir_ / "sized").string();
+  Result b = run(common + " --out " + sized + " --preset tiny --layers 3 --hidden 192");
+  ASSERT_EQ(b.code, 0) << b.err;
+  c = exported(sized);
+  EXPECT_EQ(c["num_hidden_layers"], 3);
+  EXPECT_EQ(c["hidden_size"], 192);
+  EXPECT_EQ(c["num_attention_heads"], 3);
+  EXPECT_EQ(c["intermediate_size"], 768);
+  // Refusals: exit 2, one line naming what is wrong.
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {" --preset tiny --config " + cfg.string(), "--preset excludes --config"},
+           {" --out " + sized + " --resume --layers 5",
+            "error: --config/--layers/--hidden/--heads/--intermediate describes a new model, and "
+            "--resume continues one with a shape of its own"},
+           {" --init " + sized + "/checkpoint.safetensors --hidden 64",
+            "and --init starts from one with a shape of its own"},
+           {" --preset tiny --hidden 100 --heads 3",
+            "bert-tiny (100 hidden, 3 heads): hidden_size 100 is not a multiple of "
+            "num_attention_heads 3"},
+           {" --config " + (dir_ / "none.json").string(), "none.json: cannot open"},
+           {" --config " + write("bad.json", "{\"hidden_size\": 64,").string(),
+            "bad.json: not valid JSON"}}) {
+    Result bad =
+        run(common +
+            (flags.find("--out") == std::string::npos ? " --out " + (dir_ / "refused").string()
+                                                      : std::string()) +
+            flags);
+    EXPECT_EQ(bad.code, 2) << flags;
+    EXPECT_NE(bad.err.find(says), std::string::npos) << bad.err;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  }
+  // plan takes the same flags, and names the model by them.
+  Result plan = run("plan --preset mini --layers 8 --tokens 512 --sequences 4 --json");
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  const nlohmann::json p8 = nlohmann::json::parse(plan.out);
+  EXPECT_EQ(p8["model"], "bert-mini (8 layers)");
+  const nlohmann::json p4 =
+      nlohmann::json::parse(run("plan --preset mini --tokens 512 --sequences 4 --json").out);
+  EXPECT_GT(p8["params_bytes"].get<double>(), p4["params_bytes"].get<double>());
+}
+
 // The demo end to end on its real corpus, cut short: both runs stop at the step cap without
 // reaching an unreachable target, the table and summary.json say so (nulls, no conclusion), and
 // the two runs' first losses are the same number (the same sequences and dropout draws).

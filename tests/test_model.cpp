@@ -2,6 +2,7 @@
 // one-sequence-per-row, dropout determinism, heads, and safetensors robustness.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -568,6 +569,65 @@ TEST(ModelConfig, JsonRoundTripAndErrors) {
   j["hidden_act"] = "relu";
   EXPECT_THROW(config_from_json(j, "cfg.json"), InputError);
   EXPECT_THROW(bert_preset("huge"), InputError);
+}
+
+// The flags' shape: overrides on a preset (--hidden bringing BERT's heads and FFN unless they are
+// given), on a config file (which keeps its own), the name messages use, and the errors.
+TEST(ModelConfig, ShapeRequestOverridesAPresetOrAConfigFile) {
+  // preset or config (a path when it holds a '/'), then layers, hidden, heads, intermediate.
+  auto shape = [](const std::string& source, int layers = 0, int hidden = 0, int heads = 0,
+                  int intermediate = 0) {
+    ShapeRequest r;
+    (source.find('/') == std::string::npos ? r.preset : r.config) = source;
+    r.layers = layers, r.hidden = hidden, r.heads = heads, r.intermediate = intermediate;
+    return r;
+  };
+  auto expect_shape = [](const ShapeRequest& r, int layers, int hidden, int heads, int ffn) {
+    const BertConfig c = resolve_shape(r);
+    EXPECT_EQ(c.num_hidden_layers, layers) << r.name();
+    EXPECT_EQ(c.hidden_size, hidden) << r.name();
+    EXPECT_EQ(c.num_attention_heads, heads) << r.name();
+    EXPECT_EQ(c.intermediate_size, ffn) << r.name();
+  };
+  expect_shape(shape("mini"), 4, 256, 4, 1024);
+  expect_shape(shape("mini", 8), 8, 256, 4, 1024);
+  expect_shape(shape("mini", 0, 512), 4, 512, 8, 2048);
+  expect_shape(shape("mini", 0, 512, 4, 1000), 4, 512, 4, 1000);
+  EXPECT_EQ(shape("mini").name(), "bert-mini");
+  EXPECT_EQ(shape("mini", 8, 0, 2).name(), "bert-mini (8 layers, 2 heads)");
+  EXPECT_FALSE(shape("base").custom());
+  EXPECT_TRUE(shape("base", 0, 0, 0, 5).custom());
+
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("shape_" + std::to_string(getpid()) + ".json"))
+          .string();
+  {
+    std::ofstream out(path);
+    out << R"({"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3,
+               "intermediate_size": 200})";
+  }
+  EXPECT_TRUE(shape(path).custom());
+  EXPECT_EQ(shape(path).name(), path);
+  expect_shape(shape(path), 2, 96, 3, 200);
+  expect_shape(shape(path, 0, 192), 2, 192, 3, 200);  // the file's heads and FFN stay
+  EXPECT_EQ(config_from_file(path).hidden_size, 96);
+  std::filesystem::remove(path);
+
+  auto error_of = [](const ShapeRequest& r) {
+    try {
+      resolve_shape(r);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of(shape("mini", 0, 100, 3)),
+            "bert-mini (100 hidden, 3 heads): hidden_size 100 is not a multiple of "
+            "num_attention_heads 3");
+  EXPECT_EQ(error_of(shape("")), "give a model shape: --preset or --config");
+  EXPECT_EQ(error_of(shape("huge")),
+            "unknown model preset 'huge', expected tiny|mini|small|medium|base|large");
+  EXPECT_EQ(error_of(shape(path)), path + ": cannot open");
 }
 
 TEST(Safetensors, RoundTripThroughModelWeights) {

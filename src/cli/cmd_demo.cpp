@@ -85,7 +85,7 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
   o.vocab = a.vocab;
   o.out_dir = a.workdir + (run.packed ? "/pretrain_packed" : "/pretrain_padded");
   o.overwrite = true;
-  o.preset = a.preset;
+  o.shape.preset = a.preset;
   o.loop.rows_per_batch = a.packs_per_step;
   o.max_steps = a.max_steps;
   o.loop.lr = a.lr;

@@ -3,7 +3,6 @@
 // declarations the engine allocates from (model/workspace.cpp), not from a second formula.
 #include <omp.h>
 
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,8 +18,16 @@ namespace packbert::cli {
 
 namespace {
 
+// plan names its model: there is no default preset.
+model::ShapeRequest no_default_preset() {
+  model::ShapeRequest s;
+  s.preset.clear();
+  return s;
+}
+
 struct PlanArgs {
-  std::string preset, config, optimizer = "lamb", head = "pretraining";
+  model::ShapeRequest shape = no_default_preset();
+  std::string optimizer = "lamb", head = "pretraining";
   int64_t tokens = 0, sequences = 0;
   model::Recompute recompute;
   bool recompute_given = false;
@@ -36,23 +43,8 @@ std::string gib(size_t bytes) {
 }
 
 void run_plan(const PlanArgs& a) {
-  if (a.preset.empty() == a.config.empty())
-    throw InputError("plan: give exactly one of --preset and --config");
   train::PlanRequest r;
-  if (!a.preset.empty()) {
-    r.config = model::bert_preset(a.preset);
-  } else {
-    std::ifstream in(a.config);
-    if (!in) throw InputError(a.config + ": cannot open");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const std::exception&) {
-      throw InputError(a.config + ": not valid JSON");
-    }
-    r.config = model::config_from_json(j, a.config);
-  }
-  r.config.validate(a.preset.empty() ? a.config : "preset " + a.preset);
+  r.config = model::resolve_shape(a.shape);
   if (a.head == "classify")
     r.heads = model::Heads{false, true, false};
   else if (a.head == "squad")
@@ -96,7 +88,7 @@ void run_plan(const PlanArgs& a) {
                                     ? (chosen ? *chosen : train::plan_step(r, policies.back()))
                                     : train::plan_step(r, a.recompute);
 
-  nlohmann::json out = {{"model", a.preset.empty() ? a.config : "bert-" + a.preset},
+  nlohmann::json out = {{"model", a.shape.name()},
                         {"tokens", a.tokens},
                         {"sequences", a.sequences},
                         {"optimizer", a.optimizer},
@@ -176,8 +168,7 @@ void register_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "What a training step holds and costs under each recompute policy, and what fits");
-  cmd->add_option("--preset", a->preset, "Model shape: tiny|mini|small|medium|base|large");
-  cmd->add_option("--config", a->config, "Hugging Face config.json instead of a preset");
+  shape_flags(cmd, a->shape, "Model shape: tiny|mini|small|medium|base|large");
   number(cmd, "--tokens", a->tokens, "Real tokens per micro-batch", 1, 1e9)->required();
   number(cmd, "--sequences", a->sequences, "Sequences per micro-batch (equal lengths)", 1, 1e9)
       ->required();

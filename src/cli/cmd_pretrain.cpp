@@ -163,8 +163,7 @@ void register_pretrain(CLI::App& app, int& exit_code) {
                   "the optimizer moments, or carry them (and its step count) over")
       ->check(CLI::IsMember({"reset", "carry"}))
       ->capture_default_str();
-  cmd->add_option("--preset", o->preset, "Model shape: tiny|mini|small|medium|base|large")
-      ->capture_default_str();
+  shape_flags(cmd, o->shape, "Model shape of a new model: tiny|mini|small|medium|base|large");
   cmd->add_option("--packing-adjust", o->packing_adjust,
                   "none | ga (divide accumulation by the packing factor) | beta (LAMB betas ^ "
                   "packing factor)")

@@ -112,7 +112,10 @@ std::string flag_of_field(const std::string& field) {
       {"precision", "--precision"},
       {"sparsity", "--sparsity"},
       {"prune_ratio", "--prune-ratio"},
-      {"regrow", "--regrow"}};
+      {"regrow", "--regrow"},
+      {"shape", "--config/--layers/--hidden/--heads/--intermediate"},
+      {"init", "--init"},
+      {"resume", "--resume"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;
@@ -129,6 +132,22 @@ void master_weights_flag(CLI::App* cmd, train::Masters& masters) {
          "optimizer writing them with stochastic rounding; bf16-rn rounds to nearest instead (for "
          "comparison: small updates then vanish)")
       ->default_str("fp32");
+}
+
+void shape_flags(CLI::App* cmd, model::ShapeRequest& s, const std::string& preset_help) {
+  CLI::Option* preset = cmd->add_option("--preset", s.preset, preset_help);
+  if (!s.preset.empty()) preset->capture_default_str();
+  cmd->add_option("--config", s.config,
+                  "A Hugging Face config.json (BertConfig: sizes, dropout, eps) instead of a "
+                  "preset; the vocabulary must be the data's")
+      ->excludes(preset);
+  number(cmd, "--layers", s.layers, "Encoder layers (0 = the preset's or config's)", 0, 1000);
+  number(cmd, "--hidden", s.hidden,
+         "Hidden size (0 = as given; a preset's heads and intermediate size then follow it: "
+         "head size 64, intermediate 4 x hidden)",
+         0, 65536);
+  number(cmd, "--heads", s.heads, "Attention heads (0 = as given)", 0, 1024);
+  number(cmd, "--intermediate", s.intermediate, "FFN intermediate size (0 = as given)", 0, 1 << 20);
 }
 
 void sparse_flags(CLI::App* cmd, train::SparseOptions& o, bool training) {

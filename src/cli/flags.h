@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "data/squad.h"
+#include "model/config.h"
 #include "model/workspace.h"
 #include "train/loop.h"
 #include "train/sparsity.h"
@@ -49,6 +50,11 @@ void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<doub
 void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu = true);
 // --master-weights fp32|bf16|bf16-rn (into `masters`).
 void master_weights_flag(CLI::App* cmd, train::Masters& masters);
+
+// --preset, --config, --layers, --hidden, --heads, --intermediate: the shape of a new model
+// (model::ShapeRequest, resolved by model::resolve_shape). --preset and --config exclude each
+// other; `preset_help` says what the preset is for.
+void shape_flags(CLI::App* cmd, model::ShapeRequest& s, const std::string& preset_help);
 
 // --sparsity, --block and, with `training`, --prune-ratio, --sparse-updates, --regrow and
 // --sparse-lr-scale: block-sparse encoder weights (train/sparsity.h). Sparse when --sparsity > 0;

@@ -1,5 +1,8 @@
 #include "model/config.h"
 
+#include <algorithm>
+#include <fstream>
+
 #include "error.h"
 
 namespace packbert::model {
@@ -41,6 +44,50 @@ BertConfig bert_preset(const std::string& name) {
     }
   throw InputError("unknown model preset '" + name +
                    "', expected tiny|mini|small|medium|base|large");
+}
+
+std::string ShapeRequest::name() const {
+  std::string base = config.empty() ? "bert-" + preset : config;
+  std::string sizes;
+  auto add = [&](int value, const char* what) {
+    if (value) sizes += (sizes.empty() ? "" : ", ") + std::to_string(value) + " " + what;
+  };
+  add(layers, "layers");
+  add(hidden, "hidden");
+  add(heads, "heads");
+  add(intermediate, "intermediate");
+  return sizes.empty() ? base : base + " (" + sizes + ")";
+}
+
+BertConfig resolve_shape(const ShapeRequest& r) {
+  if (r.config.empty() && r.preset.empty())
+    throw InputError("give a model shape: --preset or --config");
+  BertConfig c = r.config.empty() ? bert_preset(r.preset) : config_from_file(r.config);
+  const bool follow = r.config.empty() && r.hidden;  // a preset's heads and FFN follow its width
+  if (r.layers) c.num_hidden_layers = r.layers;
+  if (r.hidden) c.hidden_size = r.hidden;
+  if (r.heads)
+    c.num_attention_heads = r.heads;
+  else if (follow)
+    c.num_attention_heads = std::max(1, r.hidden / 64);
+  if (r.intermediate)
+    c.intermediate_size = r.intermediate;
+  else if (follow)
+    c.intermediate_size = 4 * r.hidden;
+  c.validate(r.name());
+  return c;
+}
+
+BertConfig config_from_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception&) {
+    throw InputError(path + ": not valid JSON");
+  }
+  return config_from_json(j, path);
 }
 
 BertConfig config_from_json(const nlohmann::json& j, const std::string& source) {

@@ -29,6 +29,27 @@ struct BertConfig {
 // large 24/1024/16 (layers/hidden/heads; intermediate = 4 x hidden). Throws InputError.
 BertConfig bert_preset(const std::string& name);
 
+// A model shape as the flags ask for it (pretrain, plan, demo): a preset or a Hugging Face
+// config.json, with any of the four sizes overridden (0 = as the preset or file has it). When
+// --hidden overrides a preset's width, its heads and intermediate size follow BERT's rule (head
+// size 64, intermediate 4 x hidden) unless they are given too; a config file's stay as written.
+struct ShapeRequest {
+  std::string preset = "mini";
+  std::string config;  // a config.json path, used instead of the preset when set
+  int layers = 0, hidden = 0, heads = 0, intermediate = 0;
+
+  bool overridden() const { return layers || hidden || heads || intermediate; }
+  // Whether anything beyond the preset was asked for (a config file or an override).
+  bool custom() const { return !config.empty() || overridden(); }
+  // What to call the model in messages: "bert-mini", "bert-mini (8 layers)", "cfg.json".
+  std::string name() const;
+};
+// The validated shape (InputError naming the preset, file or flag at fault).
+BertConfig resolve_shape(const ShapeRequest& r);
+
+// A config.json read from `path` (InputError when it cannot be opened or parsed).
+BertConfig config_from_file(const std::string& path);
+
 // Hugging Face config.json <-> BertConfig. Unknown keys are ignored; keys that packbert cannot
 // honour (hidden_act other than gelu, position_embedding_type other than absolute) are errors.
 BertConfig config_from_json(const nlohmann::json& j, const std::string& source);

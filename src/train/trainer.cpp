@@ -227,6 +227,10 @@ void Trainer::setup(bool resume) {
                         "gradient ranks blocks by the whole step's dense gradient, which one "
                         "process of several does not have: use random under mpirun");
   }
+  if (opt_.shape.custom() && (resume || !opt_.init.empty()))
+    throw OptionError("shape", std::string("describes a new model, and ") +
+                                   (resume ? "`resume` continues" : "`init` starts from") +
+                                   " one with a shape of its own: drop one of them");
   if (opt_.out_dir.empty()) throw OptionError("out_dir", "is required");
   if (comm_.root()) {  // rank 0 alone writes into out_dir
     io::make_output_dir(opt_.out_dir, "--out");
@@ -307,10 +311,12 @@ void Trainer::setup(bool resume) {
     model_ = load_model(opt_.init, heads, opt_.sparse.sparsity, &fresh);
     initialized_ = std::move(fresh.initialized);
   } else {
-    model::BertConfig c = model::bert_preset(opt_.preset);
-    c.vocab_size = seqs_.vocab_size;
-    c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
-    io::AllocationScope scope("the parameters and gradients of bert-" + opt_.preset);
+    model::BertConfig c = model::resolve_shape(opt_.shape);
+    if (opt_.shape.config.empty()) {  // a preset fits the data; a config file says its own
+      c.vocab_size = seqs_.vocab_size;
+      c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
+    }
+    io::AllocationScope scope("the parameters and gradients of " + opt_.shape.name());
     model_ = std::make_unique<model::BertModel<float>>(c, heads, opt_.sparse.sparsity);
     model::init_params(model_->layout(), model_->params().data(), lo.seed);
     model_->init_patterns(lo.seed);

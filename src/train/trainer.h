@@ -30,7 +30,7 @@ struct PretrainOptions {
   // moments and step count into this run instead of starting them at zero. The learning-rate
   // schedule, data order and step counter start over either way.
   bool carry_optimizer = false;
-  std::string preset = "mini";          // model shape when not initialised from a checkpoint
+  model::ShapeRequest shape;            // model shape when not initialised from a checkpoint
   LoopOptions loop;                     // optimizer, schedule, batch, precision, recompute, ZeRO
   SparseOptions sparse;                 // block-sparse encoder weights (train/sparsity.h)
   std::string packing_adjust = "none";  // none | ga | beta (Graphcore)
