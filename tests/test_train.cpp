@@ -885,7 +885,7 @@ TEST(Trainer, TwoPhasePretrainingCarriesOrResetsTheOptimizer) {
   World w;
   PretrainOptions p1 = w.options("phase1");
   p1.init.clear();
-  p1.preset = "tiny";
+  p1.shape.preset = "tiny";
   p1.max_steps = 4;
   p1.checkpoint_every = 0;
   std::vector<float> m1;
