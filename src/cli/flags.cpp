@@ -141,13 +141,17 @@ void shape_flags(CLI::App* cmd, model::ShapeRequest& s, const std::string& prese
                   "A Hugging Face config.json (BertConfig: sizes, dropout, eps) instead of a "
                   "preset; the vocabulary must be the data's")
       ->excludes(preset);
-  number(cmd, "--layers", s.layers, "Encoder layers (0 = the preset's or config's)", 0, 1000);
+  // 0 keeps the preset's or file's size, as each help says, so no "=0" is shown.
+  number(cmd, "--layers", s.layers, "Encoder layers (0 = the preset's or config's)", 0, 1000)
+      ->default_str("");
   number(cmd, "--hidden", s.hidden,
          "Hidden size (0 = as given; a preset's heads and intermediate size then follow it: "
          "head size 64, intermediate 4 x hidden)",
-         0, 65536);
-  number(cmd, "--heads", s.heads, "Attention heads (0 = as given)", 0, 1024);
-  number(cmd, "--intermediate", s.intermediate, "FFN intermediate size (0 = as given)", 0, 1 << 20);
+         0, 65536)
+      ->default_str("");
+  number(cmd, "--heads", s.heads, "Attention heads (0 = as given)", 0, 1024)->default_str("");
+  number(cmd, "--intermediate", s.intermediate, "FFN intermediate size (0 = as given)", 0, 1 << 20)
+      ->default_str("");
 }
 
 void sparse_flags(CLI::App* cmd, train::SparseOptions& o, bool training) {
