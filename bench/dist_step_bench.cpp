@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "bench_batch.h"
+#include "cli/flags.h"
 #include "dist/comm.h"
 #include "error.h"
 #include "kernels/cpu.h"
@@ -33,14 +34,16 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   CLI::App app{"dist_step_bench: packbert's training step, one process or under mpirun"};
-  std::string lengths_text, preset = "base", precision_text = "fp32";
+  std::string lengths_text, precision_text = "fp32";
   int max_len = 512, steps = 3, warmup = 1, zero = 0;
   app.add_option("--lengths", lengths_text, "Comma-separated sequence lengths of the whole step");
   std::string allreduce;
   app.add_option("--allreduce", allreduce,
                  "Instead of a step: time the gradient all-reduce (start + wait, in place, sum) of "
                  "these numbers of floats, one JSON line each (median of 7)");
-  app.add_option("--preset", preset, "Model preset")->capture_default_str();
+  model::ShapeRequest shape;
+  shape.preset = "base";
+  cli::shape_flags(&app, shape, "Model preset: tiny|mini|small|medium|base|large");
   app.add_option("--max-seq-len", max_len)->capture_default_str();
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
   app.add_option("--warmup", warmup)->capture_default_str();
@@ -82,7 +85,7 @@ int main(int argc, char** argv) {
     std::vector<int> lengths;
     std::stringstream ss(lengths_text);
     for (std::string tok; std::getline(ss, tok, ',');) lengths.push_back(std::stoi(tok));
-    model::BertConfig c = model::bert_preset(preset);
+    model::BertConfig c = model::resolve_shape(shape);
     c.max_position_embeddings = std::max(512, max_len);
     const model::PackedBatch whole = bench::bench_batch(lengths, max_len, c.vocab_size);
     model::BertModel<float> m(c, model::Heads{});

@@ -160,7 +160,8 @@ def main():
                    else "not reached | -")
         print(f"| {r['name']} | {r['sequences_per_step']:.1f} | {r['seconds_per_step']:.3f} | "
               f"{reached} |")
-    summary = {"target_accuracy": a.target, "cpu": model, "precision": a.precision,
+    summary = {"target_accuracy": a.target, "cpu": model, "model": shape, "lr": a.lr,
+               "warmup": a.warmup, "packs_per_step": a.packs_per_step, "precision": a.precision,
                "master_weights": a.master_weights, "runs": [
         {k: r[k] for k in ("name", "kind", "seed", "steps", "seconds", "sequences_per_step")}
         for r in runs]}
@@ -183,8 +184,7 @@ def main():
         summary["ratio_of_medians"] = None
         print("\npacked / padded: not every run reached the target (raise --max-steps)")
     svg(runs, a.target, os.path.join(a.workdir, "time_to_train.svg"))
-    with open(os.path.join(a.workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_atomic(os.path.join(a.workdir, "summary.json"), json.dumps(summary, indent=2) + "\n")
     print(f"plot: {os.path.join(a.workdir, 'time_to_train.svg')}; summary: "
           f"{os.path.join(a.workdir, 'summary.json')}")
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "bench_batch.h"
+#include "cli/flags.h"
 #include "error.h"
 #include "kernels/cpu.h"
 #include "kernels/gemm.h"
@@ -56,16 +57,16 @@ double peak_gflops() {
 
 int main(int argc, char** argv) {
   CLI::App app{"train_step_bench: packbert forward+backward step on given sequence lengths"};
-  std::string lengths_text, preset = "base", recompute = "none", memory_limit,
-                            precision_text = "fp32";
+  std::string lengths_text, recompute = "none", memory_limit, precision_text = "fp32";
   bool optimizer_step = false;
-  int max_len = 512, steps = 3, warmup = 1, layers = 0;
+  int max_len = 512, steps = 3, warmup = 1;
   bool padded = false;
   double dropout = 0.1;
   app.add_option("--lengths", lengths_text, "Comma-separated sequence lengths of one step")
       ->required();
-  app.add_option("--preset", preset, "Model preset")->capture_default_str();
-  app.add_option("--layers", layers, "Override the number of layers (0 = preset's)");
+  model::ShapeRequest shape;
+  shape.preset = "base";
+  cli::shape_flags(&app, shape, "Model preset: tiny|mini|small|medium|base|large");
   app.add_option("--max-seq-len", max_len)->capture_default_str();
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
   app.add_option("--warmup", warmup)->capture_default_str();
@@ -97,15 +98,14 @@ int main(int argc, char** argv) {
   std::stringstream ss(lengths_text);
   for (std::string tok; std::getline(ss, tok, ',');) lengths.push_back(std::stoi(tok));
 
-  model::BertConfig c = model::bert_preset(preset);
-  if (layers > 0) c.num_hidden_layers = layers;
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
-  c.max_position_embeddings = std::max(c.max_position_embeddings, max_len);
-
-  // The plan for this exact step, checked before anything large is allocated.
+  // The shape, then the plan for this exact step, checked before anything large is allocated.
+  model::BertConfig c;
   model::Recompute policy;
   model::Precision precision = model::Precision::fp32;
   try {
+    c = model::resolve_shape(shape);
+    c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
+    c.max_position_embeddings = std::max(c.max_position_embeddings, max_len);
     precision = model::parse_precision(precision_text);
     if (precision == model::Precision::bf16) {
       const std::string why = kernels::bf16_unavailable_reason();

@@ -280,6 +280,8 @@ TEST_F(Cli, PretrainShapesAModelFromAConfigOrSizes) {
     EXPECT_NE(bad.err.find(says), std::string::npos) << bad.err;
     EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
   }
+  // Each was refused before the data was read or --out was made.
+  EXPECT_FALSE(fs::exists(dir_ / "refused"));
   // plan takes the same flags, and names the model by them.
   Result plan = run("plan --preset mini --layers 8 --tokens 512 --sequences 4 --json");
   ASSERT_EQ(plan.code, 0) << plan.err;

@@ -231,6 +231,10 @@ void Trainer::setup(bool resume) {
     throw OptionError("shape", std::string("describes a new model, and ") +
                                    (resume ? "`resume` continues" : "`init` starts from") +
                                    " one with a shape of its own: drop one of them");
+  // A new model's shape is checked before the data is read or --out is made, so a bad
+  // --config or size fails at once, even on a large corpus.
+  std::optional<model::BertConfig> new_shape;
+  if (!resume && opt_.init.empty()) new_shape = model::resolve_shape(opt_.shape);
   if (opt_.out_dir.empty()) throw OptionError("out_dir", "is required");
   if (comm_.root()) {  // rank 0 alone writes into out_dir
     io::make_output_dir(opt_.out_dir, "--out");
@@ -311,7 +315,7 @@ void Trainer::setup(bool resume) {
     model_ = load_model(opt_.init, heads, opt_.sparse.sparsity, &fresh);
     initialized_ = std::move(fresh.initialized);
   } else {
-    model::BertConfig c = model::resolve_shape(opt_.shape);
+    model::BertConfig c = *new_shape;
     if (opt_.shape.config.empty()) {  // a preset fits the data; a config file says its own
       c.vocab_size = seqs_.vocab_size;
       c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
