@@ -19,9 +19,9 @@ training time (the runs' own clock, evaluation excluded). Needs build/packbert a
 (made with `packbert demo --max-steps 0` when absent).
 
 The default bert-mini gives about 0.57x on 2 AMD EPYC vCPUs: its MLM head and LAMB's update cost
-both layouts the same and weigh on a 4-layer step. Issue #13's run (0.55x or less) used 12
-layers: `--layers 12 --warmup 400 --adjust '' --precision bf16 --eval-every 200`, about 2.5
-hours there (docs/BENCHMARKS.md).
+both layouts the same and weigh on a 4-layer step. Issue #13's row asks for 0.55x or less; it
+was met with 12 layers, 0.50x: `--layers 12 --warmup 400 --adjust '' --precision bf16
+--eval-every 200`, about 2.5 hours there (docs/BENCHMARKS.md).
 """
 import argparse
 import json
