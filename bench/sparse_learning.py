@@ -140,7 +140,7 @@ def main():
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--packs-per-step", type=int, default=32)
     ap.add_argument("--lr", type=float, default=5e-3, help="dense LAMB learning rate; the sparse "
-                    "runs scale it by --sparse-lr-scale auto")
+                    "runs scale it by --sparse-lr-scale")
     ap.add_argument("--sparse-lr-scale", default="auto", help="the sparse runs' "
                     "--sparse-lr-scale (auto: Graphcore's exp(1.969 s^2 + 0.2905 s), 6.4x at "
                     "s = 0.9)")
