@@ -9,6 +9,7 @@ end-to-end measure); the SVG the loss against FLOPs and against training seconds
 
     /usr/bin/python3 bench/sparse_learning.py [--dense-steps 600] [--blocks 1,16] [--seeds 1]
                                               [--precision fp32|bf16] [--sparse-lr-scale auto]
+                                              [--sparse-init dense|fan-in]
 
 Issue #12's comparison (two seeds, 20-32 minutes a sparse run on 2 vCPUs; Graphcore's auto
 learning-rate scale stalled there, see docs/BENCHMARKS.md):
@@ -144,6 +145,9 @@ def main():
     ap.add_argument("--sparse-lr-scale", default="auto", help="the sparse runs' "
                     "--sparse-lr-scale (auto: Graphcore's exp(1.969 s^2 + 0.2905 s), 6.4x at "
                     "s = 0.9)")
+    ap.add_argument("--sparse-init", default="dense", choices=["dense", "fan-in"],
+                    help="the sparse runs' --sparse-init (fan-in: the sparse weights start with "
+                    "the dense layer's output variance)")
     ap.add_argument("--warmup-fraction", type=float, default=0.04)
     ap.add_argument("--evals", type=int, default=10)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
@@ -186,7 +190,7 @@ def main():
                        "--precision", a.precision]
                 if block:
                     cmd += ["--sparsity", str(a.sparsity), "--block", str(block),
-                            "--sparse-lr-scale", a.sparse_lr_scale]
+                            "--sparse-lr-scale", a.sparse_lr_scale, "--sparse-init", a.sparse_init]
                 if subprocess.run(cmd, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL).returncode != 0:
                     sys.exit(f"{name}: packbert pretrain failed; see {out}")

@@ -523,6 +523,10 @@ TEST_F(Cli, SparseFlagsArePlannedAndChecked) {
       {"pretrain --data x.seqs --out run --sparsity 0.9 --block 3", "--block: 3 not in {1,4,8,16}"},
       {"pretrain --data x.seqs --out run --sparsity 0.9 --sparse-lr-scale fast",
        "--sparse-lr-scale"},
+      {"pretrain --data x.seqs --out run --sparsity 0.9 --sparse-init wide",
+       "--sparse-init wide: expected dense or fan-in"},
+      {"pretrain --data x.seqs --out run --sparsity 0.9 --sparse-init fan-in --init model",
+       "--sparse-init fan-in sets how new sparse weights start"},
       {"pretrain --data x.seqs --out run --sparsity 1.5", "--sparsity"},
       {"pretrain --data x.seqs --out run --block 4", "--block requires --sparsity"}};
   if (packbert::kernels::bf16_unavailable_reason().empty())

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <set>
 #include <stdexcept>
 
+#include "error.h"
 #include "kernels/cpu.h"
 #include "kernels/layers.h"
 #include "kernels/sparse.h"
@@ -440,6 +442,48 @@ TEST(SparseModel, GradientsAreBitwiseIdenticalUnderEveryRecomputePolicy) {
       EXPECT_EQ(grads, grads0) << precision_name(precision) << " " << policy;
     }
   }
+}
+
+// --sparse-init fan-in draws the same numbers as dense and scales each block-sparse weight by
+// 1/sqrt(its kept fraction), so a sparse layer's outputs start with the dense layer's variance:
+// every other tensor is bit-identical, each sparse one is the dense-init values times the factor
+// (about sqrt(1 / 0.1) at s = 0.9), and its sample deviation is initializer_range times it.
+TEST(SparseModel, FanInInitScalesOnlyTheSparseWeightsToTheDenseVariance) {
+  const BertConfig c = small_config();
+  for (const int B : {1, 4}) {
+    BertModel<float> dense_init(c, Heads{}, Sparsity{B, 0.9}), fan_in(c, Heads{}, Sparsity{B, 0.9});
+    init_params(dense_init.layout(), dense_init.params().data(), 5);
+    init_params(fan_in.layout(), fan_in.params().data(), 5, SparseInit::fan_in);
+    int sparse_tensors = 0;
+    double z2 = 0, count = 0;  // (value / (initializer_range x factor))^2 over every sparse value
+    for (const TensorSpec& t : fan_in.layout().tensors()) {
+      const float* a = dense_init.params().data() + t.offset;
+      const float* f = fan_in.params().data() + t.offset;
+      const double factor = sparse_init_factor(t, SparseInit::fan_in);
+      if (!t.block) {
+        EXPECT_EQ(factor, 1.0) << t.name;
+        EXPECT_TRUE(std::equal(a, a + t.numel, f)) << t.name;
+        continue;
+      }
+      ++sparse_tensors;
+      EXPECT_EQ(sparse_init_factor(t, SparseInit::dense), 1.0) << t.name;
+      const double kept =
+          static_cast<double>(t.numel) / static_cast<double>(t.shape[0] * t.shape[1]);
+      EXPECT_NEAR(factor * factor * kept, 1.0, 1e-12) << t.name;
+      EXPECT_GT(factor, 2.5) << t.name << ": about a tenth of the blocks kept";
+      for (size_t i = 0; i < t.numel; ++i) {
+        EXPECT_NEAR(f[i], a[i] * factor, 1e-6 * std::abs(f[i]) + 1e-12) << t.name << " " << i;
+        const double z = f[i] / (c.initializer_range * factor);
+        z2 += z * z, count += 1;
+      }
+    }
+    EXPECT_GT(sparse_tensors, 0);
+    EXPECT_GT(count, 200);
+    EXPECT_NEAR(std::sqrt(z2 / count), 1.0, 0.15) << "B=" << B;
+  }
+  EXPECT_EQ(parse_sparse_init("fan-in", "--sparse-init"), SparseInit::fan_in);
+  EXPECT_EQ(std::string(sparse_init_name(SparseInit::dense)), "dense");
+  EXPECT_THROW(parse_sparse_init("wide", "--sparse-init"), InputError);
 }
 
 // A model with bf16 master weights keeps its encoder weights in bf16 only, which the block-sparse

@@ -487,6 +487,47 @@ TEST(Trainer, KilledSparseRunResumesBitExactly) {
   }
 }
 
+// A new sparse model under --sparse-init fan-in starts from the same draws as under dense, its
+// block-sparse weights scaled by 1/sqrt(kept fraction) and nothing else changed; the checkpoint
+// records the choice. fan-in with --init (weights from a model) is refused.
+TEST(Trainer, FanInSparseInitScalesTheNewSparseWeights) {
+  World w;
+  auto start = [&](const std::string& run, model::SparseInit init) {
+    PretrainOptions o = w.options(run);
+    o.init.clear();
+    o.shape.preset = "tiny";
+    o.sparse.sparsity = {4, 0.9};
+    o.sparse.init = init;
+    o.max_steps = 1;
+    o.checkpoint_every = 0;
+    return std::make_unique<Trainer>(o, false);
+  };
+  auto dense = start("init_dense", model::SparseInit::dense);
+  auto fan_in = start("init_fan_in", model::SparseInit::fan_in);
+  const std::vector<float>& a = dense->model().params();
+  const std::vector<float>& f = fan_in->model().params();
+  ASSERT_EQ(a.size(), f.size());
+  int scaled = 0;
+  for (const model::TensorSpec& t : fan_in->model().layout().tensors()) {
+    const double factor = model::sparse_init_factor(t, model::SparseInit::fan_in);
+    scaled += t.block > 0;
+    EXPECT_EQ(factor > 2.5, t.block > 0) << t.name;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i)
+      ASSERT_NEAR(f[i], a[i] * factor, 1e-6 * std::abs(f[i])) << t.name;
+  }
+  EXPECT_GT(scaled, 0);
+  std::atomic<bool> stop{false};
+  fan_in->run(stop, {}, {});
+  const auto meta =
+      io::SafetensorsFile::read((w.dir / "init_fan_in" / "checkpoint.safetensors").string());
+  EXPECT_EQ(nlohmann::json::parse(meta.metadata().at("packbert"))["sparsity"]["init"], "fan-in");
+
+  PretrainOptions o = w.options("init_both");
+  o.sparse.sparsity = {4, 0.9};
+  o.sparse.init = model::SparseInit::fan_in;
+  EXPECT_THROW(Trainer(o, false), OptionError);
+}
+
 // A sparse run started from a dense model keeps each weight's blocks of largest L1 norm; its
 // export is dense (zeros outside the pattern) and loads anywhere as those weights; loading its
 // checkpoint without sparsity gives the same dense weights.

@@ -113,6 +113,7 @@ std::string flag_of_field(const std::string& field) {
       {"sparsity", "--sparsity"},
       {"prune_ratio", "--prune-ratio"},
       {"regrow", "--regrow"},
+      {"sparse_init", "--sparse-init"},
       {"shape", "--config/--layers/--hidden/--heads/--intermediate"},
       {"init", "--init"},
       {"resume", "--resume"}};
@@ -213,6 +214,15 @@ void sparse_flags(CLI::App* cmd, train::SparseOptions& o, bool training) {
       ->type_name("X")
       ->default_str("auto");
   o.lr_scale = 0;  // auto unless given
+  cmd->add_option_function<std::string>(
+         "--sparse-init",
+         [&o](const std::string& text) {
+           o.init = model::parse_sparse_init(text, "--sparse-init");
+         },
+         "dense | fan-in: the sparse weights start N(0, initializer_range) as the dense model's "
+         "(Graphcore's), or that times 1/sqrt(kept fraction, about 1 - s) so each output starts "
+         "with the dense layer's variance")
+      ->default_str("dense");
 }
 
 LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& optimizer,

@@ -178,11 +178,27 @@ ParamView<T>::ParamView(const ParamLayout& layout,
   span_b = at("qa_outputs.bias");
 }
 
+const char* sparse_init_name(SparseInit init) {
+  return init == SparseInit::fan_in ? "fan-in" : "dense";
+}
+
+SparseInit parse_sparse_init(const std::string& name, const std::string& flag) {
+  if (name == "dense") return SparseInit::dense;
+  if (name == "fan-in") return SparseInit::fan_in;
+  throw InputError(flag + " " + name + ": expected dense or fan-in");
+}
+
+double sparse_init_factor(const TensorSpec& t, SparseInit init) {
+  if (init != SparseInit::fan_in || !t.block) return 1.0;
+  const double dense = static_cast<double>(t.shape[0]) * static_cast<double>(t.shape[1]);
+  return std::sqrt(dense / static_cast<double>(t.numel));
+}
+
 template <typename T>
-void init_params(const ParamLayout& layout, T* params, uint64_t seed) {
+void init_params(const ParamLayout& layout, T* params, uint64_t seed, SparseInit sparse) {
   SplitMix64 rng(seed);
-  const double std = layout.config().initializer_range;
   for (const TensorSpec& t : layout.tensors()) {
+    const double std = layout.config().initializer_range * sparse_init_factor(t, sparse);
     T* p = params + t.offset;
     for (size_t i = 0; i < t.numel; ++i) {
       if (t.is_matrix_init) {
@@ -204,8 +220,8 @@ template struct ParamView<float>;
 template struct ParamView<double>;
 template struct ParamView<kernels::bf16>;
 template struct ParamView<kernels::f16>;
-template void init_params<float>(const ParamLayout&, float*, uint64_t);
-template void init_params<double>(const ParamLayout&, double*, uint64_t);
+template void init_params<float>(const ParamLayout&, float*, uint64_t, SparseInit);
+template void init_params<double>(const ParamLayout&, double*, uint64_t, SparseInit);
 
 bool is_encoder_tensor(const std::string& name) {
   return name.starts_with("bert.embeddings.") || name.starts_with("bert.encoder.");

@@ -119,9 +119,22 @@ struct KeptArena {
 };
 KeptArena fp32_kept_arena(const ParamLayout& layout);
 
+// How block-sparse weights start. dense: as the dense model's, N(0, initializer_range)
+// (Graphcore's). fan_in: that times 1 / sqrt(kept fraction), so each output of a sparse layer
+// starts with the dense layer's variance (an output sums about a tenth of the inputs at s = 0.9).
+// Both draw the same numbers: fan_in's values are dense's scaled.
+enum class SparseInit { dense, fan_in };
+const char* sparse_init_name(SparseInit init);  // "dense" / "fan-in"
+// "dense" or "fan-in"; InputError naming `flag` otherwise.
+SparseInit parse_sparse_init(const std::string& name, const std::string& flag);
+// The factor fan_in multiplies a block-sparse tensor's standard deviation by: 1 / sqrt(its kept
+// elements / its dense elements); 1 for a dense tensor or under SparseInit::dense.
+double sparse_init_factor(const TensorSpec& t, SparseInit init);
+
 // Hugging Face initialisation: Linear and Embedding weights ~ N(0, initializer_range), biases 0,
-// LayerNorm weight 1 and bias 0. Deterministic for a seed.
+// LayerNorm weight 1 and bias 0; block-sparse weights as `sparse` says. Deterministic for a seed.
 template <typename T>
-void init_params(const ParamLayout& layout, T* params, uint64_t seed);
+void init_params(const ParamLayout& layout, T* params, uint64_t seed,
+                 SparseInit sparse = SparseInit::dense);
 
 }  // namespace packbert::model

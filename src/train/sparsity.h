@@ -30,6 +30,7 @@ struct SparseOptions {
   // The learning rate's factor: a number, or <= 0 for `auto`, Graphcore's
   // eta(s) / eta(0) = exp(1.969 s^2 + 0.2905 s) (about 6.4x at s = 0.9).
   double lr_scale = 1;
+  model::SparseInit init = model::SparseInit::dense;  // how the sparse weights start
   int updates_or_default() const;
 };
 

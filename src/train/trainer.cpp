@@ -226,6 +226,10 @@ void Trainer::setup(bool resume) {
       throw OptionError("regrow",
                         "gradient ranks blocks by the whole step's dense gradient, which one "
                         "process of several does not have: use random under mpirun");
+    if (opt_.sparse.init == model::SparseInit::fan_in && !opt_.init.empty())
+      throw OptionError("sparse_init",
+                        "fan-in sets how new sparse weights start, and `init` takes them from "
+                        "its model: drop one of them");
   }
   if (opt_.shape.custom() && (resume || !opt_.init.empty()))
     throw OptionError("shape", std::string("describes a new model, and ") +
@@ -322,7 +326,7 @@ void Trainer::setup(bool resume) {
     }
     io::AllocationScope scope("the parameters and gradients of " + opt_.shape.name());
     model_ = std::make_unique<model::BertModel<float>>(c, heads, opt_.sparse.sparsity);
-    model::init_params(model_->layout(), model_->params().data(), lo.seed);
+    model::init_params(model_->layout(), model_->params().data(), lo.seed, opt_.sparse.init);
     model_->init_patterns(lo.seed);
   }
   const model::BertConfig& c = model_->config();
@@ -519,7 +523,8 @@ void Trainer::save_checkpoint() {
                          {"sparsity", opt_.sparse.sparsity.sparsity},
                          {"prune_ratio", opt_.sparse.prune_ratio},
                          {"updates", opt_.sparse.updates_or_default()},
-                         {"regrow", regrow_name(opt_.sparse.regrow)}};
+                         {"regrow", regrow_name(opt_.sparse.regrow)},
+                         {"init", model::sparse_init_name(opt_.sparse.init)}};
   io::write_safetensors(
       checkpoint_path(), tensors,
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
