@@ -521,6 +521,20 @@ TEST(Trainer, FanInSparseInitScalesTheNewSparseWeights) {
   const auto meta =
       io::SafetensorsFile::read((w.dir / "init_fan_in" / "checkpoint.safetensors").string());
   EXPECT_EQ(nlohmann::json::parse(meta.metadata().at("packbert"))["sparsity"]["init"], "fan-in");
+  {  // resumed without the flag, the run still records how its weights started
+    PretrainOptions r = w.options("init_fan_in");
+    r.init.clear();
+    r.sparse.sparsity = {4, 0.9};
+    r.max_steps = 2;
+    r.checkpoint_every = 0;
+    Trainer resumed(r, true);
+    resumed.run(stop, {}, {});
+  }
+  const auto again =
+      io::SafetensorsFile::read((w.dir / "init_fan_in" / "checkpoint.safetensors").string());
+  const nlohmann::json resumed_state = nlohmann::json::parse(again.metadata().at("packbert"));
+  EXPECT_EQ(resumed_state["step"], 2);  // written by the resumed run
+  EXPECT_EQ(resumed_state["sparsity"]["init"], "fan-in");
 
   PretrainOptions o = w.options("init_both");
   o.sparse.sparsity = {4, 0.9};

@@ -310,6 +310,10 @@ void Trainer::setup(bool resume) {
     if (!(was == opt_.sparse.sparsity))
       throw InputError(checkpoint_path() + ": was trained with " + sparsity_text(was) +
                        "; resume needs the same, not " + sparsity_text(opt_.sparse.sparsity));
+    // How the run's sparse weights started is the checkpoint's to say, not this invocation's.
+    if (was.on())
+      opt_.sparse.init = model::parse_sparse_init(
+          state["sparsity"].value("init", std::string("dense")), checkpoint_path() + ": init");
     model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads, was);
     model::load_model_weights(*model_, *ckpt);
     train_flops_ = state.value("train_flops", 0.0);
