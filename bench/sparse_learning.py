@@ -9,7 +9,8 @@ end-to-end measure); the SVG the loss against FLOPs and against training seconds
 
     /usr/bin/python3 bench/sparse_learning.py [--dense-steps 600] [--blocks 1,16] [--seeds 1]
                                               [--precision fp32|bf16] [--sparse-lr-scale auto]
-                                              [--sparse-init dense|fan-in]
+                                              [--sparse-init dense|fan-in] [--prune-ratio P]
+                                              [--sparse-updates N] [--reuse] [--workdir DIR]
 
 Issue #12's comparison (two seeds, 20-32 minutes a sparse run on 2 vCPUs; Graphcore's auto
 learning-rate scale stalled there, see docs/BENCHMARKS.md):
@@ -151,6 +152,10 @@ def main():
     ap.add_argument("--sparse-init", default="dense", choices=["dense", "fan-in"],
                     help="the sparse runs' --sparse-init (fan-in: the sparse weights start with "
                     "the dense layer's output variance)")
+    ap.add_argument("--prune-ratio", default="", help="the sparse runs' --prune-ratio (default: "
+                    "pretrain's, Graphcore's 0.5; 0 keeps each run's random pattern fixed)")
+    ap.add_argument("--sparse-updates", default="", help="the sparse runs' --sparse-updates "
+                    "(default: pretrain's, Graphcore's 160 for 1 x 1 blocks, 80 otherwise)")
     ap.add_argument("--warmup-fraction", type=float, default=0.04)
     ap.add_argument("--evals", type=int, default=10)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
@@ -194,6 +199,8 @@ def main():
                 if block:
                     cmd += ["--sparsity", str(a.sparsity), "--block", str(block),
                             "--sparse-lr-scale", a.sparse_lr_scale, "--sparse-init", a.sparse_init]
+                    cmd += ["--prune-ratio", a.prune_ratio] if a.prune_ratio else []
+                    cmd += ["--sparse-updates", a.sparse_updates] if a.sparse_updates else []
                 if subprocess.run(cmd, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL).returncode != 0:
                     sys.exit(f"{name}: packbert pretrain failed; see {out}")
