@@ -7,14 +7,20 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def wiki_lengths(n, seed):
-    """n sequence lengths drawn (seeded) from data/wikipedia_512.hist."""
+def histogram(name):
+    """[(length, count)] from data/<name>.hist (`length count` lines, # comments)."""
     hist = []
-    with open(os.path.join(ROOT, "data", "wikipedia_512.hist")) as f:
+    with open(os.path.join(ROOT, "data", name + ".hist")) as f:
         for line in f:
             line = line.split("#")[0].split()
             if len(line) == 2:
                 hist.append((int(line[0]), int(line[1])))
+    return hist
+
+
+def wiki_lengths(n, seed):
+    """n sequence lengths drawn (seeded) from data/wikipedia_512.hist."""
+    hist = histogram("wikipedia_512")
     rng = random.Random(seed)
     return rng.choices([l for l, _ in hist], weights=[c for _, c in hist], k=n)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Where sparse bert-medium's training step goes, against dense bert-mini's: issue #12's end-to-end
-row in seconds per step. One demo-like step (sequences of GCIDE-like lengths packed into 32 rows
+row in seconds per step. One demo-like step (sequences of the demo corpus's lengths packed into 32 rows
 of 128, forward + backward + LAMB) timed by build/train_step_bench for each model, interleaved
 round by round (fresh processes), medians reported. The last column scales each step time by the
 steps that model takes for dense bert-mini's non-embedding FLOPs (bench/sparse_learning.py's
@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, cpu  # noqa: E402
+from benchlib import ROOT, cpu, histogram  # noqa: E402
 from sparse_learning import flops_per_token  # noqa: E402
 
 # name, preset, sparsity, block; the floor row is counted at s = 0.9's steps
@@ -32,11 +32,12 @@ CONFIGS = [("dense bert-mini", "mini", 0.0, 0),
 
 
 def demo_lengths(seed, rows=32, width=128):
-    """Sequence lengths like the demo corpus's (p10 / p50 / p90 = 23 / 52 / 128: a fifth cut at
-    128, the rest log-uniform in 12-127), drawn until they fill about rows x width slots."""
+    """Sequence lengths drawn (seeded) from the demo corpus's histogram (data/gcide_128.hist:
+    p10 / p50 / p90 = 23 / 52 / 128) until they fill about rows x width slots."""
+    hist = histogram("gcide_128")
     rng, out = random.Random(seed), []
     while sum(out) < 0.98 * rows * width:
-        out.append(width if rng.random() < 0.2 else int(12 * (127 / 12) ** rng.random()))
+        out += rng.choices([l for l, _ in hist], weights=[c for _, c in hist])
     return out
 
 
