@@ -541,6 +541,48 @@ TEST_F(Cli, SparseFlagsArePlannedAndChecked) {
   }
 }
 
+// A sparse run says up front what its pattern will do (how often it moves, how much, how blocks
+// regrow, the learning rate's factor, how the kept blocks start), and does it: the update steps'
+// records carry the churn; with --prune-ratio 0 it says the pattern is fixed.
+TEST_F(Cli, SparsePretrainSaysWhatItsPatternWillDo) {
+  std::string text;
+  for (int d = 0; d < 12; ++d) {
+    for (int s = 0; s < 4; ++s)
+      text += "A small dog number " + std::to_string(d * 4 + s) + " runs across the green field.\n";
+    text += "\n";
+  }
+  const std::string seqs = (dir_ / "c.seqs").string();
+  ASSERT_EQ(run("prepare " + write("corpus.txt", text).string() + " --out " + seqs +
+                " --max-seq-len 32 --pack optimal")
+                .code,
+            0);
+  const std::string common = "pretrain --data " + seqs + " --packs " + (dir_ / "c.packs").string() +
+                             " --preset tiny --steps 6 --batch-rows 2 --sparsity 0.5 --block 1 ";
+  Result moving = run(common + "--out " + (dir_ / "moving").string() +
+                      " --sparse-updates 3 --sparse-lr-scale 2 --sparse-init fan-in");
+  ASSERT_EQ(moving.code, 0) << moving.err;
+  EXPECT_NE(moving.err.find("pretrain: block-sparse encoder weights, 1 x 1 blocks at s = 0.5; "
+                            "pattern updated every 2 steps (2 updates), the first moving 38% of "
+                            "each weight's blocks, regrown at random; learning rate x 2; kept "
+                            "blocks start N(0, initializer_range / sqrt(kept fraction)) "
+                            "(--sparse-init fan-in)\n"),
+            std::string::npos)
+      << moving.err;
+  const std::string log = slurp(dir_ / "moving" / "metrics.jsonl");
+  size_t churns = 0;
+  for (size_t at = log.find("\"churn\""); at != std::string::npos;
+       at = log.find("\"churn\"", at + 1))
+    ++churns;
+  EXPECT_EQ(churns, 2u) << log;
+  Result fixed = run(common + "--out " + (dir_ / "fixed").string() + " --prune-ratio 0");
+  ASSERT_EQ(fixed.code, 0) << fixed.err;
+  EXPECT_NE(fixed.err.find("1 x 1 blocks at s = 0.5; pattern fixed (--prune-ratio 0); learning "
+                           "rate x 1.89 (auto); kept blocks start N(0, initializer_range) "
+                           "(--sparse-init dense)\n"),
+            std::string::npos)
+      << fixed.err;
+}
+
 // `cmake --install` gives a binary that finds its vocabulary next to itself, wherever the
 // prefix is moved, without the source tree's copy (--help says where it was found).
 TEST_F(Cli, InstalledBinaryFindsItsVocabularyWhereverThePrefixMoves) {

@@ -520,6 +520,44 @@ std::vector<std::vector<int32_t>> all_slots(BertModel<float>& m) {
   return out;
 }
 
+// The schedule: an update every round(total / n) steps, never on the last; pr(t) cosine-decays
+// from prune_ratio; the summary a run prints says what the run will do, counted the same way.
+TEST(SparseSchedule, UpdatesEveryTotalOverNStepsAndSaysSo) {
+  train::SparseOptions o;
+  o.sparsity = Sparsity{16, 0.9};
+  for (const int64_t total : {2, 10, 1500, 1501}) {
+    for (const int n : {0, 1, 16, 80, 160, 5000}) {
+      o.updates = n;
+      int64_t count = 0;
+      for (int64_t step = 1; step <= total; ++step) count += train::is_update_step(o, step, total);
+      EXPECT_EQ(train::update_count(o, total), count) << total << " " << n;
+      EXPECT_FALSE(train::is_update_step(o, total, total));
+    }
+  }
+  o.updates = 0;   // Graphcore's 80 for blocks: every 19 steps of 1,501, 78 updates
+  o.lr_scale = 0;  // auto, pretrain's default
+  EXPECT_NEAR(train::prune_fraction(o, 0, 1501), 0.5, 1e-12);
+  EXPECT_NEAR(train::prune_fraction(o, 1501, 1501), 0.0, 1e-12);
+  EXPECT_EQ(train::schedule_summary(o, 1501),
+            "16 x 16 blocks at s = 0.9; pattern updated every 19 steps (78 updates), the first "
+            "moving 50% of each weight's blocks, regrown at random; learning rate x 6.4 (auto)");
+  o.sparsity = Sparsity{1, 0.9};  // 160 for 1 x 1: every 9 steps of 1,500
+  o.lr_scale = 1;
+  o.regrow = train::Regrow::gradient;
+  o.prune_ratio = 0.3;
+  EXPECT_EQ(train::schedule_summary(o, 1500),
+            "1 x 1 blocks at s = 0.9; pattern updated every 9 steps (166 updates), the first "
+            "moving 30% of each weight's blocks, regrown where the gradient is largest; learning "
+            "rate x 1");
+  o.prune_ratio = 0;
+  EXPECT_EQ(train::update_count(o, 1500), 0);
+  EXPECT_EQ(train::schedule_summary(o, 1500),
+            "1 x 1 blocks at s = 0.9; pattern fixed (--prune-ratio 0); learning rate x 1");
+  o.prune_ratio = 0.5;
+  EXPECT_EQ(train::schedule_summary(o, 1),
+            "1 x 1 blocks at s = 0.9; pattern fixed (a run this short); learning rate x 1");
+}
+
 // One update keeps every weight's block count, prunes exactly round(pr * kept) slots, those of
 // smallest L1 norm, moves them to blocks that were not active before, zeroes their values and
 // moments and leaves every other slot as it was; the same seed moves the same blocks.

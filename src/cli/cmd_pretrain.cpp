@@ -13,6 +13,7 @@
 #include "cli/table.h"
 #include "dist/comm.h"
 #include "error.h"
+#include "train/sparsity.h"
 #include "train/trainer.h"
 
 namespace packbert::cli {
@@ -83,6 +84,18 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume) {
     std::cerr << ", " << dist::Comm::world().size() << " processes x " << opt.loop.rows_per_batch
               << " rows" << (opt.loop.zero ? ", optimizer state sharded (ZeRO-1)" : "");
   if (root) std::cerr << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
+  if (root && opt.sparse.sparsity.on()) {
+    std::cerr << "pretrain: block-sparse encoder weights, "
+              << train::schedule_summary(opt.sparse, opt.max_steps);
+    if (!resume)
+      std::cerr
+          << "; kept blocks "
+          << (!opt.init.empty() ? "taken from --init (of a dense weight, those of largest L1 norm)"
+              : opt.sparse.init == model::SparseInit::fan_in
+                  ? "start N(0, initializer_range / sqrt(kept fraction)) (--sparse-init fan-in)"
+                  : "start N(0, initializer_range) (--sparse-init dense)");
+    std::cerr << '\n';
+  }
   if (root && !trainer.initialized().empty())
     std::cerr << "pretrain: --init has no " << trainer.initialized().size()
               << " tensor(s) of the pre-training heads (" << trainer.initialized().front()

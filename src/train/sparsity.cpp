@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <numeric>
+#include <sstream>
 
 #include "error.h"
 #include "rng.h"
@@ -54,6 +56,30 @@ bool is_update_step(const SparseOptions& o, int64_t step, int64_t total) {
 double prune_fraction(const SparseOptions& o, int64_t step, int64_t total) {
   const double x = static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, total));
   return o.prune_ratio * 0.5 * (1.0 + std::cos(M_PI * x));
+}
+
+int64_t update_count(const SparseOptions& o, int64_t total) {
+  if (!o.sparsity.on() || o.prune_ratio <= 0 || total < 2) return 0;
+  return (total - 1) / update_interval(o, total);
+}
+
+std::string schedule_summary(const SparseOptions& o, int64_t total) {
+  std::ostringstream s;
+  s << o.sparsity.block << " x " << o.sparsity.block << " blocks at s = " << o.sparsity.sparsity;
+  const int64_t updates = update_count(o, total);
+  if (updates == 0) {
+    s << "; pattern fixed" << (o.prune_ratio <= 0 ? " (--prune-ratio 0)" : " (a run this short)");
+  } else {
+    const int64_t every = update_interval(o, total);
+    s << "; pattern updated every " << every << (every == 1 ? " step (" : " steps (") << updates
+      << (updates == 1 ? " update), " : " updates), ") << "the first moving "
+      << std::llround(100 * prune_fraction(o, every, total)) << "% of each weight's blocks, "
+      << (o.regrow == Regrow::random ? "regrown at random"
+                                     : "regrown where the gradient is largest");
+  }
+  const double lr = o.lr_scale > 0 ? o.lr_scale : sparse_lr_scale(o.sparsity.sparsity);
+  s << "; learning rate x " << std::setprecision(3) << lr << (o.lr_scale > 0 ? "" : " (auto)");
+  return s.str();
 }
 
 UpdateStats update_patterns(model::BertModel<float>& m, Optimizer& optimizer,

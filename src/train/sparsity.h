@@ -42,6 +42,15 @@ double sparse_lr_scale(double sparsity);
 bool is_update_step(const SparseOptions& o, int64_t step, int64_t total);
 // pr(step) = prune_ratio * (1 + cos(pi * step / total)) / 2.
 double prune_fraction(const SparseOptions& o, int64_t step, int64_t total);
+// The pattern updates a run of `total` steps makes (0 with prune_ratio 0: the pattern is fixed).
+int64_t update_count(const SparseOptions& o, int64_t total);
+
+// One line for a user: the block size and sparsity, when the pattern moves over a run of `total`
+// steps and how much the first update moves (or that it stays fixed), how blocks regrow, and the
+// learning rate's factor, e.g. "16 x 16 blocks at s = 0.9; pattern updated every 19 steps (78
+// updates), the first moving 50% of each weight's blocks, regrown at random; learning rate x 6.4
+// (auto)".
+std::string schedule_summary(const SparseOptions& o, int64_t total);
 
 struct UpdateStats {
   int64_t moved = 0, kept = 0;  // blocks pruned (= regrown) and held, over all sparse weights
