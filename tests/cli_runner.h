@@ -51,6 +51,22 @@ class CliTest : public ::testing::Test {
     std::ofstream(p, std::ios::binary) << text;
     return p;
   }
+  // A corpus of `docs` documents of `sentences` numbered lines, prepared into `name`.seqs (max
+  // length 32) with its packs beside it (`name`.packs); returns the sequences file's path.
+  std::string prepared_corpus(const std::string& name, int docs, int sentences) {
+    std::string text;
+    for (int d = 0; d < docs; ++d) {
+      for (int s = 0; s < sentences; ++s)
+        text += "A short line of text, number " + std::to_string(d * sentences + s) +
+                " of the corpus.\n";
+      text += "\n";
+    }
+    const std::string seqs = (dir_ / (name + ".seqs")).string();
+    const Result r = run("prepare " + write(name + ".txt", text).string() + " --out " + seqs +
+                         " --max-seq-len 32 --pack optimal");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return seqs;
+  }
   fs::path dir_;
 };
 

@@ -216,17 +216,7 @@ TEST_F(Cli, PrepareTrainEvalExportAndTheirErrors) {
 // the checkpoint (exported config.json) has the asked-for shape; a shape beside --resume or
 // --init, or --config beside --preset, is refused with one line.
 TEST_F(Cli, PretrainShapesAModelFromAConfigOrSizes) {
-  std::string text;
-  for (int d = 0; d < 12; ++d) {
-    for (int s = 0; s < 3; ++s)
-      text += "A short line of text, number " + std::to_string(d * 3 + s) + " of the corpus.\n";
-    text += "\n";
-  }
-  const std::string seqs = (dir_ / "s.seqs").string();
-  ASSERT_EQ(run("prepare " + write("c.txt", text).string() + " --out " + seqs +
-                " --max-seq-len 32 --pack optimal")
-                .code,
-            0);
+  const std::string seqs = prepared_corpus("s", 12, 3);
   const std::string common =
       "pretrain --data " + seqs + " --steps 1 --batch-rows 2 --eval-fraction 0.2";
   auto exported = [&](const std::string& run_dir) {
@@ -545,17 +535,7 @@ TEST_F(Cli, SparseFlagsArePlannedAndChecked) {
 // regrow, the learning rate's factor, how the kept blocks start), and does it: the update steps'
 // records carry the churn; with --prune-ratio 0 it says the pattern is fixed.
 TEST_F(Cli, SparsePretrainSaysWhatItsPatternWillDo) {
-  std::string text;
-  for (int d = 0; d < 12; ++d) {
-    for (int s = 0; s < 4; ++s)
-      text += "A small dog number " + std::to_string(d * 4 + s) + " runs across the green field.\n";
-    text += "\n";
-  }
-  const std::string seqs = (dir_ / "c.seqs").string();
-  ASSERT_EQ(run("prepare " + write("corpus.txt", text).string() + " --out " + seqs +
-                " --max-seq-len 32 --pack optimal")
-                .code,
-            0);
+  const std::string seqs = prepared_corpus("c", 12, 4);
   const std::string common = "pretrain --data " + seqs + " --packs " + (dir_ / "c.packs").string() +
                              " --preset tiny --steps 6 --batch-rows 2 --sparsity 0.5 --block 1 ";
   Result moving = run(common + "--out " + (dir_ / "moving").string() +
