@@ -35,9 +35,10 @@ def demo_lengths(seed, rows=32, width=128):
     """Sequence lengths drawn (seeded) from the demo corpus's histogram (data/gcide_128.hist:
     p10 / p50 / p90 = 23 / 52 / 128) until they fill about rows x width slots."""
     hist = histogram("gcide_128")
+    lengths, counts = [l for l, _ in hist], [c for _, c in hist]
     rng, out = random.Random(seed), []
     while sum(out) < 0.98 * rows * width:
-        out += rng.choices([l for l, _ in hist], weights=[c for _, c in hist])
+        out += rng.choices(lengths, weights=counts)
     return out
 
 

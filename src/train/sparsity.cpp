@@ -30,6 +30,10 @@ double sparse_lr_scale(double s) {
   return std::exp(1.969 * s * s + 0.2905 * s);
 }
 
+double SparseOptions::lr_factor() const {
+  return lr_scale > 0 ? lr_scale : sparse_lr_scale(sparsity.sparsity);
+}
+
 namespace {
 
 int64_t update_interval(const SparseOptions& o, int64_t total) {
@@ -77,8 +81,8 @@ std::string schedule_summary(const SparseOptions& o, int64_t total) {
       << (o.regrow == Regrow::random ? "regrown at random"
                                      : "regrown where the gradient is largest");
   }
-  const double lr = o.lr_scale > 0 ? o.lr_scale : sparse_lr_scale(o.sparsity.sparsity);
-  s << "; learning rate x " << std::setprecision(3) << lr << (o.lr_scale > 0 ? "" : " (auto)");
+  s << "; learning rate x " << std::setprecision(3) << o.lr_factor()
+    << (o.lr_scale > 0 ? "" : " (auto)");
   return s.str();
 }
 

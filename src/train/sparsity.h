@@ -32,6 +32,7 @@ struct SparseOptions {
   double lr_scale = 1;
   model::SparseInit init = model::SparseInit::dense;  // how the sparse weights start
   int updates_or_default() const;
+  double lr_factor() const;  // lr_scale, or eta(s) / eta(0) when it is `auto`
 };
 
 // exp(1.969 s^2 + 0.2905 s).

@@ -371,9 +371,7 @@ void Trainer::setup(bool resume) {
   }
   // Sparse training's learning rate: scaled as the sparsity needs (Graphcore's eta(s)).
   LoopOptions stepped = lo;
-  if (opt_.sparse.sparsity.on())
-    stepped.lr *= opt_.sparse.lr_scale > 0 ? opt_.sparse.lr_scale
-                                           : sparse_lr_scale(opt_.sparse.sparsity.sparsity);
+  if (opt_.sparse.sparsity.on()) stepped.lr *= opt_.sparse.lr_factor();
   stepper_ = std::make_unique<Stepper>(*model_, stepped, oc, accumulation_, recompute_, comm_);
 
   // Held out: the documents the file records as held out, else the file's last sequences;
