@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
+#include <tuple>
 #include <set>
 #include <thread>
 
@@ -437,8 +439,9 @@ TEST_F(Reliability, KillDuringAStepResumesBitExactlyWithOneRecordPerStep) {
 // is removed at the next start, and the resumed run is bit-exact.
 TEST_F(Reliability, KillDuringACheckpointWriteKeepsThePreviousOne) {
   ASSERT_EQ(run(train_args("full")).code, 0);
-  // Atomic writes of a run: checkpoint 4 is the 1st, checkpoint 8 the 2nd.
-  Result killed = run(train_args("run"), "PACKBERT_CRASH_AT=write:2");
+  // Atomic writes of a run: checkpoint 4 is the 1st, best.safetensors at the evaluation of step 6
+  // the 2nd, checkpoint 8 the 3rd.
+  Result killed = run(train_args("run"), "PACKBERT_CRASH_AT=write:3");
   EXPECT_NE(killed.code, 0);
   bool stale = false;
   for (const auto& e : fs::directory_iterator(dir_ / "run"))
@@ -540,6 +543,255 @@ TEST_F(Reliability, MetricsCountStepsFromOneOnOneClock) {
     }
   }
   EXPECT_EQ(step, 12);
+}
+
+// Round 3, 1. No command writes over one of its inputs, whatever the path looks like.
+TEST_F(Reliability, OutputsNeverReplaceInputs) {
+  const std::string text = slurp(corpus_);
+  auto refused = [&](const std::string& args, const std::string& flag) {
+    Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find("an output never replaces an input"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  };
+  refused("prepare " + corpus_ + " --out " + corpus_, "--out");
+  fs::create_symlink(corpus_, dir_ / "link.seqs");  // the same file under another name
+  refused("prepare " + corpus_ + " --out " + (dir_ / "link.seqs").string(), "--out");
+  refused("prepare " + corpus_ + " --out " + (dir_ / "corpus.seqs").string() + " --vocab " +
+              write("corpus.hist", slurp(PACKBERT_SOURCE_VOCAB)).string(),
+          "histogram");  // prepare's .hist beside --out is an output too
+  EXPECT_EQ(slurp(corpus_), text);
+  const std::string seqs = slurp(seqs_);
+  refused("pack " + seqs_ + " --out " + seqs_, "--out");
+  EXPECT_EQ(slurp(seqs_), seqs);
+
+  ASSERT_EQ(run(train_args("run", "--steps 4")).code, 0);
+  const std::string ckpt = slurp(checkpoint("run"));
+  // export and convert replace --out whole: it must not hold what they read.
+  refused("export --checkpoint " + checkpoint("run") + " --out " + (dir_ / "run").string() +
+              " --overwrite",
+          "--out");
+  refused("convert " + checkpoint("run") + " --out " + (dir_ / "run").string() + " --overwrite",
+          "--out");
+  // pretrain: an input that is one of the files the run writes (or rotates away) in --out.
+  Result init = run(train_args("run", "--overwrite --init " + checkpoint("run")));
+  EXPECT_EQ(init.code, 2) << init.err;
+  EXPECT_NE(init.err.find("--init"), std::string::npos) << init.err;
+  EXPECT_EQ(slurp(checkpoint("run")), ckpt);
+}
+
+// Round 3, 2. A run that diverges stops before it writes; the kept checkpoints and the best one
+// are there to go back to, and the best one evaluates as it did.
+TEST_F(Reliability, DivergenceStopsTheRunAndKeepsEarlierAndBestCheckpoints) {
+  ASSERT_EQ(run(train_args("run")).code, 0);
+  const std::string last = slurp(checkpoint("run"));
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint-8.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "checkpoint-4.safetensors"));  // --keep-checkpoints 2
+  const std::string best_path = (dir_ / "run" / "best.safetensors").string();
+  ASSERT_TRUE(fs::exists(best_path));
+  int64_t best_step = -1, checkpoints = 0;
+  for (const json& r : metrics("run")) {
+    if (r["type"] == "best") best_step = r["step"];
+    if (r["type"] == "checkpoint") ++checkpoints;
+  }
+  EXPECT_GT(best_step, 0);
+  EXPECT_EQ(checkpoints, 3);  // steps 4, 8 and 12, each a record naming the files kept
+  const std::string best = slurp(best_path);
+  Result before = run("eval --model " + best_path + " --data " + seqs_);
+  ASSERT_EQ(before.code, 0) << before.err;
+
+  Result wild = run(train_args("run", "--resume --steps 60 --lr 10 --clip 0 --skip-outliers 6"));
+  EXPECT_EQ(wild.code, 2) << wild.err;
+  EXPECT_NE(wild.err.find("diverged"), std::string::npos) << wild.err;
+  EXPECT_NE(wild.err.find("no checkpoint written"), std::string::npos) << wild.err;
+  EXPECT_NE(wild.err.find("best.safetensors (step " + std::to_string(best_step) + ")"),
+            std::string::npos)
+      << wild.err;
+  EXPECT_EQ(slurp(checkpoint("run")), last);
+  EXPECT_EQ(slurp(best_path), best);
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint-8.safetensors"));
+  Result after = run("eval --model " + best_path + " --data " + seqs_);
+  ASSERT_EQ(after.code, 0) << after.err;
+  EXPECT_EQ(after.out, before.out);
+  // The run resumes from the checkpoint it kept, and with the guard off the wild run goes on.
+  Result off = run(train_args("run", "--resume --steps 14 --lr 10 --clip 0 --divergence-factor 0"));
+  EXPECT_EQ(off.err.find("diverged"), std::string::npos) << off.err;
+}
+
+// Round 3, 2b. --keep-checkpoints K keeps the latest K by step; --overwrite clears an earlier
+// run's; --resume continues from the latest.
+TEST_F(Reliability, KeepsTheLastCheckpointsByStepAndResumesFromTheLatest) {
+  ASSERT_EQ(run(train_args("full")).code, 0);
+  ASSERT_EQ(run(train_args("run", "--steps 8 --keep-checkpoints 3")).code, 0);
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint-4.safetensors"));
+  Result resumed = run(train_args("run", "--resume --keep-checkpoints 3"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  expect_same_tensors(checkpoint("run"), checkpoint("full"));
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir_ / "run")) files.insert(e.path().filename());
+  EXPECT_EQ(files, (std::set<std::string>{"checkpoint.safetensors", "checkpoint-4.safetensors",
+                                          "checkpoint-8.safetensors", "best.safetensors",
+                                          "metrics.jsonl"}));
+  EXPECT_EQ(json::parse(io::SafetensorsFile::read((dir_ / "run" / "checkpoint-8.safetensors")
+                                                      .string())
+                            .metadata()
+                            .at("packbert"))["step"],
+            8);
+  ASSERT_EQ(run(train_args("run", "--steps 2 --overwrite")).code, 0);
+  files.clear();
+  for (const auto& e : fs::directory_iterator(dir_ / "run")) files.insert(e.path().filename());
+  EXPECT_EQ(files, (std::set<std::string>{"checkpoint.safetensors", "best.safetensors",
+                                          "metrics.jsonl"}));
+}
+
+// Round 3, 5. --resume refuses every flag that contradicts the checkpoint, naming it.
+TEST_F(Reliability, ResumeRefusesFlagsThatContradictTheCheckpoint) {
+  ASSERT_EQ(run(train_args("run")).code, 0);
+  const std::string ckpt = slurp(checkpoint("run"));
+  const std::string init = (dir_ / "init").string();
+  ASSERT_EQ(run("export --checkpoint " + checkpoint("run") + " --out " + init).code, 0);
+  for (const auto& [extra, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--optimizer adamw --steps 20", "--optimizer lamb"},
+           {"--preset mini --steps 20", "--preset"},
+           {"--init " + init + " --steps 20", "--init"},
+           {"--overwrite --steps 20", "--overwrite"},
+           {"--seed 5 --steps 20", "--seed 1"},
+           {"--steps 10", "already at step 12"},
+           {"--steps 12", "already at step 12"}}) {
+    std::string args = train_args("run", "--resume " + extra);
+    Result r = run(args);
+    EXPECT_EQ(r.code, 2) << extra << ": " << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << extra << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  EXPECT_EQ(slurp(checkpoint("run")), ckpt);
+  // The same command line again, --preset included, is no contradiction.
+  Result same = run(train_args("run", "--resume --steps 13"));
+  EXPECT_EQ(same.code, 0) << same.err;
+}
+
+// Round 3, 6. prepare is linear in the length of a line: the one quadratic step (Google's
+// truncate_seq_pair dropping tokens off the front of a vector) moves each token at most once,
+// and drops the same tokens the reference does.
+TEST(Pretraining, TruncatingAPairIsLinearAndDropsWhatGooglesRuleDrops) {
+  auto reference = [](std::vector<int32_t> a, std::vector<int32_t> b, size_t max, data::Rng& rng) {
+    while (a.size() + b.size() > max) {
+      std::vector<int32_t>& t = a.size() > b.size() ? a : b;
+      if (rng.uniform() < 0.5)
+        t.erase(t.begin());
+      else
+        t.pop_back();
+    }
+    return std::pair{a, b};
+  };
+  for (auto [na, nb, max] : {std::tuple{7, 3, 5}, {100, 250, 61}, {3000, 10, 125}, {0, 40, 9}}) {
+    std::vector<int32_t> a(static_cast<size_t>(na)), b(static_cast<size_t>(nb));
+    std::iota(a.begin(), a.end(), 0);
+    std::iota(b.begin(), b.end(), 100000);
+    data::Rng r1(7), r2(7);
+    const auto [wa, wb] = reference(a, b, static_cast<size_t>(max), r1);
+    data::truncate_seq_pair(a, b, static_cast<size_t>(max), r2);
+    EXPECT_EQ(a, wa);
+    EXPECT_EQ(b, wb);
+  }
+  // One line of two million tokens: the work is the kept tokens, not tokens x drops.
+  std::vector<int32_t> a(2'000'000, 1), b;
+  data::Rng rng(1);
+  EXPECT_LE(data::truncate_seq_pair(a, b, 125, rng), 125u);
+}
+
+// Round 3, 7. A model with non-finite weights: eval warns, export refuses; export --vocab checks
+// the vocabulary's size.
+TEST_F(Reliability, NonFiniteWeightsAreWarnedByEvalAndRefusedByExport) {
+  ASSERT_EQ(run(train_args("run", "--steps 2")).code, 0);
+  io::SafetensorsFile c = io::SafetensorsFile::read(checkpoint("run"));
+  std::vector<std::vector<float>> keep;
+  std::vector<io::TensorToWrite> tensors;
+  for (const auto& [name, e] : c.tensors()) {
+    if (e.dtype != "F32") continue;
+    keep.push_back(c.floats(name));
+    if (name == "bert.encoder.layer.0.output.dense.weight") keep.back()[3] = NAN;
+    tensors.push_back({name, "F32", e.shape, keep.back().data(), keep.back().size() * 4});
+  }
+  const std::string nan = (dir_ / "nan.safetensors").string();
+  io::write_safetensors(nan, tensors, c.metadata());
+  Result ev = run("eval --model " + nan + " --data " + seqs_);
+  EXPECT_NE(ev.err.find("warning"), std::string::npos) << ev.err;
+  EXPECT_NE(ev.err.find("bert.encoder.layer.0.output.dense.weight"), std::string::npos) << ev.err;
+  Result ex = run("export --checkpoint " + nan + " --out " + (dir_ / "x").string());
+  EXPECT_EQ(ex.code, 2) << ex.err;
+  EXPECT_NE(ex.err.find("not finite"), std::string::npos) << ex.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
+  Result vocab = run("export --checkpoint " + checkpoint("run") + " --out " +
+                     (dir_ / "y").string() + " --vocab " +
+                     write("short.txt", slurp(PACKBERT_SOURCE_VOCAB).substr(0, 5000)).string());
+  EXPECT_EQ(vocab.code, 2) << vocab.err;
+  EXPECT_NE(vocab.err.find(" tokens, but the model's vocab_size is 30522"), std::string::npos)
+      << vocab.err;
+  EXPECT_FALSE(fs::exists(dir_ / "y"));
+}
+
+// Round 3, 8. A masked position listed twice (it would count twice in the loss) and a vocabulary
+// that is not UTF-8 are refused, naming where.
+TEST_F(Reliability, DuplicateMaskedPositionsAndNonUtf8VocabulariesAreRefused) {
+  data::SequencesFile f = data::read_sequences(seqs_);
+  size_t i = 0;
+  while (f.mlm_offsets[i + 1] - f.mlm_offsets[i] < 2) ++i;
+  f.mlm_positions[f.mlm_offsets[i] + 1] = f.mlm_positions[f.mlm_offsets[i]];
+  const std::string dup = (dir_ / "dup.seqs").string();
+  data::write_sequences(dup, f);  // a valid checksum over the bad content
+  Result r = run("inspect " + dup);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("sequence " + std::to_string(i) + " masks position"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("twice"), std::string::npos) << r.err;
+  std::string vocab = slurp(PACKBERT_SOURCE_VOCAB);
+  vocab.insert(vocab.find("\nthe\n") + 1, "\xff");
+  Result v = run("tokenize --vocab " + write("v.txt", vocab).string() + " " + corpus_);
+  EXPECT_EQ(v.code, 2);
+  EXPECT_NE(v.err.find("v.txt:"), std::string::npos) << v.err;
+  EXPECT_NE(v.err.find("invalid UTF-8"), std::string::npos) << v.err;
+}
+
+// Round 3, 9. JSON numbers out of range are one-line input errors, wherever JSON is read.
+TEST_F(Reliability, JsonNumbersOutOfRangeAreInputErrors) {
+  const std::string huge(401, '9');
+  for (const auto& [args, file] : std::vector<std::pair<std::string, std::string>>{
+           {"eval --task squad --model M --data F", "{\"version\": " + huge + ", \"data\": []}"},
+           {"eval --task squad --model M --data F", "{\"data\": [], \"x\": 1e999}"},
+           {"plan --tokens 128 --sequences 2 --config F", "{\"hidden_size\": " + huge + "}"},
+           {"plan --tokens 128 --sequences 2 --config F", "{\"hidden_size\": 1099511627776}"},
+           {"pretrain --data S --out O --config F", "{\"num_hidden_layers\": -1e400}"}}) {
+    std::string a = args;
+    const std::string path = write("f.json", file).string();
+    a.replace(a.find(" F"), 2, " " + path);
+    if (a.find(" M ") != std::string::npos) a.replace(a.find(" M "), 3, " " + path + " ");
+    if (a.find(" S ") != std::string::npos) a.replace(a.find(" S "), 3, " " + seqs_ + " ");
+    if (a.find(" O ") != std::string::npos)
+      a.replace(a.find(" O "), 3, " " + (dir_ / "o").string() + " ");
+    Result r = run(a);
+    EXPECT_EQ(r.code, 2) << a << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("f.json"), std::string::npos) << a << ": " << r.err;
+    EXPECT_FALSE(fs::exists(dir_ / "o"));
+  }
+}
+
+// Round 3, 10. Nothing is created before every input is checked.
+TEST_F(Reliability, BadInputsLeaveNoOutputDirectory) {
+  for (const std::string& args :
+       {train_args("a", "--data " + (dir_ / "none.seqs").string()),
+        train_args("b", "--vocab " + (dir_ / "none.txt").string()),
+        train_args("c", "--packs " + corpus_),
+        train_args("d", "--init " + (dir_ / "none").string()),
+        train_args("e", "--resume"),
+        "demo --vocab " + (dir_ / "none.txt").string() + " --workdir " + (dir_ / "f").string()}) {
+    Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+  }
+  for (const char* out : {"a", "b", "c", "d", "e", "f"}) EXPECT_FALSE(fs::exists(dir_ / out)) << out;
 }
 
 // 14. Google's rule by default: a chunk of one sentence gets a random B, never a cut sentence

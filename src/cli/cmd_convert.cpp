@@ -10,6 +10,7 @@
 #include "data/vocab.h"
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/paths.h"
 #include "model/hf_import.h"
 #include "train/trainer.h"
 
@@ -30,6 +31,8 @@ void check_vocab(const std::string& vocab, int vocab_size) {
 }
 
 void run_convert(const ConvertArgs& a) {
+  io::refuse_directory_over_inputs(
+      {a.out, "--out"}, {{a.src, "the model"}, {a.config, "--config"}, {a.vocab, "--vocab"}});
   if (model::is_packbert_checkpoint(a.src)) {
     if (!a.config.empty())
       throw InputError("--config: " + a.src + " is a packbert checkpoint, which holds its config");

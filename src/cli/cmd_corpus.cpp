@@ -6,6 +6,7 @@
 #include "cli/table.h"
 #include "data/gcide.h"
 #include "io/atomic_file.h"
+#include "io/paths.h"
 #include "stopwatch.h"
 
 namespace packbert::cli {
@@ -18,6 +19,11 @@ struct GcideArgs {
 };
 
 void run_gcide(const GcideArgs& a) {
+  const std::vector<io::NamedPath> inputs = {{a.index, "--index"}, {a.dict, "--dict"}};
+  io::refuse_outputs_over_inputs({{a.out, "--out"},
+                                  {a.pos.empty() ? "" : a.pos + ".train.tsv", "--pos-tsv"},
+                                  {a.pos.empty() ? "" : a.pos + ".dev.tsv", "--pos-tsv"}},
+                                 inputs);
   const Stopwatch clock;
   size_t entries = 0;
   std::string text = data::gcide_to_text(a.index, a.dict, &entries);

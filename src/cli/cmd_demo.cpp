@@ -217,15 +217,17 @@ void pretrain_comparison(const DemoArgs& a, const std::string& seqs, const std::
 
 void demo_corpus(const DemoArgs& a) {
   std::cout << "\n== 2. The demo corpus: Debian's dict-gcide, one dictionary entry a document\n";
-  std::filesystem::create_directories(a.workdir);
   const Stopwatch clock;
+  // Every input is read and checked before the work directory is made.
+  data::Vocab vocab = data::Vocab::load(a.vocab);
+  (void)model::bert_preset(a.preset);
   size_t entries = 0;
   std::string text = data::gcide_to_text("/usr/share/dictd/gcide.index",
                                          "/usr/share/dictd/gcide.dict.dz", &entries);
+  io::make_output_dir(a.workdir, "--workdir");
   const std::string txt = a.workdir + "/gcide.txt", seqs = a.workdir + "/gcide.seqs",
                     packs = a.workdir + "/gcide.packs";
   io::write_file_atomic(txt, text);
-  data::Vocab vocab = data::Vocab::load(a.vocab);
   data::Tokenizer tok(vocab, true);
   auto docs = data::read_corpus({txt}, tok, {});
   data::PretrainingOptions o;

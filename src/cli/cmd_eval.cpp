@@ -52,6 +52,8 @@ void run_task_eval(const EvalArgs& a) {
 void run_eval(const EvalArgs& a) {
   if (a.task != "mlm") return run_task_eval(a);
   auto m = train::load_model(a.model, model::Heads{});
+  if (const std::string bad = train::non_finite_weights(*m); !bad.empty())
+    std::cerr << "eval: warning: " << a.model << ": " << bad << "; its metrics will be NaN\n";
   data::SequencesFile f = data::read_sequences(a.data);
   if (m->config().vocab_size != f.vocab_size)
     throw InputError(a.model + ": vocab_size " + std::to_string(m->config().vocab_size) +

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "io/paths.h"
 #include "train/trainer.h"
 
 namespace packbert::cli {
@@ -25,6 +26,8 @@ void register_export(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   ex->callback([x, xv, xo, dtype] {
+    io::refuse_directory_over_inputs({x->second, "--out"},
+                                     {{x->first, "--checkpoint"}, {*xv, "--vocab"}});
     auto m = train::load_model(x->first, model::Heads{});
     train::export_model(*m, x->second, *xv, *xo, model::parse_precision(*dtype));
     std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt} (" << *dtype

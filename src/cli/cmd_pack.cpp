@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "io/paths.h"
 #include "cli/flags.h"
 #include "cli/pack_report.h"
 #include "data/sequences.h"
@@ -30,6 +31,7 @@ void pack_sequences_file(const PackArgs& a) {
   if (a.algo == "all")
     throw InputError("--algo all compares packers on a histogram; pick one to write packs");
   if (a.out.empty()) throw InputError("--out is required when packing a sequences file");
+  io::refuse_outputs_over_inputs({{a.out, "--out"}}, {{a.input, "input"}});
   data::SequencesFile f = data::read_sequences(a.input);
   pack::PackOptions po;
   po.max_len = a.max_seq_len.value_or(f.max_seq_len);

@@ -12,6 +12,7 @@
 #include "data/sequences.h"
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/paths.h"
 #include "pack/histogram.h"
 #include "stopwatch.h"
 
@@ -40,6 +41,12 @@ void run_prepare(const PrepareArgs& a) {
   std::optional<pack::Algo> algo;
   if (!a.pack_algo.empty()) algo = pack::parse_algo(a.pack_algo);
 
+  std::vector<io::NamedPath> inputs = {{a.vocab, "--vocab"}};
+  for (const std::string& in : a.inputs) inputs.push_back({in, "input"});
+  io::refuse_outputs_over_inputs({{a.out, "--out"},
+                                  {sibling(a.out, ".hist"), "--out's histogram"},
+                                  {algo ? sibling(a.out, ".packs") : "", "--out's packs"}},
+                                 inputs);
   const Stopwatch total;
   data::Vocab vocab = data::Vocab::load(a.vocab);
   data::Tokenizer tok(vocab, !a.cased);

@@ -194,6 +194,14 @@ void register_pretrain(CLI::App& app, int& exit_code) {
       "root of the batch");
   number(cmd, "--checkpoint-every", o->checkpoint_every,
          "Steps between checkpoints (0 = at the end)", 0, kMaxCount);
+  number(cmd, "--keep-checkpoints", o->keep_checkpoints,
+         "Checkpoints kept in --out: checkpoint.safetensors (the latest) and the ones before it "
+         "as checkpoint-STEP.safetensors; best.safetensors (lowest held-out loss) is kept too",
+         1, 1000);
+  number(cmd, "--divergence-factor", o->divergence_factor,
+         "Stop with exit 2, writing nothing, when the held-out MLM loss exceeds this multiple of "
+         "its best or the training loss's moving average this multiple of its lowest (0 = off)",
+         0, 1e9);
   number(cmd, "--eval-every", o->eval_every, "Steps between held-out evaluations (0 = at the end)",
          0, kMaxCount);
   number(cmd, "--eval-fraction", o->eval_fraction,
@@ -216,9 +224,10 @@ void register_pretrain(CLI::App& app, int& exit_code) {
                 "With --packs: put each pack's sequences in rows of their own (padded): the same "
                 "sequences per step, in the same order, as the packed run; --batch-rows still "
                 "counts packs");
-  cmd->callback([o, resume, loop, carry, &exit_code] {
+  cmd->callback([cmd, o, resume, loop, carry, &exit_code] {
     train::PretrainOptions opt = *o;
     opt.carry_optimizer = *carry == "carry";
+    opt.preset_given = cmd->get_option("--preset")->count() > 0;
     loop.finish(opt.loop);
     exit_code = run_pretrain(opt, *resume);
   });

@@ -8,6 +8,7 @@
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "error.h"
+#include "io/input_file.h"
 
 namespace packbert::cli {
 
@@ -24,6 +25,7 @@ void run_tokenize(const TokenizeArgs& a) {
   data::Tokenizer tok(vocab, !a.cased);
   std::ifstream file;
   if (!a.input.empty()) {
+    io::require_text_input(a.input);
     file.open(a.input, std::ios::binary);
     if (!file) throw InputError(a.input + ": cannot open for reading");
   }

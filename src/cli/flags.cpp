@@ -116,6 +116,11 @@ std::string flag_of_field(const std::string& field) {
       {"sparse_init", "--sparse-init"},
       {"shape", "--config/--layers/--hidden/--heads/--intermediate"},
       {"init", "--init"},
+      {"overwrite", "--overwrite"},
+      {"keep_checkpoints", "--keep-checkpoints"},
+      {"divergence_factor", "--divergence-factor"},
+      {"sequences", "--data"},
+      {"vocab", "--vocab"},
       {"resume", "--resume"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;

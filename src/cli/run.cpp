@@ -9,6 +9,7 @@
 #include "dist/comm.h"
 #include "error.h"
 #include "io/memory.h"
+#include "io/json_error.h"
 
 namespace packbert::cli {
 
@@ -71,6 +72,10 @@ int run_command(int argc, char** argv) {
     return 2;
   } catch (const std::bad_alloc&) {
     std::cerr << "packbert: error: out of memory: " << io::describe_failed_allocation() << '\n';
+    return 2;
+  } catch (const nlohmann::json::exception& e) {
+    // A JSON input read without its own handler (every reader names its file; this is the net).
+    std::cerr << "packbert: error: malformed JSON input: " << io::json_error_text(e) << '\n';
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {
     // Paths the user named that cannot be created, read or written.

@@ -5,6 +5,7 @@
 
 #include "data/utf8.h"
 #include "error.h"
+#include "io/input_file.h"
 
 namespace packbert::data {
 
@@ -29,6 +30,7 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
                                                      int max_seq_len,
                                                      std::map<std::string, int32_t>& labels,
                                                      bool grow_labels) {
+  io::require_text_input(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open for reading");
   std::string line;

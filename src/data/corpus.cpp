@@ -7,6 +7,7 @@
 
 #include "data/utf8.h"
 #include "error.h"
+#include "io/input_file.h"
 
 namespace packbert::data {
 
@@ -84,6 +85,7 @@ std::vector<Document> read_corpus(const std::vector<std::string>& paths, const T
   std::vector<std::string> sentences;
   std::vector<size_t> doc_start;  // index of each document's first sentence
   for (const std::string& path : paths) {
+    io::require_text_input(path);
     std::ifstream in(path, std::ios::binary);
     if (!in) throw InputError(path + ": cannot open for reading");
     std::string line, paragraph;

@@ -12,6 +12,7 @@
 #include "data/corpus.h"
 #include "data/utf8.h"
 #include "error.h"
+#include "io/input_file.h"
 
 namespace packbert::data {
 
@@ -90,6 +91,8 @@ std::string clean_entry(const std::string& raw) {
 
 std::string gcide_to_text(const std::string& index_path, const std::string& dict_path,
                           size_t* entries) {
+  io::require_regular_file(index_path);
+  io::require_regular_file(dict_path);
   std::ifstream idx(index_path, std::ios::binary);
   if (!idx) throw InputError(index_path + ": cannot open (install dict-gcide: make setup)");
   std::string data = gunzip(dict_path);

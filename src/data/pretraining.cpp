@@ -16,17 +16,26 @@ uint64_t stream_seed(uint64_t seed, uint64_t a, uint64_t b) {
   return m.next();
 }
 
-void truncate_pair(std::vector<int32_t>& a, std::vector<int32_t>& b, size_t max_tokens, Rng& rng) {
-  while (a.size() + b.size() > max_tokens) {
-    std::vector<int32_t>& t = a.size() > b.size() ? a : b;
-    if (rng.uniform() < 0.5)
-      t.erase(t.begin());
-    else
-      t.pop_back();
-  }
-}
-
 }  // namespace
+
+size_t truncate_seq_pair(std::vector<int32_t>& a, std::vector<int32_t>& b, size_t max_tokens,
+                         Rng& rng) {
+  // The kept ranges [a0, a1) and [b0, b1) shrink one draw at a time; the vectors are cut once.
+  size_t a0 = 0, a1 = a.size(), b0 = 0, b1 = b.size();
+  while ((a1 - a0) + (b1 - b0) > max_tokens) {
+    const bool on_a = a1 - a0 > b1 - b0;
+    size_t& front = on_a ? a0 : b0;
+    size_t& back = on_a ? a1 : b1;
+    if (rng.uniform() < 0.5)
+      ++front;
+    else
+      --back;
+  }
+  a.resize(a1), b.resize(b1);
+  a.erase(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(a0));
+  b.erase(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(b0));
+  return a.size() + b.size();
+}
 
 void mask_example(Example& e, const Vocab& vocab, const PretrainingOptions& o, Rng& rng) {
   e.mlm_positions.clear();
@@ -124,7 +133,7 @@ std::vector<Example> document_examples(const std::vector<Document>& docs, size_t
             b.insert(b.end(), chunk[j]->begin(), chunk[j]->end());
         }
       }
-      truncate_pair(a, b, static_cast<size_t>(max_tokens), rng);
+      truncate_seq_pair(a, b, static_cast<size_t>(max_tokens), rng);
       if (!a.empty() && !b.empty()) {
         Example e;
         e.tokens.push_back(vocab.cls());

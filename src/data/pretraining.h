@@ -48,6 +48,12 @@ struct Rng {
 // Masks e in place (replaces any previous masking). The number of predictions is
 // masked_lm_prob × (tokens other than [CLS]/[SEP]), rounded at random so its expectation is
 // exact (Google rounds masked_lm_prob × all tokens), capped at max_predictions_per_seq.
+// Google's truncate_seq_pair: while a and b hold more than max_tokens, drops the first or last
+// token (a coin each) of the longer one. Linear in their length (one line of a million words is
+// one pair); returns the tokens it moved, at most what is kept.
+size_t truncate_seq_pair(std::vector<int32_t>& a, std::vector<int32_t>& b, size_t max_tokens,
+                         Rng& rng);
+
 void mask_example(Example& e, const Vocab& vocab, const PretrainingOptions& o, Rng& rng);
 
 // All examples of one document for one dupe round. Random B sentences come from the documents

@@ -8,6 +8,7 @@
 #include "error.h"
 #include "io/atomic_file.h"
 #include "io/checksum.h"
+#include "io/input_file.h"
 
 namespace packbert::data {
 
@@ -26,7 +27,7 @@ constexpr size_t sequences_header(uint32_t version) {
   return version == 1 ? kSeqHeaderV1 : kSeqHeader;
 }
 
-uint64_t checksum_of(const std::string& buf, size_t header, uint32_t version) {
+uint64_t checksum_of(std::string_view buf, size_t header, uint32_t version) {
   return io::fnv1a(buf.data() + header, buf.size() - header, io::fnv_basis_for(version));
 }
 
@@ -44,7 +45,7 @@ struct Writer {
 };
 
 struct Reader {
-  const std::string& buf;
+  std::string_view buf;
   size_t pos;
   const std::string& path;
   template <typename T>
@@ -69,7 +70,7 @@ struct Reader {
 
 // Checks the magic and version and returns the version; `header(version)` is its header size.
 template <typename HeaderSize>
-uint32_t check_magic(const std::string& buf, const std::string& path, const char* magic,
+uint32_t check_magic(std::string_view buf, const std::string& path, const char* magic,
                      HeaderSize header, const char* kind) {
   if (buf.size() < 8 || std::memcmp(buf.data(), magic, 8) != 0)
     throw InputError(path + ": not a packbert " + kind + " file (its first bytes are not " +
@@ -144,8 +145,33 @@ void write_sequences(const std::string& path, const SequencesFile& f) {
   io::write_file_atomic(path, h.buf + p.buf);
 }
 
+// The file size a header declares: `sizes` in order, each section padded to 8 bytes where
+// `pad_after` says; exact in 128 bits, so a hostile count cannot wrap around.
+unsigned __int128 declared_size(size_t header, std::initializer_list<std::pair<unsigned __int128, bool>> sizes) {
+  unsigned __int128 total = header;
+  for (auto [bytes, pad_after] : sizes) {
+    total += bytes;
+    if (pad_after) total += (8 - static_cast<uint64_t>(total % 8)) % 8;
+  }
+  return total;
+}
+
+// The header's declared size against the file's, before a byte past the header is read.
+void check_declared_size(unsigned __int128 declared, size_t actual, const std::string& path) {
+  if (declared == actual) return;
+  const std::string d = declared > (unsigned __int128)UINT64_MAX
+                            ? std::string("more than 2^64")
+                            : std::to_string(static_cast<uint64_t>(declared));
+  if (declared > actual)
+    throw InputError(path + ": truncated: " + std::to_string(actual) +
+                     " bytes, its header declares " + d);
+  throw InputError(path + ": " + std::to_string(actual - static_cast<uint64_t>(declared)) +
+                   " unexpected trailing bytes (its header declares " + d + ")");
+}
+
 SequencesFile read_sequences(const std::string& path) {
-  std::string buf = io::read_file(path);
+  const io::FileBytes file = io::FileBytes::map(path);
+  const std::string_view buf = file.view();
   SequencesFile f;
   f.format_version = check_magic(buf, path, kSeqMagic, sequences_header, "sequences");
   const size_t header = sequences_header(f.format_version);
@@ -163,14 +189,16 @@ SequencesFile read_sequences(const std::string& path) {
                        " (corrupt header)");
     if (f.heldout_begin == n) f.heldout_begin = SequencesFile::kNoSplit;
   }
-  if (checksum_of(buf, header, f.format_version) != checksum) {
-    // Distinguish a short file from flipped bits for a more useful message.
-    uint64_t need = (n + 1) * 8 + n_tokens * 4 + n * 5 + (n + 1) * 8 + n_mlm * 8;
-    if (buf.size() - header < need)
-      throw InputError(path + ": truncated: " + std::to_string(buf.size()) +
-                       " bytes, expected at least " + std::to_string(header + need));
+  using u128 = unsigned __int128;
+  check_declared_size(declared_size(header, {{(u128(n) + 1) * 8, false},
+                                             {u128(n_tokens) * 4, true},
+                                             {u128(n) * 4, false},
+                                             {u128(n), true},
+                                             {(u128(n) + 1) * 8, false},
+                                             {u128(n_mlm) * 8, false}}),
+                      buf.size(), path);
+  if (checksum_of(buf, header, f.format_version) != checksum)
     throw InputError(path + ": checksum mismatch (corrupted file)");
-  }
   f.token_offsets = r.get_array<uint64_t>(n + 1, "token offsets");
   f.tokens = r.get_array<int32_t>(n_tokens, "tokens");
   r.skip_pad8();
@@ -185,17 +213,28 @@ SequencesFile read_sequences(const std::string& path) {
                      " unexpected trailing bytes");
   check_offsets(f.token_offsets, n_tokens, path, "token");
   check_offsets(f.mlm_offsets, n_mlm, path, "MLM");
+  if (f.max_seq_len < 1 || f.max_seq_len > (1 << 20))
+    throw InputError(path + ": max_seq_len " + std::to_string(f.max_seq_len) +
+                     " is outside [1, 2^20] (corrupt header)");
+  std::vector<uint64_t> masked_by(static_cast<size_t>(f.max_seq_len), 0);  // sequence + 1
   for (size_t i = 0; i < n; ++i) {
     int32_t L = f.length(i);
     if (L > f.max_seq_len || f.b_start[i] < 0 || f.b_start[i] > L || f.nsp_label[i] < 0 ||
         f.nsp_label[i] > 1)
       throw InputError(path + ": sequence " + std::to_string(i) +
                        " is inconsistent (corrupt file)");
-    for (uint64_t k = f.mlm_offsets[i]; k < f.mlm_offsets[i + 1]; ++k)
+    for (uint64_t k = f.mlm_offsets[i]; k < f.mlm_offsets[i + 1]; ++k) {
       if (f.mlm_positions[k] < 0 || f.mlm_positions[k] >= L)
         throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
                          std::to_string(f.mlm_positions[k]) + " outside its " + std::to_string(L) +
                          " tokens");
+      // A position masked twice would count twice in the loss.
+      uint64_t& seen = masked_by[static_cast<size_t>(f.mlm_positions[k])];
+      if (seen == i + 1)
+        throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
+                         std::to_string(f.mlm_positions[k]) + " twice (corrupt file)");
+      seen = i + 1;
+    }
   }
   for (int32_t t : f.tokens)
     if (t < 0 || t >= f.vocab_size) throw InputError(path + ": token id outside the vocabulary");
@@ -203,6 +242,7 @@ SequencesFile read_sequences(const std::string& path) {
 }
 
 uint64_t sequences_checksum(const std::string& path) {
+  io::require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open for reading");
   char h[kSeqHeaderV1];
@@ -235,7 +275,8 @@ void write_packs(const std::string& path, const PacksFile& f) {
 }
 
 PacksFile read_packs(const std::string& path) {
-  std::string buf = io::read_file(path);
+  const io::FileBytes file = io::FileBytes::map(path);
+  const std::string_view buf = file.view();
   const uint32_t version = check_magic(
       buf, path, kPackMagic, [](uint32_t) { return kPackHeader; }, "packs");
   Reader r{buf, 16, path};
@@ -251,9 +292,9 @@ PacksFile read_packs(const std::string& path) {
   algo[15] = '\0';
   f.algo = algo;
   uint64_t checksum = r.get<uint64_t>();
-  if (buf.size() - kPackHeader < (n + 1) * 8 + n_ids * 8)
-    throw InputError(path + ": truncated: " + std::to_string(buf.size()) + " bytes, expected " +
-                     std::to_string(kPackHeader + (n + 1) * 8 + n_ids * 8));
+  check_declared_size(declared_size(kPackHeader, {{(static_cast<unsigned __int128>(n) + 1) * 8, false},
+                                                  {static_cast<unsigned __int128>(n_ids) * 8, false}}),
+                      buf.size(), path);
   if (checksum_of(buf, kPackHeader, version) != checksum)
     throw InputError(path + ": checksum mismatch (corrupted file)");
   f.offsets = r.get_array<uint64_t>(n + 1, "pack offsets");
@@ -267,6 +308,7 @@ PacksFile read_packs(const std::string& path) {
 }
 
 std::string file_kind(const std::string& path) {
+  io::require_text_input(path);  // (a histogram may come down a pipe; binary files never do)
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open for reading");
   char m[8];

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "error.h"
+#include "io/input_file.h"
+#include "io/json_error.h"
 
 namespace packbert::data {
 
@@ -140,6 +142,7 @@ std::vector<std::string> normalized_tokens(const std::string& text) {
 }  // namespace
 
 std::vector<SquadExample> read_squad(const std::string& path) {
+  io::require_text_input(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open for reading");
   json j;
@@ -147,6 +150,8 @@ std::vector<SquadExample> read_squad(const std::string& path) {
     j = json::parse(in);
   } catch (const json::parse_error& e) {
     throw InputError(path + ": not valid JSON (byte " + std::to_string(e.byte) + ")");
+  } catch (const json::exception& e) {  // a number out of range (out_of_range.406)
+    throw InputError(path + ": " + io::json_error_text(e));
   }
   if (!j.is_object()) throw InputError(path + ": expected a JSON object with 'data'");
   std::vector<SquadExample> out;

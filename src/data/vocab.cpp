@@ -4,15 +4,21 @@
 
 #include "error.h"
 #include "io/checksum.h"
+#include "io/input_file.h"
+#include "data/utf8.h"
 
 namespace packbert::data {
 
 Vocab Vocab::load(const std::string& path) {
+  io::require_text_input(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open vocabulary for reading");
   std::vector<std::string> tokens;
   std::string line;
+  size_t offset = 0;  // of the line in the file
   while (std::getline(in, line)) {
+    check_utf8(line, path + ":" + std::to_string(tokens.size() + 1), offset);
+    offset += line.size() + 1;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     tokens.push_back(line);
   }

@@ -15,19 +15,17 @@
 #include "error.h"
 #include "io/fault.h"
 #include "io/memory.h"
+#include "io/input_file.h"
 
 namespace packbert::io {
 
 namespace fs = std::filesystem;
 
 std::string read_file(const std::string& path) {
+  require_regular_file(path);  // (a device or pipe could be endless)
   AllocationScope scope("reading " + path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open for reading");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read failed");
-  return s.str();
+  const FileBytes bytes = FileBytes::map(path);
+  return std::string(bytes.view());
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {

@@ -57,15 +57,23 @@ float half_to_float(uint16_t h) {
 }  // namespace
 
 SafetensorsFile SafetensorsFile::read(const std::string& path) {
-  return parse(read_file(path), path);
+  return parse(FileBytes::map(path), path);
 }
 
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  try {
+    require_regular_file(path);  // (a pipe or device would block or never end)
+  } catch (const InputError&) {
+    return {};
+  }
   std::ifstream in(path, std::ios::binary);
   char first8[8];
   if (!in.read(first8, 8)) return {};
   const uint64_t n = header_length(first8);
-  if (n > (uint64_t{1} << 28)) return {};
+  in.seekg(0, std::ios::end);
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  in.seekg(8);
+  if (n > (uint64_t{1} << 28) || n > size - 8) return {};
   std::string header(n, '\0');
   if (!in.read(header.data(), static_cast<std::streamsize>(n))) return {};
   const nlohmann::json j = nlohmann::json::parse(header, nullptr, false);
@@ -76,7 +84,7 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
   return out;
 }
 
-SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& source) {
+SafetensorsFile SafetensorsFile::parse(FileBytes bytes, const std::string& source) {
   SafetensorsFile f;
   f.source_ = source;
   f.bytes_ = std::move(bytes);
@@ -88,8 +96,7 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& sou
          std::to_string(f.bytes_.size() - 8) + " after the length");
   nlohmann::json header;
   try {
-    header =
-        nlohmann::json::parse(f.bytes_.begin() + 8, f.bytes_.begin() + 8 + static_cast<long>(n));
+    header = nlohmann::json::parse(f.bytes_.data() + 8, f.bytes_.data() + 8 + n);
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("header is not valid JSON (") + e.what() + ")");
   }

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "io/input_file.h"
+
 namespace packbert::io {
 
 // Bytes per element of a safetensors dtype (F32, BF16, I64, ...); 0 for an unknown one.
@@ -25,7 +27,9 @@ class SafetensorsFile {
  public:
   // Throws InputError "<path>: ..." on any malformed content.
   static SafetensorsFile read(const std::string& path);
-  static SafetensorsFile parse(std::string bytes, const std::string& source);
+  // `bytes`: the whole file (mapped by read(), or in memory). Only the header and the tensors
+  // asked for are ever touched.
+  static SafetensorsFile parse(FileBytes bytes, const std::string& source);
 
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   const TensorEntry& entry(const std::string& name) const;  // throws InputError if missing
@@ -42,7 +46,7 @@ class SafetensorsFile {
 
  private:
   std::string source_;
-  std::string bytes_;
+  FileBytes bytes_;
   size_t data_start_ = 0;
   std::map<std::string, TensorEntry> tensors_;
   std::map<std::string, std::string> metadata_;

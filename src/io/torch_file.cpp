@@ -330,7 +330,10 @@ class Unpickler {
     std::vector<int64_t> out;
     for (int k : of(i, Kind::tuple, what).items) {
       const Value& v = value(k);
-      if (v.kind != Kind::integer || v.i < 0) fail(std::string(what) + " holds a non-integer");
+      if (v.kind != Kind::integer) fail(std::string(what) + " holds a non-integer");
+      if (v.i < 0)
+        fail(std::string(what) + " holds " + std::to_string(v.i) +
+             " (negative; torch.save writes sizes and strides of 0 or more)");
       out.push_back(v.i);
     }
     return out;
@@ -422,17 +425,18 @@ std::string contiguous(const Value& t, std::string_view storage, const std::stri
 }  // namespace
 
 std::vector<TorchTensor> read_torch_file(const std::string& path) {
-  return parse_torch_file(read_file(path), path);
+  return parse_torch_file(FileBytes::map(path), path);
 }
 
-std::vector<TorchTensor> parse_torch_file(std::string bytes, const std::string& source) {
+std::vector<TorchTensor> parse_torch_file(FileBytes file, const std::string& source) {
+  const std::string_view bytes = file.view();
   if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80)
     throw InputError(source +
                      ": legacy torch.save format (PyTorch before 1.6); load it and save "
                      "it again with a newer PyTorch");
-  if (bytes.compare(0, 2, "PK") != 0)
+  if (bytes.substr(0, 2) != "PK")
     throw InputError(source + ": not a PyTorch file (torch.save writes a zip archive)");
-  const ZipArchive zip = ZipArchive::parse(std::move(bytes), source);
+  const ZipArchive zip = ZipArchive::parse(std::move(file), source);
   std::string prefix;
   int pickles = 0;
   for (const auto& [name, e] : zip.entries()) {

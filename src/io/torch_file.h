@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "io/input_file.h"
+
 namespace packbert::io {
 
 struct TorchTensor {
@@ -32,6 +34,6 @@ struct TorchTensor {
 // or a dict holding one under "state_dict" or "model" (training-loop checkpoints). Throws
 // InputError "<path>: ..." otherwise.
 std::vector<TorchTensor> read_torch_file(const std::string& path);
-std::vector<TorchTensor> parse_torch_file(std::string bytes, const std::string& source);
+std::vector<TorchTensor> parse_torch_file(FileBytes bytes, const std::string& source);
 
 }  // namespace packbert::io

@@ -31,7 +31,7 @@ const std::array<std::array<uint32_t, 256>, 8>& crc_tables() {
 // Little-endian fields at checked offsets of the archive.
 class Reader {
  public:
-  Reader(const std::string& bytes, const std::string& source) : b_(bytes), source_(source) {}
+  Reader(std::string_view bytes, const std::string& source) : b_(bytes), source_(source) {}
   void need(uint64_t at, uint64_t n, const char* what) const {
     if (at > b_.size() || n > b_.size() - at)
       throw InputError(source_ + ": truncated zip archive (" + what + " at byte " +
@@ -44,7 +44,7 @@ class Reader {
   }
 
  private:
-  const std::string& b_;
+  std::string_view b_;
   const std::string& source_;
 };
 
@@ -71,14 +71,14 @@ uint32_t crc32(std::string_view bytes) {
 }
 
 ZipArchive ZipArchive::read(const std::string& path) {
-  return parse(read_file(path), path);
+  return parse(FileBytes::map(path), path);
 }
 
-ZipArchive ZipArchive::parse(std::string bytes, const std::string& source) {
+ZipArchive ZipArchive::parse(FileBytes bytes, const std::string& source) {
   ZipArchive z;
   z.source_ = source;
   z.bytes_ = std::move(bytes);
-  const std::string& b = z.bytes_;
+  const std::string_view b = z.bytes_.view();
   const Reader r(b, source);
   auto fail = [&](const std::string& what) { throw InputError(source + ": " + what); };
 
@@ -113,7 +113,7 @@ ZipArchive ZipArchive::parse(std::string bytes, const std::string& source) {
                    comment_len = r.le(at + 32, 2);
     e.header = r.le(at + 42, 4);
     r.need(at + 46, name_len + extra_len + comment_len, "central directory entry");
-    std::string name = b.substr(at + 46, name_len);
+    std::string name(b.substr(at + 46, name_len));
     // The zip64 extra field holds, in this order, each 32-bit field that overflowed.
     for (uint64_t x = at + 46 + name_len; x + 4 <= at + 46 + name_len + extra_len;) {
       const uint64_t id = r.le(x, 2), len = r.le(x + 2, 2);
@@ -144,7 +144,7 @@ std::string_view ZipArchive::bytes(const std::string& name) const {
   if (e.method != 0)
     throw InputError(where + ": compressed (zip method " + std::to_string(e.method) +
                      "); torch.save stores entries uncompressed, re-save the file with torch.save");
-  const Reader r(bytes_, source_);
+  const Reader r(bytes_.view(), source_);
   r.need(e.header, 30, "local file header");
   if (r.le(e.header, 4) != kLocalHeader) throw InputError(where + ": bad local file header");
   const uint64_t data = e.header + 30 + r.le(e.header + 26, 2) + r.le(e.header + 28, 2);

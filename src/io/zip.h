@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "io/input_file.h"
+
 namespace packbert::io {
 
 uint32_t crc32(std::string_view bytes);
@@ -17,7 +19,7 @@ uint32_t crc32(std::string_view bytes);
 class ZipArchive {
  public:
   // Throws InputError "<source>: ..." when `bytes` is not a readable zip archive.
-  static ZipArchive parse(std::string bytes, const std::string& source);
+  static ZipArchive parse(FileBytes bytes, const std::string& source);
   static ZipArchive read(const std::string& path);
 
   struct Entry {
@@ -36,7 +38,7 @@ class ZipArchive {
 
  private:
   std::string source_;
-  std::string bytes_;
+  FileBytes bytes_;
   std::map<std::string, Entry> entries_;
 };
 

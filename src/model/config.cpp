@@ -4,6 +4,8 @@
 #include <fstream>
 
 #include "error.h"
+#include "io/input_file.h"
+#include "io/json_error.h"
 
 namespace packbert::model {
 
@@ -79,13 +81,16 @@ BertConfig resolve_shape(const ShapeRequest& r) {
 }
 
 BertConfig config_from_file(const std::string& path) {
+  io::require_text_input(path);
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const std::exception&) {
-    throw InputError(path + ": not valid JSON");
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(path + ": not valid JSON (byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": " + io::json_error_text(e));
   }
   return config_from_json(j, path);
 }
@@ -96,6 +101,11 @@ BertConfig config_from_json(const nlohmann::json& j, const std::string& source) 
   auto get_int = [&](const char* key, int& field) {
     if (!j.contains(key)) return;
     if (!j[key].is_number_integer()) throw InputError(source + ": " + key + " must be an integer");
+    const bool fits = j[key].is_number_unsigned()
+                          ? j[key].get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                          : j[key].get<int64_t>() >= INT32_MIN && j[key].get<int64_t>() <= INT32_MAX;
+    if (!fits)
+      throw InputError(source + ": " + key + " " + j[key].dump() + " does not fit a 32-bit int");
     field = j[key].get<int>();
   };
   auto get_num = [&](const char* key, double& field) {

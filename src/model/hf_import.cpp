@@ -8,7 +8,9 @@
 
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/json_error.h"
 #include "io/torch_file.h"
+#include "io/input_file.h"
 
 namespace packbert::model {
 
@@ -19,12 +21,24 @@ namespace {
 
 // One file's tensors, as torch_file reads them (safetensors files are copied into the same form);
 // `format` says which the file was, by its content.
+// Whether `b` is a safetensors file: its first 8 bytes give a header length that fits the file,
+// and the header is a JSON object. A torch.save zip ("PK") or pickle (0x80) can begin with bytes
+// that also start a valid length, so this is asked first and by content that cannot collide.
+bool is_safetensors(std::string_view b) {
+  if (b.size() < 10) return false;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<uint8_t>(b[i]);
+  if (n < 2 || n > b.size() - 8) return false;
+  const std::string_view header = b.substr(8, n);
+  const size_t first = header.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos || header[first] != '{') return false;
+  return json::accept(header);
+}
+
 std::vector<io::TorchTensor> read_tensors(const std::string& path, std::string& format) {
-  std::string bytes = io::read_file(path);
+  io::FileBytes bytes = io::FileBytes::map(path);
   format = "torch.save";
-  if (bytes.compare(0, 2, "PK") == 0 ||
-      (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80))
-    return io::parse_torch_file(std::move(bytes), path);
+  if (!is_safetensors(bytes.view())) return io::parse_torch_file(std::move(bytes), path);
   format = "safetensors";
   const io::SafetensorsFile f = io::SafetensorsFile::parse(std::move(bytes), path);
   std::vector<io::TorchTensor> out;
@@ -34,6 +48,7 @@ std::vector<io::TorchTensor> read_tensors(const std::string& path, std::string& 
 }
 
 json read_json(const std::string& path) {
+  io::require_text_input(path);
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open");
   json j = json::parse(in, nullptr, false);
@@ -109,6 +124,11 @@ BertConfig infer_config(const io::SafetensorsFile& w) {
 
 }  // namespace
 
+namespace {
+ImportedModel finish_import(ImportedModel m, const std::string& src, const std::string& dir,
+                            const std::string& config_path, bool infer);
+}  // namespace
+
 ImportedModel import_model(const std::string& src, const std::string& config_path, bool infer) {
   ImportedModel m;
   std::string dir = src, weights = src;
@@ -130,6 +150,19 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
     dir = fs::path(src).parent_path().string();
     if (dir.empty()) dir = ".";
   }
+  // A safetensors file whose names need no change is used where it lies, mapped: nothing is
+  // read but its header until a tensor is asked for (by name and checked shape).
+  if (!weights.ends_with(".json") && is_safetensors(io::FileBytes::map(weights).view())) {
+    io::SafetensorsFile f = io::SafetensorsFile::read(weights);
+    bool bare = true, same = true;
+    for (const auto& [name, e] : f.tensors()) bare = bare && !name.starts_with("bert.");
+    for (const auto& [name, e] : f.tensors()) same = same && hf_name(name, bare) == name;
+    if (same) {
+      m.format = "safetensors";
+      m.weights = std::move(f);
+      return finish_import(std::move(m), src, dir, config_path, infer);
+    }
+  }
   std::vector<io::TorchTensor> tensors = weights.ends_with(".json")
                                              ? read_shards(weights, shards, m.format)
                                              : read_tensors(weights, m.format);
@@ -149,7 +182,14 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
   }
   m.weights =
       io::SafetensorsFile::parse(io::serialize_safetensors(out, {{"format", "pt"}}), weights);
+  return finish_import(std::move(m), src, dir, config_path, infer);
+}
 
+namespace {
+
+// The config (beside the weights, given, or inferred) and vocabulary of an imported model.
+ImportedModel finish_import(ImportedModel m, const std::string& src, const std::string& dir,
+                            const std::string& config_path, bool infer) {
   const std::string beside = (fs::path(dir) / "config.json").string();
   m.config_from = !config_path.empty() ? config_path : fs::exists(beside) ? beside : "";
   if (m.config_from.empty()) {
@@ -160,14 +200,21 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
     m.config_from = "inferred from the tensor shapes";
   } else {
     m.config_json = io::read_file(m.config_from);
-    json j = json::parse(m.config_json, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) throw InputError(m.config_from + ": not a JSON object");
+    json j;
+    try {
+      j = json::parse(m.config_json);
+    } catch (const json::exception& e) {
+      throw InputError(m.config_from + ": not valid JSON: " + io::json_error_text(e));
+    }
+    if (!j.is_object()) throw InputError(m.config_from + ": not a JSON object");
     m.config = config_from_json(j, m.config_from);
   }
   const std::string vocab = (fs::path(dir) / "vocab.txt").string();
   if (fs::exists(vocab)) m.vocab = vocab;
   return m;
 }
+
+}  // namespace
 
 Heads heads_present(const io::SafetensorsFile& w) {
   Heads h;

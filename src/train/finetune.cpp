@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -13,6 +14,7 @@
 #include "dist/comm.h"
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/paths.h"
 #include "io/safetensors.h"
 #include "pack/assign.h"
 #include "pack/plan.h"
@@ -20,6 +22,7 @@
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
+#include "io/input_file.h"
 
 namespace packbert::train {
 
@@ -198,6 +201,11 @@ std::vector<std::string> squad_answers(model::BertModel<float>& m,
 }
 
 // {question id: answer} as the official evaluation script reads it, written atomically.
+void warn_non_finite(const model::BertModel<float>& m, const std::string& path) {
+  if (const std::string bad = non_finite_weights(m); !bad.empty())
+    std::cerr << "eval: warning: " << path << ": " << bad << "; its metrics will be NaN\n";
+}
+
 void write_predictions(const std::string& path, const std::vector<data::SquadExample>& examples,
                        const std::vector<std::string>& predictions) {
   nlohmann::json pj = nlohmann::json::object();
@@ -323,6 +331,9 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   std::ofstream log;
   dist::fail_together(comm, [&] {
     if (!comm.root()) return;
+    io::refuse_directory_over_inputs(
+        {o.out_dir, "--out"},
+        {{o.train, "--train"}, {o.dev, "--dev"}, {o.init, "--init"}, {o.vocab, "--vocab"}});
     out.emplace(o.out_dir, "--out", o.overwrite);
     staged.out_dir = out->path();
     log.open(staged.out_dir + "/metrics.jsonl");
@@ -340,6 +351,8 @@ FinetuneResult finetune(const FinetuneOptions& o) {
 TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
   if (o.rows_per_batch < 1) throw OptionError("rows_per_batch", "must be at least 1");
+  io::refuse_outputs_over_inputs({{o.predictions, "--predictions"}},
+                                 {{o.model, "--model"}, {o.data, "--data"}, {o.vocab, "--vocab"}});
   data::Vocab vocab = data::Vocab::load(o.vocab);
   data::Tokenizer tok(vocab, true);
   TaskEvalResult r;
@@ -351,6 +364,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     data::SquadFeatures f = data::squad_features(ex, tok, so, false);
     heads.span = true;
     auto m = load_model(o.model, heads);
+    warn_non_finite(*m, o.model);
     check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
     std::vector<std::string> pred = squad_answers(*m, ex, f.features, rows, o.rows_per_batch,
@@ -366,6 +380,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
                                        ? o.model
                                        : std::filesystem::path(o.model).parent_path().string()) +
                                   "/labels.json";
+  io::require_text_input(labels_path);
   std::ifstream lf(labels_path);
   if (!lf) throw InputError(labels_path + ": cannot open (needed to map label names to ids)");
   nlohmann::json lj = nlohmann::json::parse(lf, nullptr, false);
@@ -381,6 +396,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
       data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false);
   heads.classifier = true;
   auto m = load_model(o.model, heads);
+  warn_non_finite(*m, o.model);
   if (m->config().num_labels != static_cast<int>(labels.size()))
     throw InputError(labels_path + ": " + std::to_string(labels.size()) +
                      " labels, the model's classifier has " +

@@ -1,8 +1,11 @@
 #include "train/trainer.h"
 
 #include <omp.h>
+#include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +17,7 @@
 #include "io/atomic_file.h"
 #include "io/fault.h"
 #include "io/memory.h"
+#include "io/paths.h"
 #include "io/safetensors.h"
 #include "model/hf_import.h"
 #include "model/weights.h"
@@ -26,6 +30,12 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+std::string fixed_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
 
 model::BertConfig config_of(const io::SafetensorsFile& f) {
   auto it = f.metadata().find("config");
@@ -123,8 +133,32 @@ void write_model_files(const model::BertModel<float>& m, const std::string& dir,
   if (!vocab_path.empty()) io::write_file_atomic(dir + "/vocab.txt", io::read_file(vocab_path));
 }
 
+std::string non_finite_weights(const model::BertModel<float>& m) {
+  std::vector<float> widened;
+  const float* w = m.weights_fp32(widened);
+  size_t bad = 0;
+  std::string first;
+  for (const model::TensorSpec& t : m.layout().tensors()) {
+    size_t here = 0;
+    for (size_t i = 0; i < t.numel; ++i) here += !std::isfinite(w[t.offset + i]);
+    if (here && first.empty()) first = t.name;
+    bad += here;
+  }
+  return bad ? std::to_string(bad) + " weights are not finite (the first in " + first + ")" : "";
+}
+
 void export_model(const model::BertModel<float>& m, const std::string& dir,
                   const std::string& vocab_path, bool overwrite, model::Precision dtype) {
+  const std::string bad = non_finite_weights(m);
+  if (!bad.empty())
+    throw InputError(dir + ": not written: " + bad + "; a model that computes NaN is not exported");
+  if (!vocab_path.empty()) {
+    const data::Vocab v = data::Vocab::load(vocab_path);
+    if (static_cast<int>(v.size()) != m.config().vocab_size)
+      throw InputError(vocab_path + ": " + std::to_string(v.size()) +
+                       " tokens, but the model's vocab_size is " +
+                       std::to_string(m.config().vocab_size));
+  }
   io::StagedDirectory out(dir, "--out", overwrite);
   write_model_files(m, out.path(), vocab_path, {}, dtype);
   out.publish();
@@ -154,6 +188,73 @@ void truncate_metrics(const std::string& path, int64_t step) {
 
 std::string Trainer::checkpoint_path() const {
   return opt_.out_dir + "/checkpoint.safetensors";
+}
+
+std::string Trainer::earlier_checkpoint_path(int64_t step) const {
+  return opt_.out_dir + "/checkpoint-" + std::to_string(step) + ".safetensors";
+}
+
+std::string Trainer::best_path() const { return opt_.out_dir + "/best.safetensors"; }
+
+bool DivergenceGuard::train_diverged(double loss, double factor) {
+  if (!std::isfinite(loss)) return false;  // (non-finite losses are --nan-abort's)
+  train_ema = train_steps ? 0.9 * train_ema + 0.1 * loss : loss;
+  ++train_steps;
+  if (train_steps == 1 || train_ema < lowest_train_ema) lowest_train_ema = train_ema;
+  return factor > 0 && train_steps > kWarmup && train_ema > factor * lowest_train_ema;
+}
+
+namespace {
+
+// The name of a file pretrain writes into its run directory (an input must not be one).
+bool is_run_output(const std::string& name) {
+  if (name == "checkpoint.safetensors" || name == "best.safetensors" || name == "metrics.jsonl")
+    return true;
+  return name.starts_with("checkpoint-") && name.ends_with(".safetensors");
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, std::string>> Trainer::earlier_checkpoints() const {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(opt_.out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("checkpoint-") || !name.ends_with(".safetensors")) continue;
+    const std::string digits = name.substr(11, name.size() - 11 - 12);
+    if (digits.empty() || digits.size() > 18 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    out.push_back({std::stoll(digits), e.path().string()});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void Trainer::clear_earlier_run() {
+  if (earlier_run_cleared_) return;
+  earlier_run_cleared_ = true;
+  for (const auto& [step, path] : earlier_checkpoints()) fs::remove(path);
+  fs::remove(best_path());
+}
+
+// Refuses to start a run whose checkpoints cannot be written: the file system must hold one
+// more checkpoint (the temporary file of a write); warns when the kept ones may not fit.
+void Trainer::check_disk_space() const {
+  struct statvfs vfs{};
+  if (::statvfs(opt_.out_dir.c_str(), &vfs) != 0) return;
+  const double free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  // Weights and two moments in fp32, plus the header and patterns (a few per cent).
+  const double one = 3.0 * 4.0 * static_cast<double>(model_->layout().total()) * 1.05;
+  auto gib = [](double b) { return fixed_text(b / (1 << 30)) + " GiB"; };
+  if (free_bytes < one)
+    throw InputError(opt_.out_dir + ": " + gib(free_bytes) + " free, but one checkpoint of this " +
+                     "model needs " + gib(one) + "; free space or choose another --out");
+  const double kept = one * (opt_.keep_checkpoints + 1) + one / 3;  // (+ best.safetensors)
+  if (free_bytes < kept)
+    std::cerr << "pretrain: warning: " << opt_.out_dir << " has " << gib(free_bytes)
+              << " free; the " << opt_.keep_checkpoints << " kept checkpoints and best.safetensors "
+              << "need up to " << gib(kept) << "\n";
 }
 
 Trainer::Trainer(const PretrainOptions& options, bool resume)
@@ -240,10 +341,24 @@ void Trainer::setup(bool resume) {
   std::optional<model::BertConfig> new_shape;
   if (!resume && opt_.init.empty()) new_shape = model::resolve_shape(opt_.shape);
   if (opt_.out_dir.empty()) throw OptionError("out_dir", "is required");
-  if (comm_.root()) {  // rank 0 alone writes into out_dir
-    io::make_output_dir(opt_.out_dir, "--out");
-    io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl"});
-  }
+  if (opt_.keep_checkpoints < 1) throw OptionError("keep_checkpoints", "must be at least 1");
+  if (!(opt_.divergence_factor == 0 || opt_.divergence_factor > 1))
+    throw OptionError("divergence_factor", "must be above 1 (or 0 = off)");
+  if (resume && opt_.overwrite)
+    throw OptionError("overwrite", "starts the run over, and `resume` continues it: drop one");
+  if (fs::exists(opt_.out_dir) && !fs::is_directory(opt_.out_dir))
+    throw OptionError("out_dir", opt_.out_dir + ": exists and is not a directory");
+  // No input may be a file this run writes (or rotates away) in out_dir.
+  for (const auto& [path, field] : {std::pair{opt_.sequences, "sequences"},
+                                    {opt_.packs, "packs"},
+                                    {opt_.vocab, "vocab"},
+                                    {opt_.init, "init"}})
+    if (!path.empty() && fs::exists(path) &&
+        io::same_file(fs::absolute(path).parent_path().string(), opt_.out_dir) &&
+        is_run_output(fs::path(path).filename().string()))
+      throw OptionError(field, path + " is a file this run writes in `out_dir` (" + opt_.out_dir +
+                                   "); an output never replaces an input: copy it elsewhere "
+                                   "first");
   const std::string metrics = opt_.out_dir + "/metrics.jsonl";
   if (!resume && fs::exists(checkpoint_path())) {
     if (!opt_.overwrite)
@@ -276,6 +391,7 @@ void Trainer::setup(bool resume) {
       throw InputError(checkpoint_path() +
                        ": not a packbert training checkpoint (no 'packbert' metadata)");
     }
+    check_resume_options(state);
     if (state.value("sequences_checksum", uint64_t{0}) != seqs_checksum_)
       throw InputError(checkpoint_path() + ": was trained on another sequences file than " +
                        opt_.sequences);
@@ -310,11 +426,30 @@ void Trainer::setup(bool resume) {
     if (!(was == opt_.sparse.sparsity))
       throw InputError(checkpoint_path() + ": was trained with " + sparsity_text(was) +
                        "; resume needs the same, not " + sparsity_text(opt_.sparse.sparsity));
+    const int64_t at = state.value("step", int64_t{0});
+    if (opt_.max_steps <= at)
+      throw InputError(checkpoint_path() + ": is already at step " + std::to_string(at) +
+                       ", and --steps " + std::to_string(opt_.max_steps) +
+                       " is not past it: nothing to train (give --steps above " +
+                       std::to_string(at) + " to train on)");
     // How the run's sparse weights started is the checkpoint's to say, not this invocation's.
     if (was.on())
       opt_.sparse.init = model::parse_sparse_init(
           state["sparsity"].value("init", std::string("dense")), checkpoint_path() + ": init");
-    model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads, was);
+    const model::BertConfig trained = config_of(*ckpt);
+    if (opt_.preset_given) {
+      const model::BertConfig asked = model::resolve_shape(opt_.shape);
+      if (asked.num_hidden_layers != trained.num_hidden_layers ||
+          asked.hidden_size != trained.hidden_size ||
+          asked.intermediate_size != trained.intermediate_size ||
+          asked.num_attention_heads != trained.num_attention_heads)
+        throw InputError(checkpoint_path() + ": holds a model of " +
+                         std::to_string(trained.num_hidden_layers) + " layers, hidden " +
+                         std::to_string(trained.hidden_size) + ", not --preset " +
+                         opt_.shape.preset + "'s; resume continues the checkpoint's model: drop " +
+                         "--preset");
+    }
+    model_ = std::make_unique<model::BertModel<float>>(trained, heads, was);
     model::load_model_weights(*model_, *ckpt);
     train_flops_ = state.value("train_flops", 0.0);
   } else if (!opt_.init.empty()) {
@@ -447,6 +582,14 @@ void Trainer::setup(bool resume) {
     cursor_ = {state.at("cursor_epoch").get<uint64_t>(), state.at("cursor_row").get<uint64_t>()};
     elapsed_ = state.value("elapsed", 0.0);
     saved_step_ = step_;
+    if (state.contains("divergence")) {
+      const json& d = state["divergence"];
+      divergence_.train_ema = d.at("train_ema").get<double>();
+      divergence_.lowest_train_ema = d.at("lowest_train_ema").get<double>();
+      divergence_.train_steps = d.at("train_steps").get<int64_t>();
+      divergence_.best_eval = d.at("best_eval").get<double>();
+      divergence_.best_eval_step = d.at("best_eval_step").get<int64_t>();
+    }
     if (state.contains("recent_grad_norms")) {
       GradNormGuard& guard = stepper_->guard();
       guard.recent = state.at("recent_grad_norms").get<std::vector<double>>();
@@ -465,6 +608,33 @@ void Trainer::setup(bool resume) {
   }
   loader_ = std::make_unique<BatchLoader>(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
                                           vocab_ ? &*vocab_ : nullptr, train_rows_, cursor_);
+  // Every input has been checked: only now is out_dir made (a bad input leaves nothing behind).
+  if (comm_.root()) {  // rank 0 alone writes into out_dir
+    io::make_output_dir(opt_.out_dir, "--out");
+    io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl",
+                                                "best.safetensors"});
+    check_disk_space();
+  }
+  earlier_run_cleared_ = resume;
+}
+
+void Trainer::check_resume_options(const json& state) {
+  const std::string where = checkpoint_path() + ": ";
+  const std::string was = state.value("optimizer", std::string());
+  const std::string now = optimizer_name(opt_.loop.optimizer.kind);
+  if (!was.empty() && was != now)
+    throw InputError(where + "was trained with --optimizer " + was + "; resume needs the same, " +
+                     "not " + now);
+  if (state.contains("seed") && state["seed"].is_number_unsigned() &&
+      state["seed"].get<uint64_t>() != opt_.loop.seed)
+    throw InputError(where + "was trained with --seed " + state["seed"].dump() +
+                     "; resume needs the same (bit-exact resume), not " +
+                     std::to_string(opt_.loop.seed));
+  const std::string init = state.value("init", std::string());
+  if (!opt_.init.empty() && (init.empty() || !(init == opt_.init || io::same_file(init, opt_.init))))
+    throw InputError(where + "its run started from " + (init.empty() ? "no --init" : init) +
+                     "; --resume continues it, so --init " + opt_.init +
+                     " would be ignored: drop --init");
 }
 
 Trainer::~Trainer() = default;
@@ -519,7 +689,14 @@ void Trainer::save_checkpoint() {
                 {"loss_scale", stepper_->scaler().scale},
                 {"loss_scale_clean", stepper_->scaler().clean},
                 {"loss_scale_overflows", stepper_->scaler().overflows},
-                {"train_flops", train_flops_}};
+                {"train_flops", train_flops_},
+                {"divergence",
+                 {{"train_ema", divergence_.train_ema},
+                  {"lowest_train_ema", divergence_.lowest_train_ema},
+                  {"train_steps", divergence_.train_steps},
+                  {"best_eval", divergence_.best_eval},
+                  {"best_eval_step", divergence_.best_eval_step}}}};
+  if (!opt_.init.empty()) state["init"] = opt_.init;
   if (opt_.sparse.sparsity.on())
     state["sparsity"] = {{"block", opt_.sparse.sparsity.block},
                          {"sparsity", opt_.sparse.sparsity.sparsity},
@@ -527,10 +704,53 @@ void Trainer::save_checkpoint() {
                          {"updates", opt_.sparse.updates_or_default()},
                          {"regrow", regrow_name(opt_.sparse.regrow)},
                          {"init", model::sparse_init_name(opt_.sparse.init)}};
+  clear_earlier_run();
+  // The checkpoint on disk becomes checkpoint-<its step>.safetensors (a second name for the same
+  // file, so it is never absent), then the new one replaces checkpoint.safetensors atomically.
+  if (opt_.keep_checkpoints > 1 && saved_step_ >= 0 && saved_step_ != step_ &&
+      fs::exists(checkpoint_path())) {
+    const std::string earlier = earlier_checkpoint_path(saved_step_);
+    std::error_code ec;
+    fs::remove(earlier, ec);
+    fs::create_hard_link(checkpoint_path(), earlier, ec);
+    if (ec) fs::copy_file(checkpoint_path(), earlier, ec);  // (a file system without links)
+    if (ec) throw InputError(earlier + ": cannot keep the earlier checkpoint: " + ec.message());
+  }
   io::write_safetensors(
       checkpoint_path(), tensors,
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
   saved_step_ = step_;
+  std::vector<std::pair<int64_t, std::string>> earlier = earlier_checkpoints();
+  while (earlier.size() > static_cast<size_t>(opt_.keep_checkpoints - 1) ||
+         (!earlier.empty() && earlier.back().first >= step_)) {  // (steps past this one: stale)
+    const size_t drop = earlier.back().first >= step_ ? earlier.size() - 1 : 0;
+    fs::remove(earlier[drop].second);
+    earlier.erase(earlier.begin() + static_cast<long>(drop));
+  }
+  kept_.clear();
+  for (const auto& [s, path] : earlier) kept_.push_back(fs::path(path).filename().string());
+}
+
+void Trainer::save_best(const EvalMetrics& e) {
+  const model::ParamLayout& L = model_->layout();
+  std::vector<float> widened;
+  const float* w = model_->weights_fp32(widened);
+  if (!comm_.root() || !all_finite(w, L.total())) return;
+  clear_earlier_run();
+  std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w);
+  const model::OwnedTensors patterns = model::pattern_tensors(*model_);
+  tensors.insert(tensors.end(), patterns.tensors.begin(), patterns.tensors.end());
+  json state = {{"format", "packbert.best"},
+                {"step", e.step},
+                {"mlm_loss", e.mlm_loss},
+                {"mlm_acc", e.mlm_acc},
+                {"sequences_checksum", seqs_checksum_}};
+  if (opt_.sparse.sparsity.on())
+    state["sparsity"] = {{"block", opt_.sparse.sparsity.block},
+                         {"sparsity", opt_.sparse.sparsity.sparsity}};
+  io::write_safetensors(
+      best_path(), tensors,
+      {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
 }
 
 EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
@@ -579,7 +799,23 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
   new_log_ = false;
   const double flops_per_token = nonembedding_flops_per_token(model_->layout());
   int64_t evaluated_at = -1;
+  bool resave = false;  // an evaluation after this step's checkpoint changed what it records
   bool reached = false;  // an evaluation met opt_.target_accuracy (rank 0's verdict)
+  auto kept_text = [&] {
+    std::string s = saved_step_ >= 0 ? "checkpoint.safetensors (step " +
+                                           std::to_string(saved_step_) + ")"
+                                     : std::string("no checkpoint yet");
+    for (const auto& [step, path] : earlier_checkpoints())
+      s += ", " + fs::path(path).filename().string();
+    if (divergence_.best_eval_step >= 0)
+      s += ", best.safetensors (step " + std::to_string(divergence_.best_eval_step) + ")";
+    return s;
+  };
+  auto diverged = [&](const std::string& what) {
+    throw InputError("step " + std::to_string(step_) + ": the run diverged: " + what +
+                     " (--divergence-factor " + fixed_text(opt_.divergence_factor) +
+                     "); no checkpoint written; kept in " + opt_.out_dir + ": " + kept_text());
+  };
   auto do_eval = [&] {
     evaluated_at = step_;
     const double e0 = now_seconds();
@@ -587,6 +823,10 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     e.elapsed = elapsed_;
     e.eval_seconds = now_seconds() - e0;
     if (eval_rows_.row_end == 0) return;
+    const bool diverging = divergence_.eval_diverged(e.mlm_loss, opt_.divergence_factor);
+    const bool best = !diverging && std::isfinite(e.mlm_loss) &&
+                      (divergence_.best_eval_step < 0 || e.mlm_loss < divergence_.best_eval);
+    if (best) save_best(e);
     if (root) {
       log << json{{"type", "eval"},
                   {"step", e.step},
@@ -599,7 +839,24 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                   {"eval_seconds", e.eval_seconds}}
                  .dump()
           << std::endl;
+      if (best)
+        log << json{{"type", "best"},
+                    {"step", e.step},
+                    {"file", "best.safetensors"},
+                    {"mlm_loss", e.mlm_loss},
+                    {"elapsed", e.elapsed}}
+                   .dump()
+            << std::endl;
       if (on_eval) on_eval(e);
+    }
+    if (diverging)
+      diverged("held-out MLM loss " + fixed_text(e.mlm_loss) + " is above " +
+               fixed_text(opt_.divergence_factor) + " x its best, " +
+               fixed_text(divergence_.best_eval) + " at step " +
+               std::to_string(divergence_.best_eval_step));
+    if (best) {
+      divergence_.best_eval = e.mlm_loss, divergence_.best_eval_step = step_;
+      resave |= saved_step_ == step_;  // (the checkpoint of this step must record it)
     }
     double hit = root && opt_.target_accuracy > 0 && e.mlm_acc >= opt_.target_accuracy;
     comm_.allreduce_max(&hit, 1);
@@ -610,6 +867,17 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                ? "no checkpoint written; the one of step " + std::to_string(saved_step_) + " in " +
                      checkpoint_path() + " is unchanged"
                : std::string("no checkpoint written");
+  };
+  auto checkpoint_now = [&] {
+    save_checkpoint();
+    if (!root) return;
+    log << json{{"type", "checkpoint"},
+                {"step", step_},
+                {"file", "checkpoint.safetensors"},
+                {"earlier", kept_},
+                {"elapsed", elapsed_}}
+               .dump()
+        << std::endl;
   };
   // A stop request (a signal to any rank) or the time limit (any rank's clock) stops every rank
   // after the same step.
@@ -692,8 +960,14 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
       if (on_step) on_step(s);
     }
     io::crash_point("step");
+    if (!s.skipped && divergence_.train_diverged(s.loss, opt_.divergence_factor))
+      diverged("the training loss's moving average " + fixed_text(divergence_.train_ema) +
+               " is above " + fixed_text(opt_.divergence_factor) + " x its lowest, " +
+               fixed_text(divergence_.lowest_train_ema));
     if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) do_eval();
-    if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0) save_checkpoint();
+    // (the last step's checkpoint is written after its evaluation, below)
+    if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0 && step_ < opt_.max_steps)
+      checkpoint_now();
     if (reached) {
       reason = StopReason::target_reached;
       break;
@@ -708,7 +982,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
   }
   if (evaluated_at != step_) do_eval();  // a stop right after an evaluation needs no second one
   if (reached && reason == StopReason::finished) reason = StopReason::target_reached;  // at the end
-  if (saved_step_ != step_) save_checkpoint();
+  if (saved_step_ != step_ || resave) checkpoint_now();
   return reason;
 }
 

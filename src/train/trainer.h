@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 
@@ -36,6 +37,12 @@ struct PretrainOptions {
   std::string packing_adjust = "none";  // none | ga | beta (Graphcore)
   int64_t max_steps = 100;
   int64_t checkpoint_every = 0;  // 0 = only at the end (and on stop)
+  // Checkpoints kept in out_dir: checkpoint.safetensors (the latest) and the keep_checkpoints - 1
+  // before it as checkpoint-<step>.safetensors; older ones are removed.
+  int keep_checkpoints = 2;
+  // Stop (exit 2, nothing written) when the held-out MLM loss rises above this multiple of its
+  // best so far, or the training loss's moving average above this multiple of its lowest; 0 = off.
+  double divergence_factor = 4;
   int64_t eval_every = 0;        // 0 = only at the end
   // Sequences held out for evaluation when the sequences file records no held-out split of its
   // own (prepare --eval-fraction splits by document, which is what to use): the file's last
@@ -50,6 +57,22 @@ struct PretrainOptions {
   // With packs: the packs' sequences one per row (padded), the same sequences per step and in the
   // same order as packed training with the same seed: the padded side of a paired comparison.
   bool one_per_row = false;
+  // Set by the CLI: whether --preset was given (resume refuses one that is not the checkpoint's).
+  bool preset_given = false;
+};
+
+// The divergence guard's state (PretrainOptions::divergence_factor), carried in checkpoints.
+struct DivergenceGuard {
+  static constexpr int kWarmup = 10;  // training steps averaged before the guard acts on them
+  double train_ema = 0, lowest_train_ema = 0;
+  int64_t train_steps = 0;  // steps averaged so far
+  double best_eval = 0;     // lowest held-out MLM loss so far
+  int64_t best_eval_step = -1;
+  // The EMA (weight 0.1) of the training loss, and whether it is above factor x its lowest.
+  bool train_diverged(double loss, double factor);
+  bool eval_diverged(double mlm_loss, double factor) const {
+    return factor > 0 && best_eval_step >= 0 && mlm_loss > factor * best_eval;
+  }
 };
 
 struct StepMetrics {
@@ -117,6 +140,10 @@ class Trainer {
   const Optimizer& optimizer() const { return stepper_->optimizer(); }
   const model::BertConfig& config() const { return model_->config(); }
   std::string checkpoint_path() const;
+  // checkpoint-<step>.safetensors: an earlier checkpoint kept beside the latest.
+  std::string earlier_checkpoint_path(int64_t step) const;
+  // best.safetensors: the weights of the evaluation with the lowest held-out MLM loss.
+  std::string best_path() const;
   int64_t saved_step() const { return saved_step_; }  // step of the checkpoint on disk; -1: none
   int64_t outlier_skips() const { return stepper_->outlier_skips(); }
   // Steps skipped because a gradient overflowed under --loss-scale dynamic, and the scale now.
@@ -127,6 +154,14 @@ class Trainer {
 
  private:
   void setup(bool resume);
+  void check_resume_options(const nlohmann::json& state);
+  // The earlier checkpoints in out_dir by step, oldest first.
+  std::vector<std::pair<int64_t, std::string>> earlier_checkpoints() const;
+  void save_best(const EvalMetrics& e);
+  // Before a new run's first write: removes an earlier run's checkpoint-*.safetensors and
+  // best.safetensors (--overwrite starts over).
+  void clear_earlier_run();
+  void check_disk_space() const;
 
   PretrainOptions opt_;
   dist::Comm& comm_;
@@ -147,7 +182,10 @@ class Trainer {
   double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included
   int64_t saved_step_ = -1;
   bool new_log_ = false;    // run() replaces metrics.jsonl (a new run) instead of appending
-  double train_flops_ = 0;  // the encoder's linear-layer training FLOPs so far (resumes too)
+  double train_flops_ = 0;
+  DivergenceGuard divergence_;
+  std::vector<std::string> kept_;  // the earlier checkpoints' file names after the last save
+  bool earlier_run_cleared_ = false;  // clear_earlier_run() done (or a resume: nothing to clear)  // the encoder's linear-layer training FLOPs so far (resumes too)
 };
 
 // Loads a model from a packbert checkpoint file or a Hugging Face model in any form
@@ -174,12 +212,16 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
 // BertForQuestionAnswering (qa_outputs.*), else BertForPreTraining. The weights are stored as
 // `dtype`: fp32 (F32), or bf16 (BF16, rounded to nearest; half the bytes) with config.json's
 // torch_dtype saying which.
+// "" when every weight of `m` is finite; else how many are not and the first tensor holding one.
+std::string non_finite_weights(const model::BertModel<float>& m);
+
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,
                        const std::string& vocab_path,
                        const std::vector<std::string>& label_names = {},
                        model::Precision dtype = model::Precision::fp32);
 // The same as a whole: `dir` appears complete or not at all; an earlier model directory there
-// is replaced only with `overwrite` (io::StagedDirectory).
+// is replaced only with `overwrite` (io::StagedDirectory). Refused (InputError, nothing
+// written) when a weight is not finite or vocab_path's size is not the model's vocab_size.
 void export_model(const model::BertModel<float>& m, const std::string& dir,
                   const std::string& vocab_path, bool overwrite = false,
                   model::Precision dtype = model::Precision::fp32);
