@@ -22,23 +22,38 @@ namespace {
 // One file's tensors, as torch_file reads them (safetensors files are copied into the same form);
 // `format` says which the file was, by its content.
 // Whether `b` is a safetensors file: its first 8 bytes give a header length that fits the file,
-// and the header is a JSON object. A torch.save zip ("PK") or pickle (0x80) can begin with bytes
-// that also start a valid length, so this is asked first and by content that cannot collide.
-bool is_safetensors(std::string_view b) {
-  if (b.size() < 10) return false;
+// and the header starts as JSON does. A torch.save zip ("PK") or pickle (0x80) can begin with
+// bytes that also start a valid length (about 1 file in 32), so this is asked first, by content
+// the other formats cannot have; `why_not` says what failed.
+bool is_safetensors(std::string_view b, std::string* why_not = nullptr) {
+  auto no = [&](const std::string& why) {
+    if (why_not) *why_not = why;
+    return false;
+  };
+  if (b.size() < 10) return no("shorter than a safetensors header");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<uint8_t>(b[i]);
-  if (n < 2 || n > b.size() - 8) return false;
+  if (n > b.size() - 8)
+    return no("its first 8 bytes, read as a safetensors header length, say " + std::to_string(n) +
+              " bytes; the file has " + std::to_string(b.size()));
   const std::string_view header = b.substr(8, n);
   const size_t first = header.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos || header[first] != '{') return false;
-  return json::accept(header);
+  if (first == std::string_view::npos || (header[first] != '{' && header[first] != '['))
+    return no("no JSON header after its first 8 bytes");
+  return true;
 }
 
 std::vector<io::TorchTensor> read_tensors(const std::string& path, std::string& format) {
   io::FileBytes bytes = io::FileBytes::map(path);
   format = "torch.save";
-  if (!is_safetensors(bytes.view())) return io::parse_torch_file(std::move(bytes), path);
+  std::string why_not;
+  if (!is_safetensors(bytes.view(), &why_not)) {
+    const std::string_view b = bytes.view();
+    if (b.starts_with("PK") || (!b.empty() && static_cast<uint8_t>(b[0]) == 0x80))
+      return io::parse_torch_file(std::move(bytes), path);
+    throw InputError(path + ": not a model file: not safetensors (" + why_not +
+                     "), nor a PyTorch zip archive or pickle");
+  }
   format = "safetensors";
   const io::SafetensorsFile f = io::SafetensorsFile::parse(std::move(bytes), path);
   std::vector<io::TorchTensor> out;

@@ -68,10 +68,17 @@ Histogram parse_histogram(const std::string& text, const std::string& source, in
 Histogram read_histogram(const std::string& path, int max_len) {
   std::ifstream file(path, std::ios::binary);
   if (!file) throw InputError(path + ": cannot open for reading");
-  std::ostringstream text;
-  text << file.rdbuf();
+  // A histogram is a few lines per length: a file past 64 MiB (or an endless one) is not one.
+  constexpr size_t kMost = size_t{64} << 20;
+  std::string text;
+  char chunk[1 << 16];
+  while (text.size() <= kMost && file.read(chunk, sizeof chunk))
+    text.append(chunk, static_cast<size_t>(file.gcount()));
   if (file.bad()) throw InputError(path + ": read failed");
-  return parse_histogram(text.str(), path, max_len);
+  text.append(chunk, static_cast<size_t>(file.gcount()));
+  if (text.size() > kMost)
+    throw InputError(path + ": longer than 64 MiB, so not a length histogram (nor a sequences file)");
+  return parse_histogram(text, path, max_len);
 }
 
 Histogram histogram_of(const std::vector<int>& lengths, int max_len) {
