@@ -627,7 +627,7 @@ TEST(ModelConfig, ShapeRequestOverridesAPresetOrAConfigFile) {
   EXPECT_EQ(error_of(shape("")), "give a model shape: --preset or --config");
   EXPECT_EQ(error_of(shape("huge")),
             "unknown model preset 'huge', expected tiny|mini|small|medium|base|large");
-  EXPECT_EQ(error_of(shape(path)), path + ": cannot open");
+  EXPECT_EQ(error_of(shape(path)), path + ": cannot open: No such file or directory");
 }
 
 TEST(Safetensors, RoundTripThroughModelWeights) {

@@ -415,6 +415,19 @@ TEST_F(Reliability, SmallMemoryLimitsGiveOneLineErrors) {
   EXPECT_NE(big.err.find("out of memory: could not allocate"), std::string::npos) << big.err;
   EXPECT_NE(big.err.find(" for "), std::string::npos) << big.err;
   EXPECT_EQ(std::count(big.err.begin(), big.err.end(), '\n'), 1) << big.err;
+  // A tiny run under ever smaller limits: an error of packbert's names what ran out, with its
+  // size when it is memory, never "an allocation failed" or an internal error. (Below some
+  // limit libgomp or oneDNN fail inside themselves: exit 1 or a crash, docs/RELIABILITY.md.)
+  for (int kb = 400000; kb >= 100000; kb -= 25000) {
+    Result r = run(train_args("tiny" + std::to_string(kb), "--steps 2"),
+                   "ulimit -v " + std::to_string(kb) + "; timeout 60");
+    std::cout << "ulimit -v " << kb << ": exit " << r.code << "\n";
+    if (r.code != 2) continue;
+    EXPECT_EQ(r.err.find("an allocation failed"), std::string::npos) << kb << ": " << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << kb << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1 + (r.err.find("pretrain: ") == 0))
+        << kb << ": " << r.err;
+  }
 }
 
 // 7 + kill -9 during a step: resume cuts metrics.jsonl back to the checkpoint and continues

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 #include <new>
+#include <system_error>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -80,6 +81,11 @@ int run_command(int argc, char** argv) {
   } catch (const std::filesystem::filesystem_error& e) {
     // Paths the user named that cannot be created, read or written.
     std::cerr << "packbert: error: " << e.path1().string() << ": " << e.code().message() << '\n';
+    return 2;
+  } catch (const std::system_error& e) {
+    // A thread or other resource the system would not give (ulimit -v, -u): not a bug here.
+    std::cerr << "packbert: error: the system refused a resource: " << e.what()
+              << " (raise the process's memory or thread limit)\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "packbert: internal error: " << e.what() << '\n';

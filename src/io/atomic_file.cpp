@@ -29,6 +29,10 @@ std::string read_file(const std::string& path) {
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {
+  write_file_atomic(path, std::vector<std::string_view>{data});
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   auto fail = [&](const char* what) {
     std::string msg = path + ": " + what + ": " + std::strerror(errno);
@@ -40,19 +44,25 @@ void write_file_atomic(const std::string& path, std::string_view data) {
     std::string msg = path + ": cannot create: " + std::strerror(errno);
     throw InputError(msg);
   }
-  size_t done = 0;
+  size_t total = 0, written = 0;  // over all pieces
+  for (std::string_view p : pieces) total += p.size();
   bool halfway = false;
-  while (done < data.size()) {
-    if (!halfway && done >= data.size() / 2) crash_point("write"), halfway = true;
-    // Halves, so the crash point above sits between two writes of a real file.
-    const size_t chunk = halfway ? data.size() - done : data.size() / 2 - done;
-    ssize_t n = ::write(fd, data.data() + done, std::max<size_t>(chunk, 1));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      fail("write failed");
+  for (std::string_view data : pieces) {
+    size_t done = 0;
+    while (done < data.size()) {
+      if (!halfway && written >= total / 2) crash_point("write"), halfway = true;
+      // Up to the file's half, so the crash point above sits between two writes of a real file.
+      const size_t chunk =
+          halfway ? data.size() - done : std::min(data.size() - done, total / 2 - written);
+      ssize_t n = ::write(fd, data.data() + done, std::max<size_t>(chunk, 1));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        ::close(fd);
+        fail("write failed");
+      }
+      done += static_cast<size_t>(n);
+      written += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0) {
     ::close(fd);

@@ -11,6 +11,8 @@ namespace packbert::io {
 // Writes `data` to a temporary file beside `path`, fsyncs it, and renames it over `path`.
 // Throws InputError (naming the path) if the directory is not writable or the disk is full.
 void write_file_atomic(const std::string& path, std::string_view data);
+// The same for a file made of `pieces` in order (written as they are, never joined in memory).
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces);
 
 // The whole file as bytes. Throws InputError naming the path when it cannot be opened or read.
 std::string read_file(const std::string& path);

@@ -1,16 +1,20 @@
 #include "io/memory.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 
 namespace packbert::io {
 
 namespace {
 
-// Per thread, so concurrent work cannot garble the report; only diagnostics live here.
-thread_local std::string t_what;
+// Per thread, so concurrent work cannot garble the report; only diagnostics live here. Plain
+// types only: a thread_local with a destructor registers it at first use, which itself needs
+// memory, and first use here may be inside a failed allocation on a new thread (glibc aborts).
+thread_local const std::string* t_what = nullptr;
 thread_local size_t t_failed_bytes = 0;
-thread_local std::string t_failed_what;
+thread_local char t_failed_what[512];
 
 std::string human_bytes(size_t b) {
   const char* unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
@@ -24,27 +28,23 @@ std::string human_bytes(size_t b) {
 
 }  // namespace
 
-AllocationScope::AllocationScope(std::string what) : previous_(std::move(t_what)) {
-  t_what = std::move(what);
+AllocationScope::AllocationScope(std::string what) : what_(std::move(what)), previous_(t_what) {
+  t_what = &what_;
 }
 
-AllocationScope::~AllocationScope() {
-  t_what = std::move(previous_);
-}
+AllocationScope::~AllocationScope() { t_what = previous_; }
 
 void note_failed_allocation(size_t bytes) noexcept {
   t_failed_bytes = bytes;
-  try {
-    t_failed_what = t_what;
-  } catch (...) {
-    t_failed_what.clear();
-  }
+  const size_t n = t_what ? std::min(t_what->size(), sizeof t_failed_what - 1) : 0;
+  if (n) std::memcpy(t_failed_what, t_what->data(), n);
+  t_failed_what[n] = '\0';
 }
 
 std::string describe_failed_allocation() {
   std::string out = t_failed_bytes ? "could not allocate " + human_bytes(t_failed_bytes)
                                    : std::string("an allocation failed");
-  const std::string& what = t_failed_what.empty() ? t_what : t_failed_what;
+  const std::string what = t_failed_what[0] ? std::string(t_failed_what) : t_what ? *t_what : "";
   if (!what.empty()) out += " for " + what;
   return out + " (free memory, lower --batch-rows, or raise the memory limit)";
 }

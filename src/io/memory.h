@@ -17,7 +17,8 @@ class AllocationScope {
   AllocationScope& operator=(const AllocationScope&) = delete;
 
  private:
-  std::string previous_;
+  std::string what_;
+  const std::string* previous_;
 };
 
 // Called by the binary's operator new when an allocation of `bytes` fails.

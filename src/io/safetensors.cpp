@@ -229,8 +229,11 @@ std::vector<int32_t> SafetensorsFile::ints(const std::string& name) const {
   return out;
 }
 
-std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The length and header of a safetensors file of `tensors` (their bytes follow in order).
+std::string safetensors_header(const std::vector<TensorToWrite>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
@@ -244,15 +247,29 @@ std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
   std::string out(8, '\0');
   uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i) & 0xff);
-  out += h;
-  out.reserve(out.size() + offset);
+  return out + h;
+}
+
+}  // namespace
+
+std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  std::string out = safetensors_header(tensors, metadata);
+  size_t bytes = 0;
+  for (const TensorToWrite& t : tensors) bytes += t.bytes;
+  out.reserve(out.size() + bytes);
   for (const TensorToWrite& t : tensors) out.append(static_cast<const char*>(t.data), t.bytes);
   return out;
 }
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  write_file_atomic(path, serialize_safetensors(tensors, metadata));
+  // Written tensor by tensor from where they lie: a checkpoint costs no second copy in memory.
+  const std::string header = safetensors_header(tensors, metadata);
+  std::vector<std::string_view> pieces = {header};
+  for (const TensorToWrite& t : tensors)
+    pieces.emplace_back(static_cast<const char*>(t.data), t.bytes);
+  write_file_atomic(path, pieces);
 }
 
 }  // namespace packbert::io

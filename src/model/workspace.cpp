@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "kernels/attention.h"
+#include "io/memory.h"
 
 namespace packbert::model {
 
@@ -371,7 +372,12 @@ void Workspace<T>::prepare(const BertConfig& c, const Heads& heads, const Recomp
                   });
   if (total > capacity_) {
     void* p = std::aligned_alloc(64, aligned(total, 1));
-    if (!p) throw std::bad_alloc();
+    if (!p) {  // (not operator new: say what and how much here)
+      io::AllocationScope scope("the step's activations and scratch (the workspace arena of " +
+                                std::to_string(shape.tokens) + " tokens)");
+      io::note_failed_allocation(aligned(total, 1));
+      throw std::bad_alloc();
+    }
     arena_.reset(static_cast<std::byte*>(p));
     capacity_ = total;
   }
