@@ -693,6 +693,26 @@ TEST_F(Reliability, SafetensorsWhoseLengthLooksLikeAPickleOrAZipAreRead) {
   }
 }
 
+// Round 3, 10b. A file system without room for one checkpoint is refused before training (it
+// was found only at the end); one without room for the kept ones gets a warning.
+TEST_F(Reliability, AFileSystemWithoutRoomForACheckpointIsRefusedBeforeTraining) {
+  const fs::path mnt = dir_ / "small_fs";
+  fs::create_directories(mnt);
+  if (std::system(("mount -t tmpfs -o size=4m tmpfs " + mnt.string() + " 2>/dev/null").c_str()))
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
+  struct Unmount {
+    std::string at;
+    ~Unmount() { (void)std::system(("umount " + at).c_str()); }
+  } unmount{mnt.string()};
+  const std::string out = (mnt / "run").string();
+  Result r = run("pretrain --data " + seqs_ + " --packs " + packs_ + " --out " + out +
+                 " --preset tiny --steps 2 --batch-rows 8");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("one checkpoint of this model needs"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+}
+
 // Round 3, 5. --resume refuses every flag that contradicts the checkpoint, naming it.
 TEST_F(Reliability, ResumeRefusesFlagsThatContradictTheCheckpoint) {
   ASSERT_EQ(run(train_args("run")).code, 0);

@@ -241,8 +241,11 @@ void Trainer::clear_earlier_run() {
 // Refuses to start a run whose checkpoints cannot be written: the file system must hold one
 // more checkpoint (the temporary file of a write); warns when the kept ones may not fit.
 void Trainer::check_disk_space() const {
+  fs::path where = fs::absolute(opt_.out_dir);  // (out_dir, or the directory it will be made in)
+  while (!fs::exists(where) && where.has_parent_path() && where != where.parent_path())
+    where = where.parent_path();
   struct statvfs vfs{};
-  if (::statvfs(opt_.out_dir.c_str(), &vfs) != 0) return;
+  if (::statvfs(where.c_str(), &vfs) != 0) return;
   const double free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
   // Weights and two moments in fp32, plus the header and patterns (a few per cent).
   const double one = 3.0 * 4.0 * static_cast<double>(model_->layout().total()) * 1.05;
@@ -610,10 +613,10 @@ void Trainer::setup(bool resume) {
                                           vocab_ ? &*vocab_ : nullptr, train_rows_, cursor_);
   // Every input has been checked: only now is out_dir made (a bad input leaves nothing behind).
   if (comm_.root()) {  // rank 0 alone writes into out_dir
+    check_disk_space();
     io::make_output_dir(opt_.out_dir, "--out");
     io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl",
                                                 "best.safetensors"});
-    check_disk_space();
   }
   earlier_run_cleared_ = resume;
 }
@@ -763,6 +766,7 @@ EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
     model::StepOptions so;
     so.precision = precision;
     model::Outputs o = m.forward(b, so);
+    io::crash_point("eval");  // (PACKBERT_CRASH_AT=eval:N: the N-th evaluation batch)
     mlm_sum += o.mlm_loss * static_cast<double>(o.mlm_count);
     nsp_sum += o.nsp_loss * static_cast<double>(o.nsp_count);
     e.mlm_count += o.mlm_count;
