@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli_runner.h"
+#include "io/safetensors.h"
 #include "kernels/cpu.h"
 
 namespace fs = std::filesystem;
@@ -595,3 +596,123 @@ TEST_F(Cli, InstalledBinaryFindsItsVocabularyWhereverThePrefixMoves) {
 }
 
 }  // namespace
+
+namespace packbert {
+namespace {
+
+using testing::Result;
+using testing::slurp;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// #45: fine-tuning from a Hugging Face classifier keeps its labels, matched by name; a model
+// without named labels gets the data's labels sorted (numerically for numbers), never in the
+// order the data happens to name them.
+class Labels : public testing::CliTest {
+ protected:
+  // A tiny HF classifier whose config names its outputs positive, negative, neutral (not sorted).
+  std::string classifier() {
+    const std::string seqs = prepared_corpus("c", 20, 4);
+    const std::string run_dir = (dir_ / "run").string();
+    Result r = run("pretrain --data " + seqs + " --out " + run_dir +
+                   " --preset tiny --steps 2 --batch-rows 4");
+    EXPECT_EQ(r.code, 0) << r.err;
+    const std::string hf = (dir_ / "hf").string();
+    EXPECT_EQ(run("export --checkpoint " + run_dir + "/checkpoint.safetensors --out " + hf).code,
+              0);
+    tsv("first.tsv", {"negative", "neutral", "positive"});
+    const std::string cls = (dir_ / "cls").string();
+    r = run("finetune --init " + hf + " --train " + (dir_ / "first.tsv").string() + " --dev " +
+            (dir_ / "first.tsv").string() + " --out " + cls + " --epochs 1 --seed 3");
+    EXPECT_EQ(r.code, 0) << r.err;
+    json config = json::parse(slurp(cls + "/config.json"));
+    config["id2label"] = {{"0", "positive"}, {"1", "negative"}, {"2", "neutral"}};
+    config["label2id"] = {{"positive", 0}, {"negative", 1}, {"neutral", 2}};
+    std::ofstream(cls + "/config.json") << config.dump(2);
+    fs::remove(cls + "/labels.json");
+    return cls;
+  }
+  // A TSV cycling through `labels` (the first row has the first), each label with its own words.
+  fs::path tsv(const std::string& name, const std::vector<std::string>& labels, int rows = 24) {
+    std::string text = "label\tsentence\n";
+    for (int i = 0; i < rows; ++i) {
+      const std::string& l = labels[static_cast<size_t>(i) % labels.size()];
+      text += l + "\tthe " + l + " king of the city number " + std::to_string(i) + "\n";
+    }
+    return write(name, text);
+  }
+  std::vector<float> tensor(const std::string& dir, const std::string& name) {
+    return io::SafetensorsFile::read(dir + "/model.safetensors").floats(name);
+  }
+};
+
+TEST_F(Labels, AClassifiersLabelsAreKeptByNameAndItsOutputsUnchanged) {
+  const std::string cls = classifier();
+  // The data names "neutral" first: the model's order (positive, negative, neutral) stays.
+  const fs::path data = tsv("d.tsv", {"neutral", "negative", "positive"});
+  const std::string out = (dir_ / "tuned").string();
+  Result r = run("finetune --init " + cls + " --train " + data.string() + " --dev " +
+                 data.string() + " --out " + out + " --epochs 1 --lr 1e-12 --warmup 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("0 positive, 1 negative, 2 neutral"), std::string::npos) << r.err;
+  const json config = json::parse(slurp(out + "/config.json"));
+  EXPECT_EQ(config["id2label"], json::parse(slurp(cls + "/config.json"))["id2label"]);
+  EXPECT_EQ(config["label2id"]["neutral"], 2);
+  // Row by row, the classifier is the one it started from (a learning rate of 1e-12 moves
+  // nothing a float can see): no row was given to another label.
+  const std::vector<float> before = tensor(cls, "classifier.weight"),
+                           after = tensor(out, "classifier.weight");
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 0; i < before.size(); ++i) ASSERT_NEAR(after[i], before[i], 1e-6) << i;
+  // eval reads the mapping from config.json (no labels.json): the same predictions, the same
+  // accuracy, for the starting model and the fine-tuned one.
+  fs::remove(out + "/labels.json");
+  Result a = run("eval --task classify --model " + cls + " --data " + data.string());
+  Result b = run("eval --task classify --model " + out + " --data " + data.string());
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
+TEST_F(Labels, AnUnknownLabelIsRefusedUnlessANewHeadIsAskedFor) {
+  const std::string cls = classifier();
+  const fs::path data = tsv("d.tsv", {"neutral", "mixed", "positive"});
+  Result r = run("finetune --init " + cls + " --train " + data.string() + " --dev " +
+                 data.string() + " --out " + (dir_ / "o").string() + " --epochs 1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("label 'mixed' is not one of the model's labels"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--new-head"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "o"));
+  r = run("finetune --init " + cls + " --train " + data.string() + " --dev " + data.string() +
+          " --out " + (dir_ / "o").string() + " --epochs 1 --new-head");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json config = json::parse(slurp((dir_ / "o" / "config.json").string()));
+  EXPECT_EQ(config["id2label"], (json{{"0", "mixed"}, {"1", "neutral"}, {"2", "positive"}}));
+}
+
+TEST_F(Labels, WithoutAClassifierTheLabelsAreSortedNumericallyWhenTheyAreNumbers) {
+  const std::string seqs = prepared_corpus("c", 20, 4);
+  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+                " --preset tiny --steps 2 --batch-rows 4")
+                .code,
+            0);
+  const std::string init = (dir_ / "run" / "checkpoint.safetensors").string();
+  for (const auto& [labels, want] :
+       std::vector<std::pair<std::vector<std::string>, json>>{
+           {{"10", "2", "1"}, {{"0", "1"}, {"1", "2"}, {"2", "10"}}},
+           {{"1", "0"}, {{"0", "0"}, {"1", "1"}}},
+           {{"pos", "neg"}, {{"0", "neg"}, {"1", "pos"}}}}) {
+    const fs::path data = tsv("d.tsv", labels);
+    const std::string out = (dir_ / ("o" + labels[0])).string();
+    Result r = run("finetune --init " + init + " --train " + data.string() + " --dev " +
+                   data.string() + " --out " + out + " --epochs 1");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(json::parse(slurp(out + "/config.json"))["id2label"], want) << labels[0];
+    EXPECT_NE(r.err.find("a new classifier; the data's labels, sorted"), std::string::npos)
+        << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace packbert

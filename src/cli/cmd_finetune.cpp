@@ -34,6 +34,10 @@ void register_finetune(CLI::App& app) {
                   "fine-tuning has finished, whole (written as <out>.partial.PID until then)")
       ->required();
   cmd->add_flag("--overwrite", o->overwrite, "Replace an --out that already holds a model");
+  cmd->add_flag("--new-head", o->new_head,
+                "classify: train a new classifier, the data's labels sorted, even when --init has "
+                "one (by default a classifier with named labels keeps them: the data's labels are "
+                "matched to its config.json id2label by name)");
   vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
   CLI::Option* len =
       number(cmd, "--max-seq-len", o->max_seq_len,

@@ -1,6 +1,8 @@
 #include "data/classify_tsv.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <fstream>
 
 #include "data/utf8.h"
@@ -66,7 +68,7 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
     if (it == labels.end()) {
       if (!grow_labels)
         throw InputError(path + ":" + std::to_string(line_no) + ": label '" + f[c_label] +
-                         "' not seen in training");
+                         "' is not one of the model's labels");
       it = labels.emplace(f[c_label], static_cast<int32_t>(labels.size())).first;
     }
     std::vector<int32_t> a = tok.encode(f[c_a]), b;
@@ -87,6 +89,37 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
   }
   if (out.empty()) throw InputError(path + ": no examples");
   return out;
+}
+
+std::map<std::string, int32_t> sorted_label_ids(const std::map<std::string, int32_t>& seen) {
+  std::vector<std::pair<double, std::string>> numbers;
+  bool numeric = true;
+  for (const auto& [name, id] : seen) {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
+    numeric = numeric && ec == std::errc() && end == name.data() + name.size() && std::isfinite(v);
+    numbers.push_back({v, name});
+  }
+  std::map<std::string, int32_t> ids;
+  if (numeric) {  // (a map is in string order already)
+    std::sort(numbers.begin(), numbers.end());
+    for (const auto& [v, name] : numbers) ids.emplace(name, static_cast<int32_t>(ids.size()));
+  } else {
+    for (const auto& [name, id] : seen) ids.emplace(name, static_cast<int32_t>(ids.size()));
+  }
+  return ids;
+}
+
+void relabel(std::vector<ClassifyExample>& examples, const std::map<std::string, int32_t>& from,
+             const std::map<std::string, int32_t>& to, const std::string& source) {
+  std::vector<int32_t> id_of(from.size(), -1);
+  for (const auto& [name, id] : from) {
+    auto it = to.find(name);
+    if (it == to.end())
+      throw InputError(source + ": label '" + name + "' is not one of the model's labels");
+    id_of[static_cast<size_t>(id)] = it->second;
+  }
+  for (ClassifyExample& e : examples) e.label = id_of[static_cast<size_t>(e.label)];
 }
 
 }  // namespace packbert::data

@@ -19,12 +19,23 @@ struct ClassifyExample {
 
 // Reads a TSV whose first line is a header naming the columns: `label`, and `sentence` (or
 // `sentence1`/`text`/`text_a`), optionally `sentence2` (or `text_b`). Labels are strings mapped
-// to ids in order of first appearance unless `labels` already holds them (dev/test sets reuse
-// the training set's map). Texts are truncated to max_seq_len like Google BERT (longer segment
-// first). Throws InputError with file:line for a missing column, a short row or an unknown label.
+// to ids by `labels`; with grow_labels a label it lacks is added with the next id (the order of
+// first appearance: sorted_label_ids and relabel then give the ids a classifier is trained
+// with). Texts are truncated to max_seq_len like Google BERT (longer segment first). Throws
+// InputError with file:line for a missing column, a short row or an unknown label.
 std::vector<ClassifyExample> read_classification_tsv(const std::string& path, const Tokenizer& tok,
                                                      int max_seq_len,
                                                      std::map<std::string, int32_t>& labels,
                                                      bool grow_labels);
+
+// The ids of the labels in `seen` when no model says them: the labels sorted, numerically when
+// every one is a number ("2" before "10"), as Hugging Face's run_glue sorts them. The order the
+// data names them in never matters.
+std::map<std::string, int32_t> sorted_label_ids(const std::map<std::string, int32_t>& seen);
+
+// Gives each example the id `to` has for the label that `from` gave it its id by. Throws
+// InputError naming `source` and the label when `to` lacks one.
+void relabel(std::vector<ClassifyExample>& examples, const std::map<std::string, int32_t>& from,
+             const std::map<std::string, int32_t>& to, const std::string& source);
 
 }  // namespace packbert::data

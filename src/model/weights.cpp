@@ -19,11 +19,12 @@ std::string pattern_name(const std::string& tensor, const char* part) {
 }
 
 void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file,
-                        std::vector<std::string>* fresh) {
+                        std::vector<std::string>* fresh, bool new_heads) {
   float* params = m.params().data();
   std::vector<SparseTensor> sparse = m.sparse_tensors();
   for (const TensorSpec& t : m.layout().tensors()) {
-    if (fresh && !file.has(t.name) && !is_encoder_tensor(t.name)) {
+    const bool head = t.name.starts_with("classifier.") || t.name.starts_with("qa_outputs.");
+    if (fresh && (!file.has(t.name) || (new_heads && head)) && !is_encoder_tensor(t.name)) {
       fresh->push_back(t.name);
       continue;
     }

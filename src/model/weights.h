@@ -24,9 +24,10 @@ void load_weights(const ParamLayout& layout, float* params, const io::Safetensor
 // (`--init` from a dense model). With `fresh`, a tensor outside the embeddings and encoder that
 // the file lacks (a task head, the pooler, the pre-training heads of a BertForMaskedLM) keeps the
 // value the model holds (the caller initialised it) and its name is appended to `fresh`, as
-// transformers does for newly initialised weights; without, it is an error.
+// transformers does for newly initialised weights; without, it is an error. `new_heads`: the task
+// heads (classifier, qa_outputs) are taken as absent even when the file has them.
 void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file,
-                        std::vector<std::string>* fresh = nullptr);
+                        std::vector<std::string>* fresh = nullptr, bool new_heads = false);
 
 // The checkpoint names of a sparse weight's pattern: its blocks' rows and columns (I32, [kept]).
 std::string pattern_name(const std::string& tensor, const char* part);

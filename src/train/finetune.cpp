@@ -33,8 +33,9 @@ namespace {
 // `initialized`.
 std::unique_ptr<model::BertModel<float>> model_from(const std::string& init, model::Heads heads,
                                                     int num_labels, uint64_t seed,
-                                                    std::vector<std::string>& initialized) {
-  FreshTensors fresh{seed, num_labels, {}};
+                                                    std::vector<std::string>& initialized,
+                                                    bool new_heads = false) {
+  FreshTensors fresh{seed, num_labels, {}, new_heads};
   auto m = load_model(init, heads, {}, &fresh);
   initialized = std::move(fresh.initialized);
   return m;
@@ -223,20 +224,75 @@ void check_model(const model::BertModel<float>& m, const data::Vocab& vocab,
                      " exceeds the model's max_position_embeddings");
 }
 
+// The ids the classifier is trained with (docs/FINETUNE.md): a starting model with a classifier
+// and named labels (config.json id2label) keeps its mapping, the data's labels matched by name;
+// otherwise (no head, transformers' LABEL_i names, or new_head) the data's labels sorted.
+struct ClassLabels {
+  std::map<std::string, int32_t> ids;
+  bool new_head = true;
+  std::string note;  // the choice, in a line for the user
+};
+
+ClassLabels class_labels(const std::string& init, const std::map<std::string, int32_t>& seen,
+                         bool new_head, const std::string& data) {
+  const ModelLabels model = model_labels(init);
+  ClassLabels out;
+  auto listed = [](const std::map<std::string, int32_t>& ids) {
+    std::vector<std::string> names(ids.size());
+    for (const auto& [name, id] : ids) names[static_cast<size_t>(id)] = name;
+    std::string s;
+    for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + std::to_string(i) + " " + names[i];
+    return s;
+  };
+  if (model.head && !new_head && !model.names.empty() && !model.generic()) {
+    for (size_t i = 0; i < model.names.size(); ++i)
+      out.ids.emplace(model.names[i], static_cast<int32_t>(i));
+    for (const auto& [name, id] : seen)
+      if (!out.ids.count(name))
+        throw InputError(data + ": label '" + name + "' is not one of the model's labels (" +
+                         listed(out.ids) + ", from " + model.source +
+                         "); relabel the data, or give --new-head to train a new classifier");
+    out.new_head = false;
+    out.note = "labels as the model's classifier has them (" + model.source + "): " +
+               listed(out.ids);
+    return out;
+  }
+  out.ids = data::sorted_label_ids(seen);
+  if (model.head && !new_head) {  // a classifier whose outputs have no names: kept, in sorted order
+    if (!model.names.empty() && model.names.size() != out.ids.size())
+      throw InputError(data + ": " + std::to_string(out.ids.size()) + " labels, but the model's " +
+                       "classifier has " + std::to_string(model.names.size()) +
+                       " unnamed outputs (" + model.source + "); give --new-head to train a new "
+                       "classifier");
+    out.new_head = false;
+    out.note = "the model's classifier names no labels; the data's, sorted, are its outputs: " +
+               listed(out.ids);
+    return out;
+  }
+  out.note = "a new classifier; the data's labels, sorted: " + listed(out.ids);
+  return out;
+}
+
 FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokenizer& tok,
                                    std::ostream& log) {
-  std::map<std::string, int32_t> labels;
+  std::map<std::string, int32_t> seen;  // the training file's labels, by first appearance
   std::vector<data::ClassifyExample> train =
-      data::read_classification_tsv(o.train, tok, o.max_seq_len, labels, true);
+      data::read_classification_tsv(o.train, tok, o.max_seq_len, seen, true);
+  FinetuneResult res;
+  const ClassLabels chosen = class_labels(o.init, seen, o.new_head, o.train);
+  std::map<std::string, int32_t> labels = chosen.ids;
+  data::relabel(train, seen, labels, o.train);
   std::vector<data::ClassifyExample> dev =
       data::read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false);
-  FinetuneResult res;
   res.num_labels = static_cast<int>(labels.size());
+  res.label_note = chosen.note;
+  if (dist::Comm::world().root()) std::cerr << "finetune: " << chosen.note << '\n';
   if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
   model::Heads heads;
   heads.pretraining = false;
   heads.classifier = true;
-  auto m = model_from(o.init, heads, res.num_labels, o.loop.seed, res.initialized);
+  auto m = model_from(o.init, heads, res.num_labels, o.loop.seed, res.initialized,
+                      chosen.new_head);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
   std::vector<int64_t> per_label(res.num_labels, 0);
   for (const auto& e : train) ++per_label[e.label];
@@ -375,22 +431,34 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     if (!o.predictions.empty()) write_predictions(o.predictions, ex, pred);
     return r;
   }
-  // Classification: the label names come from the labels.json finetune wrote beside the model.
-  const std::string labels_path = (std::filesystem::is_directory(o.model)
-                                       ? o.model
-                                       : std::filesystem::path(o.model).parent_path().string()) +
-                                  "/labels.json";
-  io::require_text_input(labels_path);
-  std::ifstream lf(labels_path);
-  if (!lf) throw InputError(labels_path + ": cannot open (needed to map label names to ids)");
-  nlohmann::json lj = nlohmann::json::parse(lf, nullptr, false);
-  if (!lj.is_object() || lj.empty())
-    throw InputError(labels_path + ": expected a JSON object {label: id}");
+  // Classification: the label names are the model's config.json id2label (any Hugging Face
+  // classifier, and packbert's fine-tuned models), or labels.json beside it (older packbert).
+  const ModelLabels named = model_labels(o.model);
   std::map<std::string, int32_t> labels;
-  for (auto& [name, id] : lj.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= std::ssize(lj))
-      throw InputError(labels_path + ": label '" + name + "' has no valid id");
-    labels[name] = id.get<int32_t>();
+  std::string labels_path = named.source;
+  for (size_t i = 0; i < named.names.size(); ++i)
+    labels.emplace(named.names[i], static_cast<int32_t>(i));
+  if (labels.size() != named.names.size())
+    throw InputError(named.source + ": id2label names a label twice");
+  if (labels.empty()) {
+    labels_path = (std::filesystem::is_directory(o.model)
+                       ? o.model
+                       : std::filesystem::path(o.model).parent_path().string()) +
+                  "/labels.json";
+    if (!std::filesystem::exists(labels_path))
+      throw InputError(o.model + ": its config has no id2label (and there is no labels.json): "
+                       "which output is which label is unknown");
+    io::require_text_input(labels_path);
+    std::ifstream lf(labels_path);
+    if (!lf) throw InputError(labels_path + ": cannot open (needed to map label names to ids)");
+    nlohmann::json lj = nlohmann::json::parse(lf, nullptr, false);
+    if (!lj.is_object() || lj.empty())
+      throw InputError(labels_path + ": expected a JSON object {label: id}");
+    for (auto& [name, id] : lj.items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= std::ssize(lj))
+        throw InputError(labels_path + ": label '" + name + "' has no valid id");
+      labels[name] = id.get<int32_t>();
+    }
   }
   std::vector<data::ClassifyExample> ex =
       data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false);

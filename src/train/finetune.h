@@ -28,6 +28,8 @@ struct FinetuneOptions {
   int epochs = 3;
   bool packed = true;
   bool overwrite = false;    // replace a model directory already at out_dir
+  // classify: train a new classifier (the data's labels, sorted) even when init has one.
+  bool new_head = false;
   data::SquadOptions squad;  // doc stride, query and answer limits (max_seq_len above wins)
   // Optimizer (AdamW by default), schedule, batch, clipping, accumulation, precision, recompute
   // and ZeRO: the same loop as pre-training, with fine-tuning's defaults (set here).
@@ -51,6 +53,7 @@ struct FinetuneResult {
   int64_t train_rows = 0;                          // rows after packing
   int64_t skipped = 0;  // squad training questions whose answer is not in the context
   std::vector<std::string> initialized;  // tensors --init lacked, initialised from the seed
+  std::string label_note;  // classify: where the label ids came from, and what they are
 };
 
 // Fine-tunes the model at `init` (any form train::load_model reads; a tensor outside the

@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <cstring>
@@ -99,8 +100,55 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
   if (fresh && fresh->num_labels > 0) config.num_labels = fresh->num_labels;
   auto m = std::make_unique<model::BertModel<float>>(config, heads, sparsity);
   if (fresh) model::init_params(m->layout(), m->params().data(), fresh->seed);
-  model::load_model_weights(*m, f, fresh ? &fresh->initialized : nullptr);
+  model::load_model_weights(*m, f, fresh ? &fresh->initialized : nullptr,
+                            fresh && fresh->new_heads);
   return m;
+}
+
+bool ModelLabels::generic() const {
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] != "LABEL_" + std::to_string(i)) return false;
+  return true;
+}
+
+namespace {
+
+// id2label of a config.json object, in id order (empty when absent or not a dense 0..n-1 map).
+std::vector<std::string> id2label_of(const json& config, const std::string& source) {
+  if (!config.is_object() || !config.contains("id2label") || !config["id2label"].is_object())
+    return {};
+  const json& m = config["id2label"];
+  std::vector<std::string> names(m.size());
+  std::vector<bool> seen(m.size(), false);
+  for (const auto& [key, value] : m.items()) {
+    size_t id = 0;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id >= names.size() || seen[id] ||
+        !value.is_string())
+      throw InputError(source + ": id2label is not a map of the ids 0.." +
+                       std::to_string(names.size() - 1) + " to names (at \"" + key + "\")");
+    names[id] = value.get<std::string>(), seen[id] = true;
+  }
+  return names;
+}
+
+}  // namespace
+
+ModelLabels model_labels(const std::string& path) {
+  ModelLabels out;
+  if (model::is_packbert_checkpoint(path)) {
+    const io::SafetensorsFile f = io::SafetensorsFile::read(path);
+    out.head = f.has("classifier.weight");
+    out.source = path + " (its config)";
+    out.names = id2label_of(json::parse(f.metadata().at("config"), nullptr, false), out.source);
+    return out;
+  }
+  const model::ImportedModel hf = model::import_model(path);
+  out.head = hf.weights.has("classifier.weight");
+  out.source = hf.config_from;
+  if (!hf.config_json.empty())
+    out.names = id2label_of(json::parse(hf.config_json, nullptr, false), out.source);
+  return out;
 }
 
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,

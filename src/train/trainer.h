@@ -201,7 +201,19 @@ struct FreshTensors {
   uint64_t seed = 0;
   int num_labels = 0;
   std::vector<std::string> initialized;
+  bool new_heads = false;  // the task heads start fresh even when the source has them
 };
+
+// A model's classifier labels as its config says them (id2label, in id order; empty when it has
+// none), and whether its weights hold a classifier head.
+struct ModelLabels {
+  std::vector<std::string> names;
+  bool head = false;
+  std::string source;  // where the names came from (config.json, a checkpoint's config)
+  // Names that say nothing (transformers' defaults LABEL_0, LABEL_1, ...).
+  bool generic() const;
+};
+ModelLabels model_labels(const std::string& path);
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
                                                     model::Sparsity sparsity = {},
                                                     FreshTensors* fresh = nullptr);
