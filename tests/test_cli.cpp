@@ -716,3 +716,100 @@ TEST_F(Labels, WithoutAClassifierTheLabelsAreSortedNumericallyWhenTheyAreNumbers
 
 }  // namespace
 }  // namespace packbert
+
+namespace packbert {
+namespace {
+
+using testing::Result;
+using testing::slurp;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// #45: the casing a model was trained with is the casing it is fine-tuned and evaluated with:
+// the flag, else tokenizer_config.json, else the vocabulary; contradictions are warned about.
+class Casing : public testing::CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    const std::string seqs = prepared_corpus("c", 20, 4);
+    ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+                  " --preset tiny --steps 2 --batch-rows 4")
+                  .code,
+              0);
+    hf_ = (dir_ / "hf").string();
+    ASSERT_EQ(run("export --checkpoint " + (dir_ / "run/checkpoint.safetensors").string() +
+                  " --out " + hf_)
+                  .code,
+              0);
+    std::string tsv = "label\tsentence\n";
+    for (int i = 0; i < 16; ++i) tsv += (i % 2 ? "a\tThe King of Paris\n" : "b\tthe war\n");
+    tsv_ = write("t.tsv", tsv).string();
+    // The same size as the default vocabulary, 60 of its [unusedN] entries capitalised words.
+    std::string vocab = slurp(PACKBERT_SOURCE_VOCAB);
+    for (int i = 0; i < 60; ++i) {
+      const std::string from = "[unused" + std::to_string(i) + "]\n";
+      vocab.replace(vocab.find(from), from.size(), "Word" + std::to_string(i) + "\n");
+    }
+    cased_vocab_ = write("cased.txt", vocab).string();
+  }
+  Result finetune(const std::string& extra) {
+    return run("finetune --init " + hf_ + " --train " + tsv_ + " --dev " + tsv_ + " --out " +
+               (dir_ / "tuned").string() + " --overwrite --epochs 1 " + extra);
+  }
+  std::string hf_, tsv_, cased_vocab_;
+};
+
+TEST_F(Casing, TokenizerConfigDecidesAndAContradictingFlagIsWarnedAbout) {
+  std::ofstream(hf_ + "/tokenizer_config.json") << R"({"do_lower_case": false})";
+  Result r = finetune("");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("tokenising cased (do_lower_case false in"), std::string::npos) << r.err;
+  // (the vocabulary here is bert-base-uncased's: said so, too)
+  EXPECT_NE(r.err.find("warning: keeping case with an uncased vocabulary"), std::string::npos)
+      << r.err;
+  // The fine-tuned model says its casing where transformers' tokenizer looks for it.
+  EXPECT_EQ(json::parse(slurp(dir_ / "tuned/tokenizer_config.json"))["do_lower_case"], false);
+  r = finetune("--uncased");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: --uncased contradicts"), std::string::npos) << r.err;
+  EXPECT_EQ(json::parse(slurp(dir_ / "tuned/tokenizer_config.json"))["do_lower_case"], true);
+  Result e = run("eval --task classify --model " + (dir_ / "tuned").string() + " --data " + tsv_);
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.err.find("tokenising uncased (do_lower_case true"), std::string::npos) << e.err;
+  Result both = finetune("--cased --uncased");
+  EXPECT_EQ(both.code, 2) << both.err;
+}
+
+TEST_F(Casing, WithoutATokenizerConfigTheVocabularyDecides) {
+  Result r = finetune("");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("tokenising uncased ("), std::string::npos) << r.err;
+  r = finetune("--vocab " + cased_vocab_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("tokenising cased (" + cased_vocab_ + " has 60 entries with capitals"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(json::parse(slurp(dir_ / "tuned/tokenizer_config.json"))["do_lower_case"], false);
+  r = finetune("--cased");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: keeping case with an uncased vocabulary"), std::string::npos)
+      << r.err;
+}
+
+TEST_F(Casing, TokenizeAndPrepareWarnWhenTheCasingContradictsTheVocabulary) {
+  Result t = run("tokenize --cased " + tsv_);
+  EXPECT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.err.find("warning: keeping case with an uncased vocabulary"), std::string::npos)
+      << t.err;
+  t = run("tokenize --vocab " + cased_vocab_ + " " + tsv_);
+  EXPECT_NE(t.err.find("warning: lowercasing for a cased vocabulary"), std::string::npos)
+      << t.err;
+  t = run("tokenize --vocab " + cased_vocab_ + " --cased " + tsv_);
+  EXPECT_EQ(t.err.find("warning"), std::string::npos) << t.err;
+  Result p = run("prepare " + tsv_ + " --out " + (dir_ / "p.seqs").string() + " --cased");
+  EXPECT_NE(p.err.find("warning: keeping case with an uncased vocabulary"), std::string::npos)
+      << p.err;
+}
+
+}  // namespace
+}  // namespace packbert

@@ -21,6 +21,7 @@ struct EvalArgs {
   std::optional<int> max_seq_len;  // unset: the task's default
   data::SquadOptions squad;
   model::Precision precision = model::Precision::fp32;
+  std::optional<bool> lower_case;
 };
 
 void run_task_eval(const EvalArgs& a) {
@@ -34,6 +35,7 @@ void run_task_eval(const EvalArgs& a) {
   o.max_seq_len = a.max_seq_len.value_or(a.task == "squad" ? 384 : 128);
   o.squad = a.squad;
   o.precision = a.precision;
+  o.lower_case = a.lower_case;
   train::TaskEvalResult r = train::evaluate_task(o);
   Table t({"metric", "value"});
   if (o.task == train::FinetuneTask::squad) {
@@ -97,6 +99,7 @@ void register_eval(CLI::App& app) {
                  "sequence per row computes no padding either)");
   number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
   vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
+  casing_flags(ev, e->lower_case);
   number(ev, "--max-seq-len", e->max_seq_len,
          "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
   ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "data/casing.h"
 #include "cli/flags.h"
 #include "cli/pack_report.h"
 #include "data/corpus.h"
@@ -49,6 +50,8 @@ void run_prepare(const PrepareArgs& a) {
                                  inputs);
   const Stopwatch total;
   data::Vocab vocab = data::Vocab::load(a.vocab);
+  if (const data::Casing c = data::decide_casing(!a.cased, "", vocab, a.vocab); !c.warning.empty())
+    std::cerr << "prepare: warning: " << c.warning << '\n';
   data::Tokenizer tok(vocab, !a.cased);
   size_t skipped = 0;
   std::vector<data::Document> docs = data::read_corpus(

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "data/casing.h"
 #include "cli/flags.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
@@ -22,6 +23,8 @@ struct TokenizeArgs {
 
 void run_tokenize(const TokenizeArgs& a) {
   data::Vocab vocab = data::Vocab::load(a.vocab);
+  if (const data::Casing c = data::decide_casing(!a.cased, "", vocab, a.vocab); !c.warning.empty())
+    std::cerr << "tokenize: warning: " << c.warning << '\n';
   data::Tokenizer tok(vocab, !a.cased);
   std::ifstream file;
   if (!a.input.empty()) {

@@ -85,6 +85,16 @@ void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu) 
       ->default_str("fp32");
 }
 
+void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case) {
+  CLI::Option* cased = cmd->add_flag_callback(
+      "--cased", [&lower_case] { lower_case = false; },
+      "Keep case and accents (default: the model's tokenizer_config.json do_lower_case, else "
+      "cased when the vocabulary has entries with capitals)");
+  CLI::Option* uncased = cmd->add_flag_callback(
+      "--uncased", [&lower_case] { lower_case = true; }, "Lowercase and strip accents");
+  cased->excludes(uncased);
+}
+
 std::string flag_of_field(const std::string& field) {
   static const std::pair<const char*, const char*> kFlags[] = {
       {"rows_per_batch", "--batch-rows"},

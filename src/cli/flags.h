@@ -78,6 +78,9 @@ const DefaultVocab& default_vocab();
 // --vocab bound to `value` (set to the default vocabulary); --help says where that was found.
 CLI::Option* vocab_option(CLI::App* cmd, std::string& value, const std::string& help);
 
+// --cased / --uncased (one or neither): `lower_case` is set only when one is given.
+void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case);
+
 // The flag that sets an options field (train::LoopOptions and the like), for the field names
 // library errors carry (OptionError); the field itself when no flag sets it.
 std::string flag_of_field(const std::string& field);

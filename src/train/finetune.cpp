@@ -1,4 +1,5 @@
 #include "train/finetune.h"
+#include "data/casing.h"
 
 #include <omp.h>
 
@@ -202,6 +203,14 @@ std::vector<std::string> squad_answers(model::BertModel<float>& m,
 }
 
 // {question id: answer} as the official evaluation script reads it, written atomically.
+// Says how the text was tokenised (data::decide_casing's note) and any contradiction, on rank 0,
+// once the inputs are known good (a bad input's error stays the only line).
+void say_casing(const data::Casing& c, const char* command) {
+  if (!dist::Comm::world().root()) return;
+  if (!c.note.empty()) std::cerr << command << ": tokenising " << c.note << '\n';
+  if (!c.warning.empty()) std::cerr << command << ": warning: " << c.warning << '\n';
+}
+
 void warn_non_finite(const model::BertModel<float>& m, const std::string& path) {
   if (const std::string bad = non_finite_weights(m); !bad.empty())
     std::cerr << "eval: warning: " << path << ": " << bad << "; its metrics will be NaN\n";
@@ -274,7 +283,7 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
 }
 
 FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokenizer& tok,
-                                   std::ostream& log) {
+                                   const data::Casing& casing, std::ostream& log) {
   std::map<std::string, int32_t> seen;  // the training file's labels, by first appearance
   std::vector<data::ClassifyExample> train =
       data::read_classification_tsv(o.train, tok, o.max_seq_len, seen, true);
@@ -286,7 +295,6 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
       data::read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false);
   res.num_labels = static_cast<int>(labels.size());
   res.label_note = chosen.note;
-  if (dist::Comm::world().root()) std::cerr << "finetune: " << chosen.note << '\n';
   if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
   model::Heads heads;
   heads.pretraining = false;
@@ -294,6 +302,8 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   auto m = model_from(o.init, heads, res.num_labels, o.loop.seed, res.initialized,
                       chosen.new_head);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
+  say_casing(casing, "finetune");
+  if (dist::Comm::world().root()) std::cerr << "finetune: " << chosen.note << '\n';
   std::vector<int64_t> per_label(res.num_labels, 0);
   for (const auto& e : train) ++per_label[e.label];
   int32_t majority = static_cast<int32_t>(std::max_element(per_label.begin(), per_label.end()) -
@@ -336,6 +346,7 @@ data::SquadOptions squad_options(data::SquadOptions so, int max_seq_len) {
 }
 
 FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& tok,
+                              const data::Casing& casing,
                               std::ostream& log) {
   const data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
   std::vector<data::SquadExample> train = data::read_squad(o.train), dev = data::read_squad(o.dev);
@@ -349,6 +360,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   heads.span = true;
   auto m = model_from(o.init, heads, 0, o.loop.seed, res.initialized);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
+  say_casing(casing, "finetune");
   const auto tr = make_rows(lengths_of(tf.features), o.max_seq_len, o.packed, o.loop.seed);
   const auto dv = make_rows(lengths_of(df.features), o.max_seq_len, o.packed, o.loop.seed);
   res.train_sequences = static_cast<int64_t>(tf.features.size());
@@ -378,7 +390,8 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   if (o.epochs < 1) throw OptionError("epochs", "must be at least 1");
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
   data::Vocab vocab = data::Vocab::load(o.vocab);
-  data::Tokenizer tok(vocab, true);
+  const data::Casing casing = data::decide_casing(o.lower_case, o.init, vocab, o.vocab);
+  data::Tokenizer tok(vocab, casing.lower_case);
   // Everything is written into a staging directory that replaces out_dir only at the end: a
   // failed or interrupted run leaves out_dir as it was. Rank 0 alone writes.
   dist::Comm& comm = dist::Comm::world();
@@ -395,9 +408,16 @@ FinetuneResult finetune(const FinetuneOptions& o) {
     log.open(staged.out_dir + "/metrics.jsonl");
     if (!log) throw InputError(staged.out_dir + "/metrics.jsonl: cannot open for writing");
   });
-  FinetuneResult r = o.task == FinetuneTask::squad ? finetune_squad(staged, tok, log)
-                                                   : finetune_classifier(staged, tok, log);
+  FinetuneResult r = o.task == FinetuneTask::squad ? finetune_squad(staged, tok, casing, log)
+                                                   : finetune_classifier(staged, tok, casing, log);
   if (comm.root()) {
+    // How the model's text is to be tokenised, where Hugging Face's tokenizer looks for it.
+    io::write_file_atomic(staged.out_dir + "/tokenizer_config.json",
+                          nlohmann::json{{"do_lower_case", casing.lower_case},
+                                         {"tokenizer_class", "BertTokenizer"},
+                                         {"model_max_length", o.max_seq_len}}
+                                  .dump(2) +
+                              "\n");
     log.close();
     out->publish();
   }
@@ -410,7 +430,8 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   io::refuse_outputs_over_inputs({{o.predictions, "--predictions"}},
                                  {{o.model, "--model"}, {o.data, "--data"}, {o.vocab, "--vocab"}});
   data::Vocab vocab = data::Vocab::load(o.vocab);
-  data::Tokenizer tok(vocab, true);
+  const data::Casing casing = data::decide_casing(o.lower_case, o.model, vocab, o.vocab);
+  data::Tokenizer tok(vocab, casing.lower_case);
   TaskEvalResult r;
   model::Heads heads;
   heads.pretraining = false;
@@ -422,6 +443,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     auto m = load_model(o.model, heads);
     warn_non_finite(*m, o.model);
     check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
+    say_casing(casing, "eval");
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
     std::vector<std::string> pred = squad_answers(*m, ex, f.features, rows, o.rows_per_batch,
                                                   o.max_seq_len, o.precision, tok, so);
@@ -470,6 +492,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
                      " labels, the model's classifier has " +
                      std::to_string(m->config().num_labels));
   check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
+  say_casing(casing, "eval");
   const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
   r.accuracy = accuracy(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
   r.examples = r.sequences = static_cast<int64_t>(ex.size());

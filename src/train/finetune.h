@@ -30,6 +30,8 @@ struct FinetuneOptions {
   bool overwrite = false;    // replace a model directory already at out_dir
   // classify: train a new classifier (the data's labels, sorted) even when init has one.
   bool new_head = false;
+  // Lowercase when tokenising (--uncased) or not (--cased); unset: data::decide_casing.
+  std::optional<bool> lower_case;
   data::SquadOptions squad;  // doc stride, query and answer limits (max_seq_len above wins)
   // Optimizer (AdamW by default), schedule, batch, clipping, accumulation, precision, recompute
   // and ZeRO: the same loop as pre-training, with fine-tuning's defaults (set here).
@@ -69,6 +71,7 @@ struct TaskEvalOptions {
   std::string data;   // dev TSV or SQuAD JSON
   std::string vocab;
   std::string predictions;  // squad: write {id: answer} here when not empty
+  std::optional<bool> lower_case;  // as FinetuneOptions::lower_case
   int max_seq_len = 384;
   int rows_per_batch = 8;
   data::SquadOptions squad;

@@ -1,0 +1,82 @@
+#include "data/casing.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/input_file.h"
+
+namespace packbert::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A vocabulary with this many capitalised entries is a cased one (bert-base-cased has thousands,
+// the uncased ones none).
+constexpr int kCasedEntries = 50;
+
+// do_lower_case from tokenizer_config.json beside `model`, when it says one.
+std::optional<bool> model_lower_case(const std::string& model, std::string& where) {
+  if (model.empty()) return std::nullopt;
+  const fs::path dir = fs::is_directory(model) ? fs::path(model) : fs::path(model).parent_path();
+  const fs::path path = (dir.empty() ? fs::path(".") : dir) / "tokenizer_config.json";
+  if (!fs::is_regular_file(path)) return std::nullopt;
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object() || !j.contains("do_lower_case") || !j["do_lower_case"].is_boolean())
+    return std::nullopt;
+  where = path.string();
+  return j["do_lower_case"].get<bool>();
+}
+
+}  // namespace
+
+int capitalised_entries(const Vocab& v) {
+  int n = 0;
+  for (int32_t i = 0; i < v.size(); ++i) {
+    const std::string& t = v.token(i);
+    if (t.size() > 2 && t.front() == '[' && t.back() == ']') continue;
+    for (char c : t)
+      if (c >= 'A' && c <= 'Z') {
+        ++n;
+        break;
+      }
+  }
+  return n;
+}
+
+Casing decide_casing(std::optional<bool> flag, const std::string& model, const Vocab& vocab,
+                     const std::string& vocab_name) {
+  std::string config;
+  const std::optional<bool> said = model_lower_case(model, config);
+  const int capitals = capitalised_entries(vocab);
+  const bool cased_vocab = capitals >= kCasedEntries;
+  Casing c;
+  if (flag) {
+    c.lower_case = *flag;
+    if (said && *said != *flag)
+      c.warning = std::string(*flag ? "--uncased" : "--cased") + " contradicts " + config +
+                  " (do_lower_case " + (*said ? "true" : "false") + ")";
+  } else if (said) {
+    c.lower_case = *said;
+    c.note = std::string(*said ? "uncased" : "cased") + " (do_lower_case " +
+             (*said ? "true" : "false") + " in " + config + ")";
+  } else {
+    c.lower_case = !cased_vocab;
+    c.note = cased_vocab ? "cased (" + vocab_name + " has " + std::to_string(capitals) +
+                               " entries with capitals; --uncased to lowercase)"
+                         : "uncased (" + vocab_name + " has no entries with capitals; --cased to "
+                                                      "keep case)";
+  }
+  if (c.warning.empty() && c.lower_case && cased_vocab)
+    c.warning = "lowercasing for a cased vocabulary (" + vocab_name + " has " +
+                std::to_string(capitals) + " entries with capitals, which lowercased text never "
+                                           "uses)";
+  if (c.warning.empty() && !c.lower_case && capitals == 0)
+    c.warning = "keeping case with an uncased vocabulary (" + vocab_name +
+                " has no capitals: every capitalised word becomes [UNK] or is split oddly)";
+  return c;
+}
+
+}  // namespace packbert::data
