@@ -86,13 +86,16 @@ void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu) 
 }
 
 void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case) {
-  CLI::Option* cased = cmd->add_flag_callback(
-      "--cased", [&lower_case] { lower_case = false; },
+  auto set = [&lower_case](bool lower) {
+    if (lower_case && *lower_case != lower)
+      throw CLI::ValidationError("--cased and --uncased contradict each other: give one");
+    lower_case = lower;
+  };
+  cmd->add_flag_callback(
+      "--cased", [set] { set(false); },
       "Keep case and accents (default: the model's tokenizer_config.json do_lower_case, else "
       "cased when the vocabulary has entries with capitals)");
-  CLI::Option* uncased = cmd->add_flag_callback(
-      "--uncased", [&lower_case] { lower_case = true; }, "Lowercase and strip accents");
-  cased->excludes(uncased);
+  cmd->add_flag_callback("--uncased", [set] { set(true); }, "Lowercase and strip accents");
 }
 
 std::string flag_of_field(const std::string& field) {
