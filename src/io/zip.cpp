@@ -1,6 +1,7 @@
 #include "io/zip.h"
 
-#include <array>
+#include <zlib.h>
+
 #include <cstring>
 
 #include "error.h"
@@ -9,24 +10,6 @@
 namespace packbert::io {
 
 namespace {
-
-// Slicing-by-8 tables: t[0] is the bytewise table, t[k][i] the CRC of byte i followed by k zero
-// bytes, so eight bytes fold in per step (about 4x the bytewise loop; a 440 MB BERT-base file
-// is checked in well under a second).
-const std::array<std::array<uint32_t, 256>, 8>& crc_tables() {
-  static const auto tables = [] {
-    std::array<std::array<uint32_t, 256>, 8> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i)
-      for (size_t k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
-    return t;
-  }();
-  return tables;
-}
 
 // Little-endian fields at checked offsets of the archive.
 class Reader {
@@ -54,20 +37,10 @@ constexpr uint32_t kLocalHeader = 0x04034b50, kCentralHeader = 0x02014b50, kEnd 
 }  // namespace
 
 uint32_t crc32(std::string_view bytes) {
-  const auto& t = crc_tables();
-  uint32_t c = 0xffffffffu;
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  size_t n = bytes.size();
-  for (; n >= 8; p += 8, n -= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= c;  // (little-endian, as every CPU packbert builds for)
-    c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
-        t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
-  }
-  for (; n > 0; ++p, --n) c = t[0][(c ^ *p) & 0xff] ^ (c >> 8);
-  return c ^ 0xffffffffu;
+  // zlib's (crc32_z takes a size_t length: a storage past 4 GiB is one call).
+  return static_cast<uint32_t>(::crc32_z(::crc32_z(0, nullptr, 0),
+                                         reinterpret_cast<const Bytef*>(bytes.data()),
+                                         bytes.size()));
 }
 
 ZipArchive ZipArchive::read(const std::string& path) {
