@@ -813,3 +813,36 @@ TEST_F(Casing, TokenizeAndPrepareWarnWhenTheCasingContradictsTheVocabulary) {
 
 }  // namespace
 }  // namespace packbert
+
+namespace packbert {
+namespace {
+
+// #45: an unknown subcommand or flag gets the nearest real one, and Hugging Face's flag names
+// get packbert's.
+using testing::Result;
+class Suggest : public testing::CliTest {};
+
+TEST_F(Suggest, UnknownNamesGetASuggestion) {
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"pretrian", "unknown subcommand 'pretrian'; did you mean 'pretrain'?"},
+           {"finetnue --epochs 1", "did you mean 'finetune'?"},
+           {"pretrain --learning_rate 1e-4", "unknown flag '--learning_rate' for pretrain; "
+                                             "packbert's is --lr"},
+           {"finetune --num_train_epochs 3", "packbert's is --epochs"},
+           {"finetune --per_device_train_batch_size 8", "packbert's is --batch-rows"},
+           {"finetune --model_name_or_path x", "packbert's is --init"},
+           {"pretrain --fp16", "packbert's is --precision fp16"},
+           {"pretrain --stpes 10", "did you mean '--steps'?"},
+           {"pretrain --num_train_epochs 3", "unknown flag '--num_train_epochs' for pretrain"},
+           {"prepare x --out y --max_seq_length 64", "packbert's is --max-seq-len"}}) {
+    Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_NE(r.err.find(says), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  Result r = run("pretrain --num_train_epochs 3");  // pretrain counts steps, not epochs
+  EXPECT_EQ(r.err.find("--epochs"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace packbert

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/suggest.h"
 #include "dist/comm.h"
 #include "error.h"
 #include "io/memory.h"
@@ -58,7 +59,9 @@ int run_command(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "packbert: error: " << e.what() << " (see --help)\n";
+    const std::string better = suggestion(app, argc, argv);
+    std::cerr << "packbert: error: " << (better.empty() ? e.what() + std::string(" (see --help)") : better)
+              << '\n';
     return 2;
   } catch (const SharedError& e) {  // every process has it: rank 0 says it
     if (dist::Comm::world().root()) std::cerr << "packbert: error: " << e.what() << '\n';
