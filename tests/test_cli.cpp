@@ -674,6 +674,53 @@ TEST_F(Labels, AClassifiersLabelsAreKeptByNameAndItsOutputsUnchanged) {
   EXPECT_EQ(a.out, b.out);
 }
 
+// #45 item 8: a fine-tuned classifier exports as the classifier it is, and a masked-LM model
+// (no pooler, no NSP head) is evaluated on MLM.
+TEST_F(Labels, EveryHeadExportsAndAMaskedLmModelEvaluates) {
+  const std::string cls = classifier();
+  const std::string x = (dir_ / "exported").string();
+  Result r = run("export --checkpoint " + cls + " --out " + x);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json config = json::parse(slurp(x + "/config.json"));
+  EXPECT_EQ(config["architectures"][0], "BertForSequenceClassification");
+  EXPECT_EQ(config["id2label"], json::parse(slurp(cls + "/config.json"))["id2label"]);
+  io::SafetensorsFile a = io::SafetensorsFile::read(cls + "/model.safetensors"),
+                      b = io::SafetensorsFile::read(x + "/model.safetensors");
+  EXPECT_EQ(a.tensors().size(), b.tensors().size());
+  for (const auto& [name, e] : a.tensors()) EXPECT_EQ(a.raw(name), b.raw(name)) << name;
+  EXPECT_FALSE(b.has("cls.predictions.transform.dense.weight"));
+
+  // A BertForMaskedLM: the pre-training export less its pooler and NSP head.
+  const std::string hf = (dir_ / "hf").string(), mlm = (dir_ / "mlm").string();
+  fs::create_directories(mlm);
+  io::SafetensorsFile full = io::SafetensorsFile::read(hf + "/model.safetensors");
+  std::vector<io::TensorToWrite> kept;
+  for (const auto& [name, e] : full.tensors()) {
+    if (name.starts_with("bert.pooler.") || name.starts_with("cls.seq_relationship.")) continue;
+    const std::string_view raw = full.raw(name);
+    kept.push_back({name, e.dtype, e.shape, raw.data(), raw.size()});
+  }
+  io::write_safetensors(mlm + "/model.safetensors", kept, {{"format", "pt"}});
+  json mc = json::parse(slurp(hf + "/config.json"));
+  mc["architectures"] = {"BertForMaskedLM"};
+  std::ofstream(mlm + "/config.json") << mc.dump(2);
+  const std::string seqs = (dir_ / "c.seqs").string();
+  Result ev = run("eval --model " + mlm + " --data " + seqs);
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  EXPECT_NE(ev.out.find("absent (a masked-LM model)"), std::string::npos) << ev.out;
+  Result full_ev = run("eval --model " + hf + " --data " + seqs);
+  ASSERT_EQ(full_ev.code, 0) << full_ev.err;
+  // The same MLM numbers as the full model it was cut from.
+  auto value = [](const std::string& table, const std::string& row) {
+    std::istringstream in(table.substr(table.find(row) + row.size()));
+    std::string v;
+    in >> v;
+    return v;
+  };
+  EXPECT_EQ(value(ev.out, "MLM loss"), value(full_ev.out, "MLM loss"));
+  EXPECT_EQ(value(ev.out, "MLM accuracy"), value(full_ev.out, "MLM accuracy"));
+}
+
 TEST_F(Labels, AnUnknownLabelIsRefusedUnlessANewHeadIsAskedFor) {
   const std::string cls = classifier();
   const fs::path data = tsv("d.tsv", {"neutral", "mixed", "positive"});

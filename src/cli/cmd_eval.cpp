@@ -53,7 +53,19 @@ void run_task_eval(const EvalArgs& a) {
 
 void run_eval(const EvalArgs& a) {
   if (a.task != "mlm") return run_task_eval(a);
-  auto m = train::load_model(a.model, model::Heads{});
+  // A masked-LM model (BertForMaskedLM: no pooler, no NSP head) is scored on MLM, its NSP rows
+  // said absent; any other missing tensor (the MLM head itself) is an error.
+  train::FreshTensors fresh{1, 0, {}};
+  auto m = train::load_model(a.model, model::Heads{}, {}, &fresh);
+  bool nsp = true;
+  for (const std::string& t : fresh.initialized) {
+    if (t.starts_with("cls.seq_relationship.") || t.starts_with("bert.pooler.")) {
+      nsp = false;
+      continue;
+    }
+    throw InputError(a.model + ": has no tensor '" + t +
+                     "' (eval --task mlm needs the MLM head: a pre-training or masked-LM model)");
+  }
   if (const std::string bad = train::non_finite_weights(*m); !bad.empty())
     std::cerr << "eval: warning: " << a.model << ": " << bad << "; its metrics will be NaN\n";
   data::SequencesFile f = data::read_sequences(a.data);
@@ -72,8 +84,8 @@ void run_eval(const EvalArgs& a) {
   Table t({"metric", "value"});
   t.add_row({"MLM loss", fixed(e.mlm_loss, 4)});
   t.add_row({"MLM accuracy", fixed(e.mlm_acc, 4)});
-  t.add_row({"NSP loss", fixed(e.nsp_loss, 4)});
-  t.add_row({"NSP accuracy", fixed(e.nsp_acc, 4)});
+  t.add_row({"NSP loss", nsp ? fixed(e.nsp_loss, 4) : "absent (a masked-LM model)"});
+  t.add_row({"NSP accuracy", nsp ? fixed(e.nsp_acc, 4) : "absent (a masked-LM model)"});
   t.add_row({"masked tokens", with_commas(e.mlm_count)});
   t.add_row({"sequences", with_commas(e.sequences)});
   t.print(std::cout);

@@ -105,6 +105,12 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
   return m;
 }
 
+model::Heads heads_of(const std::string& path) {
+  if (model::is_packbert_checkpoint(path))
+    return model::heads_present(io::SafetensorsFile::read(path));
+  return model::heads_present(model::import_model(path).weights);
+}
+
 bool ModelLabels::generic() const {
   for (size_t i = 0; i < names.size(); ++i)
     if (names[i] != "LABEL_" + std::to_string(i)) return false;
@@ -196,7 +202,8 @@ std::string non_finite_weights(const model::BertModel<float>& m) {
 }
 
 void export_model(const model::BertModel<float>& m, const std::string& dir,
-                  const std::string& vocab_path, bool overwrite, model::Precision dtype) {
+                  const std::string& vocab_path, bool overwrite, model::Precision dtype,
+                  const std::vector<std::string>& label_names) {
   const std::string bad = non_finite_weights(m);
   if (!bad.empty())
     throw InputError(dir + ": not written: " + bad + "; a model that computes NaN is not exported");
@@ -208,7 +215,7 @@ void export_model(const model::BertModel<float>& m, const std::string& dir,
                        std::to_string(m.config().vocab_size));
   }
   io::StagedDirectory out(dir, "--out", overwrite);
-  write_model_files(m, out.path(), vocab_path, {}, dtype);
+  write_model_files(m, out.path(), vocab_path, label_names, dtype);
   out.publish();
 }
 

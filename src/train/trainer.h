@@ -214,6 +214,10 @@ struct ModelLabels {
   bool generic() const;
 };
 ModelLabels model_labels(const std::string& path);
+
+// The heads a model file or directory holds (pre-training, a classifier, a span head), to load
+// and export it as it is: a fine-tuned model has no pre-training heads.
+model::Heads heads_of(const std::string& path);
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
                                                     model::Sparsity sparsity = {},
                                                     FreshTensors* fresh = nullptr);
@@ -236,6 +240,7 @@ void write_model_files(const model::BertModel<float>& m, const std::string& dir,
 // written) when a weight is not finite or vocab_path's size is not the model's vocab_size.
 void export_model(const model::BertModel<float>& m, const std::string& dir,
                   const std::string& vocab_path, bool overwrite = false,
-                  model::Precision dtype = model::Precision::fp32);
+                  model::Precision dtype = model::Precision::fp32,
+                  const std::vector<std::string>& label_names = {});
 
 }  // namespace packbert::train
