@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli_runner.h"
+#include "data/sequences.h"
 #include "io/safetensors.h"
 #include "kernels/cpu.h"
 
@@ -889,6 +890,54 @@ TEST_F(Suggest, UnknownNamesGetASuggestion) {
   }
   Result r = run("pretrain --num_train_epochs 3");  // pretrain counts steps, not epochs
   EXPECT_EQ(r.err.find("--epochs"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace packbert
+
+namespace packbert {
+namespace {
+
+// #45 item 7: finetune and eval say what they do while they do it; eval scores a file's
+// held-out split, not its training sequences, unless asked.
+TEST_F(Labels, FinetuneAndEvalShowProgressAndEvalScoresTheHeldOutSplit) {
+  const std::string seqs = prepared_corpus("c", 20, 4);
+  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+                " --preset tiny --steps 2 --batch-rows 4")
+                .code,
+            0);
+  const std::string init = (dir_ / "run" / "checkpoint.safetensors").string();
+  const fs::path data = tsv("d.tsv", {"a", "b"}, 48);
+  Result r = run("finetune --init " + init + " --train " + data.string() + " --dev " +
+                 data.string() + " --out " + (dir_ / "ft").string() +
+                 " --epochs 2 --batch-rows 2 --no-pack --logging-steps 5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("finetune: step 5/48  epoch 1/2  loss "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("finetune: step 48/48  epoch 2/2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" tok/s  ETA "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("step 6/48"), std::string::npos) << r.err;  // every 5, not every step
+
+  // A sequences file with a held-out split: that split is scored, or all with --all.
+  const std::string split = (dir_ / "s.seqs").string();
+  std::string text;
+  for (int d = 0; d < 40; ++d) text += "the king of the city number " + std::to_string(d) + " .\nthe war .\n\n";
+  ASSERT_EQ(run("prepare " + write("s.txt", text).string() + " --out " + split +
+                " --max-seq-len 32 --eval-fraction 0.25")
+                .code,
+            0);
+  const data::SequencesFile f = data::read_sequences(split);
+  ASSERT_TRUE(f.has_heldout_split());
+  const std::string held = std::to_string(f.size() - f.heldout_begin),
+                    all = std::to_string(f.size());
+  Result e = run("eval --model " + init + " --data " + split);
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.err.find("eval: scoring " + held + " of " + all + " sequences (the held-out"),
+            std::string::npos)
+      << e.err;
+  EXPECT_NE(e.out.find(" " + held + "\n"), std::string::npos) << e.out;  // the sequences row
+  e = run("eval --model " + init + " --data " + split + " --all --max-sequences 7");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.err.find("eval: scoring 7 of " + all + " sequences\n"), std::string::npos) << e.err;
 }
 
 }  // namespace

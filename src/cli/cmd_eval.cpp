@@ -9,6 +9,7 @@
 #include "cli/table.h"
 #include "error.h"
 #include "train/finetune.h"
+#include "train/progress.h"
 #include "train/trainer.h"
 
 namespace packbert::cli {
@@ -22,6 +23,9 @@ struct EvalArgs {
   data::SquadOptions squad;
   model::Precision precision = model::Precision::fp32;
   std::optional<bool> lower_case;
+  bool all = false;            // mlm: every sequence, not only the held-out split
+  int64_t max_sequences = 0;   // mlm: at most this many (0 = no limit)
+  int64_t logging_steps = 1000;  // mlm: without a terminal, a progress line every this many sequences
 };
 
 void run_task_eval(const EvalArgs& a) {
@@ -69,6 +73,16 @@ void run_eval(const EvalArgs& a) {
   if (const std::string bad = train::non_finite_weights(*m); !bad.empty())
     std::cerr << "eval: warning: " << a.model << ": " << bad << "; its metrics will be NaN\n";
   data::SequencesFile f = data::read_sequences(a.data);
+  // What is scored: the held-out split the file records (its training sequences say nothing
+  // about generalisation), unless --all; at most --max-sequences.
+  uint64_t begin = 0, end = f.size();
+  if (f.has_heldout_split() && !a.all) begin = f.heldout_begin;
+  if (a.max_sequences > 0) end = std::min<uint64_t>(end, begin + a.max_sequences);
+  const bool part = begin > 0 || end < f.size();
+  if (part && !a.packs.empty())
+    throw InputError("--packs lays out the whole file; it cannot score " +
+                     std::string(begin > 0 ? "the held-out split (--all scores every sequence)"
+                                           : "--max-sequences of it"));
   if (m->config().vocab_size != f.vocab_size)
     throw InputError(a.model + ": vocab_size " + std::to_string(m->config().vocab_size) +
                      " does not match " + a.data + "'s vocabulary of " +
@@ -78,9 +92,23 @@ void run_eval(const EvalArgs& a) {
   train::LoaderOptions lo;
   lo.rows_per_batch = a.rows;
   lo.shuffle = false;
+  lo.row_begin = begin, lo.row_end = end;
   train::BatchLoader loader(f, data::sequences_checksum(a.data), packs ? &*packs : nullptr, nullptr,
                             lo, {});
-  const train::EvalMetrics e = train::evaluate_mlm(*m, loader, a.precision);
+  // (said once every input is read and good: a bad input's error stays the only line)
+  std::cerr << "eval: scoring " << with_commas(static_cast<int64_t>(end - begin)) << " of "
+            << with_commas(static_cast<int64_t>(f.size())) << " sequences"
+            << (begin > 0 ? " (the held-out split the file records; --all for every one)" : "")
+            << '\n';
+  train::ProgressLine progress("eval", "sequence", 0, static_cast<int64_t>(end - begin), "seq",
+                               a.logging_steps);
+  int64_t scored = 0;
+  const train::EvalMetrics e =
+      train::evaluate_mlm(*m, loader, a.precision, [&](int64_t sequences, double seconds) {
+        scored += sequences;
+        progress.update(scored, static_cast<double>(sequences), seconds, "");
+      });
+  progress.finish();
   Table t({"metric", "value"});
   t.add_row({"MLM loss", fixed(e.mlm_loss, 4)});
   t.add_row({"MLM accuracy", fixed(e.mlm_acc, 4)});
@@ -115,6 +143,13 @@ void register_eval(CLI::App& app) {
   number(ev, "--max-seq-len", e->max_seq_len,
          "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
   ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
+  ev->add_flag("--all", e->all,
+               "mlm: score every sequence of a file that records a held-out split (by default "
+               "only that split)");
+  number(ev, "--max-sequences", e->max_sequences, "mlm: score at most this many (0 = all)", 0,
+         kMaxCount);
+  number(ev, "--logging-steps", e->logging_steps,
+         "mlm: without a terminal, a progress line every this many sequences", 1, 1e12);
   squad_flags(ev, e->squad);
   precision_flag(ev, e->precision);
   ev->callback([e] { run_eval(*e); });

@@ -44,6 +44,10 @@ void register_finetune(CLI::App& app) {
       number(cmd, "--max-seq-len", o->max_seq_len,
              "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);
   number(cmd, "--epochs", o->epochs, "Passes over the training data", 1, 1e6);
+  number(cmd, "--logging-steps", o->logging_steps,
+         "Without a terminal, a progress line every this many steps (on one, a line rewritten "
+         "in place)",
+         1, 1e9);
   const LoopFlags loop =
       loop_flags(cmd, o->loop, "adamw", 1e-3, 5e-5,
                  "Peak learning rate (default 5e-5 with AdamW, as BERT's authors fine-tuned; "

@@ -13,6 +13,7 @@
 #include "cli/table.h"
 #include "dist/comm.h"
 #include "error.h"
+#include "train/progress.h"
 #include "train/sparsity.h"
 #include "train/trainer.h"
 
@@ -60,15 +61,8 @@ class StopOnSignals {
   std::thread watcher_;
 };
 
-std::string eta_text(double seconds) {
-  int s = static_cast<int>(seconds);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
-  return buf;
-}
-
 // Returns the exit code: 0, or 128 + the signal that stopped the run (130 SIGINT, 143 SIGTERM).
-int run_pretrain(const train::PretrainOptions& opt, bool resume) {
+int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_steps) {
   StopOnSignals signals;  // before the trainer starts any thread
   train::Trainer trainer(opt, resume);
   const bool tty = ::isatty(2);
@@ -116,11 +110,11 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume) {
             line, sizeof line,
             "step %lld/%lld  loss %.4f  mlm acc %.3f  nsp acc %.3f  lr %.2e  %.0f tok/s  ETA %s%s",
             static_cast<long long>(s.step), static_cast<long long>(opt.max_steps), s.loss,
-            s.mlm_acc, s.nsp_acc, s.lr, rate, eta_text(eta).c_str(),
+            s.mlm_acc, s.nsp_acc, s.lr, rate, train::clock_text(eta).c_str(),
             s.skipped ? ("  (update skipped: " + s.skip_reason + ")").c_str() : "");
         if (tty)
           std::cerr << '\r' << line << "\033[K" << std::flush;
-        else if (s.skipped || s.step % 10 == 0 || s.step == opt.max_steps)
+        else if (s.skipped || s.step % logging_steps == 0 || s.step == opt.max_steps)
           std::cerr << line << '\n';
       },
       [&](const train::EvalMetrics& e) {
@@ -217,6 +211,11 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          0, 1);
   sparse_flags(cmd, o->sparse, true);
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
+  auto logging = std::make_shared<int>(10);
+  number(cmd, "--logging-steps", *logging,
+         "Without a terminal, a progress line every this many steps (on one, a line rewritten "
+         "in place)",
+         1, 1e9);
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "
                 "framework cost)");
@@ -224,12 +223,12 @@ void register_pretrain(CLI::App& app, int& exit_code) {
                 "With --packs: put each pack's sequences in rows of their own (padded): the same "
                 "sequences per step, in the same order, as the packed run; --batch-rows still "
                 "counts packs");
-  cmd->callback([cmd, o, resume, loop, carry, &exit_code] {
+  cmd->callback([cmd, o, resume, loop, carry, logging, &exit_code] {
     train::PretrainOptions opt = *o;
     opt.carry_optimizer = *carry == "carry";
     opt.preset_given = cmd->get_option("--preset")->count() > 0;
     loop.finish(opt.loop);
-    exit_code = run_pretrain(opt, *resume);
+    exit_code = run_pretrain(opt, *resume, *logging);
   });
 }
 

@@ -20,8 +20,10 @@
 #include "pack/assign.h"
 #include "pack/plan.h"
 #include "rng.h"
+#include "stopwatch.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
+#include "train/progress.h"
 #include "train/trainer.h"
 #include "io/input_file.h"
 
@@ -116,6 +118,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
                              lo.rows_per_batch, omp_get_max_threads());
   const model::Recompute recompute = check_step_fits(plan, lo.recompute, lo.memory_limit);
   Stepper stepper(m, lo, lo.optimizer, lo.accumulation, recompute, comm);
+  ProgressLine progress("finetune", "step", 0, total, "tok", o.logging_steps);
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     std::vector<size_t> order(rows.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -132,7 +135,9 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
     for (int64_t s = 0; s < per_epoch; ++s) {
       const int n =
           static_cast<int>(std::min<int64_t>(lo.accumulation, micros - s * lo.accumulation));
+      const double t0 = now_seconds();
       const StepResult r = stepper.step(res.steps, total, next, "no model written", n);
+      const double seconds = now_seconds() - t0;
       nlohmann::json line{
           {"type", "step"}, {"step", res.steps + 1},    {"epoch", epoch + 1},  {"loss", r.loss()},
           {"lr", r.lr},     {"grad_norm", r.grad_norm}, {"skipped", r.skipped}};
@@ -145,7 +150,14 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
       }
       if (comm.root()) log << line.dump() << std::endl;
       ++res.steps;
+      if (comm.root()) {
+        char fields[128];
+        std::snprintf(fields, sizeof fields, "epoch %d/%d  loss %.4f  lr %.2e%s", epoch + 1,
+                      o.epochs, r.loss(), r.lr, r.skipped ? "  (update skipped)" : "");
+        progress.update(res.steps, static_cast<double>(r.real_tokens), seconds, fields);
+      }
     }
+    if (comm.root()) progress.finish();
     evaluate(epoch + 1);
   }
 }

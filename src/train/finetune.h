@@ -26,6 +26,7 @@ struct FinetuneOptions {
   std::string train, dev, init, out_dir, vocab;
   int max_seq_len = 128;
   int epochs = 3;
+  int logging_steps = 10;  // without a terminal, a progress line every this many steps
   bool packed = true;
   bool overwrite = false;    // replace a model directory already at out_dir
   // classify: train a new classifier (the data's labels, sorted) even when init has one.

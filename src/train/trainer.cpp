@@ -812,11 +812,14 @@ void Trainer::save_best(const EvalMetrics& e) {
 }
 
 EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
-                         model::Precision precision) {
+                         model::Precision precision,
+                         const std::function<void(int64_t, double)>& progress) {
   EvalMetrics e;
   double mlm_sum = 0, nsp_sum = 0;
   int64_t nsp_n = 0, mlm_correct = 0, nsp_correct = 0;
   while (loader.cursor().epoch == 0) {
+    const double t0 = now_seconds();
+    const int64_t before = e.sequences;
     model::PackedBatch b = loader.next();
     model::StepOptions so;
     so.precision = precision;
@@ -829,6 +832,7 @@ EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
     mlm_correct += o.mlm_correct;
     nsp_correct += o.nsp_correct;
     for (int32_t y : m.tokens().nsp_label) e.sequences += y != -100;
+    if (progress) progress(e.sequences - before, now_seconds() - t0);
   }
   e.mlm_loss = e.mlm_count ? mlm_sum / static_cast<double>(e.mlm_count) : 0;
   e.mlm_acc = e.mlm_count ? static_cast<double>(mlm_correct) / static_cast<double>(e.mlm_count) : 0;

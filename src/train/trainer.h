@@ -107,8 +107,11 @@ struct EvalMetrics {
 
 // Pre-training metrics over one epoch of `loader` (dropout off): what pretrain reports on its
 // held-out split and `packbert eval` over a whole file. step, elapsed and eval_seconds are left 0.
-EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
-                         model::Precision precision = model::Precision::fp32);
+// `progress`, when given, is called after each batch with the sequences it held and its seconds.
+EvalMetrics evaluate_mlm(
+    model::BertModel<float>& m, BatchLoader& loader,
+    model::Precision precision = model::Precision::fp32,
+    const std::function<void(int64_t sequences, double seconds)>& progress = {});
 
 // Why Trainer::run returned. target_reached: an evaluation (the last one included) reached
 // target_accuracy.
