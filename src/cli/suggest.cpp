@@ -38,10 +38,7 @@ constexpr std::pair<const char*, const char*> kForeignFlags[] = {
     {"resume-from-checkpoint", "--resume"},
     {"vocab-file", "--vocab"},
     {"input-file", "--data"},
-    {"masked-lm-prob", "--masked-lm-prob"},
     {"max-predictions-per-seq", "--max-predictions"},
-    {"max-answer-length", "--max-answer-len"},
-    {"max-query-length", "--max-query-len"},
 };
 
 // "--Learning_Rate" -> "learning-rate": how the tables above and packbert's names compare.
