@@ -1359,5 +1359,25 @@ TEST(Finetune, SquadSpanHeadLearnsAMarkerWord) {
   EXPECT_NO_THROW(finetune(o));
 }
 
+// GLUE's metrics (#45): accuracy, F1 of label 1 and Matthews correlation, against values worked
+// by hand from the textbook formulas and sklearn's documented multi-class examples.
+TEST(ClassifyScore, AccuracyF1AndMccAsGlueScoresThem) {
+  // Binary: tp 3, fn 1, fp 1, tn 3.
+  ClassifyScore b = classify_score({0, 1, 1, 0, 1, 1, 0, 0}, {0, 1, 0, 0, 1, 1, 1, 0}, 2);
+  EXPECT_DOUBLE_EQ(b.accuracy, 0.75);
+  ASSERT_TRUE(b.f1.has_value());
+  EXPECT_DOUBLE_EQ(*b.f1, 0.75);                 // 2*3 / (2*3 + 1 + 1)
+  EXPECT_DOUBLE_EQ(b.mcc, (9.0 - 1.0) / 16.0);  // (tp tn - fp fn) / sqrt(4 * 4 * 4 * 4)
+  // sklearn's matthews_corrcoef docstring: y_true [1, 1, 1, -1], y_pred [1, -1, 1, 1] -> -1/3.
+  EXPECT_NEAR(classify_score({1, 1, 1, 0}, {1, 0, 1, 1}, 2).mcc, -1.0 / 3.0, 1e-12);
+  // Three classes (sklearn's tests): all wrong in a rotation -> -0.5; all right -> 1.
+  ClassifyScore m = classify_score({0, 0, 1, 1, 2, 2}, {2, 2, 0, 0, 1, 1}, 3);
+  EXPECT_NEAR(m.mcc, -0.5, 1e-12);
+  EXPECT_FALSE(m.f1.has_value());
+  EXPECT_DOUBLE_EQ(classify_score({0, 0, 1, 1, 2, 2}, {0, 0, 1, 1, 2, 2}, 3).mcc, 1.0);
+  // One class predicted for everything: MCC 0 (sklearn's convention), not NaN.
+  EXPECT_EQ(classify_score({0, 1, 0, 1}, {1, 1, 1, 1}, 2).mcc, 0.0);
+}
+
 }  // namespace
 }  // namespace packbert::train

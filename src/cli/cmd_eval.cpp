@@ -49,6 +49,8 @@ void run_task_eval(const EvalArgs& a) {
     t.add_row({"windows", with_commas(r.sequences)});
   } else {
     t.add_row({"accuracy", fixed(r.accuracy, 4)});
+    if (r.scores.f1) t.add_row({"F1 (label 1)", fixed(*r.scores.f1, 4)});
+    t.add_row({"MCC", fixed(r.scores.mcc, 4)});
     t.add_row({"examples", with_commas(r.examples)});
   }
   t.print(std::cout);

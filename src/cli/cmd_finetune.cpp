@@ -71,10 +71,18 @@ void register_finetune(CLI::App& app) {
       std::cout << r.train_sequences << " training windows in " << r.train_rows << " rows";
       if (r.skipped) std::cout << " (" << r.skipped << " questions skipped: answer not found)";
     } else {
-      Table t({"epoch", "dev accuracy", "majority baseline"});
-      for (size_t e = 0; e < r.dev_accuracy.size(); ++e)
-        t.add_row(
-            {std::to_string(e + 1), fixed(r.dev_accuracy[e], 4), fixed(r.majority_baseline, 4)});
+      const bool binary = r.num_labels == 2;
+      std::vector<std::string> head = {"epoch", "dev accuracy"};
+      if (binary) head.push_back("dev F1");
+      head.insert(head.end(), {"dev MCC", "majority baseline"});
+      Table t(head);
+      for (size_t e = 0; e < r.dev_scores.size(); ++e) {
+        const train::ClassifyScore& s = r.dev_scores[e];
+        std::vector<std::string> row = {std::to_string(e + 1), fixed(s.accuracy, 4)};
+        if (binary) row.push_back(fixed(s.f1.value_or(0), 4));
+        row.insert(row.end(), {fixed(s.mcc, 4), fixed(r.majority_baseline, 4)});
+        t.add_row(row);
+      }
       t.print(std::cout);
       std::cout << r.num_labels << " labels, " << r.train_sequences << " examples in "
                 << r.train_rows << " rows";

@@ -180,16 +180,38 @@ void for_each_batch(model::BertModel<float>& m, const std::vector<Seq>& seqs,
 }
 
 // Classification accuracy over rows of examples.
-double accuracy(model::BertModel<float>& m, const std::vector<data::ClassifyExample>& ex,
-                const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S,
-                model::Precision precision) {
-  int64_t ok = 0, n = 0;
+// The classifier's prediction (argmax of its logits) for every example, by index.
+std::vector<int32_t> predict(model::BertModel<float>& m, const std::vector<data::ClassifyExample>& ex,
+                             const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
+                             int S, model::Precision precision) {
+  std::vector<int32_t> pred(ex.size(), -1);
+  const int NL = m.config().num_labels;
   for_each_batch(m, ex, rows, rows_per_batch, S, precision,
-                 [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>&) {
-                   ok += out.cls_correct;
-                   n += out.cls_count;
+                 [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>& batch_rows) {
+                   const float* logits = m.class_logits();  // [sequences in row order, NL]
+                   int64_t k = 0, correct = 0;
+                   for (const auto& row : batch_rows)
+                     for (const int64_t id : row) {
+                       const float* l = logits + k++ * NL;
+                       const auto p = static_cast<int32_t>(std::max_element(l, l + NL) - l);
+                       pred[static_cast<size_t>(id)] = p;
+                       correct += p == ex[static_cast<size_t>(id)].label;
+                     }
+                   // (the head's own count, by the same argmax: the rows are read in order)
+                   if (k != out.cls_count || correct != out.cls_correct)
+                     throw std::logic_error("classifier predictions out of order with the batch");
                  });
-  return n ? static_cast<double>(ok) / static_cast<double>(n) : 0.0;
+  return pred;
+}
+
+ClassifyScore score_classifier(model::BertModel<float>& m,
+                               const std::vector<data::ClassifyExample>& ex,
+                               const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
+                               int S, model::Precision precision) {
+  std::vector<int32_t> truth;
+  for (const auto& e : ex) truth.push_back(e.label);
+  return classify_score(truth, predict(m, ex, rows, rows_per_batch, S, precision),
+                        m.config().num_labels);
 }
 
 // Each SQuAD example's predicted answer: span logits of every window, then n-best decoding.
@@ -330,15 +352,18 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   res.dev_sequences = static_cast<int64_t>(dev.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   train_epochs(*m, o, train, tr, log, res, [&](int epoch) {
-    res.dev_accuracy.push_back(
-        accuracy(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision));
-    log << nlohmann::json{{"type", "eval"},
-                          {"epoch", epoch},
-                          {"step", res.steps},
-                          {"dev_acc", res.dev_accuracy.back()},
-                          {"majority_baseline", res.majority_baseline}}
-               .dump()
-        << std::endl;
+    const ClassifyScore sc =
+        score_classifier(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision);
+    res.dev_scores.push_back(sc);
+    res.dev_accuracy.push_back(sc.accuracy);
+    nlohmann::json line{{"type", "eval"},
+                        {"epoch", epoch},
+                        {"step", res.steps},
+                        {"dev_acc", sc.accuracy},
+                        {"dev_mcc", sc.mcc},
+                        {"majority_baseline", res.majority_baseline}};
+    if (sc.f1) line["dev_f1"] = *sc.f1;
+    log << line.dump() << std::endl;
   });
   if (!dist::Comm::world().root()) return res;  // rank 0 alone writes the model
   std::vector<std::string> names(labels.size());
@@ -396,6 +421,34 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
 }
 
 }  // namespace
+
+ClassifyScore classify_score(const std::vector<int32_t>& truth, const std::vector<int32_t>& pred,
+                             int num_labels) {
+  ClassifyScore s;
+  const size_t K = static_cast<size_t>(std::max(num_labels, 2));
+  std::vector<double> c(K * K, 0);  // confusion: c[truth * K + pred]
+  for (size_t i = 0; i < truth.size(); ++i)
+    c[static_cast<size_t>(truth[i]) * K + static_cast<size_t>(pred[i])] += 1;
+  const double n = static_cast<double>(truth.size());
+  if (n == 0) return s;
+  double correct = 0;
+  std::vector<double> t(K, 0), p(K, 0);  // per-label counts in truth and predictions
+  for (size_t a = 0; a < K; ++a)
+    for (size_t b = 0; b < K; ++b) t[a] += c[a * K + b], p[b] += c[a * K + b];
+  for (size_t a = 0; a < K; ++a) correct += c[a * K + a];
+  s.accuracy = correct / n;
+  // Matthews correlation, the multi-class form (Gorodkin 2004); sklearn's matthews_corrcoef.
+  double tp = 0, pp = 0, tt = 0;
+  for (size_t a = 0; a < K; ++a) tp += t[a] * p[a], pp += p[a] * p[a], tt += t[a] * t[a];
+  const double den = std::sqrt((n * n - pp) * (n * n - tt));
+  s.mcc = den > 0 ? (correct * n - tp) / den : 0;
+  // F1 of label 1 (the positive class of GLUE's binary tasks), sklearn's f1_score.
+  if (num_labels == 2) {
+    const double tp1 = c[1 * K + 1], fp = c[0 * K + 1], fn = c[1 * K + 0];
+    s.f1 = tp1 + fp + fn > 0 ? 2 * tp1 / (2 * tp1 + fp + fn) : 0;
+  }
+  return s;
+}
 
 FinetuneResult finetune(const FinetuneOptions& o) {
   check_loop_options(o.loop);
@@ -506,7 +559,8 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
   say_casing(casing, "eval");
   const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
-  r.accuracy = accuracy(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
+  r.scores = score_classifier(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
+  r.accuracy = r.scores.accuracy;
   r.examples = r.sequences = static_cast<int64_t>(ex.size());
   return r;
 }

@@ -46,8 +46,18 @@ struct FinetuneOptions {
   }();
 };
 
+// Classification metrics over a dev set: accuracy, Matthews correlation (GLUE's CoLA metric;
+// multi-class as sklearn computes it) and, with two labels, F1 of label 1 (MRPC's and QQP's).
+struct ClassifyScore {
+  double accuracy = 0, mcc = 0;
+  std::optional<double> f1;  // two labels only
+};
+ClassifyScore classify_score(const std::vector<int32_t>& truth, const std::vector<int32_t>& pred,
+                             int num_labels);
+
 struct FinetuneResult {
   std::vector<double> dev_accuracy;  // classify: after each epoch
+  std::vector<ClassifyScore> dev_scores;  // classify: after each epoch
   double majority_baseline = 0;      // accuracy of always predicting the most frequent train label
   std::vector<data::SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
   int64_t steps = 0;
@@ -81,6 +91,7 @@ struct TaskEvalOptions {
 
 struct TaskEvalResult {
   double accuracy = 0;                  // classify
+  ClassifyScore scores;                 // classify
   data::SquadScore squad;               // squad (%)
   int64_t examples = 0, sequences = 0;  // questions/examples and the windows they became
 };
