@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "data/classify_tsv.h"
 #include "data/corpus.h"
 #include "data/gcide.h"
 #include "data/pretraining.h"
@@ -407,6 +408,76 @@ TEST(Gcide, ConvertsDictdIndexAndDictzip) {
   std::ofstream(d / "bad.index") << "apple\t!!\tB\n";
   EXPECT_THROW(gcide_to_text((d / "bad.index").string(), (d / "x.dict.dz").string()), InputError);
   std::filesystem::remove_all(d);
+}
+
+// #45: the GLUE tasks' TSV layouts are recognised by header (QNLI's question and sentence are a
+// pair, not a sentence with a column dropped); a column that is neither text, label nor known to
+// be ignorable is refused; --text-columns/--label-column name them for anything else.
+TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
+  const Tokenizer tok(base_vocab(), true);
+  const std::string dir = ::testing::TempDir();
+  auto read = [&](const std::string& header, const std::string& row, const TsvColumns& c = {}) {
+    const std::string path = dir + "/glue.tsv";
+    std::ofstream(path) << header << "\n" << row << "\n";
+    std::map<std::string, int32_t> labels;
+    return read_classification_tsv(path, tok, 64, labels, true, c);
+  };
+  const std::vector<int32_t> king = tok.encode("the king"), war = tok.encode("the war");
+  // Each layout with "the king" as its first text, "the war" as its second (when it has one).
+  struct Layout {
+    const char* task;
+    std::string header, row;
+    bool pair;
+  };
+  for (const Layout& l : std::vector<Layout>{
+           {"SST-2", "sentence\tlabel", "the king\t1", false},
+           {"CoLA", "sentence\tlabel\tidx", "the king\t1\t0", false},
+           {"MRPC", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t7\t8\tthe king\tthe war",
+            true},
+           {"QQP", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+            "0\t1\t2\tthe king\tthe war\t0", true},
+           {"MNLI",
+            "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+            "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label",
+            "0\t1\t2\tfiction\t( x )\t( y )\t(ROOT x)\t(ROOT y)\tthe king\tthe war\tneutral\t"
+            "neutral",
+            true},
+           {"QNLI", "index\tquestion\tsentence\tlabel", "0\tthe king\tthe war\tentailment", true},
+           {"RTE", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\tentailment", true},
+           {"WNLI", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\t1", true}}) {
+    const std::vector<ClassifyExample> ex = read(l.header, l.row);
+    ASSERT_EQ(ex.size(), 1u) << l.task;
+    std::vector<int32_t> want = {base_vocab().cls()};
+    want.insert(want.end(), king.begin(), king.end());
+    want.push_back(base_vocab().sep());
+    if (l.pair) {
+      want.insert(want.end(), war.begin(), war.end());
+      want.push_back(base_vocab().sep());
+    }
+    EXPECT_EQ(ex[0].tokens, want) << l.task;
+    EXPECT_EQ(ex[0].b_start, static_cast<int32_t>(king.size() + 2)) << l.task;
+  }
+  auto error_of = [&](const std::string& header, const std::string& row, const TsvColumns& c) {
+    try {
+      read(header, row, c);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("label\tsentence\tnotes", "1\tthe king\tthe war", {})
+                .find("column 'notes' is neither the text (sentence), the label (label)"),
+            std::string::npos);
+  EXPECT_NE(error_of("index\tsentence1\tsentence2\tscore", "0\ta\tb\t3.2", {})
+                .find("regression target (STS-B)"),
+            std::string::npos);
+  // Named by the user: any layout, other columns unused.
+  const std::vector<ClassifyExample> named =
+      read("notes\tverdict\tsentence", "the war\t1\tthe king", {{"sentence", "notes"}, "verdict"});
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].b_start, static_cast<int32_t>(king.size() + 2));
+  EXPECT_NE(error_of("a\tb", "x\ty", {{"c"}, "a"}).find("no column 'c' (--text-columns)"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ struct EvalArgs {
   data::SquadOptions squad;
   model::Precision precision = model::Precision::fp32;
   std::optional<bool> lower_case;
+  data::TsvColumns columns;
   bool all = false;            // mlm: every sequence, not only the held-out split
   int64_t max_sequences = 0;   // mlm: at most this many (0 = no limit)
   int64_t logging_steps = 1000;  // mlm: without a terminal, a progress line every this many sequences
@@ -40,6 +41,7 @@ void run_task_eval(const EvalArgs& a) {
   o.squad = a.squad;
   o.precision = a.precision;
   o.lower_case = a.lower_case;
+  o.columns = a.columns;
   train::TaskEvalResult r = train::evaluate_task(o);
   Table t({"metric", "value"});
   if (o.task == train::FinetuneTask::squad) {
@@ -142,6 +144,7 @@ void register_eval(CLI::App& app) {
   number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
   vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
   casing_flags(ev, e->lower_case);
+  column_flags(ev, e->columns);
   number(ev, "--max-seq-len", e->max_seq_len,
          "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
   ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");

@@ -40,6 +40,7 @@ void register_finetune(CLI::App& app) {
                 "matched to its config.json id2label by name)");
   vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
   casing_flags(cmd, o->lower_case);
+  column_flags(cmd, o->columns);
   CLI::Option* len =
       number(cmd, "--max-seq-len", o->max_seq_len,
              "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);

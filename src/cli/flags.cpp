@@ -85,6 +85,18 @@ void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu) 
       ->default_str("fp32");
 }
 
+void column_flags(CLI::App* cmd, data::TsvColumns& columns) {
+  cmd->add_option("--text-columns", columns.text,
+                  "classify: the text column, or two for a pair (A,B); default: recognised from "
+                  "the header (sentence; sentence1,sentence2; question,sentence; question1,"
+                  "question2; ...: the GLUE tasks' layouts)")
+      ->delimiter(',')
+      ->expected(1, 2);
+  cmd->add_option("--label-column", columns.label,
+                  "classify: the label column (default: label, gold_label, Quality or "
+                  "is_duplicate); with the two flags other columns are ignored");
+}
+
 void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case) {
   auto set = [&lower_case](bool lower) {
     if (lower_case && *lower_case != lower)

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "data/classify_tsv.h"
 #include "data/squad.h"
 #include "model/config.h"
 #include "model/workspace.h"
@@ -77,6 +78,9 @@ const DefaultVocab& default_vocab();
 
 // --vocab bound to `value` (set to the default vocabulary); --help says where that was found.
 CLI::Option* vocab_option(CLI::App* cmd, std::string& value, const std::string& help);
+
+// --text-columns A[,B] and --label-column L of a classification TSV.
+void column_flags(CLI::App* cmd, data::TsvColumns& columns);
 
 // --cased / --uncased (one or neither): `lower_case` is set only when one is given.
 void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case);

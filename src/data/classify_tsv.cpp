@@ -26,12 +26,99 @@ std::vector<std::string> split_tabs(const std::string& line) {
   return out;
 }
 
+struct ColumnRoles {
+  int label = -1, a = -1, b = -1;
+};
+
+// The GLUE tasks' layouts, and a few common ones: the text pair (or single text) by header name,
+// first match wins (QNLI's question + sentence before SST-2's sentence alone).
+constexpr std::pair<const char*, const char*> kTextColumns[] = {
+    {"question", "sentence"},        // QNLI
+    {"question1", "question2"},      // QQP
+    {"#1 String", "#2 String"},      // MRPC
+    {"sentence1", "sentence2"},      // RTE, WNLI, MNLI, STS-B
+    {"premise", "hypothesis"},       // NLI datasets
+    {"text_a", "text_b"},            // Google BERT's InputExample
+    {"sentence", "sentence2"},
+    {"text", "text_b"},
+    {"sentence", nullptr},           // SST-2, CoLA
+    {"text", nullptr},               // most others
+    {"sentence1", nullptr},
+    {"text_a", nullptr}};
+constexpr const char* kLabelColumns[] = {"label", "gold_label", "Quality", "is_duplicate"};
+// Columns the GLUE files carry that are neither text nor label (ids, genres, parses, the
+// annotators' individual labels).
+bool ignorable(const std::string& name) {
+  static const char* const kNames[] = {"index",    "idx",       "id",      "qid1",   "qid2",
+                                       "#1 ID",    "#2 ID",     "promptID", "pairID", "genre",
+                                       "filename", "year",      "old_index", "source1",
+                                       "source2",  "label1",    "label2",  "label3", "label4",
+                                       "label5"};
+  for (const char* n : kNames)
+    if (name == n) return true;
+  return name.ends_with("_parse");
+}
+
+ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns& given,
+                         const std::string& path) {
+  auto find = [&](const std::string& name) {
+    for (size_t i = 0; i < head.size(); ++i)
+      if (head[i] == name) return static_cast<int>(i);
+    return -1;
+  };
+  ColumnRoles r;
+  if (!given.text.empty() || !given.label.empty()) {  // the user's names; other columns unused
+    auto need = [&](const std::string& name, const char* what) {
+      const int i = find(name);
+      if (i < 0) throw InputError(path + ":1: no column '" + name + "' (" + what + ") in the header");
+      return i;
+    };
+    r.label = need(given.label.empty() ? "label" : given.label, "--label-column");
+    if (given.text.empty()) throw InputError(path + ": --label-column needs --text-columns too");
+    r.a = need(given.text[0], "--text-columns");
+    if (given.text.size() > 1) r.b = need(given.text[1], "--text-columns");
+    return r;
+  }
+  for (const char* l : kLabelColumns)
+    if ((r.label = find(l)) >= 0) break;
+  if (r.label < 0) {
+    if (find("score") >= 0)
+      throw InputError(path + ":1: a 'score' column is a regression target (STS-B); packbert "
+                              "fine-tunes classifiers only");
+    throw InputError(path + ":1: header needs a label column (label, gold_label, Quality or "
+                            "is_duplicate), or give --label-column");
+  }
+  for (const auto& [a, b] : kTextColumns) {
+    const int ia = find(a), ib = b ? find(b) : -1;
+    if (ia >= 0 && (!b || ib >= 0)) {
+      r.a = ia, r.b = ib;
+      break;
+    }
+  }
+  if (r.a < 0)
+    throw InputError(path + ":1: header needs a text column (sentence, text, sentence1/sentence2, "
+                            "question/sentence, question1/question2, ...), or give "
+                            "--text-columns");
+  // Every other column must be one known to carry nothing to learn from: a text column read
+  // by no one would be a silent loss.
+  for (size_t i = 0; i < head.size(); ++i) {
+    const int c = static_cast<int>(i);
+    if (c == r.label || c == r.a || c == r.b || ignorable(head[i])) continue;
+    throw InputError(path + ":1: column '" + head[i] + "' is neither the text (" + head[r.a] +
+                     (r.b >= 0 ? ", " + head[r.b] : std::string()) + "), the label (" +
+                     head[r.label] + ") nor a column known to be ignorable; name the columns "
+                     "with --text-columns A[,B] and --label-column L");
+  }
+  return r;
+}
+
 }  // namespace
 
 std::vector<ClassifyExample> read_classification_tsv(const std::string& path, const Tokenizer& tok,
                                                      int max_seq_len,
                                                      std::map<std::string, int32_t>& labels,
-                                                     bool grow_labels) {
+                                                     bool grow_labels,
+                                                     const TsvColumns& columns) {
   io::require_text_input(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open for reading");
@@ -40,17 +127,8 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
   size_t offset = line.size() + 1;  // of the next line in the file
   check_utf8(line, path + ":1");
   std::vector<std::string> head = split_tabs(line);
-  auto col = [&](std::initializer_list<const char*> names) {
-    for (const char* n : names)
-      for (size_t i = 0; i < head.size(); ++i)
-        if (head[i] == n) return static_cast<int>(i);
-    return -1;
-  };
-  const int c_label = col({"label"}), c_a = col({"sentence", "sentence1", "text", "text_a"}),
-            c_b = col({"sentence2", "text_b"});
-  if (c_label < 0 || c_a < 0)
-    throw InputError(
-        path + ":1: header needs a 'label' and a 'sentence' (or sentence1/text/text_a) column");
+  const ColumnRoles roles = column_roles(head, columns, path);
+  const int c_label = roles.label, c_a = roles.a, c_b = roles.b;
   std::vector<ClassifyExample> out;
   int line_no = 1;
   const Vocab& v = tok.vocab();

@@ -11,6 +11,13 @@
 
 namespace packbert::data {
 
+// Which columns hold the text (one, or two for a pair) and the label. Empty: recognised from the
+// header, the GLUE tasks' own layouts included (classify_tsv.cpp).
+struct TsvColumns {
+  std::vector<std::string> text;
+  std::string label;
+};
+
 struct ClassifyExample {
   std::vector<int32_t> tokens;  // [CLS] a [SEP] (b [SEP])
   int32_t b_start = 0;          // first token of segment 1 (= size when there is no b)
@@ -26,7 +33,8 @@ struct ClassifyExample {
 std::vector<ClassifyExample> read_classification_tsv(const std::string& path, const Tokenizer& tok,
                                                      int max_seq_len,
                                                      std::map<std::string, int32_t>& labels,
-                                                     bool grow_labels);
+                                                     bool grow_labels,
+                                                     const TsvColumns& columns = {});
 
 // The ids of the labels in `seen` when no model says them: the labels sorted, numerically when
 // every one is a number ("2" before "10"), as Hugging Face's run_glue sorts them. The order the

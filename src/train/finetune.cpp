@@ -320,13 +320,13 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
                                    const data::Casing& casing, std::ostream& log) {
   std::map<std::string, int32_t> seen;  // the training file's labels, by first appearance
   std::vector<data::ClassifyExample> train =
-      data::read_classification_tsv(o.train, tok, o.max_seq_len, seen, true);
+      data::read_classification_tsv(o.train, tok, o.max_seq_len, seen, true, o.columns);
   FinetuneResult res;
   const ClassLabels chosen = class_labels(o.init, seen, o.new_head, o.train);
   std::map<std::string, int32_t> labels = chosen.ids;
   data::relabel(train, seen, labels, o.train);
   std::vector<data::ClassifyExample> dev =
-      data::read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false);
+      data::read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false, o.columns);
   res.num_labels = static_cast<int>(labels.size());
   res.label_note = chosen.note;
   if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
@@ -548,7 +548,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     }
   }
   std::vector<data::ClassifyExample> ex =
-      data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false);
+      data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false, o.columns);
   heads.classifier = true;
   auto m = load_model(o.model, heads);
   warn_non_finite(*m, o.model);

@@ -31,6 +31,7 @@ struct FinetuneOptions {
   bool overwrite = false;    // replace a model directory already at out_dir
   // classify: train a new classifier (the data's labels, sorted) even when init has one.
   bool new_head = false;
+  data::TsvColumns columns;  // classify: the text and label columns (empty: from the header)
   // Lowercase when tokenising (--uncased) or not (--cased); unset: data::decide_casing.
   std::optional<bool> lower_case;
   data::SquadOptions squad;  // doc stride, query and answer limits (max_seq_len above wins)
@@ -83,6 +84,7 @@ struct TaskEvalOptions {
   std::string vocab;
   std::string predictions;  // squad: write {id: answer} here when not empty
   std::optional<bool> lower_case;  // as FinetuneOptions::lower_case
+  data::TsvColumns columns;        // as FinetuneOptions::columns
   int max_seq_len = 384;
   int rows_per_batch = 8;
   data::SquadOptions squad;
