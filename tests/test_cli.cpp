@@ -28,7 +28,8 @@ const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_51
 // the option on the same line, from column 30, or on the next line indented 30 columns).
 TEST_F(Cli, HelpOnEverySubcommandDescribesEveryOption) {
   for (const char* sub : {"", "pack", "demo", "check-golden", "tokenize", "prepare", "inspect",
-                          "gcide-text", "pretrain", "eval", "export", "finetune", "plan"}) {
+                          "gcide-text", "pretrain", "eval", "export", "finetune", "plan",
+                          "convert", "plot"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -938,6 +939,37 @@ TEST_F(Labels, FinetuneAndEvalShowProgressAndEvalScoresTheHeldOutSplit) {
   e = run("eval --model " + init + " --data " + split + " --all --max-sequences 7");
   ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_NE(e.err.find("eval: scoring 7 of " + all + " sequences\n"), std::string::npos) << e.err;
+}
+
+}  // namespace
+}  // namespace packbert
+
+namespace packbert {
+namespace {
+
+// #45 item 10: packbert plot draws any metric of any runs' metrics.jsonl, one line per run.
+TEST_F(Labels, PlotDrawsEveryRunsCurve) {
+  const std::string seqs = prepared_corpus("c", 20, 4);
+  for (const char* run_name : {"first", "second"})
+    ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / run_name).string() +
+                  " --preset tiny --steps 4 --batch-rows 4 --eval-every 2")
+                  .code,
+              0);
+  const std::string svg = (dir_ / "c.svg").string();
+  Result r = run("plot " + (dir_ / "first").string() + " " + (dir_ / "second/metrics.jsonl").string() +
+                 " --metric eval.mlm_loss --x seconds --out " + svg);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string text = slurp(svg);
+  EXPECT_EQ(text.rfind("<svg", 0), 0u);
+  size_t lines = 0;
+  for (size_t at = 0; (at = text.find("<polyline", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 2u);
+  EXPECT_NE(text.find(">first<"), std::string::npos);
+  EXPECT_NE(text.find(">second<"), std::string::npos);
+  Result bad = run("plot " + (dir_ / "first").string() + " --metric accuracy --out " + svg);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("no record has 'accuracy' (numbers its records have: "), std::string::npos)
+      << bad.err;
 }
 
 }  // namespace

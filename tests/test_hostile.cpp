@@ -163,6 +163,7 @@ TEST_F(Hostile, EveryBadInputIsOneLineExit2AndLeavesNothing) {
   slot("convert {HF}/model.safetensors --out {O} --config {X}", json);
   slot("eval --task squad --model {HF} --data {X}", json);
   slot("finetune --task squad --init {HF} --train {X} --dev {Q} --out {O}", json);
+  slot("plot {X} --out {O}", json);
 
   // Every numeric flag of every subcommand (read from its --help), outside its range.
   const std::vector<std::pair<std::string, std::string>> subcommands = {

@@ -14,6 +14,7 @@ void register_inspect(CLI::App& app);
 void register_gcide(CLI::App& app);
 void register_finetune(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_plot(CLI::App& app);
 // Commands whose success is not just "no exception" set exit_code (check-golden: 1 = checked
 // and failed; pretrain: 128 + signal when stopped by SIGINT/SIGTERM).
 void register_pretrain(CLI::App& app, int& exit_code);

@@ -49,6 +49,7 @@ int run_command(int argc, char** argv) {
   register_convert(app);
   register_finetune(app);
   register_plan(app);
+  register_plot(app);
   register_check_golden(app, exit_code);
   try {
     app.parse(argc, argv);
