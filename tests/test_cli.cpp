@@ -974,3 +974,29 @@ TEST_F(Labels, PlotDrawsEveryRunsCurve) {
 
 }  // namespace
 }  // namespace packbert
+
+namespace packbert {
+namespace {
+
+// #45 item 10: --model names the model on every command that reads one (the older names stay).
+TEST_F(Labels, EveryCommandTakesTheModelAsModel) {
+  const std::string seqs = prepared_corpus("c", 20, 4);
+  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+                " --preset tiny --steps 2 --batch-rows 4")
+                .code,
+            0);
+  const std::string ckpt = (dir_ / "run/checkpoint.safetensors").string();
+  Result r = run("export --model " + ckpt + " --out " + (dir_ / "hf").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("eval --model " + (dir_ / "hf").string() + " --data " + seqs);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const fs::path data = tsv("d.tsv", {"a", "b"});
+  r = run("finetune --model " + (dir_ / "hf").string() + " --train " + data.string() + " --dev " +
+          data.string() + " --out " + (dir_ / "ft").string() + " --epochs 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("eval --task classify --model " + (dir_ / "ft").string() + " --data " + data.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace packbert

@@ -134,7 +134,8 @@ void register_eval(CLI::App& app) {
   ev->add_option("--task", e->task, "mlm (pre-training metrics) | classify | squad")
       ->capture_default_str()
       ->check(CLI::IsMember({"mlm", "classify", "squad"}));
-  ev->add_option("--model", e->model, "Hugging Face-layout directory or packbert checkpoint")
+  ev->add_option("--model,--init,--checkpoint", e->model,
+                 "Hugging Face-layout directory or packbert checkpoint")
       ->required();
   ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV; squad: SQuAD v1.1 JSON")
       ->required();

@@ -14,7 +14,10 @@ void register_export(CLI::App& app) {
   auto xv = std::make_shared<std::string>();
   CLI::App* ex = app.add_subcommand(
       "export", "Write config.json + model.safetensors + vocab.txt (Hugging Face layout)");
-  ex->add_option("--checkpoint", x->first, "packbert checkpoint (or HF directory)")->required();
+  ex->add_option("--checkpoint,--model", x->first,
+                 "The model: a packbert checkpoint or a Hugging Face directory (--model is the "
+                 "name every command takes)")
+      ->required();
   ex->add_option("--out", x->second, "Directory to write")->required();
   vocab_option(ex, *xv, "vocab.txt to include");
   auto xo = std::make_shared<bool>(false);

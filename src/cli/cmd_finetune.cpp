@@ -27,7 +27,9 @@ void register_finetune(CLI::App& app) {
       ->required();
   cmd->add_option("--dev", o->dev, "The same format; squad writes its answers to predictions.json")
       ->required();
-  cmd->add_option("--init", o->init, "Pre-trained model: HF directory or packbert checkpoint")
+  cmd->add_option("--init,--model", o->init,
+                  "Pre-trained model: HF directory or packbert checkpoint (--model is the name "
+                  "every command takes)")
       ->required();
   cmd->add_option("--out", o->out_dir,
                   "Directory for the fine-tuned model (HF layout) and metrics; it appears when "
