@@ -480,5 +480,58 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
             std::string::npos);
 }
 
+// #45: CSV (quoted fields with commas, doubled quotes and newlines) and JSONL read as TSV does,
+// the same columns recognised.
+TEST(ClassifyTsv, CsvAndJsonlAreReadLikeTsv) {
+  const Tokenizer tok(base_vocab(), true);
+  const std::string dir = ::testing::TempDir();
+  auto read = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << text;
+    std::map<std::string, int32_t> labels;
+    return read_classification_tsv(path, tok, 64, labels, true);
+  };
+  const std::vector<ClassifyExample> csv = read(
+      "p.csv",
+      "sentence1,sentence2,label,idx\n\"the king, \"\"first\"\"\",the war,1,0\n"
+      "\"a city\nof kings\",\"the, war\",0,1\n");
+  ASSERT_EQ(csv.size(), 2u);
+  std::vector<int32_t> want = {base_vocab().cls()};
+  for (int32_t t : tok.encode("the king, \"first\"")) want.push_back(t);
+  want.push_back(base_vocab().sep());
+  for (int32_t t : tok.encode("the war")) want.push_back(t);
+  want.push_back(base_vocab().sep());
+  EXPECT_EQ(csv[0].tokens, want);
+  std::vector<int32_t> second = {base_vocab().cls()};
+  for (int32_t t : tok.encode("a city\nof kings")) second.push_back(t);
+  second.push_back(base_vocab().sep());
+  for (int32_t t : tok.encode("the, war")) second.push_back(t);
+  second.push_back(base_vocab().sep());
+  EXPECT_EQ(csv[1].tokens, second);
+  const std::vector<ClassifyExample> jsonl = read(
+      "p.jsonl",
+      "{\"sentence1\": \"the king, \\\"first\\\"\", \"sentence2\": \"the war\", \"label\": 1}\n\n"
+      "{\"sentence1\": \"a city\\nof kings\", \"sentence2\": \"the, war\", \"label\": 0}\n");
+  ASSERT_EQ(jsonl.size(), 2u);
+  EXPECT_EQ(jsonl[0].tokens, csv[0].tokens);
+  EXPECT_EQ(jsonl[1].tokens, csv[1].tokens);
+  EXPECT_EQ(jsonl[0].label, csv[0].label);
+  try {
+    read("bad.csv", "sentence,label\n\"never closed,1\n");
+    ADD_FAILURE() << "an unterminated quote was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.csv:2: a quoted field never ends"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    read("bad.jsonl", "{\"sentence\": \"a\", \"label\": 1}\n{\"sentence\": \"b\"}\n");
+    ADD_FAILURE() << "a row without the label was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.jsonl:2: no \"label\""), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace packbert::data

@@ -23,7 +23,8 @@ void register_finetune(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"classify", "squad"}));
   cmd->add_option("--train", o->train,
-                  "classify: TSV with a header (label, sentence[, sentence2]); squad: JSON")
+                  "classify: TSV, CSV (.csv) or JSONL (.jsonl) with a header or keys naming the "
+                  "columns (label, sentence[, sentence2], or a GLUE task's); squad: JSON")
       ->required();
   cmd->add_option("--dev", o->dev, "The same format; squad writes its answers to predictions.json")
       ->required();

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "data/utf8.h"
 #include "error.h"
@@ -25,6 +26,111 @@ std::vector<std::string> split_tabs(const std::string& line) {
   out.push_back(std::move(cur));
   return out;
 }
+
+// A classification file's header and rows, one row at a time: TSV (tabs, no quoting, as GLUE's
+// files are), CSV (RFC 4180: fields in double quotes may hold commas, newlines and doubled quotes)
+// or JSONL (an object a line, its keys the columns in the first line's order), by extension.
+class RowReader {
+ public:
+  explicit RowReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+    io::require_text_input(path);
+    if (!in_) throw InputError(path + ": cannot open for reading");
+    format_ = path.ends_with(".csv")                               ? Format::csv
+              : path.ends_with(".jsonl") || path.ends_with(".json") ? Format::jsonl
+                                                                    : Format::tsv;
+    std::string line;
+    if (!read_line(line)) throw InputError(path + ": empty file (expected a header line)");
+    if (format_ == Format::jsonl) {
+      const nlohmann::json j = parse_object(line);
+      for (const auto& [k, v] : j.items()) head_.push_back(k);
+      first_ = line;
+    } else {
+      head_ = split(line);
+    }
+  }
+  const std::vector<std::string>& head() const { return head_; }
+  int line() const { return row_line_; }
+  // The next row's fields (false at the end); blank lines are skipped.
+  bool next(std::vector<std::string>& fields) {
+    std::string line;
+    if (!first_.empty()) {
+      line = std::move(first_), first_.clear();
+      row_line_ = 1;
+    } else {
+      do {
+        if (!read_line(line)) return false;
+      } while (line.empty() || line == "\r");
+      row_line_ = line_no_;
+    }
+    if (format_ != Format::jsonl) {
+      fields = split(line);
+      return true;
+    }
+    const nlohmann::json j = parse_object(line);
+    fields.clear();
+    for (const std::string& k : head_) {
+      if (!j.contains(k))
+        throw InputError(where() + ": no \"" + k + "\" (the first line's keys are the columns)");
+      fields.push_back(j[k].is_string() ? j[k].get<std::string>() : j[k].dump());
+    }
+    return true;
+  }
+
+ private:
+  enum class Format { tsv, csv, jsonl };
+  std::string where() const { return path_ + ":" + std::to_string(row_line_); }
+  bool read_line(std::string& line) {
+    if (!std::getline(in_, line)) return false;
+    ++line_no_;
+    check_utf8(line, path_ + ":" + std::to_string(line_no_), offset_);
+    offset_ += line.size() + 1;
+    return true;
+  }
+  nlohmann::json parse_object(const std::string& line) {
+    row_line_ = line_no_;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw InputError(path_ + ":" + std::to_string(line_no_) + ": not a JSON object");
+    return j;
+  }
+  std::vector<std::string> split(std::string line) {
+    if (format_ == Format::tsv) return split_tabs(line);
+    std::vector<std::string> out;
+    std::string cur;
+    bool quoted = false;
+    for (size_t i = 0;; ++i) {
+      if (i == line.size()) {
+        if (!quoted) break;
+        std::string more;  // a quoted field goes on past the line's end
+        if (!read_line(more))
+          throw InputError(path_ + ":" + std::to_string(row_line_) + ": a quoted field never ends");
+        line += "\n" + more;
+      }
+      const char c = line[i];
+      if (quoted) {
+        if (c != '"') cur += c;
+        else if (i + 1 < line.size() && line[i + 1] == '"') cur += '"', ++i;
+        else quoted = false;
+      } else if (c == '"') {
+        quoted = true;
+      } else if (c == ',') {
+        out.push_back(std::move(cur)), cur.clear();
+      } else if (c != '\r') {
+        cur += c;
+      }
+    }
+    out.push_back(std::move(cur));
+    return out;
+  }
+
+  std::string path_;
+  std::ifstream in_;
+  Format format_ = Format::tsv;
+  std::vector<std::string> head_;
+  std::string first_;  // JSONL: the first line is a row as well as the header
+  int line_no_ = 0, row_line_ = 0;
+  size_t offset_ = 0;
+};
 
 struct ColumnRoles {
   int label = -1, a = -1, b = -1;
@@ -119,25 +225,14 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
                                                      std::map<std::string, int32_t>& labels,
                                                      bool grow_labels,
                                                      const TsvColumns& columns) {
-  io::require_text_input(path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open for reading");
-  std::string line;
-  if (!std::getline(in, line)) throw InputError(path + ": empty file (expected a header line)");
-  size_t offset = line.size() + 1;  // of the next line in the file
-  check_utf8(line, path + ":1");
-  std::vector<std::string> head = split_tabs(line);
+  RowReader rows(path);
+  const std::vector<std::string>& head = rows.head();
   const ColumnRoles roles = column_roles(head, columns, path);
   const int c_label = roles.label, c_a = roles.a, c_b = roles.b;
   std::vector<ClassifyExample> out;
-  int line_no = 1;
   const Vocab& v = tok.vocab();
-  while (std::getline(in, line)) {
-    ++line_no;
-    check_utf8(line, path + ":" + std::to_string(line_no), offset);
-    offset += line.size() + 1;
-    if (line.empty() || line == "\r") continue;
-    std::vector<std::string> f = split_tabs(line);
+  for (std::vector<std::string> f; rows.next(f);) {
+    const int line_no = rows.line();
     const int need = std::max({c_label, c_a, c_b});
     if (static_cast<int>(f.size()) <= need)
       throw InputError(path + ":" + std::to_string(line_no) + ": " + std::to_string(f.size()) +

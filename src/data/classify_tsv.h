@@ -1,5 +1,5 @@
-// Classification examples from TSV: `label` and one or two text columns, tokenised and
-// truncated like Google BERT's classifier data.
+// Classification examples from TSV, CSV or JSONL: a label and one or two text columns, tokenised
+// and truncated like Google BERT's classifier data.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +24,9 @@ struct ClassifyExample {
   int32_t label = 0;
 };
 
-// Reads a TSV whose first line is a header naming the columns: `label`, and `sentence` (or
-// `sentence1`/`text`/`text_a`), optionally `sentence2` (or `text_b`). Labels are strings mapped
+// Reads a TSV (or, by extension, a CSV or JSONL file) whose header names the columns: the text
+// (one, or a pair) and the label, recognised by name (the GLUE layouts) or named by `columns`;
+// any other column must be one known to be ignorable. Labels are strings mapped
 // to ids by `labels`; with grow_labels a label it lacks is added with the next id (the order of
 // first appearance: sorted_label_ids and relabel then give the ids a classifier is trained
 // with). Texts are truncated to max_seq_len like Google BERT (longer segment first). Throws
