@@ -994,8 +994,22 @@ TEST_F(Labels, EveryCommandTakesTheModelAsModel) {
   r = run("finetune --model " + (dir_ / "hf").string() + " --train " + data.string() + " --dev " +
           data.string() + " --out " + (dir_ / "ft").string() + " --epochs 1");
   ASSERT_EQ(r.code, 0) << r.err;
-  r = run("eval --task classify --model " + (dir_ / "ft").string() + " --data " + data.string());
+  const std::string pred = (dir_ / "pred.tsv").string();
+  r = run("eval --task classify --model " + (dir_ / "ft").string() + " --data " + data.string() +
+          " --predictions " + pred);
   ASSERT_EQ(r.code, 0) << r.err;
+  // run_glue's predict_results: a header, then each example's index and predicted label.
+  std::istringstream lines(slurp(pred));
+  std::string line;
+  ASSERT_TRUE(std::getline(lines, line));
+  EXPECT_EQ(line, "index\tprediction");
+  int n = 0;
+  for (; std::getline(lines, line); ++n) {
+    EXPECT_EQ(line.substr(0, line.find('\t')), std::to_string(n));
+    const std::string label = line.substr(line.find('\t') + 1);
+    EXPECT_TRUE(label == "a" || label == "b") << line;
+  }
+  EXPECT_EQ(n, 24);
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ void run_task_eval(const EvalArgs& a) {
     t.add_row({"examples", with_commas(r.examples)});
   }
   t.print(std::cout);
-  if (!a.predictions.empty()) std::cout << "answers in " << a.predictions << '\n';
+  if (!a.predictions.empty()) std::cout << "predictions in " << a.predictions << '\n';
 }
 
 void run_eval(const EvalArgs& a) {
@@ -148,7 +148,9 @@ void register_eval(CLI::App& app) {
   column_flags(ev, e->columns);
   number(ev, "--max-seq-len", e->max_seq_len,
          "classify/squad: tokens per sequence (default 128 / 384)", 8, 65536);
-  ev->add_option("--predictions", e->predictions, "squad: write {question id: answer} here");
+  ev->add_option("--predictions", e->predictions,
+                 "squad: write {question id: answer} here; classify: each example's predicted "
+                 "label, as run_glue's predict_results (index, prediction)");
   ev->add_flag("--all", e->all,
                "mlm: score every sequence of a file that records a held-out split (by default "
                "only that split)");

@@ -559,9 +559,22 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
   say_casing(casing, "eval");
   const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
-  r.scores = score_classifier(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
+  const std::vector<int32_t> pred =
+      predict(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
+  std::vector<int32_t> truth;
+  for (const auto& e : ex) truth.push_back(e.label);
+  r.scores = classify_score(truth, pred, m->config().num_labels);
   r.accuracy = r.scores.accuracy;
   r.examples = r.sequences = static_cast<int64_t>(ex.size());
+  if (!o.predictions.empty()) {  // run_glue's predict_results: index, predicted label's name
+    std::vector<std::string> name(static_cast<size_t>(m->config().num_labels));
+    for (const auto& [label, id] : labels)
+      if (id >= 0 && static_cast<size_t>(id) < name.size()) name[static_cast<size_t>(id)] = label;
+    std::string out = "index\tprediction\n";
+    for (size_t i = 0; i < pred.size(); ++i)
+      out += std::to_string(i) + "\t" + name[static_cast<size_t>(pred[i])] + "\n";
+    io::write_file_atomic(o.predictions, out);
+  }
   return r;
 }
 

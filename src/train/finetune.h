@@ -82,7 +82,8 @@ struct TaskEvalOptions {
   std::string model;  // fine-tuned model: HF directory (with labels.json for classify)
   std::string data;   // dev TSV or SQuAD JSON
   std::string vocab;
-  std::string predictions;  // squad: write {id: answer} here when not empty
+  // squad: {id: answer}; classify: "index<TAB>prediction" lines (run_glue's predict_results)
+  std::string predictions;
   std::optional<bool> lower_case;  // as FinetuneOptions::lower_case
   data::TsvColumns columns;        // as FinetuneOptions::columns
   int max_seq_len = 384;
