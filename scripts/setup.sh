@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   zlib1g-dev dict-gcide                  # the demo corpus (dictzip data read through zlib)
   openmpi-bin libopenmpi-dev             # data parallelism: mpirun -np N packbert pretrain ...
+  help2man                               # the man page, from packbert --help
 )
 
 if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi

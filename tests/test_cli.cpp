@@ -574,6 +574,12 @@ TEST_F(Cli, InstalledBinaryFindsItsVocabularyWhereverThePrefixMoves) {
   const std::string install = "cmake --install " + build.string() + " --prefix " + prefix.string() +
                               " >" + (dir_ / "install.log").string() + " 2>&1";
   ASSERT_EQ(std::system(install.c_str()), 0) << slurp(dir_ / "install.log");
+  // The man page is built with the binary wherever help2man is (scripts/setup.sh installs it).
+  if (fs::exists(build / "packbert.1")) {
+    const std::string page = slurp(prefix / "share" / "man" / "man1" / "packbert.1");
+    EXPECT_NE(page.find(".TH PACKBERT"), std::string::npos) << page.substr(0, 200);
+    EXPECT_NE(page.find("finetune"), std::string::npos);
+  }
   fs::rename(prefix, moved);
   const std::string bin = "env -u PACKBERT_VOCAB " + (moved / "bin" / "packbert").string();
   auto shell = [&](const std::string& cmd) {
