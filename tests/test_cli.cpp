@@ -1020,3 +1020,42 @@ TEST_F(Labels, EveryCommandTakesTheModelAsModel) {
 
 }  // namespace
 }  // namespace packbert
+
+namespace packbert {
+namespace {
+
+// #45: a fine-tuned span (SQuAD) model exports as BertForQuestionAnswering, every tensor
+// bit-identical, and imports again (convert) to the same tensors.
+TEST_F(Labels, AQuestionAnsweringModelExportsAndImportsBitIdentical) {
+  const std::string seqs = prepared_corpus("c", 20, 4);
+  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+                " --preset tiny --steps 2 --batch-rows 4")
+                .code,
+            0);
+  const std::string squad = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
+  const std::string qa = (dir_ / "qa").string();
+  Result r = run("finetune --task squad --model " + (dir_ / "run/checkpoint.safetensors").string() +
+                 " --train " + squad + " --dev " + squad + " --out " + qa +
+                 " --epochs 1 --max-seq-len 128");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string x = (dir_ / "x").string(), back = (dir_ / "back").string();
+  r = run("export --model " + qa + " --out " + x);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(x + "/config.json"))["architectures"][0],
+            "BertForQuestionAnswering");
+  r = run("convert " + x + " --out " + back);
+  ASSERT_EQ(r.code, 0) << r.err;
+  io::SafetensorsFile a = io::SafetensorsFile::read(qa + "/model.safetensors"),
+                      b = io::SafetensorsFile::read(x + "/model.safetensors"),
+                      c = io::SafetensorsFile::read(back + "/model.safetensors");
+  EXPECT_TRUE(a.has("qa_outputs.weight"));
+  EXPECT_EQ(a.tensors().size(), b.tensors().size());
+  EXPECT_EQ(a.tensors().size(), c.tensors().size());
+  for (const auto& [name, e] : a.tensors()) {
+    EXPECT_EQ(a.raw(name), b.raw(name)) << name;
+    EXPECT_EQ(a.raw(name), c.raw(name)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace packbert
