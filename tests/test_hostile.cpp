@@ -253,7 +253,11 @@ TEST_F(Hostile, HostileModelFilesAreRefusedQuicklyInLittleMemory) {
     return le64(header.size()) + header + data;
   };
   model_dir("pickle-rce", "pytorch_model.bin", slurp(torch + "evil.bin"));
-  model_dir("legacy-pickle", "pytorch_model.bin", slurp(torch + "legacy.bin"));
+  model_dir("legacy-pickle", "pytorch_model.bin", slurp(torch + "legacy.bin"));  // another model's
+  {
+    const std::string legacy = slurp(torch + "legacy.bin");
+    model_dir("legacy-truncated", "pytorch_model.bin", legacy.substr(0, legacy.size() * 2 / 3));
+  }
   {  // A zip bomb: the torch file's entries marked deflated (method 8), sizes unchanged.
     std::string zip = slurp(torch + "half/pytorch_model.bin");
     for (size_t at = 0; (at = zip.find("PK\x01\x02", at)) != std::string::npos; at += 4)

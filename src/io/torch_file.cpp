@@ -1,6 +1,8 @@
 #include "io/torch_file.h"
 
 #include <cstring>
+#include <map>
+#include <memory>
 #include <deque>
 #include <unordered_map>
 
@@ -54,6 +56,9 @@ struct Value {
 class Unpickler {
  public:
   Unpickler(std::string_view program, std::string where) : p_(program), where_(std::move(where)) {}
+
+  // Where the program ended (past its STOP): the legacy format puts several pickles in a row.
+  size_t end() const { return pos_; }
 
   // Runs the program to STOP; returns the result's heap index.
   int run() {
@@ -227,6 +232,7 @@ class Unpickler {
   }
 
   const Value& value(int i) const { return heap_[static_cast<size_t>(i)]; }
+  size_t heap_size() const { return heap_.size(); }
   [[noreturn]] void fail(const std::string& what) const {
     throw InputError(where_ + " byte " + std::to_string(at_) + ": " + what);
   }
@@ -309,11 +315,15 @@ class Unpickler {
     stack_.push_back(static_cast<int>(heap_.size() - 1));
   }
 
-  // ('storage', <storage type>, key, location, numel)
+  // ('storage', <storage type>, key, location, numel), and in the legacy format a sixth item,
+  // the view metadata (None: storage views are refused).
   void push_storage(int pid) {
     const Value& t = of(pid, Kind::tuple, "a persistent id");
     auto is = [&](size_t k, Kind kind) { return value(t.items[k]).kind == kind; };
-    if (t.items.size() != 5 || !is(0, Kind::string) || value(t.items[0]).s != "storage" ||
+    if (t.items.size() == 6 && !is(5, Kind::none))
+      fail("a storage view (legacy view metadata): not written by torch.save of a state_dict");
+    if ((t.items.size() != 5 && t.items.size() != 6) || !is(0, Kind::string) ||
+        value(t.items[0]).s != "storage" ||
         !is(1, Kind::global) || value(t.items[1]).global != Global::storage_type ||
         !is(2, Kind::string) || !is(4, Kind::integer) || value(t.items[4]).i < 0)
       fail("a persistent id that is not ('storage', type, key, location, numel)");
@@ -428,30 +438,15 @@ std::vector<TorchTensor> read_torch_file(const std::string& path) {
   return parse_torch_file(FileBytes::map(path), path);
 }
 
-std::vector<TorchTensor> parse_torch_file(FileBytes file, const std::string& source) {
-  const std::string_view bytes = file.view();
-  if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80)
-    throw InputError(source +
-                     ": legacy torch.save format (PyTorch before 1.6); load it and save "
-                     "it again with a newer PyTorch");
-  if (bytes.substr(0, 2) != "PK")
-    throw InputError(source + ": not a PyTorch file (torch.save writes a zip archive)");
-  const ZipArchive zip = ZipArchive::parse(std::move(file), source);
-  std::string prefix;
-  int pickles = 0;
-  for (const auto& [name, e] : zip.entries()) {
-    const size_t slash = name.find('/');
-    if (slash != std::string::npos && name.substr(slash) == "/data.pkl")
-      prefix = name.substr(0, slash + 1), ++pickles;
-  }
-  if (pickles != 1)
-    throw InputError(source + ": " + (pickles ? "several" : "no") +
-                     " <archive>/data.pkl entries (not written by torch.save)");
-  if (zip.has(prefix + "byteorder") && zip.bytes(prefix + "byteorder") != "little")
-    throw InputError(source + ": big-endian tensors are not supported");
+namespace {
 
-  Unpickler vm(zip.bytes(prefix + "data.pkl"), source + ": data.pkl");
-  const int result = vm.run();
+// The state_dict a pickle built (or the one a training checkpoint holds under "state_dict" or
+// "model"), its tensors copied out of their storages; `storage_bytes` gives a storage's bytes by
+// key.
+template <typename StorageBytes>
+std::vector<TorchTensor> state_dict_tensors(const Unpickler& vm, int result,
+                                            const std::string& source,
+                                            StorageBytes storage_bytes) {
   auto is_state_dict = [&](const Value& d) {
     if (d.kind != Kind::dict) return false;
     for (size_t k = 0; k < d.items.size(); k += 2)
@@ -480,7 +475,7 @@ std::vector<TorchTensor> parse_torch_file(FileBytes file, const std::string& sou
     const Value& storage = vm.value(t.storage);
     TorchTensor o{vm.value(dict->items[k]).s, t.dtype, t.shape, {}};
     const std::string where = source + ": " + o.name;
-    const std::string_view bytes_of = zip.bytes(prefix + "data/" + storage.s);
+    const std::string_view bytes_of = storage_bytes(storage.s);
     const int64_t es = static_cast<int64_t>(dtype_size(t.dtype));
     if (bytes_of.size() % es || static_cast<int64_t>(bytes_of.size()) / es != storage.i)
       throw InputError(where + ": its storage '" + storage.s + "' holds " +
@@ -490,6 +485,108 @@ std::vector<TorchTensor> parse_torch_file(FileBytes file, const std::string& sou
     out.push_back(std::move(o));
   }
   return out;
+}
+
+// The legacy format (torch.save before 1.6, or with _use_new_zipfile_serialization=False): five
+// pickles in a row (the magic number, the protocol version 1001, the sys_info dict, the object,
+// the list of storage keys), then each storage in that order as an 8-byte little-endian element
+// count and its raw bytes. The pickles run on the same refusing machine as the zip format's.
+std::vector<TorchTensor> parse_legacy(std::string_view b, const std::string& source) {
+  // The magic number 0x1950a86a20f9469cfc6c, pickled as LONG1 of 10 bytes (wider than the machine's
+  // integers, so matched as bytes).
+  static const std::string_view kMagic("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15);
+  if (b.substr(0, kMagic.size()) != kMagic)
+    throw InputError(source + ": starts like a pickle but not like torch.save's legacy format "
+                              "(no magic number)");
+  size_t at = kMagic.size();
+  auto next_pickle = [&](const char* what) {
+    auto vm = std::make_unique<Unpickler>(b.substr(at), source + ": legacy " + what);
+    const int result = vm->run();
+    at += vm->end();
+    return std::pair{std::move(vm), result};
+  };
+  {
+    auto [vm, v] = next_pickle("protocol version");
+    if (vm->value(v).kind != Kind::integer || vm->value(v).i != 1001)
+      throw InputError(source + ": legacy protocol version is not 1001");
+  }
+  {
+    auto [vm, v] = next_pickle("sys_info");
+    const Value& info = vm->value(v);
+    bool little = false;
+    if (info.kind == Kind::dict)
+      for (size_t k = 0; k < info.items.size(); k += 2)
+        if (vm->value(info.items[k]).kind == Kind::string &&
+            vm->value(info.items[k]).s == "little_endian")
+          little = vm->value(info.items[k + 1]).kind == Kind::boolean &&
+                   vm->value(info.items[k + 1]).i == 1;
+    if (!little) throw InputError(source + ": big-endian tensors are not supported");
+  }
+  auto [object, result] = next_pickle("object");
+  auto [key_vm, keys_v] = next_pickle("storage keys");
+  const Value& keys = key_vm->value(keys_v);
+  if (keys.kind != Kind::list)
+    throw InputError(source + ": legacy storage keys are a " + kind_name(keys.kind) +
+                     ", expected a list");
+  std::map<std::string, std::string_view> storages;  // key -> its bytes in the file
+  for (int k : keys.items) {
+    const Value& key = key_vm->value(k);
+    if (key.kind != Kind::string) throw InputError(source + ": a legacy storage key is not a string");
+    if (b.size() - at < 8)
+      throw InputError(source + ": truncated: storage '" + key.s + "' has no element count");
+    uint64_t numel = 0;
+    for (int i = 7; i >= 0; --i) numel = numel << 8 | static_cast<uint8_t>(b[at + i]);
+    at += 8;
+    // The element size is the storage type's: find it among the object's storages.
+    size_t es = 0;
+    for (size_t h = 0; h < object->heap_size(); ++h) {
+      const Value& v = object->value(static_cast<int>(h));
+      if (v.kind == Kind::storage && v.s == key.s) es = dtype_size(v.dtype);
+    }
+    if (es == 0) throw InputError(source + ": storage '" + key.s + "' is used by no tensor");
+    if (numel > (b.size() - at) / es)
+      throw InputError(source + ": truncated: storage '" + key.s + "' declares " +
+                       std::to_string(numel) + " elements past the end of the file");
+    storages[key.s] = b.substr(at, numel * es);
+    at += numel * es;
+  }
+  if (at != b.size())
+    throw InputError(source + ": " + std::to_string(b.size() - at) +
+                     " unexpected trailing bytes after the legacy storages");
+  return state_dict_tensors(*object, result, source, [&](const std::string& key) {
+    auto it = storages.find(key);
+    if (it == storages.end())
+      throw InputError(source + ": no storage '" + key + "' in the legacy file");
+    return it->second;
+  });
+}
+
+}  // namespace
+
+std::vector<TorchTensor> parse_torch_file(FileBytes file, const std::string& source) {
+  const std::string_view bytes = file.view();
+  if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80)
+    return parse_legacy(bytes, source);
+  if (bytes.substr(0, 2) != "PK")
+    throw InputError(source + ": not a PyTorch file (torch.save writes a zip archive)");
+  const ZipArchive zip = ZipArchive::parse(std::move(file), source);
+  std::string prefix;
+  int pickles = 0;
+  for (const auto& [name, e] : zip.entries()) {
+    const size_t slash = name.find('/');
+    if (slash != std::string::npos && name.substr(slash) == "/data.pkl")
+      prefix = name.substr(0, slash + 1), ++pickles;
+  }
+  if (pickles != 1)
+    throw InputError(source + ": " + (pickles ? "several" : "no") +
+                     " <archive>/data.pkl entries (not written by torch.save)");
+  if (zip.has(prefix + "byteorder") && zip.bytes(prefix + "byteorder") != "little")
+    throw InputError(source + ": big-endian tensors are not supported");
+  Unpickler vm(zip.bytes(prefix + "data.pkl"), source + ": data.pkl");
+  const int result = vm.run();
+  return state_dict_tensors(vm, result, source, [&](const std::string& key) {
+    return zip.bytes(prefix + "data/" + key);
+  });
 }
 
 }  // namespace packbert::io

@@ -1,6 +1,8 @@
 // Reading a PyTorch state_dict saved by torch.save (pytorch_model.bin) without Python and
 // without executing anything: the zip container (io/zip.h) holding `<archive>/data.pkl`, a
-// pickle, and one entry `<archive>/data/<key>` per storage.
+// pickle, and one entry `<archive>/data/<key>` per storage; or the legacy (pre-1.6) format, five
+// pickles in a row (magic number, protocol 1001, sys_info, the object, the storage keys) and then
+// each storage as an 8-byte element count and its bytes.
 //
 // The pickle is run by a small machine that knows only the subset torch.save uses for a
 // state_dict: protocol 2 (and the protocol 4 opcodes that name things), dicts, lists, tuples,
@@ -8,7 +10,7 @@
 // numel), and these globals, each resolved by name to what it means here, never imported:
 //   collections.OrderedDict, torch._utils._rebuild_tensor_v2, torch._utils._rebuild_parameter,
 //   torch.{Float,Half,BFloat16,Double,Long,Int}Storage.
-// Anything else (another global, an unknown opcode, the legacy pre-1.6 format) is refused with
+// Anything else (another global, an unknown opcode, a legacy storage view) is refused with
 // an InputError naming the construct and where it is. A tensor is a view of a storage: offset,
 // sizes and strides are checked to stay inside the storage, and the view is copied out
 // contiguous, so tensors that share a storage (the tied decoder, q/k/v cut from one buffer)
