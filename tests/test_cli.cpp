@@ -1059,3 +1059,42 @@ TEST_F(Labels, AQuestionAnsweringModelExportsAndImportsBitIdentical) {
 
 }  // namespace
 }  // namespace packbert
+
+namespace packbert {
+namespace {
+
+// #45 item 6: a SQuAD v2.0 file trains and scores its unanswerable questions (they used to be
+// given an answer and left out of F1 silently).
+TEST_F(Labels, SquadV2TrainsAndScoresUnanswerableQuestions) {
+  const std::string seqs = prepared_corpus("c", 20, 4);
+  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+                " --preset tiny --steps 2 --batch-rows 4")
+                .code,
+            0);
+  json squad = json::parse(slurp(std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json"));
+  json& qas = squad["data"][0]["paragraphs"][0]["qas"];
+  qas.push_back({{"id", "no1"}, {"question", "Who wrote the moon?"}, {"answers", json::array()},
+                 {"is_impossible", true}});
+  qas.push_back({{"id", "no2"}, {"question", "Where is the sea?"}, {"answers", json::array()},
+                 {"is_impossible", true}});
+  squad["version"] = "v2.0";
+  const std::string v2 = write("v2.json", squad.dump()).string();
+  const std::string out = (dir_ / "qa").string();
+  Result r = run("finetune --task squad --model " + (dir_ / "run/checkpoint.safetensors").string() +
+                 " --train " + v2 + " --dev " + v2 + " --out " + out +
+                 " --epochs 1 --max-seq-len 128");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("NoAns EM %"), std::string::npos) << r.out;
+  Result e = run("eval --task squad --model " + out + " --data " + v2 +
+                 " --max-seq-len 128 --null-score-diff-threshold -1000");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.out.find("NoAns questions"), std::string::npos) << e.out;
+  // A threshold of -1000 makes every prediction "": every unanswerable question is right.
+  const std::string row = e.out.substr(e.out.find("NoAns exact %"));
+  EXPECT_EQ(row.substr(0, row.find('\n')).substr(row.find_last_of(' ', row.find('\n')) + 1),
+            "100.00")
+      << e.out;
+}
+
+}  // namespace
+}  // namespace packbert

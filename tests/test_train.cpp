@@ -1,5 +1,8 @@
 // Training pieces: optimizers against PyTorch goldens, clipping, schedules.
 #include <gtest/gtest.h>
+
+#include <set>
+#include <sstream>
 #include <omp.h>
 
 #include <bit>
@@ -1255,6 +1258,140 @@ TEST(Squad, PredictionsMapBackToTheOriginalText) {
   o.max_answer_length = 1;
   pred = data::squad_predictions(ex, dev.features, logits, tok, o);
   EXPECT_NE(pred[3], "attend to each other");
+}
+
+// An independent reading of the official SQuAD v2.0 evaluation script (evaluate-v2.0.py), written
+// from its published rules for the test: normalize_answer (lower case, punctuation and the
+// articles a/an/the removed, whitespace collapsed), compute_exact, compute_f1 (empty only
+// matches empty), gold answers those that normalise to something else [""], totals in percent
+// with HasAns and NoAns splits.
+namespace squad_v2_reference {
+std::vector<std::string> tokens(const std::string& text) {
+  std::string lowered;
+  for (char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x80 && std::ispunct(u)) continue;
+    lowered += u < 0x80 ? static_cast<char>(std::tolower(u)) : c;
+  }
+  std::vector<std::string> out;
+  std::istringstream in(lowered);
+  for (std::string w; in >> w;)
+    if (w != "a" && w != "an" && w != "the") out.push_back(w);
+  return out;
+}
+double exact(const std::string& gold, const std::string& pred) {
+  return tokens(gold) == tokens(pred) ? 1 : 0;
+}
+double f1(const std::string& gold, const std::string& pred) {
+  const auto g = tokens(gold), p = tokens(pred);
+  if (g.empty() || p.empty()) return g == p ? 1 : 0;
+  std::multiset<std::string> left(g.begin(), g.end());
+  double common = 0;
+  for (const auto& w : p) {
+    auto it = left.find(w);
+    if (it != left.end()) left.erase(it), ++common;
+  }
+  if (common == 0) return 0;
+  const double precision = common / static_cast<double>(p.size()),
+               recall = common / static_cast<double>(g.size());
+  return 2 * precision * recall / (precision + recall);
+}
+}  // namespace squad_v2_reference
+
+// #45 item 6: SQuAD v2.0 scores as the official v2 script does, overall and split by HasAns and
+// NoAns, against the independent reading above; v1.1 files keep v1.1's scoring.
+TEST(Squad, V2ScoresAsTheOfficialScriptDoes) {
+  std::vector<data::SquadExample> ex(7);
+  auto answers = [](std::initializer_list<const char*> texts) {
+    std::vector<data::SquadAnswer> out;
+    for (const char* t : texts) out.push_back({t, 0});
+    return out;
+  };
+  ex[0].answers = answers({"the Eiffel Tower", "Eiffel Tower"});
+  ex[1].answers = answers({"1889"});
+  ex[2].answers = answers({"Gustave Eiffel's company"});
+  ex[3].impossible = true;
+  ex[4].impossible = true;
+  ex[5].answers = answers({"a", "the"});  // normalises to nothing: counted as unanswerable
+  ex[6].answers = answers({"Paris, France"});
+  const std::vector<std::string> pred = {"Eiffel tower!", "", "the company of Gustave Eiffel", "",
+                                         "in 1889", "", "Paris"};
+  const data::SquadScore s = data::squad_score(ex, pred);
+  ASSERT_TRUE(s.v2);
+  double em = 0, f = 0, has_em = 0, has_f = 0, no_em = 0, no_f = 0;
+  int has = 0, no = 0;
+  for (size_t i = 0; i < ex.size(); ++i) {
+    std::vector<std::string> gold;
+    for (const auto& a : ex[i].answers)
+      if (!squad_v2_reference::tokens(a.text).empty()) gold.push_back(a.text);
+    const bool answerable = !gold.empty();
+    if (!answerable) gold = {""};
+    double e = 0, g = 0;
+    for (const auto& a : gold)
+      e = std::max(e, squad_v2_reference::exact(a, pred[i])),
+      g = std::max(g, squad_v2_reference::f1(a, pred[i]));
+    em += e, f += g;
+    (answerable ? has_em : no_em) += e;
+    (answerable ? has_f : no_f) += g;
+    ++(answerable ? has : no);
+  }
+  EXPECT_EQ(s.total, 7);
+  EXPECT_EQ(s.has_total, has);
+  EXPECT_EQ(s.no_total, no);
+  EXPECT_EQ(has, 4);
+  EXPECT_EQ(no, 3);
+  EXPECT_NEAR(s.exact_match, 100 * em / 7, 1e-9);
+  EXPECT_NEAR(s.f1, 100 * f / 7, 1e-9);
+  EXPECT_NEAR(s.has_exact, 100 * has_em / has, 1e-9);
+  EXPECT_NEAR(s.has_f1, 100 * has_f / has, 1e-9);
+  EXPECT_NEAR(s.no_exact, 100 * no_em / no, 1e-9);
+  EXPECT_NEAR(s.no_f1, 100 * no_f / no, 1e-9);
+  // Worked by hand: EM 1,0,0,1,0,1,0 = 3/7; NoAns EM 2/3 (the "in 1889" answer to an
+  // unanswerable question scores 0).
+  EXPECT_NEAR(s.exact_match, 300.0 / 7, 1e-9);
+  EXPECT_NEAR(s.no_exact, 200.0 / 3, 1e-9);
+  // A v1.1 set (every question answerable) keeps v1.1's scoring.
+  std::vector<data::SquadExample> v1(ex.begin(), ex.begin() + 3);
+  EXPECT_FALSE(data::squad_score(v1, pred).v2);
+}
+
+// SQuAD v2.0 predictions: "" when the null span's score beats the best span's by more than the
+// threshold (run_qa's rule); a training example without an answer is trained towards [CLS].
+TEST(Squad, V2PredictsNoAnswerByTheNullScore) {
+  data::Vocab vocab = data::Vocab::load(PACKBERT_SOURCE_VOCAB);
+  data::Tokenizer tok(vocab, true);
+  std::vector<data::SquadExample> ex = data::read_squad(kSquadTiny);
+  ex[1].impossible = true, ex[1].answers.clear();
+  data::SquadOptions o;
+  o.max_seq_len = 48;
+  o.doc_stride = 16;
+  data::SquadFeatures train = data::squad_features(ex, tok, o, true);
+  data::SquadFeatures dev = data::squad_features(ex, tok, o, false);
+  ASSERT_EQ(train.features.size(), dev.features.size());
+  EXPECT_EQ(train.unanswerable, 0);
+  for (const auto& ft : train.features)
+    if (ft.example == 1) {
+      EXPECT_EQ(ft.start + ft.end, 0);  // every window at [CLS]
+    }
+  std::vector<std::vector<float>> logits(dev.features.size());
+  for (size_t f = 0; f < dev.features.size(); ++f) {
+    logits[f].assign(2 * dev.features[f].tokens.size(), 0.0f);
+    if (train.features[f].start > 0) {
+      logits[f][2 * train.features[f].start] = 5.0f;
+      logits[f][2 * train.features[f].end + 1] = 5.0f;
+    }
+    logits[f][0] = logits[f][1] = 3.0f;  // null 6 against the answer's 10, and 0 elsewhere
+  }
+  o.v2 = true;
+  std::vector<std::string> pred = data::squad_predictions(ex, dev.features, logits, tok, o);
+  EXPECT_EQ(pred[0], "2026");
+  EXPECT_EQ(pred[1], "");  // its best span scores 0 < null 6
+  o.null_score_diff_threshold = 10;
+  pred = data::squad_predictions(ex, dev.features, logits, tok, o);
+  EXPECT_NE(pred[1], "");  // the threshold lets the span through
+  o.null_score_diff_threshold = -5;
+  pred = data::squad_predictions(ex, dev.features, logits, tok, o);
+  EXPECT_EQ(pred[0], "");  // null 6 > 10 - 5
 }
 
 TEST(Squad, BadFilesNameTheProblem) {

@@ -47,6 +47,14 @@ void run_task_eval(const EvalArgs& a) {
   if (o.task == train::FinetuneTask::squad) {
     t.add_row({"exact match %", fixed(r.squad.exact_match, 2)});
     t.add_row({"F1 %", fixed(r.squad.f1, 2)});
+    if (r.squad.v2) {  // as the official v2.0 script prints them
+      t.add_row({"HasAns exact %", fixed(r.squad.has_exact, 2)});
+      t.add_row({"HasAns F1 %", fixed(r.squad.has_f1, 2)});
+      t.add_row({"HasAns questions", with_commas(r.squad.has_total)});
+      t.add_row({"NoAns exact %", fixed(r.squad.no_exact, 2)});
+      t.add_row({"NoAns F1 %", fixed(r.squad.no_f1, 2)});
+      t.add_row({"NoAns questions", with_commas(r.squad.no_total)});
+    }
     t.add_row({"questions", with_commas(r.examples)});
     t.add_row({"windows", with_commas(r.sequences)});
   } else {
@@ -137,7 +145,7 @@ void register_eval(CLI::App& app) {
   ev->add_option("--model,--init,--checkpoint", e->model,
                  "Hugging Face-layout directory or packbert checkpoint")
       ->required();
-  ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV; squad: SQuAD v1.1 JSON")
+  ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV, CSV or JSONL; squad: SQuAD v1.1 or v2.0 JSON")
       ->required();
   ev->add_option("--packs", e->packs,
                  "mlm: the sequences file's packs file (same result; about as fast, since one "

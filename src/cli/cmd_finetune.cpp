@@ -16,10 +16,10 @@ void register_finetune(CLI::App& app) {
   auto no_pack = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand(
       "finetune",
-      "Fine-tune a classifier on TSV data or a span extractor on SQuAD v1.1 JSON (packed), "
+      "Fine-tune a classifier on TSV, CSV or JSONL data or a span extractor on SQuAD v1.1 or v2.0 JSON (packed), "
       "report dev accuracy or exact match / F1");
   cmd->add_option("--task", *task,
-                  "classify (sequence or pair classification, TSV) | squad (SQuAD v1.1 JSON)")
+                  "classify (sequence or pair classification: TSV, CSV, JSONL) | squad (SQuAD v1.1 or v2.0 JSON)")
       ->capture_default_str()
       ->check(CLI::IsMember({"classify", "squad"}));
   cmd->add_option("--train", o->train,
@@ -67,10 +67,17 @@ void register_finetune(CLI::App& app) {
     train::FinetuneResult r = train::finetune(opt);
     if (!dist::Comm::world().root()) return;  // rank 0 alone reports
     if (opt.task == train::FinetuneTask::squad) {
-      Table t({"epoch", "dev exact match %", "dev F1 %"});
-      for (size_t e = 0; e < r.dev_squad.size(); ++e)
-        t.add_row({std::to_string(e + 1), fixed(r.dev_squad[e].exact_match, 2),
-                   fixed(r.dev_squad[e].f1, 2)});
+      const bool v2 = !r.dev_squad.empty() && r.dev_squad[0].v2;
+      std::vector<std::string> head = {"epoch", "dev exact match %", "dev F1 %"};
+      if (v2) head.insert(head.end(), {"HasAns EM %", "HasAns F1 %", "NoAns EM %"});
+      Table t(head);
+      for (size_t e = 0; e < r.dev_squad.size(); ++e) {
+        const data::SquadScore& s = r.dev_squad[e];
+        std::vector<std::string> row = {std::to_string(e + 1), fixed(s.exact_match, 2),
+                                        fixed(s.f1, 2)};
+        if (v2) row.insert(row.end(), {fixed(s.has_exact, 2), fixed(s.has_f1, 2), fixed(s.no_exact, 2)});
+        t.add_row(row);
+      }
       t.print(std::cout);
       std::cout << r.train_sequences << " training windows in " << r.train_rows << " rows";
       if (r.skipped) std::cout << " (" << r.skipped << " questions skipped: answer not found)";

@@ -49,6 +49,10 @@ void squad_flags(CLI::App* cmd, data::SquadOptions& squad) {
          65536);
   number(cmd, "--max-answer-length", squad.max_answer_length,
          "squad: longest predicted answer, tokens", 1, 65536);
+  number(cmd, "--null-score-diff-threshold", squad.null_score_diff_threshold,
+         "squad v2.0 (a file with unanswerable questions): answer \"\" when the null span's "
+         "score beats the best span's by more than this (run_qa's flag)",
+         -1e6, 1e6);
 }
 
 void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<double>* limit) {

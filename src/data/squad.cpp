@@ -171,8 +171,14 @@ std::vector<SquadExample> read_squad(const std::string& path) {
         e.id = field(qas[q], "id", json::value_t::string, wq).get<std::string>();
         e.question = field(qas[q], "question", json::value_t::string, wq).get<std::string>();
         e.context = context;
+        if (qas[q].contains("is_impossible")) {
+          if (!qas[q]["is_impossible"].is_boolean())
+            throw InputError(wq + ".is_impossible: expected true or false");
+          e.impossible = qas[q]["is_impossible"].get<bool>();
+        }
         const json& answers = field(qas[q], "answers", json::value_t::array, wq);
-        for (size_t a = 0; a < answers.size(); ++a) {
+        if (answers.empty()) e.impossible = true;
+        for (size_t a = 0; a < answers.size() && !e.impossible; ++a) {
           const std::string wa = wq + "." + at("answers", a);
           SquadAnswer ans;
           ans.text = field(answers[a], "text", json::value_t::string, wa).get<std::string>();
@@ -213,12 +219,8 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenize
     }
     word_first[e.words.size()] = static_cast<int32_t>(e.pieces.size());
 
-    int32_t tok_start = -1, tok_end = -1;
-    if (training) {
-      if (e.answers.empty()) {
-        ++out.unanswerable;
-        continue;
-      }
+    int32_t tok_start = -1, tok_end = -1;  // (an unanswerable question: every window at [CLS])
+    if (training && !e.impossible) {
       const SquadAnswer& a = e.answers[0];
       const int64_t len = static_cast<int64_t>(code_points(a.text).size()) - 1;
       const int32_t sw = std::max(char_word[a.start], 0);
@@ -290,12 +292,15 @@ std::vector<std::string> squad_predictions(const std::vector<SquadExample>& exam
     double score = -1e300;
     int64_t feature = -1;
     int32_t start = 0, end = 0;
+    double null = 1e300;  // the lowest [CLS] start + end over the example's windows
   };
   std::vector<Best> best(examples.size());
   for (size_t f = 0; f < features.size(); ++f) {
     const SquadFeature& ft = features[f];
     const int L = static_cast<int>(ft.tokens.size());
     const std::vector<float>& lg = logits[f];
+    best[ft.example].null =
+        std::min(best[ft.example].null, static_cast<double>(lg[0]) + static_cast<double>(lg[1]));
     auto top = [&](int e) {
       std::vector<int> idx(L);
       for (int i = 0; i < L; ++i) idx[i] = i;
@@ -320,6 +325,7 @@ std::vector<std::string> squad_predictions(const std::vector<SquadExample>& exam
   std::vector<std::string> out(examples.size());
   for (size_t i = 0; i < examples.size(); ++i) {
     if (best[i].feature < 0) continue;
+    if (o.v2 && best[i].null > best[i].score + o.null_score_diff_threshold) continue;  // ""
     const SquadFeature& ft = features[best[i].feature];
     const SquadExample& e = examples[i];
     const int32_t ps = ft.doc_first + best[i].start - ft.doc_offset;
@@ -361,8 +367,58 @@ double squad_f1(const std::string& prediction, const std::string& truth) {
   return 2 * precision * recall / (precision + recall);
 }
 
+bool squad_has_unanswerable(const std::vector<SquadExample>& examples) {
+  for (const SquadExample& e : examples)
+    if (e.impossible) return true;
+  return false;
+}
+
+namespace {
+
+// The official v2.0 script's compute_f1: an empty answer or prediction scores 1 only against
+// an empty one.
+double squad_v2_f1(const std::string& prediction, const std::string& truth) {
+  const std::vector<std::string> p = normalized_tokens(prediction), g = normalized_tokens(truth);
+  if (p.empty() || g.empty()) return p == g ? 1.0 : 0.0;
+  return squad_f1(prediction, truth);
+}
+
+// The official v2.0 evaluation (get_raw_scores, make_eval_dict): every question, its gold
+// answers those that normalise to something (else the one answer ""), exact and F1 the best
+// over them; the totals also split by whether the question has an answer.
+SquadScore squad_v2_score(const std::vector<SquadExample>& examples,
+                          const std::vector<std::string>& predictions) {
+  SquadScore s;
+  s.v2 = true;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    std::vector<std::string> gold;
+    for (const SquadAnswer& a : examples[i].answers)
+      if (!examples[i].impossible && !squad_normalize(a.text).empty()) gold.push_back(a.text);
+    const bool has = !gold.empty();
+    if (!has) gold.push_back("");
+    double em = 0, f1 = 0;
+    for (const std::string& g : gold) {
+      em = std::max(em, squad_exact_match(predictions[i], g));
+      f1 = std::max(f1, squad_v2_f1(predictions[i], g));
+    }
+    s.exact_match += em, s.f1 += f1, ++s.total;
+    if (has)
+      s.has_exact += em, s.has_f1 += f1, ++s.has_total;
+    else
+      s.no_exact += em, s.no_f1 += f1, ++s.no_total;
+  }
+  auto percent = [](double& v, int64_t n) { v = n ? 100.0 * v / static_cast<double>(n) : 0; };
+  percent(s.exact_match, s.total), percent(s.f1, s.total);
+  percent(s.has_exact, s.has_total), percent(s.has_f1, s.has_total);
+  percent(s.no_exact, s.no_total), percent(s.no_f1, s.no_total);
+  return s;
+}
+
+}  // namespace
+
 SquadScore squad_score(const std::vector<SquadExample>& examples,
                        const std::vector<std::string>& predictions) {
+  if (squad_has_unanswerable(examples)) return squad_v2_score(examples, predictions);
   SquadScore s;
   int64_t n = 0;
   for (size_t i = 0; i < examples.size(); ++i) {

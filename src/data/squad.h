@@ -6,6 +6,9 @@
 // best valid (start, end) over all windows of an example, counting each token only in the
 // window where it has the most context, and map it back to the original text. Scores follow the
 // official v1.1 evaluation script (normalised exact match and token F1, max over references).
+// SQuAD v2.0 (questions without an answer): those are trained towards the null span at [CLS],
+// predicted "" by the null score (run_qa's rule), and scored by the official v2.0 script's rules
+// with HasAns / NoAns splits.
 #pragma once
 
 #include <cstdint>
@@ -24,21 +27,33 @@ struct SquadAnswer {
 struct SquadExample {
   std::string id, question, context;
   std::vector<SquadAnswer> answers;  // training uses the first; evaluation all of them
+  // SQuAD v2.0: no answer in the context (is_impossible, or no answers): trained towards the
+  // null span at [CLS], scored correct only when the prediction is "".
+  bool impossible = false;
   // Filled by squad_features: the context's whitespace-separated words, its WordPieces and the
   // word each piece came from.
   std::vector<std::string> words;
   std::vector<int32_t> pieces, piece_word;
 };
 
-// Reads SQuAD v1.1 JSON ({"data": [{"paragraphs": [{"context", "qas": [{"id", "question",
-// "answers": [{"text", "answer_start"}]}]}]}]}). Throws InputError naming the file and the JSON
+// Reads SQuAD v1.1 or v2.0 JSON ({"data": [{"paragraphs": [{"context", "qas": [{"id",
+// "question", "answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}; a question with no
+// answers, or is_impossible true, is unanswerable). Throws InputError naming the file and the JSON
 // path of the first problem (missing field, wrong type, answer_start outside the context).
 std::vector<SquadExample> read_squad(const std::string& path);
 
 struct SquadOptions {
   int max_seq_len = 384, doc_stride = 128, max_query_length = 64, max_answer_length = 30;
   int n_best = 20;  // start and end candidates considered per window
+  // SQuAD v2.0 (a file with unanswerable questions): predict "" when the null span's score (the
+  // lowest [CLS] start + end logit over the example's windows) exceeds the best span's by more
+  // than this, as Hugging Face's run_qa does.
+  bool v2 = false;
+  double null_score_diff_threshold = 0;
 };
+
+// Whether any question of `examples` has no answer (a SQuAD v2.0 file).
+bool squad_has_unanswerable(const std::vector<SquadExample>& examples);
 
 struct SquadFeature {
   int64_t example = 0;
@@ -76,6 +91,11 @@ double squad_f1(const std::string& prediction, const std::string& truth);
 
 struct SquadScore {
   double exact_match = 0, f1 = 0;  // percentages over examples, max over reference answers
+  // v2.0 (the official v2 script's rules): the same over questions with an answer (HasAns) and
+  // without (NoAns), and the counts.
+  bool v2 = false;
+  double has_exact = 0, has_f1 = 0, no_exact = 0, no_f1 = 0;
+  int64_t total = 0, has_total = 0, no_total = 0;
 };
 SquadScore squad_score(const std::vector<SquadExample>& examples,
                        const std::vector<std::string>& predictions);

@@ -385,8 +385,10 @@ data::SquadOptions squad_options(data::SquadOptions so, int max_seq_len) {
 FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& tok,
                               const data::Casing& casing,
                               std::ostream& log) {
-  const data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
+  data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
   std::vector<data::SquadExample> train = data::read_squad(o.train), dev = data::read_squad(o.dev);
+  // SQuAD v2.0: unanswerable questions train towards [CLS] and are predicted by the null score.
+  so.v2 = data::squad_has_unanswerable(train) || data::squad_has_unanswerable(dev);
   data::SquadFeatures tf = data::squad_features(train, tok, so, true);
   data::SquadFeatures df = data::squad_features(dev, tok, so, false);
   if (tf.features.empty()) throw InputError(o.train + ": no answerable question");
@@ -412,7 +414,11 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
                           {"epoch", epoch},
                           {"step", res.steps},
                           {"exact_match", res.dev_squad.back().exact_match},
-                          {"f1", res.dev_squad.back().f1}}
+                          {"f1", res.dev_squad.back().f1},
+                          {"has_ans_exact", res.dev_squad.back().has_exact},
+                          {"has_ans_f1", res.dev_squad.back().has_f1},
+                          {"no_ans_exact", res.dev_squad.back().no_exact},
+                          {"no_ans_f1", res.dev_squad.back().no_f1}}
                .dump()
         << std::endl;
   });
@@ -501,8 +507,9 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   model::Heads heads;
   heads.pretraining = false;
   if (o.task == FinetuneTask::squad) {
-    const data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
+    data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
     std::vector<data::SquadExample> ex = data::read_squad(o.data);
+    so.v2 = data::squad_has_unanswerable(ex);
     data::SquadFeatures f = data::squad_features(ex, tok, so, false);
     heads.span = true;
     auto m = load_model(o.model, heads);
