@@ -102,6 +102,7 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
   const std::atomic<bool> stop{false};
   const bool tty = ::isatty(2);
   double last = 0, acc = run.curve.back().second, row_sum = 0;
+  int64_t acc_step = 0;  // the step of the evaluation `acc` comes from (it runs after that step)
   train::EvalMetrics final_eval;
   const train::StopReason reason = t.run(
       stop,
@@ -113,12 +114,14 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
         if (tty || s.step % 50 == 0)
           std::cerr << (tty ? "\r  " : "  ") << run.name << ": step " << s.step << " (cap "
                     << a.max_steps << "), loss " << fixed(s.loss, 3) << ", held-out accuracy "
-                    << fixed(acc, 3) << " (target " << fixed(a.target, 2) << "), "
+                    << fixed(acc, 3) << " at step " << acc_step << " (target "
+                    << fixed(a.target, 2) << "), "
                     << fixed(s.elapsed, 0) << " s, " << fixed(s.step / std::max(s.elapsed, 1e-9), 2)
                     << " steps/s" << (tty ? "\033[K" : "\n") << std::flush;
       },
       [&](const train::EvalMetrics& e) {
         acc = e.mlm_acc;
+        acc_step = e.step;
         run.curve.push_back({last, e.mlm_acc});
         run.masked = e.mlm_count;
         final_eval = e;
