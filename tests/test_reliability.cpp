@@ -862,6 +862,55 @@ TEST_F(Reliability, BadInputsLeaveNoOutputDirectory) {
   for (const char* out : {"a", "b", "c", "d", "e", "f"}) EXPECT_FALSE(fs::exists(dir_ / out)) << out;
 }
 
+// #45: fine-tuning is resumable. kill -9 after a periodic save and SIGTERM mid-run both leave
+// <out>.resume.safetensors (no model, no staging directory once resumed), and --resume ends
+// with the uninterrupted run's model, byte for byte.
+TEST_F(Reliability, FinetuneKilledOrSignalledResumesBitExactly) {
+  ASSERT_EQ(run(train_args("run", "--steps 2")).code, 0);
+  std::string tsv = "label\tsentence\n";
+  for (int i = 0; i < 48; ++i)
+    tsv += (i % 2 ? "a\tthe king of city " : "b\tthe war of ") + std::to_string(i) + "\n";
+  const std::string data = write("t.tsv", tsv).string();
+  auto args = [&](const std::string& out, const std::string& extra) {
+    return "finetune --model " + checkpoint("run") + " --train " + data + " --dev " + data +
+           " --out " + (dir_ / out).string() +
+           " --epochs 2 --batch-rows 4 --no-pack --seed 3 --checkpoint-every 4 " + extra;
+  };
+  ASSERT_EQ(run(args("full", "")).code, 0);
+  EXPECT_FALSE(fs::exists(dir_ / "full.resume.safetensors"));  // removed once the model is out
+  const std::string want = slurp(dir_ / "full" / "model.safetensors");
+
+  Result killed = run(args("killed", ""), "PACKBERT_CRASH_AT=step:9");
+  EXPECT_EQ(killed.code, 128 + SIGKILL);
+  EXPECT_TRUE(fs::exists(dir_ / "killed.resume.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ / "killed"));
+  Result again = run(args("killed", ""));  // forgetting --resume is refused
+  EXPECT_EQ(again.code, 2);
+  EXPECT_NE(again.err.find("continue it with --resume"), std::string::npos) << again.err;
+  Result resumed = run(args("killed", "--resume"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(slurp(dir_ / "killed" / "model.safetensors"), want);
+  for (const auto& e : fs::directory_iterator(dir_))  // no staging directory left behind
+    EXPECT_EQ(e.path().filename().string().find("killed.partial."), std::string::npos);
+  Result other = run(args("killed2", "--resume"));
+  EXPECT_EQ(other.code, 2) << other.err;  // nothing to resume
+
+  // SIGTERM once a few steps are done: exit 143, the state saved at that step.
+  pid_t pid = spawn(args("term", "--logging-steps 1"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (slurp(dir_ / "bg.err").find("finetune: step 6/") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ::kill(pid, SIGTERM);
+  const int code = wait_exit(pid);
+  if (code == 0) GTEST_SKIP() << "the run finished before the signal";
+  EXPECT_EQ(code, 128 + SIGTERM) << slurp(dir_ / "bg.err");
+  EXPECT_NE(slurp(dir_ / "bg.err").find("stopped by SIGTERM"), std::string::npos);
+  Result term = run(args("term", "--resume"));
+  ASSERT_EQ(term.code, 0) << term.err;
+  EXPECT_EQ(slurp(dir_ / "term" / "model.safetensors"), want);
+}
+
 // 14. Google's rule by default: a chunk of one sentence gets a random B, never a cut sentence
 // labelled as its own continuation.
 TEST(Pretraining, OneSentenceChunksGetARandomNextUnlessAskedToSplit) {

@@ -4,13 +4,14 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/signals.h"
 #include "cli/table.h"
 #include "dist/comm.h"
 #include "train/finetune.h"
 
 namespace packbert::cli {
 
-void register_finetune(CLI::App& app) {
+void register_finetune(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<train::FinetuneOptions>();
   auto task = std::make_shared<std::string>("classify");
   auto no_pack = std::make_shared<bool>(false);
@@ -48,6 +49,13 @@ void register_finetune(CLI::App& app) {
       number(cmd, "--max-seq-len", o->max_seq_len,
              "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);
   number(cmd, "--epochs", o->epochs, "Passes over the training data", 1, 1e6);
+  number(cmd, "--checkpoint-every", o->checkpoint_every,
+         "Steps between saves of the run's state to <out>.resume.safetensors (0: only at each "
+         "epoch's end and on SIGINT/SIGTERM); removed when the model is written",
+         0, kMaxCount);
+  cmd->add_flag("--resume", o->resume,
+                "Continue the run that <out>.resume.safetensors holds, bit-exactly (the same data "
+                "and flags)");
   number(cmd, "--logging-steps", o->logging_steps,
          "Without a terminal, a progress line every this many steps (on one, a line rewritten "
          "in place)",
@@ -58,13 +66,24 @@ void register_finetune(CLI::App& app) {
                  "1e-3 with LAMB, an untuned default)");
   squad_flags(cmd, o->squad);
   cmd->add_flag("--no-pack", *no_pack, "One example per row");
-  cmd->callback([o, task, no_pack, len, loop] {
+  cmd->callback([o, task, no_pack, len, loop, &exit_code] {
+    StopOnSignals signals;  // before any thread starts
     train::FinetuneOptions opt = *o;
+    opt.stop = &signals.stop();
     loop.finish(opt.loop);
     opt.packed = !*no_pack;
     opt.task = *task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
     if (opt.task == train::FinetuneTask::squad && len->count() == 0) opt.max_seq_len = 384;
     train::FinetuneResult r = train::finetune(opt);
+    if (r.stopped) {
+      const int sig = signals.signal() ? signals.signal() : SIGTERM;
+      exit_code = 128 + sig;
+      if (dist::Comm::world().root())
+        std::cerr << "finetune: stopped by " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+                  << " after step " << r.steps << "; its state is in " << r.resume_path
+                  << " (continue with --resume); no model written\n";
+      return;
+    }
     if (!dist::Comm::world().root()) return;  // rank 0 alone reports
     if (opt.task == train::FinetuneTask::squad) {
       const bool v2 = !r.dev_squad.empty() && r.dev_squad[0].v2;

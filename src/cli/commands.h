@@ -12,7 +12,8 @@ void register_tokenize(CLI::App& app);
 void register_prepare(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_gcide(CLI::App& app);
-void register_finetune(CLI::App& app);
+// finetune: 128 + signal when stopped by SIGINT/SIGTERM (its state kept for --resume).
+void register_finetune(CLI::App& app, int& exit_code);
 void register_plan(CLI::App& app);
 void register_plot(CLI::App& app);
 // Commands whose success is not just "no exception" set exit_code (check-golden: 1 = checked

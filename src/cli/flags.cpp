@@ -147,6 +147,7 @@ std::string flag_of_field(const std::string& field) {
       {"init", "--init"},
       {"overwrite", "--overwrite"},
       {"keep_checkpoints", "--keep-checkpoints"},
+      {"checkpoint_every", "--checkpoint-every"},
       {"divergence_factor", "--divergence-factor"},
       {"sequences", "--data"},
       {"vocab", "--vocab"},

@@ -47,7 +47,7 @@ int run_command(int argc, char** argv) {
   register_eval(app);
   register_export(app);
   register_convert(app);
-  register_finetune(app);
+  register_finetune(app, exit_code);
   register_plan(app);
   register_plot(app);
   register_check_golden(app, exit_code);

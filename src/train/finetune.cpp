@@ -16,6 +16,9 @@
 #include "error.h"
 #include "io/atomic_file.h"
 #include "io/paths.h"
+#include "model/weights.h"
+#include "io/checksum.h"
+#include "io/fault.h"
 #include "io/safetensors.h"
 #include "pack/assign.h"
 #include "pack/plan.h"
@@ -102,6 +105,61 @@ model::PackedBatch make_batch(const std::vector<Seq>& seqs,
 // The training both tasks share: rows shuffled per epoch, the one training step (train/loop.h)
 // over steps of processes x rows_per_batch rows x accumulation, a JSONL line per step (rank 0),
 // and `evaluate(epoch)` (which logs its own line) after every epoch.
+// What a fine-tuning run's resume file records beside the weights and moments: what must match
+// for a bit-exact continuation, and where the run was.
+nlohmann::json resume_identity(const FinetuneOptions& o) {
+  const LoopOptions& lo = o.loop;
+  auto checksum = [](const std::string& path) {
+    const std::string bytes = io::read_file(path);
+    return io::fnv1a(bytes.data(), bytes.size());
+  };
+  return {{"task", o.task == FinetuneTask::squad ? "squad" : "classify"},
+          {"init", o.init},
+          {"train_checksum", checksum(o.train)},
+          {"dev_checksum", checksum(o.dev)},
+          {"epochs", o.epochs},
+          {"seed", lo.seed},
+          {"rows_per_batch", lo.rows_per_batch},
+          {"accumulation", lo.accumulation},
+          {"lr", lo.lr},
+          {"optimizer", optimizer_name(lo.optimizer.kind)},
+          {"max_seq_len", o.max_seq_len},
+          {"packed", o.packed},
+          {"new_head", o.new_head}};
+}
+
+// The dev results so far (restored with the run's position on --resume).
+nlohmann::json dev_results(const FinetuneResult& r) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t e = 0; e < r.dev_scores.size(); ++e)
+    out.push_back({{"accuracy", r.dev_scores[e].accuracy},
+                   {"mcc", r.dev_scores[e].mcc},
+                   {"f1", r.dev_scores[e].f1 ? nlohmann::json(*r.dev_scores[e].f1) : nullptr}});
+  for (const data::SquadScore& s : r.dev_squad)
+    out.push_back({{"exact", s.exact_match}, {"f1", s.f1}, {"v2", s.v2},
+                   {"has_exact", s.has_exact}, {"has_f1", s.has_f1}, {"no_exact", s.no_exact},
+                   {"no_f1", s.no_f1}, {"total", s.total}, {"has_total", s.has_total},
+                   {"no_total", s.no_total}});
+  return out;
+}
+
+void restore_dev_results(const nlohmann::json& j, FinetuneTask task, FinetuneResult& r) {
+  for (const nlohmann::json& e : j) {
+    if (task == FinetuneTask::classify) {
+      ClassifyScore s{e.at("accuracy").get<double>(), e.at("mcc").get<double>(), std::nullopt};
+      if (!e.at("f1").is_null()) s.f1 = e.at("f1").get<double>();
+      r.dev_scores.push_back(s), r.dev_accuracy.push_back(s.accuracy);
+    } else {
+      data::SquadScore s;
+      s.exact_match = e.at("exact"), s.f1 = e.at("f1"), s.v2 = e.at("v2");
+      s.has_exact = e.at("has_exact"), s.has_f1 = e.at("has_f1"), s.no_exact = e.at("no_exact");
+      s.no_f1 = e.at("no_f1"), s.total = e.at("total"), s.has_total = e.at("has_total");
+      s.no_total = e.at("no_total");
+      r.dev_squad.push_back(s);
+    }
+  }
+}
+
 template <typename Seq, typename Evaluate>
 void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
                   const std::vector<Seq>& seqs, const std::vector<std::vector<int64_t>>& rows,
@@ -117,14 +175,83 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
                              lo.rows_per_batch, omp_get_max_threads());
   const model::Recompute recompute = check_step_fits(plan, lo.recompute, lo.memory_limit);
+  // --resume: the weights before the Stepper is made (it may turn them into bf16 masters), then
+  // the optimizer's state and the position.
+  int first_epoch = 0;
+  int64_t first_step = 0;
+  std::optional<io::SafetensorsFile> resumed;
+  nlohmann::json state;
+  const nlohmann::json identity = resume_identity(o);
+  if (o.resume) {
+    resumed.emplace(io::SafetensorsFile::read(o.resume_path));
+    auto it = resumed->metadata().find("packbert");
+    if (it != resumed->metadata().end()) state = nlohmann::json::parse(it->second, nullptr, false);
+    if (!state.is_object() || state.value("format", std::string()) != "packbert.finetune")
+      throw InputError(o.resume_path + ": not a fine-tuning run's resume file");
+    for (const auto& [key, value] : identity.items())
+      if (state.value(key, nlohmann::json()) != value)
+        throw InputError(o.resume_path + ": the run it continues had " + key + " " +
+                         state.value(key, nlohmann::json()).dump() + ", this one " +
+                         value.dump() + "; --resume needs the same data and flags");
+    model::load_model_weights(m, *resumed);
+  }
   Stepper stepper(m, lo, lo.optimizer, lo.accumulation, recompute, comm);
-  ProgressLine progress("finetune", "step", 0, total, "tok", o.logging_steps);
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+  if (resumed) {
+    for (const model::TensorSpec& t : m.layout().tensors()) {
+      const std::vector<int64_t> shape = t.stored_shape();
+      stepper.optimizer().set_moments(t, resumed->floats("optimizer.m." + t.name, &shape).data(),
+                                      resumed->floats("optimizer.v." + t.name, &shape).data());
+    }
+    stepper.optimizer().set_steps(state.at("optimizer_steps").get<int64_t>());
+    stepper.guard().recent = state.at("recent_grad_norms").get<std::vector<double>>();
+    stepper.guard().accepted = state.at("accepted_steps").get<int64_t>();
+    stepper.set_outlier_skips(state.at("outlier_skips").get<int64_t>());
+    stepper.scaler().scale = state.at("loss_scale").get<double>();
+    stepper.scaler().clean = state.at("loss_scale_clean").get<int64_t>();
+    stepper.scaler().overflows = state.at("loss_scale_overflows").get<int64_t>();
+    res.steps = state.at("steps").get<int64_t>();
+    first_epoch = state.at("epoch").get<int>();
+    first_step = state.at("step_in_epoch").get<int64_t>();
+    restore_dev_results(state.at("dev"), o.task, res);
+  }
+  // Writes the resume file: weights, moments, the optimizer's state and (epoch, step) to go on
+  // from; atomically, rank 0 alone (the moments gathered under ZeRO-1).
+  auto save = [&](int epoch, int64_t step_in_epoch) {
+    std::vector<float> m_all, v_all, widened;
+    const auto [mm, vv] = stepper.whole_moments(m_all, v_all);
+    const float* w = m.weights_fp32(widened);
+    if (!comm.root()) return;
+    const model::ParamLayout& L = m.layout();
+    std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w);
+    auto mt = model::weight_tensors(L, mm, "optimizer.m.");
+    auto vt = model::weight_tensors(L, vv, "optimizer.v.");
+    tensors.insert(tensors.end(), mt.begin(), mt.end());
+    tensors.insert(tensors.end(), vt.begin(), vt.end());
+    nlohmann::json st = identity;
+    st["format"] = "packbert.finetune";
+    st["steps"] = res.steps, st["epoch"] = epoch, st["step_in_epoch"] = step_in_epoch;
+    st["optimizer_steps"] = stepper.optimizer().steps();
+    st["recent_grad_norms"] = stepper.guard().recent;
+    st["accepted_steps"] = stepper.guard().accepted;
+    st["outlier_skips"] = stepper.outlier_skips();
+    st["loss_scale"] = stepper.scaler().scale;
+    st["loss_scale_clean"] = stepper.scaler().clean;
+    st["loss_scale_overflows"] = stepper.scaler().overflows;
+    st["dev"] = dev_results(res);
+    io::write_safetensors(
+        o.resume_path, tensors,
+        {{"config", model::config_to_json(m.config()).dump()}, {"packbert", st.dump()}});
+  };
+  ProgressLine progress("finetune", "step", res.steps, total, "tok", o.logging_steps);
+  for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     std::vector<size_t> order(rows.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     SplitMix64 rng(lo.seed * kGolden64 + static_cast<uint64_t>(epoch));
     shuffle(order, rng);
-    size_t next_row = 0;
+    // (a resumed epoch skips the rows of the steps it had done: every one of them full)
+    const int64_t s0 = epoch == first_epoch ? first_step : 0;
+    size_t next_row = static_cast<size_t>(
+        std::min<int64_t>(static_cast<int64_t>(order.size()), s0 * lo.accumulation * step_rows));
     auto next = [&] {
       std::vector<std::vector<int64_t>> batch_rows;
       for (; batch_rows.size() < static_cast<size_t>(step_rows) && next_row < order.size();
@@ -132,7 +259,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
         batch_rows.push_back(rows[order[next_row]]);
       return make_batch(seqs, batch_rows, o.max_seq_len);
     };
-    for (int64_t s = 0; s < per_epoch; ++s) {
+    for (int64_t s = s0; s < per_epoch; ++s) {
       const int n =
           static_cast<int>(std::min<int64_t>(lo.accumulation, micros - s * lo.accumulation));
       const double t0 = now_seconds();
@@ -156,9 +283,20 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
                       o.epochs, r.loss(), r.lr, r.skipped ? "  (update skipped)" : "");
         progress.update(res.steps, static_cast<double>(r.real_tokens), seconds, fields);
       }
+      io::crash_point("step");
+      double stop_now = o.stop && o.stop->load() ? 1.0 : 0.0;
+      comm.allreduce_max(&stop_now, 1);  // every rank stops after the same step
+      if (stop_now > 0) {
+        if (comm.root()) progress.finish();
+        save(epoch, s + 1);
+        res.stopped = true;
+        return;
+      }
+      if (o.checkpoint_every > 0 && res.steps % o.checkpoint_every == 0) save(epoch, s + 1);
     }
     if (comm.root()) progress.finish();
     evaluate(epoch + 1);
+    save(epoch + 1, 0);
   }
 }
 
@@ -460,6 +598,15 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   check_loop_options(o.loop);
   if (o.epochs < 1) throw OptionError("epochs", "must be at least 1");
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
+  if (o.checkpoint_every < 0) throw OptionError("checkpoint_every", "must be at least 0");
+  const std::string resume_path = o.out_dir + ".resume.safetensors";
+  if (o.resume && !std::filesystem::exists(resume_path))
+    throw InputError(resume_path + ": no fine-tuning run to resume (it is written every "
+                                   "--checkpoint-every steps, at each epoch's end and on "
+                                   "SIGINT/SIGTERM)");
+  if (!o.resume && !o.overwrite && std::filesystem::exists(resume_path))
+    throw InputError(resume_path + ": an interrupted fine-tuning run is there; continue it with "
+                                   "--resume, or start over with --overwrite");
   data::Vocab vocab = data::Vocab::load(o.vocab);
   const data::Casing casing = data::decide_casing(o.lower_case, o.init, vocab, o.vocab);
   data::Tokenizer tok(vocab, casing.lower_case);
@@ -468,9 +615,17 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   dist::Comm& comm = dist::Comm::world();
   std::optional<io::StagedDirectory> out;
   FinetuneOptions staged = o;
+  staged.resume_path = resume_path;
   std::ofstream log;
   dist::fail_together(comm, [&] {
     if (!comm.root()) return;
+    {  // a killed run's staging directory and half-written resume file
+      const std::filesystem::path out_path = std::filesystem::absolute(o.out_dir);
+      if (std::filesystem::is_directory(out_path.parent_path()))
+        io::remove_stale_temporaries(out_path.parent_path().string(),
+                                     {out_path.filename().string(),
+                                      out_path.filename().string() + ".resume.safetensors"});
+    }
     io::refuse_directory_over_inputs(
         {o.out_dir, "--out"},
         {{o.train, "--train"}, {o.dev, "--dev"}, {o.init, "--init"}, {o.vocab, "--vocab"}});
@@ -481,6 +636,8 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   });
   FinetuneResult r = o.task == FinetuneTask::squad ? finetune_squad(staged, tok, casing, log)
                                                    : finetune_classifier(staged, tok, casing, log);
+  r.resume_path = resume_path;
+  if (r.stopped) return r;  // (the staging directory goes; the resume file stays)
   if (comm.root()) {
     // How the model's text is to be tokenised, where Hugging Face's tokenizer looks for it.
     io::write_file_atomic(staged.out_dir + "/tokenizer_config.json",
@@ -491,6 +648,7 @@ FinetuneResult finetune(const FinetuneOptions& o) {
                               "\n");
     log.close();
     out->publish();
+    std::filesystem::remove(resume_path);  // the run is done: its model is out_dir
   }
   return r;
 }

@@ -5,6 +5,7 @@
 // cost.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -27,6 +28,14 @@ struct FinetuneOptions {
   int max_seq_len = 128;
   int epochs = 3;
   int logging_steps = 10;  // without a terminal, a progress line every this many steps
+  // Resumable fine-tuning: the run's state (weights, moments, position) is written to
+  // `<out_dir>.resume.safetensors` every checkpoint_every steps (0: never), at each epoch's end
+  // and when `stop` is set (SIGINT/SIGTERM in the CLI); `resume` continues from it bit-exactly.
+  // The file is removed once the model is published.
+  int64_t checkpoint_every = 0;
+  bool resume = false;
+  const std::atomic<bool>* stop = nullptr;
+  std::string resume_path;  // set by finetune(): <out_dir>.resume.safetensors
   bool packed = true;
   bool overwrite = false;    // replace a model directory already at out_dir
   // classify: train a new classifier (the data's labels, sorted) even when init has one.
@@ -68,6 +77,8 @@ struct FinetuneResult {
   int64_t skipped = 0;  // squad training questions whose answer is not in the context
   std::vector<std::string> initialized;  // tensors --init lacked, initialised from the seed
   std::string label_note;  // classify: where the label ids came from, and what they are
+  bool stopped = false;    // `stop` was set: the state is in the resume file, no model written
+  std::string resume_path;  // where the run's resumable state is (or was) written
 };
 
 // Fine-tunes the model at `init` (any form train::load_model reads; a tensor outside the
