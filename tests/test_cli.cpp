@@ -613,6 +613,7 @@ using testing::slurp;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+
 // #45: fine-tuning from a Hugging Face classifier keeps its labels, matched by name; a model
 // without named labels gets the data's labels sorted (numerically for numbers), never in the
 // order the data happens to name them.
@@ -769,17 +770,6 @@ TEST_F(Labels, WithoutAClassifierTheLabelsAreSortedNumericallyWhenTheyAreNumbers
   }
 }
 
-}  // namespace
-}  // namespace packbert
-
-namespace packbert {
-namespace {
-
-using testing::Result;
-using testing::slurp;
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-
 // #45: the casing a model was trained with is the casing it is fine-tuned and evaluated with:
 // the flag, else tokenizer_config.json, else the vocabulary; contradictions are warned about.
 class Casing : public testing::CliTest {
@@ -866,15 +856,8 @@ TEST_F(Casing, TokenizeAndPrepareWarnWhenTheCasingContradictsTheVocabulary) {
       << p.err;
 }
 
-}  // namespace
-}  // namespace packbert
-
-namespace packbert {
-namespace {
-
 // #45: an unknown subcommand or flag gets the nearest real one, and Hugging Face's flag names
 // get packbert's.
-using testing::Result;
 class Suggest : public testing::CliTest {};
 
 TEST_F(Suggest, UnknownNamesGetASuggestion) {
@@ -898,12 +881,6 @@ TEST_F(Suggest, UnknownNamesGetASuggestion) {
   Result r = run("pretrain --num_train_epochs 3");  // pretrain counts steps, not epochs
   EXPECT_EQ(r.err.find("--epochs"), std::string::npos) << r.err;
 }
-
-}  // namespace
-}  // namespace packbert
-
-namespace packbert {
-namespace {
 
 // #45 item 7: finetune and eval say what they do while they do it; eval scores a file's
 // held-out split, not its training sequences, unless asked.
@@ -947,12 +924,6 @@ TEST_F(Labels, FinetuneAndEvalShowProgressAndEvalScoresTheHeldOutSplit) {
   EXPECT_NE(e.err.find("eval: scoring 7 of " + all + " sequences\n"), std::string::npos) << e.err;
 }
 
-}  // namespace
-}  // namespace packbert
-
-namespace packbert {
-namespace {
-
 // #45 item 10: packbert plot draws any metric of any runs' metrics.jsonl, one line per run.
 TEST_F(Labels, PlotDrawsEveryRunsCurve) {
   const std::string seqs = prepared_corpus("c", 20, 4);
@@ -977,12 +948,6 @@ TEST_F(Labels, PlotDrawsEveryRunsCurve) {
   EXPECT_NE(bad.err.find("no record has 'accuracy' (numbers its records have: "), std::string::npos)
       << bad.err;
 }
-
-}  // namespace
-}  // namespace packbert
-
-namespace packbert {
-namespace {
 
 // #45 item 10: --model names the model on every command that reads one (the older names stay).
 TEST_F(Labels, EveryCommandTakesTheModelAsModel) {
@@ -1018,12 +983,6 @@ TEST_F(Labels, EveryCommandTakesTheModelAsModel) {
   EXPECT_EQ(n, 24);
 }
 
-}  // namespace
-}  // namespace packbert
-
-namespace packbert {
-namespace {
-
 // #45: a fine-tuned span (SQuAD) model exports as BertForQuestionAnswering, every tensor
 // bit-identical, and imports again (convert) to the same tensors.
 TEST_F(Labels, AQuestionAnsweringModelExportsAndImportsBitIdentical) {
@@ -1056,12 +1015,6 @@ TEST_F(Labels, AQuestionAnsweringModelExportsAndImportsBitIdentical) {
     EXPECT_EQ(a.raw(name), c.raw(name)) << name;
   }
 }
-
-}  // namespace
-}  // namespace packbert
-
-namespace packbert {
-namespace {
 
 // #45 item 6: a SQuAD v2.0 file trains and scores its unanswerable questions (they used to be
 // given an answer and left out of F1 silently).
