@@ -36,10 +36,10 @@ void run_convert(const ConvertArgs& a) {
   if (model::is_packbert_checkpoint(a.src)) {
     if (!a.config.empty())
       throw InputError("--config: " + a.src + " is a packbert checkpoint, which holds its config");
-    auto m = train::load_model(a.src, train::heads_of(a.src));
-    if (!a.vocab.empty()) check_vocab(a.vocab, m->config().vocab_size);
-    train::export_model(*m, a.out, a.vocab, a.overwrite, model::Precision::fp32,
-                        train::model_labels(a.src).names);
+    const train::ModelLabels source = train::model_labels(a.src);
+    auto m = train::load_model(a.src, source.heads);
+    // (export_model checks --vocab's size and the weights' finiteness)
+    train::export_model(*m, a.out, a.vocab, a.overwrite, model::Precision::fp32, source.names);
     std::cout << "converted packbert checkpoint " << a.src << " -> " << a.out
               << "/{config.json, model.safetensors" << (a.vocab.empty() ? "" : ", vocab.txt")
               << "} (" << m->layout().tensors().size() << " tensors, F32)\n";

@@ -31,9 +31,10 @@ void register_export(CLI::App& app) {
   ex->callback([x, xv, xo, dtype] {
     io::refuse_directory_over_inputs({x->second, "--out"},
                                      {{x->first, "--checkpoint"}, {*xv, "--vocab"}});
-    auto m = train::load_model(x->first, train::heads_of(x->first));
+    const train::ModelLabels source = train::model_labels(x->first);
+    auto m = train::load_model(x->first, source.heads);
     train::export_model(*m, x->second, *xv, *xo, model::parse_precision(*dtype),
-                        train::model_labels(x->first).names);
+                        source.names);
     std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt} (" << *dtype
               << ")\n";
   });

@@ -46,10 +46,10 @@ void refuse_directory_over_inputs(const NamedPath& dir, const std::vector<NamedP
     if (in.path.empty() || !fs::exists(in.path)) continue;
     // The input and each directory above it, compared with the output directory.
     std::error_code ec;
-    fs::path p = fs::canonical(in.path, ec);
+    const fs::path input = fs::canonical(in.path, ec);
     if (ec) continue;
-    for (; !p.empty(); p = p.parent_path()) {
-      if (same_file(p.string(), dir.path)) refuse(dir, in, p == fs::canonical(in.path) ? "is also" : "holds");
+    for (fs::path p = input; !p.empty(); p = p.parent_path()) {
+      if (same_file(p.string(), dir.path)) refuse(dir, in, p == input ? "is also" : "holds");
       if (p == p.parent_path()) break;
     }
   }

@@ -8,9 +8,9 @@
 
 #include "error.h"
 #include "io/atomic_file.h"
+#include "io/input_file.h"
 #include "io/json_error.h"
 #include "io/torch_file.h"
-#include "io/input_file.h"
 
 namespace packbert::model {
 
@@ -19,8 +19,6 @@ using nlohmann::json;
 
 namespace {
 
-// One file's tensors, as torch_file reads them (safetensors files are copied into the same form);
-// `format` says which the file was, by its content.
 // Whether `b` is a safetensors file: its first 8 bytes give a header length that fits the file,
 // and the header starts as JSON does. A torch.save zip ("PK") or pickle (0x80) can begin with
 // bytes that also start a valid length (about 1 file in 32), so this is asked first, by content
@@ -43,6 +41,8 @@ bool is_safetensors(std::string_view b, std::string* why_not = nullptr) {
   return true;
 }
 
+// One file's tensors, as torch_file reads them (safetensors files are copied into the same form);
+// `format` says which the file was, by its content.
 std::vector<io::TorchTensor> read_tensors(const std::string& path, std::string& format) {
   io::FileBytes bytes = io::FileBytes::map(path);
   format = "torch.save";
@@ -140,67 +140,6 @@ BertConfig infer_config(const io::SafetensorsFile& w) {
 }  // namespace
 
 namespace {
-ImportedModel finish_import(ImportedModel m, const std::string& src, const std::string& dir,
-                            const std::string& config_path, bool infer);
-}  // namespace
-
-ImportedModel import_model(const std::string& src, const std::string& config_path, bool infer) {
-  ImportedModel m;
-  std::string dir = src, weights = src;
-  int shards = 0;
-  if (fs::is_directory(src)) {
-    weights.clear();
-    for (const char* name : {"model.safetensors", "model.safetensors.index.json",
-                             "pytorch_model.bin", "pytorch_model.bin.index.json"})
-      if (fs::exists(fs::path(src) / name)) {
-        weights = (fs::path(src) / name).string();
-        break;
-      }
-    if (weights.empty())
-      throw InputError(src +
-                       ": no model.safetensors or pytorch_model.bin (or their "
-                       ".index.json) in the directory");
-  } else {
-    if (!fs::exists(src)) throw InputError(src + ": cannot open (no such file or directory)");
-    dir = fs::path(src).parent_path().string();
-    if (dir.empty()) dir = ".";
-  }
-  // A safetensors file whose names need no change is used where it lies, mapped: nothing is
-  // read but its header until a tensor is asked for (by name and checked shape).
-  if (!weights.ends_with(".json") && is_safetensors(io::FileBytes::map(weights).view())) {
-    io::SafetensorsFile f = io::SafetensorsFile::read(weights);
-    bool bare = true, same = true;
-    for (const auto& [name, e] : f.tensors()) bare = bare && !name.starts_with("bert.");
-    for (const auto& [name, e] : f.tensors()) same = same && hf_name(name, bare) == name;
-    if (same) {
-      m.format = "safetensors";
-      m.weights = std::move(f);
-      return finish_import(std::move(m), src, dir, config_path, infer);
-    }
-  }
-  std::vector<io::TorchTensor> tensors = weights.ends_with(".json")
-                                             ? read_shards(weights, shards, m.format)
-                                             : read_tensors(weights, m.format);
-  if (shards) m.format += ", " + std::to_string(shards) + " shards";
-
-  bool bare = true;
-  for (const io::TorchTensor& t : tensors) bare = bare && !t.name.starts_with("bert.");
-  std::vector<io::TensorToWrite> out;
-  std::set<std::string> seen;
-  for (io::TorchTensor& t : tensors) {
-    std::string name = hf_name(t.name, bare);
-    if (name != t.name) ++m.renamed;
-    if (!seen.insert(name).second)
-      throw InputError(weights + ": two tensors named '" + name + "' (after bringing '" + t.name +
-                       "' to Hugging Face's name)");
-    out.push_back({name, t.dtype, t.shape, t.data.data(), t.data.size()});
-  }
-  m.weights =
-      io::SafetensorsFile::parse(io::serialize_safetensors(out, {{"format", "pt"}}), weights);
-  return finish_import(std::move(m), src, dir, config_path, infer);
-}
-
-namespace {
 
 // The config (beside the weights, given, or inferred) and vocabulary of an imported model.
 ImportedModel finish_import(ImportedModel m, const std::string& src, const std::string& dir,
@@ -230,6 +169,67 @@ ImportedModel finish_import(ImportedModel m, const std::string& src, const std::
 }
 
 }  // namespace
+
+ImportedModel import_model(const std::string& src, const std::string& config_path, bool infer) {
+  ImportedModel m;
+  std::string dir = src, weights = src;
+  int shards = 0;
+  if (fs::is_directory(src)) {
+    weights.clear();
+    for (const char* name : {"model.safetensors", "model.safetensors.index.json",
+                             "pytorch_model.bin", "pytorch_model.bin.index.json"})
+      if (fs::exists(fs::path(src) / name)) {
+        weights = (fs::path(src) / name).string();
+        break;
+      }
+    if (weights.empty())
+      throw InputError(src +
+                       ": no model.safetensors or pytorch_model.bin (or their "
+                       ".index.json) in the directory");
+  } else {
+    if (!fs::exists(src)) throw InputError(src + ": cannot open (no such file or directory)");
+    dir = fs::path(src).parent_path().string();
+    if (dir.empty()) dir = ".";
+  }
+  // A safetensors file whose names need no change is used where it lies, mapped: nothing is
+  // read but its header until a tensor is asked for (by name and checked shape).
+  if (!weights.ends_with(".json")) {
+    io::FileBytes bytes = io::FileBytes::map(weights);
+    if (is_safetensors(bytes.view())) {
+      io::SafetensorsFile f = io::SafetensorsFile::parse(std::move(bytes), weights);
+      bool bare = true, same = true;
+      for (const auto& [name, e] : f.tensors()) bare = bare && !name.starts_with("bert.");
+      for (const auto& [name, e] : f.tensors()) same = same && hf_name(name, bare) == name;
+      if (same) {
+        m.format = "safetensors";
+        m.weights = std::move(f);
+        return finish_import(std::move(m), src, dir, config_path, infer);
+      }
+    }
+  }
+  std::vector<io::TorchTensor> tensors = weights.ends_with(".json")
+                                             ? read_shards(weights, shards, m.format)
+                                             : read_tensors(weights, m.format);
+  if (shards) m.format += ", " + std::to_string(shards) + " shards";
+
+  bool bare = true;
+  for (const io::TorchTensor& t : tensors) bare = bare && !t.name.starts_with("bert.");
+  std::vector<io::TensorToWrite> out;
+  std::set<std::string> seen;
+  for (io::TorchTensor& t : tensors) {
+    std::string name = hf_name(t.name, bare);
+    if (name != t.name) ++m.renamed;
+    if (!seen.insert(name).second)
+      throw InputError(weights + ": two tensors named '" + name + "' (after bringing '" + t.name +
+                       "' to Hugging Face's name)");
+    out.push_back({name, t.dtype, t.shape, t.data.data(), t.data.size()});
+  }
+  m.weights =
+      io::SafetensorsFile::parse(io::serialize_safetensors(out, {{"format", "pt"}}), weights);
+  return finish_import(std::move(m), src, dir, config_path, infer);
+}
+
+
 
 Heads heads_present(const io::SafetensorsFile& w) {
   Heads h;

@@ -197,18 +197,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   }
   Stepper stepper(m, lo, lo.optimizer, lo.accumulation, recompute, comm);
   if (resumed) {
-    for (const model::TensorSpec& t : m.layout().tensors()) {
-      const std::vector<int64_t> shape = t.stored_shape();
-      stepper.optimizer().set_moments(t, resumed->floats("optimizer.m." + t.name, &shape).data(),
-                                      resumed->floats("optimizer.v." + t.name, &shape).data());
-    }
-    stepper.optimizer().set_steps(state.at("optimizer_steps").get<int64_t>());
-    stepper.guard().recent = state.at("recent_grad_norms").get<std::vector<double>>();
-    stepper.guard().accepted = state.at("accepted_steps").get<int64_t>();
-    stepper.set_outlier_skips(state.at("outlier_skips").get<int64_t>());
-    stepper.scaler().scale = state.at("loss_scale").get<double>();
-    stepper.scaler().clean = state.at("loss_scale_clean").get<int64_t>();
-    stepper.scaler().overflows = state.at("loss_scale_overflows").get<int64_t>();
+    load_stepper_state(stepper, m.layout(), *resumed, state);
     res.steps = state.at("steps").get<int64_t>();
     first_epoch = state.at("epoch").get<int>();
     first_step = state.at("step_in_epoch").get<int64_t>();
@@ -221,25 +210,13 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
     const auto [mm, vv] = stepper.whole_moments(m_all, v_all);
     const float* w = m.weights_fp32(widened);
     if (!comm.root()) return;
-    const model::ParamLayout& L = m.layout();
-    std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w);
-    auto mt = model::weight_tensors(L, mm, "optimizer.m.");
-    auto vt = model::weight_tensors(L, vv, "optimizer.v.");
-    tensors.insert(tensors.end(), mt.begin(), mt.end());
-    tensors.insert(tensors.end(), vt.begin(), vt.end());
     nlohmann::json st = identity;
     st["format"] = "packbert.finetune";
     st["steps"] = res.steps, st["epoch"] = epoch, st["step_in_epoch"] = step_in_epoch;
-    st["optimizer_steps"] = stepper.optimizer().steps();
-    st["recent_grad_norms"] = stepper.guard().recent;
-    st["accepted_steps"] = stepper.guard().accepted;
-    st["outlier_skips"] = stepper.outlier_skips();
-    st["loss_scale"] = stepper.scaler().scale;
-    st["loss_scale_clean"] = stepper.scaler().clean;
-    st["loss_scale_overflows"] = stepper.scaler().overflows;
+    save_stepper_state(stepper, st);
     st["dev"] = dev_results(res);
     io::write_safetensors(
-        o.resume_path, tensors,
+        o.resume_path, weight_and_moment_tensors(m.layout(), w, mm, vv),
         {{"config", model::config_to_json(m.config()).dump()}, {"packbert", st.dump()}});
   };
   ProgressLine progress("finetune", "step", res.steps, total, "tok", o.logging_steps);
@@ -425,7 +402,7 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
     for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + std::to_string(i) + " " + names[i];
     return s;
   };
-  if (model.head && !new_head && !model.names.empty() && !model.generic()) {
+  if (model.heads.classifier && !new_head && !model.names.empty() && !model.generic()) {
     for (size_t i = 0; i < model.names.size(); ++i)
       out.ids.emplace(model.names[i], static_cast<int32_t>(i));
     for (const auto& [name, id] : seen)
@@ -439,7 +416,7 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
     return out;
   }
   out.ids = data::sorted_label_ids(seen);
-  if (model.head && !new_head) {  // a classifier whose outputs have no names: kept, in sorted order
+  if (model.heads.classifier && !new_head) {  // a classifier whose outputs have no names: kept, in sorted order
     if (!model.names.empty() && model.names.size() != out.ids.size())
       throw InputError(data + ": " + std::to_string(out.ids.size()) + " labels, but the model's " +
                        "classifier has " + std::to_string(model.names.size()) +

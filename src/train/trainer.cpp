@@ -105,10 +105,48 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
   return m;
 }
 
-model::Heads heads_of(const std::string& path) {
-  if (model::is_packbert_checkpoint(path))
-    return model::heads_present(io::SafetensorsFile::read(path));
-  return model::heads_present(model::import_model(path).weights);
+std::vector<io::TensorToWrite> weight_and_moment_tensors(const model::ParamLayout& layout,
+                                                         const float* weights, const float* m,
+                                                         const float* v) {
+  std::vector<io::TensorToWrite> tensors = model::weight_tensors(layout, weights);
+  auto mt = model::weight_tensors(layout, m, "optimizer.m.");
+  auto vt = model::weight_tensors(layout, v, "optimizer.v.");
+  tensors.insert(tensors.end(), mt.begin(), mt.end());
+  tensors.insert(tensors.end(), vt.begin(), vt.end());
+  return tensors;
+}
+
+void save_stepper_state(Stepper& stepper, json& state) {
+  state["optimizer_steps"] = stepper.optimizer().steps();
+  state["recent_grad_norms"] = stepper.guard().recent;
+  state["accepted_steps"] = stepper.guard().accepted;
+  state["outlier_skips"] = stepper.outlier_skips();
+  state["loss_scale"] = stepper.scaler().scale;
+  state["loss_scale_clean"] = stepper.scaler().clean;
+  state["loss_scale_overflows"] = stepper.scaler().overflows;
+}
+
+void load_stepper_state(Stepper& stepper, const model::ParamLayout& layout,
+                        const io::SafetensorsFile& file, const json& state) {
+  for (const model::TensorSpec& t : layout.tensors()) {  // (this rank's shard of each)
+    const std::vector<int64_t> shape = t.stored_shape();
+    stepper.optimizer().set_moments(t, file.floats("optimizer.m." + t.name, &shape).data(),
+                                    file.floats("optimizer.v." + t.name, &shape).data());
+  }
+  stepper.optimizer().set_steps(state.at("optimizer_steps").get<int64_t>());
+  if (!state.contains("recent_grad_norms")) return;
+  GradNormGuard& guard = stepper.guard();
+  guard.recent = state.at("recent_grad_norms").get<std::vector<double>>();
+  guard.accepted = state.at("accepted_steps").get<int64_t>();
+  stepper.set_outlier_skips(state.at("outlier_skips").get<int64_t>());
+  LossScaler& scaler = stepper.scaler();
+  scaler.scale = state.value("loss_scale", scaler.scale);
+  scaler.clean = state.value("loss_scale_clean", int64_t{0});
+  scaler.overflows = state.value("loss_scale_overflows", int64_t{0});
+  if (guard.recent.size() != static_cast<size_t>(GradNormGuard::kWindow))
+    throw InputError(file.source() + ": recent_grad_norms has " +
+                     std::to_string(guard.recent.size()) + " entries, expected " +
+                     std::to_string(GradNormGuard::kWindow));
 }
 
 bool ModelLabels::generic() const {
@@ -119,7 +157,8 @@ bool ModelLabels::generic() const {
 
 namespace {
 
-// id2label of a config.json object, in id order (empty when absent or not a dense 0..n-1 map).
+// id2label of a config.json object, in id order: empty when it has none; InputError naming
+// `source` when it is not a map of the ids 0..n-1 to names.
 std::vector<std::string> id2label_of(const json& config, const std::string& source) {
   if (!config.is_object() || !config.contains("id2label") || !config["id2label"].is_object())
     return {};
@@ -144,13 +183,13 @@ ModelLabels model_labels(const std::string& path) {
   ModelLabels out;
   if (model::is_packbert_checkpoint(path)) {
     const io::SafetensorsFile f = io::SafetensorsFile::read(path);
-    out.head = f.has("classifier.weight");
+    out.heads = model::heads_present(f);
     out.source = path + " (its config)";
     out.names = id2label_of(json::parse(f.metadata().at("config"), nullptr, false), out.source);
     return out;
   }
   const model::ImportedModel hf = model::import_model(path);
-  out.head = hf.weights.has("classifier.weight");
+  out.heads = model::heads_present(hf.weights);
   out.source = hf.config_from;
   if (!hf.config_json.empty())
     out.names = id2label_of(json::parse(hf.config_json, nullptr, false), out.source);
@@ -607,16 +646,8 @@ void Trainer::setup(bool resume) {
   eval_rows_.row_begin = n_seq - held;
   eval_rows_.row_end = held ? n_seq : 0;
 
-  // The moments and step count of a training checkpoint: this run's own (resume), or the one
-  // --init names (carried into a new phase).
-  auto load_optimizer = [&](const io::SafetensorsFile& f, const json& st) {
-    for (const model::TensorSpec& t : model_->layout().tensors()) {  // (this rank's shard of each)
-      const std::vector<int64_t> shape = t.stored_shape();
-      stepper_->optimizer().set_moments(t, f.floats("optimizer.m." + t.name, &shape).data(),
-                                        f.floats("optimizer.v." + t.name, &shape).data());
-    }
-    stepper_->optimizer().set_steps(st.at("optimizer_steps").get<int64_t>());
-  };
+  // The moments and step count of a training checkpoint: this run's own (resume, with the rest
+  // of the Stepper's counters), or the one --init names (carried into a new phase).
   if (!resume && opt_.carry_optimizer) {
     if (opt_.init.empty() || fs::is_directory(opt_.init))
       throw InputError(
@@ -632,10 +663,11 @@ void Trainer::setup(bool resume) {
     const std::string was = st.value("optimizer", std::string()), now = optimizer_name(oc.kind);
     if (!was.empty() && was != now)  // (checkpoints before this field was written: unchecked)
       throw InputError(opt_.init + ": its optimizer state is " + was + "'s, this run uses " + now);
-    load_optimizer(f, st);
+    json moments_only = {{"optimizer_steps", st.at("optimizer_steps")}};
+    load_stepper_state(*stepper_, model_->layout(), f, moments_only);
   }
   if (resume) {
-    load_optimizer(*ckpt, state);
+    load_stepper_state(*stepper_, model_->layout(), *ckpt, state);
     step_ = state.at("step").get<int64_t>();
     cursor_ = {state.at("cursor_epoch").get<uint64_t>(), state.at("cursor_row").get<uint64_t>()};
     elapsed_ = state.value("elapsed", 0.0);
@@ -647,20 +679,6 @@ void Trainer::setup(bool resume) {
       divergence_.train_steps = d.at("train_steps").get<int64_t>();
       divergence_.best_eval = d.at("best_eval").get<double>();
       divergence_.best_eval_step = d.at("best_eval_step").get<int64_t>();
-    }
-    if (state.contains("recent_grad_norms")) {
-      GradNormGuard& guard = stepper_->guard();
-      guard.recent = state.at("recent_grad_norms").get<std::vector<double>>();
-      guard.accepted = state.at("accepted_steps").get<int64_t>();
-      stepper_->set_outlier_skips(state.at("outlier_skips").get<int64_t>());
-      LossScaler& scaler = stepper_->scaler();
-      scaler.scale = state.value("loss_scale", scaler.scale);
-      scaler.clean = state.value("loss_scale_clean", int64_t{0});
-      scaler.overflows = state.value("loss_scale_overflows", int64_t{0});
-      if (guard.recent.size() != static_cast<size_t>(GradNormGuard::kWindow))
-        throw InputError(checkpoint_path() + ": recent_grad_norms has " +
-                         std::to_string(guard.recent.size()) + " entries, expected " +
-                         std::to_string(GradNormGuard::kWindow));
     }
     if (comm_.root()) truncate_metrics(metrics, step_);
   }
@@ -716,18 +734,12 @@ void Trainer::save_checkpoint() {
     saved_step_ = step_;
     return;
   }
-  std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w);
-  auto mt = model::weight_tensors(L, m, "optimizer.m.");
-  auto vt = model::weight_tensors(L, v, "optimizer.v.");
-  tensors.insert(tensors.end(), mt.begin(), mt.end());
-  tensors.insert(tensors.end(), vt.begin(), vt.end());
+  std::vector<io::TensorToWrite> tensors = weight_and_moment_tensors(L, w, m, v);
   const model::OwnedTensors patterns = model::pattern_tensors(*model_);
   tensors.insert(tensors.end(), patterns.tensors.begin(), patterns.tensors.end());
-  const GradNormGuard& guard = stepper_->guard();
   json state = {{"format", "packbert.checkpoint"},
                 {"version", 1},
                 {"step", step_},
-                {"optimizer_steps", stepper_->optimizer().steps()},
                 {"optimizer", optimizer_name(opt_.loop.optimizer.kind)},
                 {"cursor_epoch", cursor_.epoch},
                 {"cursor_row", cursor_.row},
@@ -740,13 +752,7 @@ void Trainer::save_checkpoint() {
                 {"processes", comm_.size()},
                 {"seed", opt_.loop.seed},
                 {"elapsed", elapsed_},
-                {"recent_grad_norms", guard.recent},
-                {"accepted_steps", guard.accepted},
-                {"outlier_skips", stepper_->outlier_skips()},
                 {"loss_scaling", loss_scaling_name(opt_.loop.loss_scaling)},
-                {"loss_scale", stepper_->scaler().scale},
-                {"loss_scale_clean", stepper_->scaler().clean},
-                {"loss_scale_overflows", stepper_->scaler().overflows},
                 {"train_flops", train_flops_},
                 {"divergence",
                  {{"train_ema", divergence_.train_ema},
@@ -755,6 +761,7 @@ void Trainer::save_checkpoint() {
                   {"best_eval", divergence_.best_eval},
                   {"best_eval_step", divergence_.best_eval_step}}}};
   if (!opt_.init.empty()) state["init"] = opt_.init;
+  save_stepper_state(*stepper_, state);
   if (opt_.sparse.sparsity.on())
     state["sparsity"] = {{"block", opt_.sparse.sparsity.block},
                          {"sparsity", opt_.sparse.sparsity.sparsity},

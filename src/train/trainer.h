@@ -12,6 +12,7 @@
 #include <string>
 
 #include "data/sequences.h"
+#include "io/safetensors.h"
 #include "model/bert.h"
 #include "train/loader.h"
 #include "train/loop.h"
@@ -208,19 +209,16 @@ struct FreshTensors {
 };
 
 // A model's classifier labels as its config says them (id2label, in id order; empty when it has
-// none), and whether its weights hold a classifier head.
+// none), and the heads its weights hold (pre-training, a classifier, a span head): what loading
+// and exporting it as it is needs.
 struct ModelLabels {
   std::vector<std::string> names;
-  bool head = false;
+  model::Heads heads;
   std::string source;  // where the names came from (config.json, a checkpoint's config)
   // Names that say nothing (transformers' defaults LABEL_0, LABEL_1, ...).
   bool generic() const;
 };
 ModelLabels model_labels(const std::string& path);
-
-// The heads a model file or directory holds (pre-training, a classifier, a span head), to load
-// and export it as it is: a fine-tuned model has no pre-training heads.
-model::Heads heads_of(const std::string& path);
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
                                                     model::Sparsity sparsity = {},
                                                     FreshTensors* fresh = nullptr);
@@ -231,6 +229,19 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
 // BertForQuestionAnswering (qa_outputs.*), else BertForPreTraining. The weights are stored as
 // `dtype`: fp32 (F32), or bf16 (BF16, rounded to nearest; half the bytes) with config.json's
 // torch_dtype saying which.
+// What a training run's file records beyond its config, shared by pretrain's checkpoints and
+// fine-tuning's resume file: the weights and Adam/LAMB moments as tensors (moments under
+// "optimizer.m." / "optimizer.v."), and the Stepper's counters (the optimizer's step count, the
+// gradient-norm guard's history, the outlier skips, the loss scaler) as JSON fields.
+std::vector<io::TensorToWrite> weight_and_moment_tensors(const model::ParamLayout& layout,
+                                                         const float* weights, const float* m,
+                                                         const float* v);
+void save_stepper_state(Stepper& stepper, nlohmann::json& state);
+// The moments and step count from `file` (this rank's shard of each), then the counters that
+// `state` records (files written before they were are read as they were: no history).
+void load_stepper_state(Stepper& stepper, const model::ParamLayout& layout,
+                        const io::SafetensorsFile& file, const nlohmann::json& state);
+
 // "" when every weight of `m` is finite; else how many are not and the first tensor holding one.
 std::string non_finite_weights(const model::BertModel<float>& m);
 
