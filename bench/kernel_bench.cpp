@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 #include "kernels/cpu.h"
 #include "kernels/dropout.h"
 #include "kernels/layers.h"

@@ -1,5 +1,7 @@
 // Kernels: the table-driven harness (every kernel case checked by finite differences in double,
-// the += contract and the PyTorch golden), plus the properties the engine relies on (no
+// the += contract, the PyTorch golden, its 16-bit forms, and through the op seam the reference
+// backend against finite differences and the golden and the cpu backend against the reference
+// in every dtype), plus the properties the engine relies on (no
 // cross-sequence attention, packed == separate, dropout masks independent of thread count,
 // rebuilt values equal to kept ones), and float agreeing with double.
 #include <gtest/gtest.h>
@@ -15,14 +17,15 @@
 #include <random>
 
 #include "kernels/attention.h"
-#include "kernels/bf16.h"
 #include "kernels/block_gemm.h"
 #include "kernels/cpu.h"
 #include "kernels/dropout.h"
 #include "kernels/fastmath.h"
 #include "kernels/gemm.h"
 #include "kernels/layers.h"
+#include "kernels/ops.h"
 #include "kernels/sparse.h"
+#include "kernels/tensor.h"
 
 namespace packbert::kernels {
 namespace {
@@ -135,6 +138,7 @@ const Json& goldens() {
 // output: the upstream gradient; of an input: accumulated by backward); index arrays.
 template <typename T>
 struct Env {
+  using value_type = T;
   std::map<std::string, std::vector<T>> x, d;
   std::map<std::string, std::vector<int32_t>> idx;
   T* operator[](const std::string& n) { return x.at(n).data(); }
@@ -161,6 +165,58 @@ struct KernelCase {
   // elsewhere), on float tensors; unset for kernels that stay fp32 under bf16. The fp16 column
   // (forward_h, backward_h): the same with fp16 where bf16 is.
   std::function<void(Env<float>&)> forward_b, backward_b, forward_h, backward_h;
+  // The backend columns: the same op through the seam (kernels/ops.h) on a given backend, its
+  // tensors stored in the given dtype where the engine stores 16 bits (the Env's own type
+  // otherwise); `halves` says whether the op has 16-bit forms. exact16: the 16-bit forms round
+  // only what they store, so the backends agree up to the odd last-bit rounding flip (false for
+  // attention, whose cpu form also rounds inside each block where the CPU has AVX512-BF16).
+  std::function<void(const Backend&, DType, Env<double>&)> ops_forward_d, ops_backward_d;
+  std::function<void(const Backend&, DType, Env<float>&)> ops_forward_f, ops_backward_f;
+  bool halves = false, exact16 = true;
+};
+
+// The element type of an Env a generic lambda was handed.
+template <typename E>
+using env_type = typename std::remove_reference_t<E>::value_type;
+constexpr GradWrite kAdd = GradWrite::accumulate;
+
+// Sets a row's backend columns from generic lambdas f(backend, dtype, env).
+template <typename F, typename B>
+void set_ops(KernelCase& c, F forward, B backward, bool halves) {
+  c.ops_forward_d = forward;
+  c.ops_backward_d = backward;
+  c.ops_forward_f = forward;
+  c.ops_backward_f = backward;
+  c.halves = halves;
+}
+
+// n values of x stored in dtype h: a View of x itself when h is x's own type, else of a rounded
+// copy held here; widen() copies the copy back into x (an output).
+template <typename T>
+struct Stored {
+  std::vector<uint16_t> bits;
+  View view;
+  T* x = nullptr;
+  Stored(T* x_, int64_t rows, int64_t cols, DType h) : x(x_) {
+    if (h == dtype_of<T>) {
+      view = View(x_, rows, cols);
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      bits.resize(static_cast<size_t>(rows * cols));
+      view.data = bits.data();
+      view.dtype = h;
+      view.rows = rows, view.cols = view.ld = cols;
+      traits(h).narrow(bits.data(), x_, rows * cols);
+    } else {
+      throw std::logic_error("16-bit tensors are stored from float envs");
+    }
+  }
+  void widen() const {
+    if constexpr (std::is_same_v<T, float>)
+      if (!bits.empty()) traits(view.dtype).widen(x, bits.data(), view.numel());
+  }
+  operator View() const { return view; }
 };
 
 // The 16-bit columns of a row from one generic lambda f(H{}, env), instantiated for bf16 and f16.
@@ -211,8 +267,10 @@ Env<T> make_env(const KernelCase& c, std::mt19937& rng) {
   return e;
 }
 
-double loss_of(const KernelCase& c, Env<double>& e) {
-  c.forward_d(e);
+using ForwardD = std::function<void(Env<double>&)>;
+
+double loss_of(const KernelCase& c, const ForwardD& forward, Env<double>& e) {
+  forward(e);
   double l = 0;
   for (const Tensor& t : c.outputs)
     for (size_t i = 0; i < t.size; ++i) l += e.x[t.name][i] * e.d["d" + t.name][i];
@@ -220,11 +278,12 @@ double loss_of(const KernelCase& c, Env<double>& e) {
 }
 
 // Column fd: double backward against central differences.
-void check_finite_differences(const KernelCase& c) {
+void check_finite_differences(const KernelCase& c, const ForwardD& forward,
+                              const ForwardD& backward) {
   std::mt19937 rng(7);
   Env<double> e = make_env<double>(c, rng);
-  c.forward_d(e);
-  c.backward_d(e);
+  forward(e);
+  backward(e);
   const double h = 1e-5;
   for (const Tensor& t : c.inputs) {
     const std::vector<double> analytic = e.d["d" + t.name];
@@ -232,9 +291,9 @@ void check_finite_differences(const KernelCase& c) {
       double& v = e.x[t.name][i];
       const double keep = v;
       v = keep + h;
-      const double up = loss_of(c, e);
+      const double up = loss_of(c, forward, e);
       v = keep - h;
-      const double down = loss_of(c, e);
+      const double down = loss_of(c, forward, e);
       v = keep;
       const double numeric = (up - down) / (2 * h);
       EXPECT_NEAR(analytic[i], numeric, c.fd_tol * (1 + std::abs(numeric)))
@@ -265,7 +324,8 @@ void check_accumulates(const KernelCase& c) {
 }
 
 // Column golden: float kernels on PyTorch's inputs against PyTorch's outputs and gradients.
-void check_golden(const KernelCase& c) {
+void check_golden(const KernelCase& c, const std::function<void(Env<float>&)>& forward,
+                  const std::function<void(Env<float>&)>& backward) {
   const Json& g = goldens()[c.golden];
   std::mt19937 rng(9);
   Env<float> e = make_env<float>(c, rng);
@@ -280,10 +340,55 @@ void check_golden(const KernelCase& c) {
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_NEAR(got[i], want[i], 1e-5 * scale) << c.name << ": " << key << "[" << i << "]";
   };
-  c.forward_f(e);
+  forward(e);
   for (const Tensor& t : c.outputs) close(e.x[t.name], t.name);
-  c.backward_f(e);
+  backward(e);
   for (const Tensor& t : c.inputs) close(e.d["d" + t.name], "d" + t.name);
+}
+
+// Backend columns: the cpu backend against the reference on the same inputs, the op's tensors
+// stored in dtype h. Every output and input gradient: within 1e-5 of the largest value
+// elementwise in f32; in 16 bits within `tol` normwise, and (exact16) with no more than 3% of the
+// elements apart by more than fp32 noise (a backend that rounded elsewhere, or not at all,
+// differs in nearly all of them).
+void check_backends_agree(const KernelCase& c, DType h) {
+  std::mt19937 rng(12);
+  Env<float> ref_env = make_env<float>(c, rng);
+  Env<float> cpu_env = ref_env;
+  c.ops_forward_f(backend(BackendKind::ref), h, ref_env);
+  c.ops_backward_f(backend(BackendKind::ref), h, ref_env);
+  c.ops_forward_f(backend(BackendKind::cpu), h, cpu_env);
+  c.ops_backward_f(backend(BackendKind::cpu), h, cpu_env);
+  const bool half = traits(h).is_16bit;
+  const double tol = h == DType::bf16 ? 1e-2 : h == DType::f16 ? 2e-3 : 0.0;
+  auto agree = [&](const std::vector<float>& got, const std::vector<float>& want,
+                   const std::string& what) {
+    double scale = 1e-30, d2 = 0, r2 = 0;
+    for (float v : want) scale = std::max(scale, static_cast<double>(std::abs(v)));
+    int64_t apart = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double d = static_cast<double>(got[i]) - want[i];
+      d2 += d * d;
+      r2 += static_cast<double>(want[i]) * want[i];
+      if (std::abs(d) > 1e-5 * scale) {
+        ++apart;
+        if (!half)
+          ADD_FAILURE() << c.name << ": " << what << "[" << i << "] cpu " << got[i] << ", ref "
+                        << want[i];
+      }
+    }
+    EXPECT_GT(r2, 0.0) << c.name << ": " << what << " is all zero";
+    if (!half) return;
+    EXPECT_LE(std::sqrt(d2), tol * std::sqrt(r2)) << c.name << ": " << what;
+    if (c.exact16) {
+      EXPECT_LE(apart, static_cast<int64_t>(want.size()) * 3 / 100 + 1)
+          << c.name << ": " << what << ": " << apart << " of " << want.size()
+          << " elements apart beyond fp32 noise";
+    }
+  };
+  for (const Tensor& t : c.outputs) agree(cpu_env.x[t.name], ref_env.x[t.name], t.name);
+  for (const Tensor& t : c.inputs)
+    agree(cpu_env.d["d" + t.name], ref_env.d["d" + t.name], "d" + t.name);
 }
 
 // Columns bf16 and fp16: the row's 16-bit path against its fp32 path on the same inputs: every
@@ -370,6 +475,25 @@ std::vector<KernelCase> kernel_cases() {
       layernorm_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
                          rounded<H>(e["inp"], n).data(), e["weight"], e["mean"], e["rstd"], N, C);
     });
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          const bool half = traits(h).is_16bit;
+          const Stored<T> in(e["inp"], N, C, h), out16(e["out"], N, C, h);
+          be.layernorm_forward(half ? View() : View(e["out"], N, C), View::vector(e["mean"], N),
+                               View::vector(e["rstd"], N), in, View::vector(e["weight"], C),
+                               View::vector(e["bias"], C), 1e-12, half ? out16.view : View());
+          out16.widen();
+        },
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          be.layernorm_backward(View(e.grad("inp"), N, C), View::vector(e.grad("weight"), C),
+                                View::vector(e.grad("bias"), C), View(e.grad("out"), N, C),
+                                Stored<T>(e["inp"], N, C, h), View::vector(e["weight"], C),
+                                View::vector(e["mean"], N), View::vector(e["rstd"], N), kAdd);
+        },
+        true);
   }
   for (const char* kernel : {"gelu", "tanh"}) {
     const int n = golden_int(kernel, "n");
@@ -400,6 +524,27 @@ std::vector<KernelCase> kernel_cases() {
         gelu_backward(e.grad("inp"), rounded<H>(e["inp"], n).data(), e.grad("out"), n);
       });
     }
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          const Stored<T> in(e["inp"], 1, n, h), out(e["out"], 1, n, h);
+          if (gelu)
+            be.gelu_forward(out, in);
+          else
+            be.tanh_forward(out, in);
+          out.widen();
+        },
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          if (gelu)
+            be.gelu_backward(View::vector(e.grad("inp"), n), View(), Stored<T>(e["inp"], 1, n, h),
+                             View::vector(e.grad("out"), n), kAdd);
+          else
+            be.tanh_backward(View::vector(e.grad("inp"), n), View::vector(e["out"], n),
+                             View::vector(e.grad("out"), n));
+        },
+        gelu);
   }
   {
     const int N = golden_int("linear", "N"), C = golden_int("linear", "C"),
@@ -430,6 +575,27 @@ std::vector<KernelCase> kernel_cases() {
                       rounded<H>(e["inp"], nx).data(), rounded<H>(e["weight"], nw).data(), N, C,
                       OC);
     });
+    // Through the seam; with_bias false: the same without a bias.
+    auto linear_ops_backward = [=](bool with_bias) {
+      return [=](const Backend& be, DType h, auto& e) {
+        using T = env_type<decltype(e)>;
+        be.linear_backward(View(e.grad("inp"), N, C), View(e.grad("weight"), OC, C),
+                           with_bias ? View::vector(e.grad("bias"), OC) : View(),
+                           View(e.grad("out"), N, OC), Stored<T>(e["inp"], N, C, h),
+                           Stored<T>(e["weight"], OC, C, h), nullptr, kAdd);
+      };
+    };
+    // out_in_h: the output stored in the operands' dtype (the 16-bit-output form).
+    auto linear_ops_forward = [=](bool with_bias, bool out_in_h) {
+      return [=](const Backend& be, DType h, auto& e) {
+        using T = env_type<decltype(e)>;
+        const Stored<T> out(e["out"], N, OC, out_in_h ? h : dtype_of<T>);
+        be.linear_forward(out, Stored<T>(e["inp"], N, C, h), Stored<T>(e["weight"], OC, C, h),
+                          with_bias ? View::vector(e["bias"], OC) : View(), nullptr);
+        out.widen();
+      };
+    };
+    set_ops(rows.back(), linear_ops_forward(true, false), linear_ops_backward(true), true);
     // The 16-bit-output form (q | k | v, GELU's input): bias added in fp32, rounded once.
     rows.push_back(rows.back());
     rows.back().name = "linear, 16-bit output";
@@ -441,6 +607,7 @@ std::vector<KernelCase> kernel_cases() {
                      rounded<H>(e["weight"], nw).data(), e["bias"], N, C, OC);
       to_float(e["out"], out.data(), static_cast<int64_t>(no));
     });
+    set_ops(rows.back(), linear_ops_forward(true, true), linear_ops_backward(true), true);
     rows.push_back(row(
         {"linear without bias", "", {{"inp", nx}, {"weight", nw}}, {{"out", no}}, {}},
         [=](auto& e) {
@@ -462,6 +629,7 @@ std::vector<KernelCase> kernel_cases() {
                       rounded<H>(e["inp"], nx).data(), rounded<H>(e["weight"], nw).data(), N, C,
                       OC);
     });
+    set_ops(rows.back(), linear_ops_forward(false, false), linear_ops_backward(false), true);
   }
   {
     const int V = golden_int("embedding", "V"), P = golden_int("embedding", "P"),
@@ -485,6 +653,19 @@ std::vector<KernelCase> kernel_cases() {
           embedding_backward(e.grad("word"), e.grad("position"), e.grad("token_type"),
                              e.grad("out"), e.ints("ids"), e.ints("pos"), e.ints("types"), T, C);
         }));
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType, auto& e) {
+          be.embedding_forward(View(e["out"], T, C), e.ints("ids"), e.ints("pos"), e.ints("types"),
+                               View(e["word"], V, C), View(e["position"], P, C),
+                               View(e["token_type"], Y, C));
+        },
+        [=](const Backend& be, DType, auto& e) {
+          be.embedding_backward(View(e.grad("word"), V, C), View(e.grad("position"), P, C),
+                                View(e.grad("token_type"), Y, C), View(e.grad("out"), T, C),
+                                e.ints("ids"), e.ints("pos"), e.ints("types"));
+        },
+        false);
   }
   {
     const int N = golden_int("cross_entropy", "N"), V = golden_int("cross_entropy", "V");
@@ -503,6 +684,18 @@ std::vector<KernelCase> kernel_cases() {
           cross_entropy_logits_backward(e.grad("logits"), e["logits"], e["lse"], e.ints("targets"),
                                         e.grad("losses"), N, V);
         }));
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType, auto& e) {
+          be.cross_entropy_forward(View::vector(e["losses"], N), View::vector(e["lse"], N),
+                                   View(e["logits"], N, V), e.ints("targets"));
+        },
+        [=](const Backend& be, DType, auto& e) {
+          be.cross_entropy_backward(View(e.grad("logits"), N, V), View(), View(e["logits"], N, V),
+                                    View::vector(e["lse"], N), e.ints("targets"),
+                                    View::vector(e.grad("losses"), N), kAdd);
+        },
+        false);
   }
   {
     const int C = golden_int("attention", "C"), NH = golden_int("attention", "NH");
@@ -549,6 +742,25 @@ std::vector<KernelCase> kernel_cases() {
                              keep ? rounded<H>(e["probs"], np).data() : nullptr,
                              e.ints("cu_seqlens"), n_seq, C, NH, drop);
         });
+        set_ops(
+            rows.back(),
+            [=](const Backend& be, DType h, auto& e) {
+              using E = env_type<decltype(e)>;
+              const Stored<E> out(e["out"], T, C, h), probs(e["probs"], 1, int64_t(np), h);
+              be.attention_forward(out, keep ? probs.view : View(), Stored<E>(e["qkv"], T, 3 * C, h),
+                                   e.ints("cu_seqlens"), n_seq, NH, drop);
+              out.widen();
+              probs.widen();
+            },
+            [=](const Backend& be, DType h, auto& e) {
+              using E = env_type<decltype(e)>;
+              const Stored<E> probs(e["probs"], 1, int64_t(np), h);
+              be.attention_backward(View(e.grad("qkv"), T, 3 * C), View(e.grad("out"), T, C),
+                                    Stored<E>(e["qkv"], T, 3 * C, h), keep ? probs.view : View(),
+                                    e.ints("cu_seqlens"), n_seq, NH, drop, kAdd);
+            },
+            true);
+        rows.back().exact16 = false;
       }
   }
   {
@@ -566,6 +778,16 @@ std::vector<KernelCase> kernel_cases() {
         [=](auto& e) {
           gather_rows_backward(e.grad("inp"), e.grad("out"), e.ints("rows"), n, C);
         }));
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType, auto& e) {
+          be.gather_rows_forward(View(e["out"], n, C), View(e["inp"], N, C), e.ints("rows"));
+        },
+        [=](const Backend& be, DType, auto& e) {
+          be.gather_rows_backward(View(e.grad("inp"), N, C), View(e.grad("out"), n, C),
+                                  e.ints("rows"));
+        },
+        false);
   }
   {
     const std::vector<int32_t> cu = golden_ints("span_cross_entropy", "cu_seqlens");
@@ -585,6 +807,19 @@ std::vector<KernelCase> kernel_cases() {
           span_cross_entropy_backward(e.grad("logits"), e["probs"], e.ints("cu_seqlens"),
                                       e.ints("targets"), e.grad("losses"), n_seq);
         }));
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType, auto& e) {
+          be.span_cross_entropy_forward(View::vector(e["losses"], n_seq), View(e["probs"], T, 2),
+                                        View(e["logits"], T, 2), e.ints("cu_seqlens"),
+                                        e.ints("targets"), n_seq);
+        },
+        [=](const Backend& be, DType, auto& e) {
+          be.span_cross_entropy_backward(View(e.grad("logits"), T, 2), View(e["probs"], T, 2),
+                                         e.ints("cu_seqlens"), e.ints("targets"),
+                                         View::vector(e.grad("losses"), n_seq), n_seq);
+        },
+        false);
   }
   for (const int B : {1, 4, 8, 16}) {
     // Block-sparse linear: PyTorch's golden is F.linear on the masked dense weight.
@@ -611,14 +846,41 @@ std::vector<KernelCase> kernel_cases() {
           sparse_linear_backward(e.grad("inp"), e.grad("values"), e.grad("bias"), e.grad("out"),
                                  e["inp"], p, e["values"], N, e["scratch"]);
         }));
+    const int64_t nv = p.values_size();
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          be.linear_forward(View(e["out"], N, p.rows), Stored<T>(e["inp"], N, p.cols, h),
+                            View::vector(e["values"], nv), View::vector(e["bias"], p.rows), &p);
+        },
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          be.linear_backward(View(e.grad("inp"), N, p.cols), View::vector(e.grad("values"), nv),
+                             View::vector(e.grad("bias"), p.rows), View(e.grad("out"), N, p.rows),
+                             Stored<T>(e["inp"], N, p.cols, h), View::vector(e["values"], nv), &p,
+                             kAdd);
+        },
+        true);
   }
   {
     const int64_t n = 57;
-    for (const double p : {0.0, 0.25})
+    for (const double p : {0.0, 0.25}) {
       rows.push_back(row(
           {p > 0 ? "dropout" : "dropout off", "", {{"inp", size_t(n)}}, {{"out", size_t(n)}}, {}},
           [=](auto& e) { dropout_forward(e["out"], e["inp"], n, p, 3, 11); },
           [=](auto& e) { dropout_backward(e.grad("inp"), e.grad("out"), n, p, 3, 11); }));
+      set_ops(
+          rows.back(),
+          [=](const Backend& be, DType, auto& e) {
+            be.dropout_forward(View::vector(e["out"], n), View::vector(e["inp"], n), p, 3, 11, 0);
+          },
+          [=](const Backend& be, DType, auto& e) {
+            be.dropout_backward(View::vector(e.grad("inp"), n), View::vector(e.grad("out"), n), p,
+                                3, 11, 0);
+          },
+          false);
+    }
   }
   return rows;
 }
@@ -627,7 +889,7 @@ std::vector<KernelCase> kernel_cases() {
 class KernelHarness : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(KernelHarness, FiniteDifferences) {
-  check_finite_differences(GetParam());
+  check_finite_differences(GetParam(), GetParam().forward_d, GetParam().backward_d);
 }
 TEST_P(KernelHarness, BackwardAccumulates) {
   check_accumulates(GetParam());
@@ -645,7 +907,38 @@ TEST_P(KernelHarness, Fp16PathMatchesFp32Path) {
 }
 TEST_P(KernelHarness, MatchesPyTorchGolden) {
   if (GetParam().golden.empty()) GTEST_SKIP() << "no PyTorch golden for this case";
-  check_golden(GetParam());
+  check_golden(GetParam(), GetParam().forward_f, GetParam().backward_f);
+}
+
+// The backend columns. Every row has one (a test of the table below).
+const Backend& ref_backend() {
+  return backend(BackendKind::ref);
+}
+TEST_P(KernelHarness, RefBackendMatchesFiniteDifferences) {
+  const KernelCase& c = GetParam();
+  check_finite_differences(
+      c, [&](Env<double>& e) { c.ops_forward_d(ref_backend(), DType::f64, e); },
+      [&](Env<double>& e) { c.ops_backward_d(ref_backend(), DType::f64, e); });
+}
+TEST_P(KernelHarness, RefBackendMatchesPyTorchGolden) {
+  const KernelCase& c = GetParam();
+  if (c.golden.empty()) GTEST_SKIP() << "no PyTorch golden for this case";
+  check_golden(
+      c, [&](Env<float>& e) { c.ops_forward_f(ref_backend(), DType::f32, e); },
+      [&](Env<float>& e) { c.ops_backward_f(ref_backend(), DType::f32, e); });
+}
+TEST_P(KernelHarness, CpuBackendMatchesRefFp32) {
+  check_backends_agree(GetParam(), DType::f32);
+}
+TEST_P(KernelHarness, CpuBackendMatchesRefBf16) {
+  if (!GetParam().halves) GTEST_SKIP() << "runs in fp32 under --precision bf16";
+  if (GetParam().name.rfind("linear", 0) == 0 && !bf16_unavailable_reason().empty())
+    GTEST_SKIP() << bf16_unavailable_reason();
+  check_backends_agree(GetParam(), DType::bf16);
+}
+TEST_P(KernelHarness, CpuBackendMatchesRefFp16) {
+  if (!GetParam().halves) GTEST_SKIP() << "runs in fp32 under --precision fp16";
+  check_backends_agree(GetParam(), DType::f16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, KernelHarness, ::testing::ValuesIn(kernel_cases()),
@@ -654,6 +947,59 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelHarness, ::testing::ValuesIn(kernel_case
                            for (char ch : info.param.name) n += std::isalnum(ch) ? ch : '_';
                            return n;
                          });
+
+// One traits row per DType: sizes, names, and row conversions that round as the scalar ones do.
+TEST(KernelTypes, TraitsRowsConvertAsTheScalarConversions) {
+  const std::vector<float> x = {1.0f, -0.0f, 3.14159265f, 65519.0f, 65520.0f, 1e-8f, -2.5e-6f,
+                                std::numeric_limits<float>::infinity(), 1.00390625f};
+  for (const DType t : kDTypes) {
+    const DTypeTraits& r = traits(t);
+    std::vector<unsigned char> bytes(x.size() * r.bytes);
+    std::vector<float> back(x.size());
+    r.narrow(bytes.data(), x.data(), static_cast<int64_t>(x.size()));
+    r.widen(back.data(), bytes.data(), static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i)
+      EXPECT_EQ(back[i], static_cast<float>(round_to(t, x[i]))) << r.name << " of " << x[i];
+  }
+  EXPECT_EQ(traits(DType::bf16).bytes, 2u);
+  EXPECT_EQ(traits(DType::f64).bytes, 8u);
+  EXPECT_STREQ(dtype_name(DType::f16), "f16");
+  EXPECT_TRUE(traits(DType::bf16).is_16bit && !traits(DType::f32).is_16bit);
+  EXPECT_EQ(round_to(DType::bf16, 1.00390625), 1.0);  // a tie, to even
+  EXPECT_EQ(round_to(DType::f16, 65520.0), std::numeric_limits<double>::infinity());
+}
+
+// A View reads and writes its elements in its own dtype, through its leading dimension.
+TEST(KernelTypes, ViewsIndexThroughTheLeadingDimensionAndRoundOnWrite) {
+  std::vector<bf16> m(2 * 5);
+  View v(m.data(), 2, 3, 5);
+  EXPECT_EQ(v.dtype, DType::bf16);
+  EXPECT_FALSE(v.contiguous());
+  v.set(1, 2, 1.00390625);
+  EXPECT_EQ(m[7].bits, to_bf16(1.0f).bits);
+  EXPECT_EQ(v.get(1, 2), 1.0);
+  std::vector<double> d = {1, 2, 3, 4, 5, 6};
+  const View w = View::vector(d.data(), 6);
+  EXPECT_EQ(w.dtype, DType::f64);
+  EXPECT_EQ(w.numel(), 6);
+  w.put(5, 0.1);
+  EXPECT_EQ(d[5], 0.1);
+  EXPECT_FALSE(View());
+}
+
+// The seam's table: every backend named, each op present, unknown names refused.
+TEST(KernelTypes, BackendsAreChosenByNameInOnePlace) {
+  for (const BackendKind k : kBackendKinds) {
+    const Backend& b = backend(k);
+    EXPECT_EQ(b.kind, k);
+    EXPECT_EQ(parse_backend(b.name), k);
+#define PACKBERT_EXPECT_OP(op) EXPECT_NE(b.op, nullptr) << b.name << " lacks " #op;
+    PACKBERT_OPS(PACKBERT_EXPECT_OP)
+#undef PACKBERT_EXPECT_OP
+  }
+  EXPECT_NE(backend(BackendKind::cpu).linear_forward, backend(BackendKind::ref).linear_forward);
+  EXPECT_THROW(parse_backend("cuda"), std::invalid_argument);
+}
 
 // The rebuild of LayerNorm's output (recompute policy `ln`) is the kept output bit for bit.
 // Round to nearest even, as VCVTNEPS2BF16 and oneDNN round: ties go to the even mantissa, NaN

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 #include "kernels/grad_write.h"
 
 namespace packbert::kernels {

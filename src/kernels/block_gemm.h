@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 
 namespace packbert::kernels {
 

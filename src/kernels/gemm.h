@@ -4,7 +4,7 @@
 // nest. No BLAS library is loaded.
 #pragma once
 
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 
 namespace packbert::kernels {
 

@@ -7,13 +7,13 @@
 
 #include <cstdint>
 
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 #include "kernels/grad_write.h"
 
 namespace packbert::kernels {
 
 // Under `--precision bf16|fp16` the kernels below take the 16-bit storage type H (bf16 or f16,
-// kernels/bf16.h) where a tensor is stored in it; each such form has an overload per type.
+// kernels/tensor.h) where a tensor is stored in it; each such form has an overload per type.
 
 // LayerNorm over rows. inp, out: [N, C]; weight, bias: [C]; mean, rstd: [N] (saved for backward).
 // out16, when given, receives to_half(out) too, written row by row while the row is in cache:

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 
 namespace packbert::kernels {
 

@@ -9,7 +9,7 @@
 
 #include "error.h"
 #include "kernels/attention.h"
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 #include "kernels/layers.h"
 #include "model/heads.h"
 

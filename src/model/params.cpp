@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "error.h"
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 #include "kernels/sparse.h"
 #include "rng.h"
 

@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 #include "model/batch.h"
 #include "model/params.h"
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/bf16.h"
+#include "kernels/tensor.h"
 #include "model/bert.h"
 #include "model/params.h"
 

@@ -1,5 +1,11 @@
-// The two 16-bit storage formats, converted with round-to-nearest-even; arithmetic always happens
-// in fp32.
+// The engine's element types and the view every op takes.
+// - DType: f32 (training), f64 (the finite-difference tests), and the two 16-bit storage formats,
+//   bf16 and f16, with one traits row per type (ggml's type_traits): its size, its name, and how
+//   a row of it widens to fp32 and narrows from it.
+// - View: a strided matrix of one DType (data, rows, cols, leading dimension), batched where
+//   attention needs one matrix per (sequence, head).
+// The 16-bit formats are converted with round-to-nearest-even; arithmetic always happens in
+// fp32 (or double):
 // - bfloat16: the top 16 bits of an IEEE fp32 (8 exponent bits, 7 mantissa bits), the storage
 //   type of the `bf16` precision (what the AVX512-BF16 VCVTNEPS2BF16 instruction and oneDNN do).
 // - IEEE binary16 (5 exponent bits, 10 mantissa bits, largest finite 65504, subnormals below
@@ -8,6 +14,8 @@
 #pragma once
 
 #include <bit>
+#include <cassert>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -124,5 +132,113 @@ inline void to_half(H* out, const float* in, int64_t n) {
 // out[i] = to_float(in[i]), [n].
 void to_float(float* out, const bf16* in, int64_t n);
 void to_float(float* out, const f16* in, int64_t n);
+
+// ---- DType and its traits -------------------------------------------------------------------
+
+enum class DType : uint8_t { f32, f64, bf16, f16 };
+inline constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
+
+// One row per DType. widen/narrow convert n consecutive elements to and from fp32 (narrowing
+// rounds to nearest even; f64 narrows to the fp32 value widened, so a round trip through f64 is
+// exact); both run in parallel over chunks for large n.
+struct DTypeTraits {
+  const char* name;  // "f32", "f64", "bf16", "f16"
+  size_t bytes;
+  bool is_16bit;
+  void (*widen)(float* out, const void* in, int64_t n);
+  void (*narrow)(void* out, const float* in, int64_t n);
+};
+const DTypeTraits& traits(DType t);
+inline const char* dtype_name(DType t) {
+  return traits(t).name;
+}
+
+// The DType of a C++ element type.
+template <typename T>
+inline constexpr DType dtype_of = [] {
+  if constexpr (std::is_same_v<T, float>) return DType::f32;
+  else if constexpr (std::is_same_v<T, double>) return DType::f64;
+  else if constexpr (std::is_same_v<T, bf16>) return DType::bf16;
+  else {
+    static_assert(std::is_same_v<T, f16>, "not an engine element type");
+    return DType::f16;
+  }
+}();
+
+// x rounded to `t` and back, in double: what storing x in a tensor of DType t keeps (f64 keeps
+// x, f32 rounds to nearest float, the 16-bit types round through fp32, as the engine narrows).
+inline double round_to(DType t, double x) {
+  switch (t) {
+    case DType::f64: return x;
+    case DType::f32: return static_cast<float>(x);
+    case DType::bf16: return to_float(to_bf16(static_cast<float>(x)));
+    case DType::f16: return to_float(to_f16(static_cast<float>(x)));
+  }
+  return x;
+}
+
+// ---- View -----------------------------------------------------------------------------------
+
+// A matrix of `rows` x `cols` elements of one DType, row r starting ld elements after row r - 1,
+// and `batch` such matrices `batch_stride` elements apart. A vector is one row. An empty View
+// (data null) stands for "no such tensor" (a linear layer without bias).
+struct View {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t batch = 1, batch_stride = 0;
+
+  View() = default;
+  template <typename T>
+  View(T* p, int64_t rows_, int64_t cols_, int64_t ld_ = 0)
+      : data(const_cast<std::remove_const_t<T>*>(p)),
+        dtype(dtype_of<std::remove_const_t<T>>),
+        rows(rows_),
+        cols(cols_),
+        ld(ld_ ? ld_ : cols_) {}
+  // n elements as one row.
+  template <typename T>
+  static View vector(T* p, int64_t n) {
+    return View(p, 1, n);
+  }
+
+  explicit operator bool() const { return data != nullptr; }
+  int64_t numel() const { return batch * rows * cols; }
+  bool contiguous() const { return ld == cols && (batch == 1 || batch_stride == rows * cols); }
+  // The typed pointer; the caller names the type it expects, checked in debug builds.
+  template <typename T>
+  T* as() const {
+    assert(!data || dtype == dtype_of<std::remove_const_t<T>>);
+    return static_cast<T*>(data);
+  }
+  // Element (r, c) of matrix b widened to double, and set, which rounds to the View's dtype; at
+  // and put index a contiguous View's elements in order. For code that reads for clarity, not
+  // speed (the reference backend, tests).
+  double get(int64_t r, int64_t c, int64_t b = 0) const { return load(b * batch_stride + r * ld + c); }
+  void set(int64_t r, int64_t c, double x, int64_t b = 0) const {
+    store(b * batch_stride + r * ld + c, x);
+  }
+  double at(int64_t i) const { return load(i); }
+  void put(int64_t i, double x) const { store(i, x); }
+
+ private:
+  double load(int64_t i) const {
+    switch (dtype) {
+      case DType::f32: return static_cast<const float*>(data)[i];
+      case DType::f64: return static_cast<const double*>(data)[i];
+      case DType::bf16: return to_float(static_cast<const struct bf16*>(data)[i]);
+      case DType::f16: return to_float(static_cast<const struct f16*>(data)[i]);
+    }
+    return 0;
+  }
+  void store(int64_t i, double x) const {
+    switch (dtype) {
+      case DType::f32: static_cast<float*>(data)[i] = static_cast<float>(x); return;
+      case DType::f64: static_cast<double*>(data)[i] = x; return;
+      case DType::bf16: static_cast<struct bf16*>(data)[i] = to_bf16(static_cast<float>(x)); return;
+      case DType::f16: static_cast<struct f16*>(data)[i] = to_f16(static_cast<float>(x)); return;
+    }
+  }
+};
 
 }  // namespace packbert::kernels

@@ -1,0 +1,15 @@
+// The cpu backend: the ops of kernels/backend_ops.inc on the engine's CPU kernels (oneDNN's
+// GEMMs, AVX-512 / AVX2 paths chosen at run time, OpenMP over rows). Each op reads the Views'
+// dtypes once and calls the typed kernel that runs them.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/grad_write.h"
+#include "kernels/sparse.h"
+#include "kernels/tensor.h"
+
+namespace packbert::kernels::cpu {
+#include "kernels/backend_ops.inc"
+}  // namespace packbert::kernels::cpu

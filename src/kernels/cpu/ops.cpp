@@ -1,0 +1,364 @@
+// The cpu backend's ops (see cpu.h): each reads its Views' dtypes once and calls the typed
+// kernel of kernels/ that runs them. The kernels take contiguous tensors; shapes come from the
+// Views.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/dropout.h"
+#include "kernels/layers.h"
+
+namespace packbert::kernels::cpu {
+
+namespace {
+
+[[noreturn]] void unsupported(const char* op, const View& v) {
+  throw std::logic_error(std::string("cpu::") + op + " does not run " + dtype_name(v.dtype));
+}
+
+void require_contiguous(const char* op, std::initializer_list<const View*> views) {
+  for (const View* v : views)
+    if (*v && !v->contiguous())
+      throw std::logic_error(std::string("cpu::") + op + " takes contiguous tensors");
+}
+
+// Calls f(T{}) with T the element type of `t`.
+template <typename F>
+decltype(auto) with_type(DType t, F f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::bf16: return f(bf16{});
+    case DType::f16: return f(f16{});
+  }
+  throw std::logic_error("no such DType");
+}
+
+// Calls f(T{}) for f32 and f64, or fails naming op.
+template <typename F>
+decltype(auto) with_wide_type(const char* op, const View& v, F f) {
+  if (v.dtype == DType::f32) return f(float{});
+  if (v.dtype == DType::f64) return f(double{});
+  unsupported(op, v);
+}
+
+// Calls f(H{}) for bf16 and f16, or fails naming op.
+template <typename F>
+decltype(auto) with_half_type(const char* op, const View& v, F f) {
+  if (v.dtype == DType::bf16) return f(bf16{});
+  if (v.dtype == DType::f16) return f(f16{});
+  unsupported(op, v);
+}
+
+template <typename T>
+T* ptr(const View& v) {
+  return v.as<T>();
+}
+
+bool is16(const View& v) {
+  return v && traits(v.dtype).is_16bit;
+}
+
+int i32(int64_t x) {
+  return static_cast<int>(x);
+}
+
+// A linear layer's scratch for the block-sparse kernels, held across calls by each thread.
+template <typename T>
+T* sparse_scratch(const BlockPattern& p, int64_t N) {
+  thread_local std::vector<T> scratch;
+  scratch.resize(static_cast<size_t>(sparse_linear_scratch(p, i32(N))));
+  return scratch.data();
+}
+
+}  // namespace
+
+void linear_forward(View out, View in, View weight, View bias, const BlockPattern* pattern) {
+  require_contiguous("linear_forward", {&out, &in, &weight, &bias});
+  const int N = i32(in.rows), C = i32(in.cols), OC = i32(out.cols);
+  if (pattern) {
+    if (!is16(in))
+      return with_wide_type("linear_forward", in, [&](auto t) {
+        using T = decltype(t);
+        sparse_linear_forward(ptr<T>(out), ptr<const T>(in), *pattern, ptr<const T>(weight),
+                              ptr<const T>(bias), N, sparse_scratch<T>(*pattern, N));
+      });
+    return with_half_type("linear_forward", in, [&](auto h) {
+      using H = decltype(h);
+      sparse_linear_forward(ptr<float>(out), ptr<const H>(in), *pattern, ptr<const float>(weight),
+                            ptr<const float>(bias), N, sparse_scratch<float>(*pattern, N));
+    });
+  }
+  if (!is16(in))
+    return with_wide_type("linear_forward", in, [&](auto t) {
+      using T = decltype(t);
+      kernels::linear_forward(ptr<T>(out), ptr<const T>(in), ptr<const T>(weight),
+                              ptr<const T>(bias), N, C, OC);
+    });
+  with_half_type("linear_forward", in, [&](auto h) {
+    using H = decltype(h);
+    if (is16(out))
+      kernels::linear_forward(ptr<H>(out), ptr<const H>(in), ptr<const H>(weight),
+                              ptr<const float>(bias), N, C, OC);
+    else
+      kernels::linear_forward(ptr<float>(out), ptr<const H>(in), ptr<const H>(weight),
+                              ptr<const float>(bias), N, C, OC);
+  });
+}
+
+void linear_backward(View dinp, View dweight, View dbias, View dout, View in, View weight,
+                     const BlockPattern* pattern, GradWrite mode) {
+  require_contiguous("linear_backward", {&dinp, &dweight, &dbias, &dout, &in, &weight});
+  const int N = i32(in.rows), C = i32(in.cols), OC = i32(dout.cols);
+  if (pattern) {
+    // The sparse kernels accumulate into dinp.
+    if (dinp && mode == GradWrite::overwrite)
+      with_wide_type("linear_backward", dinp, [&](auto t) { zero_fill(ptr<decltype(t)>(dinp), dinp.numel()); });
+    if (!is16(in))
+      return with_wide_type("linear_backward", in, [&](auto t) {
+        using T = decltype(t);
+        sparse_linear_backward(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<const T>(dout),
+                               ptr<const T>(in), *pattern, ptr<const T>(weight), N,
+                               sparse_scratch<T>(*pattern, N));
+      });
+    return with_half_type("linear_backward", in, [&](auto h) {
+      using H = decltype(h);
+      sparse_linear_backward(ptr<float>(dinp), ptr<float>(dweight), ptr<float>(dbias),
+                             ptr<const float>(dout), ptr<const H>(in), *pattern,
+                             ptr<const float>(weight), N, sparse_scratch<float>(*pattern, N));
+    });
+  }
+  if (!is16(in))
+    return with_wide_type("linear_backward", in, [&](auto t) {
+      using T = decltype(t);
+      kernels::linear_backward(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<const T>(dout),
+                               ptr<const T>(in), ptr<const T>(weight), N, C, OC, mode);
+    });
+  with_half_type("linear_backward", in, [&](auto h) {
+    using H = decltype(h);
+    thread_local std::vector<H> dout16;
+    dout16.resize(static_cast<size_t>(dout.numel()));
+    kernels::linear_backward(ptr<float>(dinp), ptr<float>(dweight), ptr<float>(dbias),
+                             ptr<const float>(dout), dout16.data(), ptr<const H>(in),
+                             ptr<const H>(weight), N, C, OC, mode);
+  });
+}
+
+void layernorm_forward(View out, View mean, View rstd, View in, View weight, View bias,
+                       double eps, View out16) {
+  require_contiguous("layernorm_forward", {&out, &mean, &rstd, &in, &weight, &bias, &out16});
+  const int N = i32(in.rows), C = i32(in.cols);
+  if (!is16(in) && !out16)
+    return with_wide_type("layernorm_forward", in, [&](auto t) {
+      using T = decltype(t);
+      kernels::layernorm_forward(ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), ptr<const T>(in),
+                                 ptr<const T>(weight), ptr<const T>(bias), N, C,
+                                 static_cast<T>(eps));
+    });
+  // Under 16 bits: an f32 or 16-bit input, the output's 16-bit twin.
+  const View& half = out16 ? out16 : in;
+  with_half_type("layernorm_forward", half, [&](auto h) {
+    using H = decltype(h);
+    H* twin = out16 ? ptr<H>(out16) : nullptr;
+    if (is16(in))
+      kernels::layernorm_forward(ptr<float>(out), ptr<float>(mean), ptr<float>(rstd),
+                                 ptr<const H>(in), ptr<const float>(weight),
+                                 ptr<const float>(bias), N, C, static_cast<float>(eps), twin);
+    else
+      kernels::layernorm_forward<float, H>(ptr<float>(out), ptr<float>(mean), ptr<float>(rstd),
+                                           ptr<const float>(in), ptr<const float>(weight),
+                                           ptr<const float>(bias), N, C, static_cast<float>(eps),
+                                           twin);
+  });
+}
+
+void layernorm_backward(View dinp, View dweight, View dbias, View dout, View in, View weight,
+                        View mean, View rstd, GradWrite mode) {
+  require_contiguous("layernorm_backward", {&dinp, &dweight, &dbias, &dout, &in, &weight});
+  const int N = i32(in.rows), C = i32(in.cols);
+  with_type(in.dtype, [&](auto t) {
+    using I = decltype(t);
+    using T = std::conditional_t<std::is_same_v<I, double>, double, float>;
+    kernels::layernorm_backward(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<const T>(dout),
+                                ptr<const I>(in), ptr<const T>(weight), ptr<const T>(mean),
+                                ptr<const T>(rstd), N, C, mode);
+  });
+}
+
+void gelu_forward(View out, View in) {
+  require_contiguous("gelu_forward", {&out, &in});
+  with_type(in.dtype, [&](auto t) {
+    using T = decltype(t);
+    kernels::gelu_forward(ptr<T>(out), ptr<const T>(in), in.numel());
+  });
+}
+
+void gelu_backward(View dinp, View dbias, View in, View dout, GradWrite mode) {
+  require_contiguous("gelu_backward", {&dinp, &dbias, &in, &dout});
+  if (is16(dinp)) {
+    if (!dbias || mode != GradWrite::overwrite)
+      throw std::logic_error("cpu::gelu_backward: a 16-bit dinp is written over, with dbias");
+    return with_half_type("gelu_backward", dinp, [&](auto h) {
+      using H = decltype(h);
+      kernels::gelu_backward_to_half(ptr<H>(dinp), ptr<float>(dbias), ptr<const H>(in),
+                                     ptr<const float>(dout), i32(in.rows), i32(in.cols));
+    });
+  }
+  if (dbias) throw std::logic_error("cpu::gelu_backward: dbias goes with a 16-bit dinp");
+  with_type(in.dtype, [&](auto t) {
+    using I = decltype(t);
+    using T = std::conditional_t<std::is_same_v<I, double>, double, float>;
+    kernels::gelu_backward(ptr<T>(dinp), ptr<const I>(in), ptr<const T>(dout), in.numel(), mode);
+  });
+}
+
+void tanh_forward(View out, View in) {
+  with_wide_type("tanh_forward", in, [&](auto t) {
+    using T = decltype(t);
+    kernels::tanh_forward(ptr<T>(out), ptr<const T>(in), in.numel());
+  });
+}
+
+void tanh_backward(View dinp, View out, View dout) {
+  with_wide_type("tanh_backward", out, [&](auto t) {
+    using T = decltype(t);
+    kernels::tanh_backward(ptr<T>(dinp), ptr<const T>(out), ptr<const T>(dout), out.numel());
+  });
+}
+
+void residual_forward(View out, View a, View b) {
+  require_contiguous("residual_forward", {&out, &a, &b});
+  with_type(out.dtype, [&](auto t) {
+    using T = decltype(t);
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    kernels::residual_forward(ptr<T>(out), ptr<const A>(a), ptr<const T>(b), out.numel());
+  });
+}
+
+void dropout_forward(View out, View in, double p, uint64_t seed, uint64_t key, uint64_t first) {
+  with_wide_type("dropout_forward", in, [&](auto t) {
+    using T = decltype(t);
+    kernels::dropout_forward(ptr<T>(out), ptr<const T>(in), in.numel(), p, seed, key, first);
+  });
+}
+
+void dropout_backward(View dinp, View dout, double p, uint64_t seed, uint64_t key,
+                      uint64_t first) {
+  with_wide_type("dropout_backward", dout, [&](auto t) {
+    using T = decltype(t);
+    kernels::dropout_backward(ptr<T>(dinp), ptr<const T>(dout), dout.numel(), p, seed, key, first);
+  });
+}
+
+void embedding_forward(View out, const int32_t* ids, const int32_t* pos, const int32_t* types,
+                       View word, View position, View token_type) {
+  const int T_ = i32(out.rows), C = i32(out.cols);
+  if (word.dtype == DType::bf16)
+    return kernels::embedding_forward(ptr<float>(out), ids, pos, types, ptr<const bf16>(word),
+                                      ptr<const float>(position), ptr<const float>(token_type),
+                                      T_, C);
+  with_wide_type("embedding_forward", word, [&](auto t) {
+    using T = decltype(t);
+    kernels::embedding_forward(ptr<T>(out), ids, pos, types, ptr<const T>(word),
+                               ptr<const T>(position), ptr<const T>(token_type), T_, C);
+  });
+}
+
+void embedding_backward(View dword, View dposition, View dtoken_type, View dout,
+                        const int32_t* ids, const int32_t* pos, const int32_t* types) {
+  with_wide_type("embedding_backward", dout, [&](auto t) {
+    using T = decltype(t);
+    kernels::embedding_backward(ptr<T>(dword), ptr<T>(dposition), ptr<T>(dtoken_type),
+                                ptr<const T>(dout), ids, pos, types, i32(dout.rows),
+                                i32(dout.cols));
+  });
+}
+
+int64_t cross_entropy_forward(View losses, View lse, View logits, const int32_t* targets) {
+  return with_wide_type("cross_entropy_forward", logits, [&](auto t) {
+    using T = decltype(t);
+    return kernels::cross_entropy_logits_forward(ptr<T>(losses), ptr<T>(lse), ptr<const T>(logits),
+                                                 targets, i32(logits.rows), i32(logits.cols));
+  });
+}
+
+void cross_entropy_backward(View dlogits, View dbias, View logits, View lse,
+                            const int32_t* targets, View dlosses, GradWrite mode) {
+  const int N = i32(logits.rows), V = i32(logits.cols);
+  if (is16(dlogits)) {
+    if (!dbias) throw std::logic_error("cpu::cross_entropy_backward: a 16-bit dlogits needs dbias");
+    return with_half_type("cross_entropy_backward", dlogits, [&](auto h) {
+      using H = decltype(h);
+      kernels::cross_entropy_logits_backward(ptr<H>(dlogits), ptr<float>(dbias),
+                                             ptr<const float>(logits), ptr<const float>(lse),
+                                             targets, ptr<const float>(dlosses), N, V);
+    });
+  }
+  if (dbias) throw std::logic_error("cpu::cross_entropy_backward: dbias goes with 16-bit dlogits");
+  with_wide_type("cross_entropy_backward", logits, [&](auto t) {
+    using T = decltype(t);
+    kernels::cross_entropy_logits_backward(ptr<T>(dlogits), ptr<const T>(logits),
+                                           ptr<const T>(lse), targets, ptr<const T>(dlosses), N, V,
+                                           mode);
+  });
+}
+
+void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq,
+                       int NH, AttentionDropout dropout) {
+  require_contiguous("attention_forward", {&out, &probs, &qkv});
+  const int C = i32(out.cols);
+  with_type(qkv.dtype, [&](auto t) {
+    using T = decltype(t);
+    kernels::attention_forward(ptr<T>(out), ptr<T>(probs), ptr<const T>(qkv), cu_seqlens, n_seq,
+                               C, NH, dropout);
+  });
+}
+
+void attention_backward(View dqkv, View dout, View qkv, View probs, const int32_t* cu_seqlens,
+                        int n_seq, int NH, AttentionDropout dropout, GradWrite mode) {
+  require_contiguous("attention_backward", {&dqkv, &dout, &qkv, &probs});
+  const int C = i32(dout.cols);
+  with_type(qkv.dtype, [&](auto t) {
+    using I = decltype(t);
+    using T = std::conditional_t<std::is_same_v<I, double>, double, float>;
+    kernels::attention_backward(ptr<T>(dqkv), ptr<const T>(dout), ptr<const I>(qkv),
+                                ptr<const I>(probs), cu_seqlens, n_seq, C, NH, dropout, {}, mode);
+  });
+}
+
+void gather_rows_forward(View out, View in, const int32_t* rows) {
+  with_type(in.dtype, [&](auto t) {
+    using T = decltype(t);
+    kernels::gather_rows_forward(ptr<T>(out), ptr<const T>(in), rows, i32(out.rows),
+                                 i32(out.cols));
+  });
+}
+
+void gather_rows_backward(View dinp, View dout, const int32_t* rows) {
+  with_wide_type("gather_rows_backward", dout, [&](auto t) {
+    using T = decltype(t);
+    kernels::gather_rows_backward(ptr<T>(dinp), ptr<const T>(dout), rows, i32(dout.rows),
+                                  i32(dout.cols));
+  });
+}
+
+void span_cross_entropy_forward(View losses, View probs, View logits, const int32_t* cu_seqlens,
+                                const int32_t* targets, int n_seq) {
+  with_wide_type("span_cross_entropy_forward", logits, [&](auto t) {
+    using T = decltype(t);
+    kernels::span_cross_entropy_forward(ptr<T>(losses), ptr<T>(probs), ptr<const T>(logits),
+                                        cu_seqlens, targets, n_seq);
+  });
+}
+
+void span_cross_entropy_backward(View dlogits, View probs, const int32_t* cu_seqlens,
+                                 const int32_t* targets, View dlosses, int n_seq) {
+  with_wide_type("span_cross_entropy_backward", probs, [&](auto t) {
+    using T = decltype(t);
+    kernels::span_cross_entropy_backward(ptr<T>(dlogits), ptr<const T>(probs), cu_seqlens,
+                                         targets, ptr<const T>(dlosses), n_seq);
+  });
+}
+
+}  // namespace packbert::kernels::cpu
