@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision_text,
                  "fp32, bf16 (bf16 GEMM operands) or fp16 (fp16 activations, GEMMs widened)")
       ->capture_default_str();
+  std::string backend_text = "cpu";
+  app.add_option("--backend", backend_text,
+                 "cpu, or ref: the reference backend (plain loops in double; for small shapes)")
+      ->capture_default_str();
   model::Sparsity sparsity;
   app.add_option("--sparsity", sparsity.sparsity,
                  "Block-sparse encoder weights: the fraction of blocks that are zero (0 = dense)")
@@ -102,7 +106,13 @@ int main(int argc, char** argv) {
   model::BertConfig c;
   model::Recompute policy;
   model::Precision precision = model::Precision::fp32;
+  kernels::BackendKind backend = kernels::BackendKind::cpu;
   try {
+    try {
+      backend = kernels::parse_backend(backend_text);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(std::string("--backend: ") + e.what());
+    }
     c = model::resolve_shape(shape);
     c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
     c.max_position_embeddings = std::max(c.max_position_embeddings, max_len);
@@ -147,6 +157,7 @@ int main(int argc, char** argv) {
   model::BertModel<float> m(c, model::Heads{}, sparsity);
   model::init_params(m.layout(), m.params().data(), 1);
   m.init_patterns(1);
+  m.set_backend(backend);
   std::optional<train::Optimizer> optimizer;
   if (optimizer_step) optimizer.emplace(m.layout(), train::OptimizerConfig{});
   double rate = peak_gflops<float>();
@@ -199,6 +210,7 @@ int main(int argc, char** argv) {
                         {"model_gflops", flops / t * 1e-9},
                         {"sgemm_gflops", rate},
                         {"precision", model::precision_name(precision)},
+                        {"backend", kernels::backend(backend).name},
                         {"sparsity", sparsity.sparsity},
                         {"block", sparsity.block},
                         {"bf16_matmul_gflops", rate16},

@@ -354,6 +354,27 @@ TEST_F(Cli, CheckGoldenPassesFailsAndRejectsBadFiles) {
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
 }
 
+// --backend ref runs the step on the reference backend: the goldens pass there too (under a
+// recompute policy as well), a pretrain run records the backend, and an unknown name is one
+// line, exit 2.
+TEST_F(Cli, BackendRefPassesTheGoldensAndUnknownBackendsAreRefused) {
+  const std::string golden =
+      std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h40.safetensors";
+  for (const char* extra : {"", " --recompute gelu,ln,attention"}) {
+    Result r = run("check-golden " + golden + " --backend ref" + extra);
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("62 gradient tensors (0 outside tolerance)"), std::string::npos) << r.out;
+  }
+  Result bad = run("check-golden " + golden + " --backend cuda");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--backend: unknown backend 'cuda' (expected cpu or ref)"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  for (const char* sub : {"pretrain", "finetune", "eval"})
+    EXPECT_NE(run(std::string(sub) + " --help").out.find("--backend"), std::string::npos) << sub;
+}
+
 // The held-out parity holds under every recompute policy, at the same tolerances.
 TEST_F(Cli, CheckGoldenPassesUnderEveryRecomputePolicy) {
   const std::string golden =

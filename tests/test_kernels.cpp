@@ -582,7 +582,7 @@ std::vector<KernelCase> kernel_cases() {
         be.linear_backward(View(e.grad("inp"), N, C), View(e.grad("weight"), OC, C),
                            with_bias ? View::vector(e.grad("bias"), OC) : View(),
                            View(e.grad("out"), N, OC), Stored<T>(e["inp"], N, C, h),
-                           Stored<T>(e["weight"], OC, C, h), nullptr, kAdd);
+                           Stored<T>(e["weight"], OC, C, h), nullptr, kAdd, View());
       };
     };
     // out_in_h: the output stored in the operands' dtype (the 16-bit-output form).
@@ -591,7 +591,7 @@ std::vector<KernelCase> kernel_cases() {
         using T = env_type<decltype(e)>;
         const Stored<T> out(e["out"], N, OC, out_in_h ? h : dtype_of<T>);
         be.linear_forward(out, Stored<T>(e["inp"], N, C, h), Stored<T>(e["weight"], OC, C, h),
-                          with_bias ? View::vector(e["bias"], OC) : View(), nullptr);
+                          with_bias ? View::vector(e["bias"], OC) : View(), nullptr, View());
         out.widen();
       };
     };
@@ -748,7 +748,7 @@ std::vector<KernelCase> kernel_cases() {
               using E = env_type<decltype(e)>;
               const Stored<E> out(e["out"], T, C, h), probs(e["probs"], 1, int64_t(np), h);
               be.attention_forward(out, keep ? probs.view : View(), Stored<E>(e["qkv"], T, 3 * C, h),
-                                   e.ints("cu_seqlens"), n_seq, NH, drop);
+                                   e.ints("cu_seqlens"), n_seq, NH, drop, nullptr, View());
               out.widen();
               probs.widen();
             },
@@ -757,7 +757,8 @@ std::vector<KernelCase> kernel_cases() {
               const Stored<E> probs(e["probs"], 1, int64_t(np), h);
               be.attention_backward(View(e.grad("qkv"), T, 3 * C), View(e.grad("out"), T, C),
                                     Stored<E>(e["qkv"], T, 3 * C, h), keep ? probs.view : View(),
-                                    e.ints("cu_seqlens"), n_seq, NH, drop, kAdd);
+                                    e.ints("cu_seqlens"), n_seq, NH, drop, nullptr, View(),
+                                    kAdd);
             },
             true);
         rows.back().exact16 = false;
@@ -852,14 +853,15 @@ std::vector<KernelCase> kernel_cases() {
         [=](const Backend& be, DType h, auto& e) {
           using T = env_type<decltype(e)>;
           be.linear_forward(View(e["out"], N, p.rows), Stored<T>(e["inp"], N, p.cols, h),
-                            View::vector(e["values"], nv), View::vector(e["bias"], p.rows), &p);
+                            View::vector(e["values"], nv), View::vector(e["bias"], p.rows), &p,
+                            View());
         },
         [=](const Backend& be, DType h, auto& e) {
           using T = env_type<decltype(e)>;
           be.linear_backward(View(e.grad("inp"), N, p.cols), View::vector(e.grad("values"), nv),
                              View::vector(e.grad("bias"), p.rows), View(e.grad("out"), N, p.rows),
                              Stored<T>(e["inp"], N, p.cols, h), View::vector(e["values"], nv), &p,
-                             kAdd);
+                             kAdd, View());
         },
         true);
   }
@@ -999,6 +1001,71 @@ TEST(KernelTypes, BackendsAreChosenByNameInOnePlace) {
   }
   EXPECT_NE(backend(BackendKind::cpu).linear_forward, backend(BackendKind::ref).linear_forward);
   EXPECT_THROW(parse_backend("cuda"), std::invalid_argument);
+}
+
+// The seam's ops outside the harness's table (no gradient of their own): the cpu backend against
+// the reference, in f32 and each 16-bit type where the op takes one.
+TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
+  const Backend &cpu = backend(BackendKind::cpu), &ref = backend(BackendKind::ref);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto randoms = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = nd(rng);
+    return v;
+  };
+  const int N = 13, C = 16, OC = 24, B = 8;
+  const std::vector<float> in = randoms(N * C), dout = randoms(N * OC), w = randoms(C),
+                           b = randoms(C);
+  for (const DType h : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(h));
+    std::vector<float> in_h(in);  // the input as stored in h
+    const Stored<float> x(in_h.data(), N, C, h);
+    // linear_block_grad_norms: the L1 norms of the dense gradient's 8 x 8 blocks.
+    std::vector<float> l1_cpu((OC / B) * (C / B), 0.5f), l1_ref = l1_cpu;
+    cpu.linear_block_grad_norms(View(l1_cpu.data(), OC / B, C / B), View(dout.data(), N, OC), x, B,
+                                View(), View());
+    ref.linear_block_grad_norms(View(l1_ref.data(), OC / B, C / B), View(dout.data(), N, OC), x, B,
+                                View(), View());
+    for (size_t i = 0; i < l1_ref.size(); ++i)
+      EXPECT_NEAR(l1_cpu[i], l1_ref[i], 1e-5 * l1_ref[i]) << "block " << i;
+    // layernorm_apply rebuilds layernorm_forward's output, on each backend, from the statistics.
+    for (const Backend* be : {&cpu, &ref}) {
+      std::vector<float> mean(N), rstd(N), out(N * C), again(N * C);
+      const View w_(View::vector(w.data(), C)), b_(View::vector(b.data(), C));
+      be->layernorm_forward(View(out.data(), N, C), View::vector(mean.data(), N),
+                            View::vector(rstd.data(), N), x, w_, b_, 1e-12, View());
+      be->layernorm_apply(View(again.data(), N, C), x, View::vector(mean.data(), N),
+                          View::vector(rstd.data(), N), w_, b_, View());
+      EXPECT_EQ(out, again) << be->name;
+    }
+    // convert: rounds as the traits row does.
+    std::vector<uint16_t> c16_cpu(N * C), c16_ref(N * C);
+    View out_cpu = View::vector(in.data(), N * C), out_ref = out_cpu;
+    if (traits(h).is_16bit) {
+      out_cpu.data = c16_cpu.data(), out_ref.data = c16_ref.data();
+      out_cpu.dtype = out_ref.dtype = h;
+      cpu.convert(out_cpu, View::vector(in.data(), N * C));
+      ref.convert(out_ref, View::vector(in.data(), N * C));
+      EXPECT_EQ(c16_cpu, c16_ref);
+    }
+  }
+  // count_argmax_hits: ties go to the first maximum; rows without a target are not counted.
+  std::vector<float> scores = randoms(N * OC);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) {
+    targets[n] = n % 4 == 3 ? -1 : static_cast<int32_t>(rng() % OC);
+    if (n % 2 == 0 && targets[n] >= 0) scores[n * OC + targets[n]] = 9.0f;  // a hit
+    if (n % 6 == 0) scores[n * OC + 0] = 9.0f;  // a tie, won by column 0
+  }
+  const View sv(scores.data(), N, OC);
+  EXPECT_EQ(cpu.count_argmax_hits(sv, targets.data()), ref.count_argmax_hits(sv, targets.data()));
+  EXPECT_GT(ref.count_argmax_hits(sv, targets.data()), 2);
+  std::vector<float> z = randoms(N * C), z2 = z;
+  cpu.zero(View(z.data(), N, C));
+  ref.zero(View(z2.data(), N, C));
+  EXPECT_EQ(z, std::vector<float>(N * C, 0.0f));
+  EXPECT_EQ(z2, z);
 }
 
 // The rebuild of LayerNorm's output (recompute policy `ln`) is the kept output bit for bit.

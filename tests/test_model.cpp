@@ -35,6 +35,23 @@ TEST(ModelGolden, MatchesPyTorchHidden40ThreeSequencePack) {
   for (const GoldenRow& row : r.rows) EXPECT_TRUE(row.ok()) << row.quantity << " " << row.error;
 }
 
+// The reference backend against the same PyTorch goldens, at the fp32 tolerances, and its
+// 16-bit steps at bf16's and fp16's documented ones (check-golden's defaults): they need no
+// bf16 instruction, so the 16-bit paths are held to PyTorch on every CPU.
+TEST(ModelGolden, RefBackendMatchesPyTorch) {
+  const auto ref = kernels::BackendKind::ref;
+  for (const char* file : {"bert_h64.safetensors", "bert_h40.safetensors"}) {
+    const GoldenReport r = check_golden(kGoldenDir + file, 1e-5, 1e-4, {}, Precision::fp32, 1, ref);
+    for (const GoldenRow& row : r.rows)
+      EXPECT_TRUE(row.ok()) << file << " " << row.quantity << " " << row.error;
+  }
+  const std::string h64 = kGoldenDir + "bert_h64.safetensors";
+  for (const GoldenRow& row : check_golden(h64, 1e-2, 5e-2, {}, Precision::bf16, 1, ref).rows)
+    EXPECT_TRUE(row.ok()) << "bf16 " << row.quantity << " " << row.error;
+  for (const GoldenRow& row : check_golden(h64, 2e-3, 1e-2, {}, Precision::fp16, 65536, ref).rows)
+    EXPECT_TRUE(row.ok()) << "fp16 " << row.quantity << " " << row.error;
+}
+
 BertConfig tiny_config() {
   BertConfig c;
   c.vocab_size = 23;
@@ -90,6 +107,124 @@ TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
   }
   EXPECT_GT(checked, 500);
 }
+
+// The whole model in double on the reference backend: its gradients against central
+// differences, as ModelGrad.WholeTinyModelFiniteDifferences checks the cpu backend's.
+TEST(ModelBackend, RefWholeTinyModelMatchesFiniteDifferences) {
+  BertConfig c = tiny_config();
+  c.hidden_dropout_prob = 0.1;
+  c.attention_probs_dropout_prob = 0.1;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel<double> m(c, heads);
+  init_params(m.layout(), m.params().data(), 3);
+  std::mt19937 rng(5);
+  std::normal_distribution<double> noise(0, 0.1);
+  for (double& v : m.params()) v += noise(rng);
+  PackedBatch b = make_batch({{5, 3, 4}, {9}, {2, 6}}, 13, c.vocab_size, 5);
+  const StepOptions opt{true, 77, 9, {}};
+  m.set_backend(kernels::BackendKind::ref);
+  m.forward(b, opt);
+  m.zero_grads();
+  m.backward();
+  const std::vector<double> analytic = m.grads();
+  const double h = 1e-5;
+  for (const TensorSpec& t : m.layout().tensors())
+    for (size_t i = 0; i < t.numel; i += t.numel > 64 ? 11 : 1) {
+      double& w = m.params()[t.offset + i];
+      const double keep = w;
+      w = keep + h;
+      const double up = m.forward(b, opt).loss();
+      w = keep - h;
+      const double down = m.forward(b, opt).loss();
+      w = keep;
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(analytic[t.offset + i], numeric, 1e-6 * (1 + std::abs(numeric)))
+          << t.name << "[" << i << "]";
+    }
+}
+
+// One training step (forward and backward, dropout on, every head, packed rows) on the cpu and
+// the ref backend: the losses and every gradient tensor agree (normwise per tensor), at fp32
+// within 1e-6 and 1e-5; under 16 bits, where both round what the step stores in 16 bits but
+// accumulate differently (a rounding can flip), within the 16-bit type's few ulps.
+struct BackendCase {
+  std::string preset;
+  Precision precision;
+  double loss_tol, grad_tol;
+};
+
+void PrintTo(const BackendCase& c, std::ostream* os) {
+  *os << c.preset << " " << precision_name(c.precision);
+}
+
+class ModelBackendStep : public ::testing::TestWithParam<BackendCase> {};
+
+TEST_P(ModelBackendStep, RefAndCpuAgreeOnTheLossAndEveryGradient) {
+  const BackendCase& bc = GetParam();
+  if (bc.precision == Precision::bf16 && !kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+  BertConfig c = bert_preset(bc.preset);
+  c.num_labels = 3;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel<float> m(c, heads);
+  init_params(m.layout(), m.params().data(), 21);
+  const PackedBatch b = make_batch({{40, 17, 9}, {66}, {12, 30, 8, 5}}, 72, c.vocab_size, 8);
+  auto step = [&](kernels::BackendKind kind) {
+    m.set_backend(kind);
+    m.zero_grads();
+    const Outputs out = m.forward(b, {true, 5, 2, parse_recompute("none"), bc.precision});
+    m.backward();
+    return std::pair{out, m.grads()};
+  };
+  const auto [out_cpu, g_cpu] = step(kernels::BackendKind::cpu);
+  const auto [out_ref, g_ref] = step(kernels::BackendKind::ref);
+  ASSERT_GT(out_ref.mlm_count, 0);
+  for (auto [what, cpu, ref] : {std::tuple{"mlm", out_cpu.mlm_loss, out_ref.mlm_loss},
+                                {"nsp", out_cpu.nsp_loss, out_ref.nsp_loss},
+                                {"classifier", out_cpu.cls_loss, out_ref.cls_loss},
+                                {"span", out_cpu.span_loss, out_ref.span_loss}})
+    EXPECT_NEAR(cpu, ref, bc.loss_tol * std::abs(ref)) << what << " loss";
+  EXPECT_EQ(out_cpu.mlm_correct, out_ref.mlm_correct);
+  // A gradient that is zero in exact arithmetic (the attention key bias: softmax ignores a
+  // shift of its row; the span bias: each sequence's probabilities sum to one) is rounding noise
+  // on both backends: it must stay below 1e-6 of the whole gradient's norm on each.
+  double all2 = 0;
+  for (float g : g_ref) all2 += static_cast<double>(g) * g;
+  double worst = 0;
+  std::string worst_name;
+  for (const TensorSpec& t : m.layout().tensors()) {
+    double d2 = 0, r2 = 0, c2 = 0;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+      d2 += (static_cast<double>(g_cpu[i]) - g_ref[i]) * (static_cast<double>(g_cpu[i]) - g_ref[i]);
+      r2 += static_cast<double>(g_ref[i]) * g_ref[i];
+      c2 += static_cast<double>(g_cpu[i]) * g_cpu[i];
+    }
+    const bool zero_in_exact_arithmetic =
+        t.name.ends_with("attention.self.key.bias") || t.name == "qa_outputs.bias";
+    if (zero_in_exact_arithmetic) {
+      EXPECT_LE(std::sqrt(r2), 1e-6 * std::sqrt(all2)) << t.name << " (ref)";
+      EXPECT_LE(std::sqrt(c2), 1e-6 * std::sqrt(all2)) << t.name << " (cpu)";
+      continue;
+    }
+    ASSERT_GT(r2, 0.0) << t.name;
+    const double rel = std::sqrt(d2 / r2);
+    EXPECT_LE(rel, bc.grad_tol) << t.name;
+    if (rel > worst) worst = rel, worst_name = t.name;
+  }
+  std::cout << "  worst gradient tensor: " << worst_name << " at " << worst << " relative\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Presets, ModelBackendStep,
+    ::testing::Values(BackendCase{"tiny", Precision::fp32, 1e-6, 1e-5},
+                      BackendCase{"mini", Precision::fp32, 1e-6, 1e-5},
+                      BackendCase{"tiny", Precision::fp16, 1e-3, 1e-2},
+                      BackendCase{"tiny", Precision::bf16, 1e-2, 3e-2}),
+    [](const ::testing::TestParamInfo<BackendCase>& info) {
+      return info.param.preset + "_" + precision_name(info.param.precision);
+    });
 
 // Every recompute policy gives the same loss and bit-for-bit the same gradients as keeping
 // everything (fp32, the oneDNN path, dropout on, all four heads, 5 layers so every:2 and every:3

@@ -20,12 +20,14 @@ struct GoldenArgs {
   bool all = false;
   model::Recompute recompute;
   model::Precision precision = model::Precision::fp32;
+  kernels::BackendKind backend = kernels::BackendKind::cpu;
   double loss_scale = 1;
 };
 
 int run_check_golden(const GoldenArgs& a) {
   model::GoldenReport report =
-      model::check_golden(a.file, a.rtol_loss, a.rtol_grad, a.recompute, a.precision, a.loss_scale);
+      model::check_golden(a.file, a.rtol_loss, a.rtol_grad, a.recompute, a.precision, a.loss_scale,
+                          a.backend);
   Table t({"quantity", "rel. error", "tolerance", "ok"});
   auto add = [&](const model::GoldenRow& r) {
     char err[32], tol[32];
@@ -85,6 +87,7 @@ void register_check_golden(CLI::App& app, int& exit_code) {
   cmd->add_flag("--all", args->all, "List every gradient tensor, not only the worst");
   recompute_flags(cmd, args->recompute, nullptr);
   precision_flag(cmd, args->precision);
+  backend_flag(cmd, args->backend);
   cmd->callback([args, cmd, &exit_code] {
     if (args->precision == model::Precision::bf16) {  // bf16's documented tolerances
       if (cmd->count("--rtol-loss") == 0) args->rtol_loss = 1e-2;

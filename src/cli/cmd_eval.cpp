@@ -22,6 +22,7 @@ struct EvalArgs {
   std::optional<int> max_seq_len;  // unset: the task's default
   data::SquadOptions squad;
   model::Precision precision = model::Precision::fp32;
+  kernels::BackendKind backend = kernels::BackendKind::cpu;
   std::optional<bool> lower_case;
   data::TsvColumns columns;
   bool all = false;            // mlm: every sequence, not only the held-out split
@@ -40,6 +41,7 @@ void run_task_eval(const EvalArgs& a) {
   o.max_seq_len = a.max_seq_len.value_or(a.task == "squad" ? 384 : 128);
   o.squad = a.squad;
   o.precision = a.precision;
+  o.backend = a.backend;
   o.lower_case = a.lower_case;
   o.columns = a.columns;
   train::TaskEvalResult r = train::evaluate_task(o);
@@ -73,6 +75,7 @@ void run_eval(const EvalArgs& a) {
   // said absent; any other missing tensor (the MLM head itself) is an error.
   train::FreshTensors fresh{1, 0, {}};
   auto m = train::load_model(a.model, model::Heads{}, {}, &fresh);
+  m->set_backend(a.backend);
   bool nsp = true;
   for (const std::string& t : fresh.initialized) {
     if (t.starts_with("cls.seq_relationship.") || t.starts_with("bert.pooler.")) {
@@ -168,6 +171,7 @@ void register_eval(CLI::App& app) {
          "mlm: without a terminal, a progress line every this many sequences", 1, 1e12);
   squad_flags(ev, e->squad);
   precision_flag(ev, e->precision);
+  backend_flag(ev, e->backend);
   ev->callback([e] { run_eval(*e); });
 }
 

@@ -89,6 +89,22 @@ void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu) 
       ->default_str("fp32");
 }
 
+void backend_flag(CLI::App* cmd, kernels::BackendKind& backend) {
+  cmd->add_option_function<std::string>(
+         "--backend",
+         [&backend](const std::string& text) {
+           try {
+             backend = kernels::parse_backend(text);
+           } catch (const std::invalid_argument& e) {
+             throw InputError(std::string("--backend: ") + e.what());
+           }
+         },
+         "cpu: the engine's kernels; ref: the reference backend, every op as plain loops in "
+         "double (kernels/ref/): the specification the cpu backend is tested against, for "
+         "checking a result on a small model (orders of magnitude slower)")
+      ->default_str("cpu");
+}
+
 void column_flags(CLI::App* cmd, data::TsvColumns& columns) {
   cmd->add_option("--text-columns", columns.text,
                   "classify: the text column, or two for a pair (A,B); default: recognised from "
@@ -289,6 +305,7 @@ LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& op
          0, 1000);
   recompute_flags(cmd, o.recompute, &o.memory_limit);
   precision_flag(cmd, o.precision);
+  backend_flag(cmd, o.backend);
   master_weights_flag(cmd, o.optimizer.masters);
   f.loss_scale_flag =
       cmd->add_option_function<std::string>(

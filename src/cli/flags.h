@@ -49,6 +49,8 @@ void recompute_flags(CLI::App* cmd, model::Recompute& policy, std::optional<doub
 // CPU without AVX512-BF16 or AMX-BF16 is a one-line error naming the missing feature, exit 2 (plan,
 // which runs nothing, does not check).
 void precision_flag(CLI::App* cmd, model::Precision& precision, bool check_cpu = true);
+// --backend cpu|ref: where every op of a step runs (kernels/ops.h).
+void backend_flag(CLI::App* cmd, kernels::BackendKind& backend);
 // --master-weights fp32|bf16|bf16-rn (into `masters`).
 void master_weights_flag(CLI::App* cmd, train::Masters& masters);
 

@@ -21,7 +21,9 @@ enum class BackendKind { cpu, ref };
 #define PACKBERT_OPS(X)                                                                            \
   X(linear_forward)                                                                                \
   X(linear_backward)                                                                               \
+  X(linear_block_grad_norms)                                                                       \
   X(layernorm_forward)                                                                             \
+  X(layernorm_apply)                                                                               \
   X(layernorm_backward)                                                                            \
   X(gelu_forward)                                                                                  \
   X(gelu_backward)                                                                                 \
@@ -34,12 +36,15 @@ enum class BackendKind { cpu, ref };
   X(embedding_backward)                                                                            \
   X(cross_entropy_forward)                                                                         \
   X(cross_entropy_backward)                                                                        \
+  X(count_argmax_hits)                                                                             \
   X(attention_forward)                                                                             \
   X(attention_backward)                                                                            \
   X(gather_rows_forward)                                                                           \
   X(gather_rows_backward)                                                                          \
   X(span_cross_entropy_forward)                                                                    \
-  X(span_cross_entropy_backward)
+  X(span_cross_entropy_backward)                                                                   \
+  X(convert)                                                                                       \
+  X(zero)
 
 struct Backend {
   BackendKind kind;

@@ -132,7 +132,8 @@ template <typename T>
 template <typename H>
 StepContext<T, H> BertModel<T>::context() {
   const BertConfig& c = config();
-  StepContext<T, H> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute};
+  StepContext<T, H> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute,
+                      kernels::backend(backend_)};
   if constexpr (std::is_same_v<H, kernels::bf16>) {
     if (opt_.precision == Precision::bf16) s.p16 = p16_.get();
   } else {
@@ -316,8 +317,8 @@ void BertModel<T>::forward_with(const PackedBatch& batch) {
   if (s.p16) {  // 16-bit: the embeddings in fp32 in scratch (dx is free until backward), rounded
     T* staged = ws_.get(Rec::dx);
     embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), staged);
-    if constexpr (std::is_same_v<T, float>)
-      kernels::to_half(input16_of<H>(0), staged, static_cast<int64_t>(Tn) * c.hidden_size);
+    s.be.convert(kernels::View(input16_of<H>(0), Tn, c.hidden_size),
+                 kernels::View(staged, Tn, c.hidden_size));
   } else {
     embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), input_of(0));
   }
@@ -383,8 +384,8 @@ void BertModel<T>::backward_with(const std::function<void(size_t begin, size_t e
   const StepContext<T, H> s = context<H>();
   T *dh = ws_.get(Rec::dh), *dx = ws_.get(Rec::dx);  // d loss / d layer output, / d layer input
   T* dpooled = ws_.get(Rec::dpooled);
-  kernels::zero_fill(dh, TC);
-  kernels::zero_fill(dpooled, static_cast<int64_t>(n_seq) * c.hidden_size);
+  s.be.zero(kernels::View::vector(dh, TC));
+  s.be.zero(kernels::View(dpooled, n_seq, c.hidden_size));
   const T* top = input_of(L);
 
   if (heads.pretraining) {
@@ -399,7 +400,7 @@ void BertModel<T>::backward_with(const std::function<void(size_t begin, size_t e
   auto layer_backward = [&](int l) {
     if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
       const LayerRecord<T, H> below = record_of<H>(l - 1);
-      ln_apply(input_of(l), below.r2, below.r2_16, below.ln2_mean, below.ln2_rstd,
+      ln_apply(s, input_of(l), below.r2, below.r2_16, below.ln2_mean, below.ln2_rstd,
                p_.layers[l - 1].ln2_w, p_.layers[l - 1].ln2_b, Tn, c.hidden_size, input16_of<H>(l));
     }
     encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of<H>(l), input_of(l), dh, dx,

@@ -88,6 +88,12 @@ class BertModel {
   void collect_block_grads(bool on);
   const std::vector<LayerBlockGrads>& block_grads() const { return block_grads_; }
 
+  // The backend every op of a step runs on (kernels/ops.h): cpu, or ref, the reference loops the
+  // tests hold cpu to (orders of magnitude slower). A model's weights would live where its
+  // backend computes, so it is the model's, not a step's.
+  void set_backend(kernels::BackendKind kind) { backend_ = kind; }
+  kernels::BackendKind backend() const { return backend_; }
+
   void zero_grads();
   Outputs forward(const PackedBatch& batch, const StepOptions& options);
   // Gradients of the last forward's total loss, accumulated (+=) into grads(). `ready`, when
@@ -136,6 +142,7 @@ class BertModel {
   void place_rows(const PackedBatch& batch);
 
   ParamLayout layout_;
+  kernels::BackendKind backend_ = kernels::BackendKind::cpu;
   std::vector<LayerPatterns> patterns_;
   std::vector<LayerBlockGrads> block_grads_;  // empty unless collecting
   std::vector<T> dense_grad_scratch_;

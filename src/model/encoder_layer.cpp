@@ -1,14 +1,13 @@
 #include "model/encoder_layer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
-#include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
-#include "kernels/gemm.h"
-#include "kernels/layers.h"
+#include "kernels/ops.h"
 #include "kernels/sparse.h"
 
 namespace packbert::model {
@@ -41,78 +40,71 @@ T* sparse_output(const StepContext<T, H>& s) {
   return out;
 }
 
-// The step's linear layers: out = in . W^T + b with fp32 operands, or with the 16-bit twins (H) of
-// the input and weight when the caller passes them (T = float, a 16-bit precision), or block-sparse
-// when the layer has a pattern (W then holds its kept blocks' values, in fp32 under every
-// precision; under 16 bits the kernel reads the 16-bit input, in is null).
-template <typename T, typename H>
-void linear(const StepContext<T, H>& s, const BlockPattern* pattern, T* out, const T* in,
-            const H* in16, const T* W, const H* W16, const T* b, int N, int C, int OC) {
-  if (pattern) {
-    T* scratch = s.ws.get(Rec::sparse);
-    if constexpr (std::is_same_v<T, float>)
-      if (!in) return sparse_linear_forward(out, in16, *pattern, W, b, N, scratch);
-    return sparse_linear_forward(out, in, *pattern, W, b, N, scratch);
-  }
-  if constexpr (std::is_same_v<T, float>)
-    if (W16) return linear_forward(out, in16, W16, b, N, C, OC);
-  linear_forward(out, in, W, b, N, C, OC);
-}
-// The same under a 16-bit precision for an output only 16-bit readers take (q | k | v, GELU's
-// input): the fp32 sum plus bias rounded once, inside the GEMM when dense, after the block-sparse
-// kernel (from scratch.sparse_output) when sparse.
-template <typename H>
-void linear_to16(const StepContext<float, H>& s, const BlockPattern* pattern, H* out16,
-                 const H* in16, const float* W, const H* W16, const float* b, int N, int C,
-                 int OC) {
-  if (!pattern) return linear_forward(out16, in16, W16, b, N, C, OC);
-  float* y = sparse_output(s);
-  sparse_linear_forward(y, in16, *pattern, W, b, N, s.ws.get(Rec::sparse));
-  to_half(out16, y, static_cast<int64_t>(N) * OC);
-}
-// block_l1[rb * C / B + cb] += the L1 norm of block (rb, cb) of dout^T . in, the dense weight
-// gradient (formed in s.dense_scratch): from fp32 operands, or under 16 bits (in null) from
-// in16 and dout rounded to 16 bits (scratch.grad_bf16), as a dense 16-bit layer's weight
-// gradient is formed.
-template <typename T, typename H>
-void add_block_grads(const StepContext<T, H>& s, std::vector<float>& block_l1, const T* dout,
-                     const T* in, const H* in16, int N, int C, int OC, int B) {
-  T* dW = s.dense_scratch;
-  if (in) {
-    gemm(true, false, OC, C, N, T(1), dout, OC, in, C, T(0), dW, C);
-  } else if constexpr (std::is_same_v<T, float>) {
-    H* dout16 = s.ws.template get16<H>(Rec::dout16);
-    to_half(dout16, dout, static_cast<int64_t>(N) * OC);
-    gemm(true, false, OC, C, N, 1.0f, dout16, OC, in16, C, 0.0f, dW, C);
-  }
-  const int Cb = C / B;
-#pragma omp parallel for schedule(static)
-  for (int rb = 0; rb < OC / B; ++rb)
-    for (int o = 0; o < B; ++o)
-      for (int c = 0; c < C; ++c)
-        block_l1[static_cast<size_t>(rb) * Cb + c / B] +=
-            static_cast<float>(std::abs(dW[static_cast<int64_t>(rb * B + o) * C + c]));
+// A scratch record as an op's working memory (kernels/backend_ops.inc: only its pointer and
+// dtype count).
+template <typename E>
+View scratch(E* p) {
+  return p ? View::vector(p, 0) : View();
 }
 
-// mode: how dinp is written (a fresh buffer is overwritten: the dense GEMM runs with beta 0).
+// A tensor the step holds in T (x) or, under a 16-bit precision, in H (x16): the 16-bit one when
+// it is held.
+template <typename T, typename H>
+View held(const T* x, const H* x16, int64_t rows, int64_t cols) {
+  return x16 ? View(x16, rows, cols) : View(x, rows, cols);
+}
+
+// The step's linear layers: out = in . W^T + b, out in T or (under 16 bits, for an output only
+// 16-bit readers take: q | k | v, GELU's input) in H. Dense with 16-bit weights W16: the 16-bit
+// operands in16 and W16 (a 16-bit out is rounded once, inside the GEMM). Block-sparse when the
+// layer has a pattern: W holds its kept blocks' values (fp32 under every precision); the input
+// is in16 for a 16-bit out (the fp32 result, in scratch.sparse_output, is rounded after), else
+// in when held, else in16.
+template <typename T, typename H>
+void linear(const StepContext<T, H>& s, const BlockPattern* pattern, View out, const T* in,
+            const H* in16, const T* W, const H* W16, const T* b, int N, int C, int OC) {
+  const Backend& be = s.be;
+  const View bias = View::vector(b, OC);
+  if (!pattern) {
+    be.linear_forward(out, W16 ? View(in16, N, C) : View(in, N, C),
+                      W16 ? View(W16, OC, C) : View(W, OC, C), bias, nullptr, View());
+    return;
+  }
+  const View values = View::vector(W, pattern->values_size());
+  const View sparse = scratch(s.ws.get(Rec::sparse));
+  if (traits(out.dtype).is_16bit) {
+    const View y(sparse_output(s), N, OC);
+    be.linear_forward(y, View(in16, N, C), values, bias, pattern, sparse);
+    return be.convert(out, y);
+  }
+  be.linear_forward(out, in ? View(in, N, C) : View(in16, N, C), values, bias, pattern, sparse);
+}
+
+// mode: how dinp is written (a fresh buffer is overwritten). block_l1, when given (gradient
+// regrow, a sparse layer), also receives the block L1 norms of the dense weight gradient, from
+// the operands the layer's dense form would multiply.
 template <typename T, typename H>
 void linear_grad(const StepContext<T, H>& s, const BlockPattern* pattern, T* dinp, T* dW, T* db,
                  const T* dout, const T* in, const H* in16, const T* W, const H* W16, int N, int C,
                  int OC, std::vector<float>* block_l1, GradWrite mode) {
-  if (pattern) {
-    if (block_l1) add_block_grads(s, *block_l1, dout, in, in16, N, C, OC, pattern->block);
-    if (mode == GradWrite::overwrite) zero_fill(dinp, static_cast<int64_t>(N) * C);
-    T* scratch = s.ws.get(Rec::sparse);
-    if constexpr (std::is_same_v<T, float>)
-      if (!in) return sparse_linear_backward(dinp, dW, db, dout, in16, *pattern, W, N, scratch);
-    return sparse_linear_backward(dinp, dW, db, dout, in, *pattern, W, N, scratch);
+  const Backend& be = s.be;
+  const View dy(dout, N, OC), dbias = View::vector(db, OC);
+  if (!pattern) {
+    if (block_l1) throw std::logic_error("block gradients are for block-sparse layers");
+    be.linear_backward(View(dinp, N, C), View(dW, OC, C), dbias, dy,
+                       W16 ? View(in16, N, C) : View(in, N, C),
+                       W16 ? View(W16, OC, C) : View(W, OC, C), nullptr, mode,
+                       W16 ? scratch(s.ws.template get16<H>(Rec::dout16)) : View());
+    return;
   }
-  if (block_l1) throw std::logic_error("block gradients are for block-sparse layers");
-  if constexpr (std::is_same_v<T, float>)
-    if (W16)
-      return linear_backward(dinp, dW, db, dout, s.ws.template get16<H>(Rec::dout16), in16, W16, N,
-                             C, OC, mode);
-  linear_backward(dinp, dW, db, dout, in, W, N, C, OC, mode);
+  const View x = in ? View(in, N, C) : View(in16, N, C);
+  if (block_l1)
+    be.linear_block_grad_norms(View(block_l1->data(), OC / pattern->block, C / pattern->block), dy,
+                               x, pattern->block, scratch(s.dense_scratch),
+                               in ? View() : scratch(s.ws.template get16<H>(Rec::dout16)));
+  const int64_t nv = pattern->values_size();
+  be.linear_backward(View(dinp, N, C), View::vector(dW, nv), dbias, dy, x,
+                     View::vector(W, nv), pattern, mode, scratch(s.ws.get(Rec::sparse)));
 }
 
 // The block gradient norms backward collects for one of a layer's linear layers, or null.
@@ -135,78 +127,75 @@ const BlockPattern* pattern_of(const StepContext<T, H>& s, int layer,
 template <typename T, typename H>
 void residual_site(const StepContext<T, H>& s, T* r, H* r16, T* x, const T* skip, const H* skip16,
                    int64_t n, uint32_t layer, uint32_t site) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (r16) {
-      dropout_site(s, x, x, n, layer, site);
-      return residual_forward(r16, x, skip16, n);
-    }
+  if (r16) {
+    dropout_site(s, x, x, n, layer, site);
+    return s.be.residual_forward(View::vector(r16, n), View::vector(x, n),
+                                 View::vector(skip16, n));
   }
   dropout_site(s, r, x, n, layer, site);
-  residual_forward(r, r, skip, n);
+  s.be.residual_forward(View::vector(r, n), View::vector(r, n), View::vector(skip, n));
 }
 
-// LayerNorm forward, rebuild and backward from a residual sum stored in T (inp) or H (inp16).
+// LayerNorm forward and backward (dinp written over: each call's is a fresh buffer) from a
+// residual sum stored in T (inp) or H (inp16).
 template <typename T, typename H>
-void ln_forward(T* out, T* mean, T* rstd, const T* inp, const H* inp16, const T* w, const T* b,
-                int N, int C, T eps, H* out16) {
-  if constexpr (std::is_same_v<T, float>)
-    if (inp16) return layernorm_forward(out, mean, rstd, inp16, w, b, N, C, eps, out16);
-  layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, out16);
+void ln_forward(const StepContext<T, H>& s, T* out, T* mean, T* rstd, const T* inp,
+                const H* inp16, const T* w, const T* b, int N, int C, H* out16) {
+  s.be.layernorm_forward(View(out, N, C), View::vector(mean, N), View::vector(rstd, N),
+                         held(inp, inp16, N, C), View::vector(w, C), View::vector(b, C),
+                         s.config.layer_norm_eps, View(out16, N, C));
 }
-// Writes dinp over (each call's dinp is a fresh buffer).
 template <typename T, typename H>
-void ln_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const H* inp16, const T* w,
-                 const T* mean, const T* rstd, int N, int C) {
-  constexpr GradWrite over = GradWrite::overwrite;
-  if constexpr (std::is_same_v<T, float>)
-    if (inp16) return layernorm_backward(dinp, dw, db, dout, inp16, w, mean, rstd, N, C, over);
-  layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, over);
+void ln_backward(const StepContext<T, H>& s, T* dinp, T* dw, T* db, const T* dout, const T* inp,
+                 const H* inp16, const T* w, const T* mean, const T* rstd, int N, int C) {
+  s.be.layernorm_backward(View(dinp, N, C), View::vector(dw, C), View::vector(db, C),
+                          View(dout, N, C), held(inp, inp16, N, C), View::vector(w, C),
+                          View::vector(mean, N), View::vector(rstd, N), GradWrite::overwrite);
 }
 
 }  // namespace
 
 template <typename T, typename H>
-void ln_apply(T* out, const T* inp, const H* inp16, const T* mean, const T* rstd, const T* w,
-              const T* b, int N, int C, H* out16) {
-  if constexpr (std::is_same_v<T, float>)
-    if (inp16) return layernorm_apply(out, inp16, mean, rstd, w, b, N, C, out16);
-  layernorm_apply(out, inp, mean, rstd, w, b, N, C, out16);
+void ln_apply(const StepContext<T, H>& s, T* out, const T* inp, const H* inp16, const T* mean,
+              const T* rstd, const T* w, const T* b, int N, int C, H* out16) {
+  s.be.layernorm_apply(View(out, N, C), held(inp, inp16, N, C), View::vector(mean, N),
+                       View::vector(rstd, N), View::vector(w, C), View::vector(b, C),
+                       View(out16, N, C));
 }
 
 namespace {
 
 // GELU's output from its input: both T, or both H under a 16-bit precision.
 template <typename T, typename H>
-void gelu_out(const LayerRecord<T, H>& a, int64_t n) {
-  if constexpr (std::is_same_v<T, float>)
-    if (a.gelu16) return gelu_forward(a.gelu16, a.inter16, n);
-  gelu_forward(a.gelu, a.inter, n);
+void gelu_out(const StepContext<T, H>& s, const LayerRecord<T, H>& a, int64_t n) {
+  if (a.gelu16) return s.be.gelu_forward(View::vector(a.gelu16, n), View::vector(a.inter16, n));
+  s.be.gelu_forward(View::vector(a.gelu, n), View::vector(a.inter, n));
 }
 // dinter, written over, from GELU's input as kept (T, or H under a 16-bit precision).
 template <typename T, typename H>
-void gelu_grad(const LayerRecord<T, H>& a, T* dinter, const T* dgelu, int64_t n) {
-  if constexpr (std::is_same_v<T, float>)
-    if (a.inter16) return gelu_backward(dinter, a.inter16, dgelu, n, GradWrite::overwrite);
-  gelu_backward(dinter, a.inter, dgelu, n, GradWrite::overwrite);
+void gelu_grad(const StepContext<T, H>& s, const LayerRecord<T, H>& a, T* dinter, const T* dgelu,
+               int64_t n) {
+  s.be.gelu_backward(View::vector(dinter, n), View(), held(a.inter, a.inter16, 1, n),
+                     View::vector(dgelu, n), GradWrite::overwrite);
 }
 
 // GELU's and the FFN up-projection's backward under 16 bits, dense: GELU's gradient goes
-// straight to the projection's 16-bit GEMM operand and bias gradient (gelu_backward_to_half),
-// never to memory in fp32; dh1 += its input gradient. False (nothing done) where that path does
-// not apply: T storage, a sparse layer, or block gradients wanted.
+// straight to the projection's 16-bit GEMM operand and bias gradient (gelu_backward with a
+// 16-bit dinp), never to memory in fp32; dh1 += its input gradient. False (nothing done) where
+// that path does not apply: T storage, a sparse layer, or block gradients wanted.
 template <typename T, typename H>
 bool ffn_up_backward_16(const StepContext<T, H>& s, const LayerRecord<T, H>& a,
                         const LayerView<T>& g, T* dh1, const T* dgelu, const H* W16,
                         const BlockPattern* pattern, const std::vector<float>* block_l1) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (!a.inter16 || !W16 || pattern || block_l1) return false;
-    const int Tn = s.T_(), C = s.config.hidden_size, I = s.config.intermediate_size;
-    H* d16 = s.ws.template get16<H>(Rec::dout16);
-    gelu_backward_to_half(d16, g.inter_b, a.inter16, dgelu, Tn, I);
-    linear_backward(dh1, g.inter_w, d16, a.h1_16, W16, Tn, C, I, GradWrite::accumulate);
-    return true;
-  }
-  return false;
+  if (!a.inter16 || !W16 || pattern || block_l1) return false;
+  const int Tn = s.T_(), C = s.config.hidden_size, I = s.config.intermediate_size;
+  const View d16(s.ws.template get16<H>(Rec::dout16), Tn, I);
+  s.be.gelu_backward(d16, View::vector(g.inter_b, I), View(a.inter16, Tn, I), View(dgelu, Tn, I),
+                     GradWrite::overwrite);
+  s.be.linear_backward(View(dh1, Tn, C), View(g.inter_w, I, C), View(), d16,
+                       View(a.h1_16, Tn, C), View(W16, I, C), nullptr, GradWrite::accumulate,
+                       View());
+  return true;
 }
 
 template <typename T, typename H>
@@ -215,21 +204,24 @@ AttentionDropout attention_dropout(const StepContext<T, H>& s, int layer) {
           s.places && !s.places->attention.empty() ? s.places->attention.data() : nullptr};
 }
 
+// The attention probabilities as kept (T, or H under a 16-bit precision; empty when rebuilt).
+template <typename T, typename H>
+View probs_of(const StepContext<T, H>& s, const LayerRecord<T, H>& a) {
+  const int64_t n = s.probs_offsets[s.n_seq()];
+  return a.qkv16 ? View::vector(a.probs16, n) : View::vector(a.probs, n);
+}
+
 // dqkv, written over, from the attention output's gradient and q | k | v and the probabilities
 // as kept (T, or H under a 16-bit precision).
 template <typename T, typename H>
 void attention_grad(const StepContext<T, H>& s, int layer, const LayerRecord<T, H>& a, T* dqkv,
                     const T* datt) {
-  const int C = s.config.hidden_size, NH = s.config.num_attention_heads;
-  const int32_t* cu = s.tokens.cu_seqlens.data();
-  const AttentionWork<T> work{s.probs_offsets, s.ws.get(Rec::attn_work)};
-  const AttentionDropout drop = attention_dropout(s, layer);
-  constexpr GradWrite over = GradWrite::overwrite;
-  if constexpr (std::is_same_v<T, float>)
-    if (a.qkv16)
-      return attention_backward(dqkv, datt, a.qkv16, a.probs16, cu, s.n_seq(), C, NH, drop, work,
-                                over);
-  attention_backward(dqkv, datt, a.qkv, a.probs, cu, s.n_seq(), C, NH, drop, work, over);
+  const int Tn = s.T_(), C = s.config.hidden_size;
+  s.be.attention_backward(View(dqkv, Tn, 3 * C), View(datt, Tn, C),
+                          held(a.qkv, a.qkv16, Tn, 3 * C), probs_of(s, a),
+                          s.tokens.cu_seqlens.data(), s.n_seq(), s.config.num_attention_heads,
+                          attention_dropout(s, layer), s.probs_offsets,
+                          scratch(s.ws.get(Rec::attn_work)), GradWrite::overwrite);
 }
 
 }  // namespace
@@ -240,10 +232,11 @@ void dropout_site(const StepContext<T, H>& s, T* out, const T* inp, int64_t n, u
   if (s.p_hidden > 0) {
     const uint64_t key = dropout_key(s.step, layer, site);
     for_each_dropout_run(s, n, site, [&](int64_t a, int64_t b, uint64_t first) {
-      dropout_forward(out + a, inp + a, b - a, s.p_hidden, s.seed, key, first);
+      s.be.dropout_forward(View::vector(out + a, b - a), View::vector(inp + a, b - a),
+                           s.p_hidden, s.seed, key, first);
     });
   } else if (out != inp) {
-    std::copy(inp, inp + n, out);
+    s.be.convert(View::vector(out, n), View::vector(inp, n));
   }
 }
 
@@ -252,7 +245,8 @@ void dropout_site_backward(const StepContext<T, H>& s, T* dinp, const T* dout, i
                            uint32_t layer, uint32_t site) {
   const uint64_t key = dropout_key(s.step, layer, site);
   for_each_dropout_run(s, n, site, [&](int64_t a, int64_t b, uint64_t first) {
-    dropout_backward(dinp + a, dout + a, b - a, s.p_hidden, s.seed, key, first);
+    s.be.dropout_backward(View::vector(dinp + a, b - a), View::vector(dout + a, b - a),
+                          s.p_hidden, s.seed, key, first);
   });
 }
 
@@ -268,6 +262,16 @@ const T* through_dropout(const StepContext<T, H>& s, T* scratch, const T* dout, 
   return scratch;
 }
 
+// The three embedding tables of p (the word table in bf16 under bf16 master weights, where
+// p.word is null).
+template <typename T, typename H>
+std::array<View, 3> embedding_tables(const StepContext<T, H>& s, const ParamView<T>& p) {
+  const BertConfig& c = s.config;
+  const int64_t C = c.hidden_size;
+  return {p.word ? View(p.word, c.vocab_size, C) : View(s.p16->word, c.vocab_size, C),
+          View(p.position, c.max_position_embeddings, C), View(p.token_type, c.type_vocab_size, C)};
+}
+
 }  // namespace
 
 template <typename T, typename H>
@@ -276,13 +280,12 @@ void embeddings_forward(const StepContext<T, H>& s, const ParamView<T>& p, const
   const int Tn = s.T_(), C = s.config.hidden_size;
   T* sum = s.ws.get(Rec::emb_sum);
   T* ln = s.p_hidden > 0 ? s.ws.get(Rec::tmp) : out;
-  // Under bf16 master weights the word embeddings exist in bf16 only (p.word is null).
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<H, bf16>)
-    if (!p.word)
-      embedding_forward(sum, ids, pos, types, s.p16->word, p.position, p.token_type, Tn, C);
-  if (p.word) embedding_forward(sum, ids, pos, types, p.word, p.position, p.token_type, Tn, C);
-  layernorm_forward(ln, s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), sum, p.emb_ln_w,
-                    p.emb_ln_b, Tn, C, static_cast<T>(s.config.layer_norm_eps));
+  const auto [word, position, token_type] = embedding_tables(s, p);
+  s.be.embedding_forward(View(sum, Tn, C), ids, pos, types, word, position, token_type);
+  s.be.layernorm_forward(View(ln, Tn, C), View::vector(s.ws.get(Rec::emb_mean), Tn),
+                         View::vector(s.ws.get(Rec::emb_rstd), Tn), View(sum, Tn, C),
+                         View::vector(p.emb_ln_w, C), View::vector(p.emb_ln_b, C),
+                         s.config.layer_norm_eps, View());
   if (s.p_hidden > 0) dropout_site(s, out, ln, static_cast<int64_t>(Tn) * C, kNoLayer, kEmbeddings);
 }
 
@@ -294,9 +297,13 @@ void embeddings_backward(const StepContext<T, H>& s, const ParamView<T>& p, cons
   const int64_t TC = static_cast<int64_t>(Tn) * C;
   const T* dln = through_dropout(s, s.ws.get(Rec::dtmp), dout, TC, kNoLayer, kEmbeddings);
   T* dsum = s.ws.get(Rec::dres);
-  layernorm_backward(dsum, g.emb_ln_w, g.emb_ln_b, dln, s.ws.get(Rec::emb_sum), p.emb_ln_w,
-                     s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), Tn, C, GradWrite::overwrite);
-  embedding_backward(g.word, g.position, g.token_type, dsum, ids, pos, types, Tn, C);
+  s.be.layernorm_backward(View(dsum, Tn, C), View::vector(g.emb_ln_w, C),
+                          View::vector(g.emb_ln_b, C), View(dln, Tn, C),
+                          View(s.ws.get(Rec::emb_sum), Tn, C), View::vector(p.emb_ln_w, C),
+                          View::vector(s.ws.get(Rec::emb_mean), Tn),
+                          View::vector(s.ws.get(Rec::emb_rstd), Tn), GradWrite::overwrite);
+  const auto [dword, dposition, dtoken_type] = embedding_tables(s, g);
+  s.be.embedding_backward(dword, dposition, dtoken_type, View(dsum, Tn, C), ids, pos, types);
 }
 
 template <typename T, typename H>
@@ -306,47 +313,32 @@ void encoder_layer_forward(const StepContext<T, H>& s, int layer, const LayerVie
   const BertConfig& c = s.config;
   const int Tn = s.T_(), C = c.hidden_size, I = c.intermediate_size;
   const int64_t TC = static_cast<int64_t>(Tn) * C;
-  const T eps = static_cast<T>(c.layer_norm_eps);
   const uint32_t l = static_cast<uint32_t>(layer);
   const LayerView<H>* w16 = s.p16 ? &s.p16->layers[layer] : nullptr;
   auto W16 = [&](H* LayerView<H>::*field) { return w16 ? w16->*field : nullptr; };
   T* tmp = s.ws.get(Rec::tmp);
-  const AttentionWork<T> work{s.probs_offsets, s.ws.get(Rec::attn_work)};
 
-  const AttentionDropout drop = attention_dropout(s, layer);
-  const int32_t* cu = s.tokens.cu_seqlens.data();
   // q | k | v and the attention output: 16-bit under a 16-bit precision (written by the GEMM,
   // read by attention).
-  if constexpr (std::is_same_v<T, float>) {
-    if (w16) {
-      linear_to16(s, pattern_of(s, layer, &LayerPatterns::qkv), a.qkv16, in16, w.qkv_w, w16->qkv_w,
-                  w.qkv_b, Tn, C, 3 * C);
-      attention_forward(a.att16, a.probs16, a.qkv16, cu, s.n_seq(), C, c.num_attention_heads, drop,
-                        work);
-    }
-  }
-  if (!w16) {
-    linear(s, pattern_of(s, layer, &LayerPatterns::qkv), a.qkv, in, in16, w.qkv_w,
-           static_cast<const H*>(nullptr), w.qkv_b, Tn, C, 3 * C);
-    attention_forward(a.att, a.probs, a.qkv, cu, s.n_seq(), C, c.num_attention_heads, drop, work);
-  }
-  linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), tmp, a.att, a.att16, w.attn_out_w,
-         W16(&LayerView<H>::attn_out_w), w.attn_out_b, Tn, C, C);
+  const View qkv = w16 ? View(a.qkv16, Tn, 3 * C) : View(a.qkv, Tn, 3 * C);
+  linear(s, pattern_of(s, layer, &LayerPatterns::qkv), qkv, in, in16, w.qkv_w, W16(&LayerView<H>::qkv_w),
+         w.qkv_b, Tn, C, 3 * C);
+  s.be.attention_forward(w16 ? View(a.att16, Tn, C) : View(a.att, Tn, C), probs_of(s, a), qkv,
+                         s.tokens.cu_seqlens.data(), s.n_seq(), c.num_attention_heads,
+                         attention_dropout(s, layer), s.probs_offsets,
+                         scratch(s.ws.get(Rec::attn_work)));
+  linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), View(tmp, Tn, C), a.att, a.att16,
+         w.attn_out_w, W16(&LayerView<H>::attn_out_w), w.attn_out_b, Tn, C, C);
   residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
-  ln_forward(a.h1, a.ln1_mean, a.ln1_rstd, a.r1, a.r1_16, w.ln1_w, w.ln1_b, Tn, C, eps, a.h1_16);
-  if constexpr (std::is_same_v<T, float>) {
-    if (w16)
-      linear_to16(s, pattern_of(s, layer, &LayerPatterns::inter), a.inter16, a.h1_16, w.inter_w,
-                  w16->inter_w, w.inter_b, Tn, C, I);
-  }
-  if (!w16)
-    linear(s, pattern_of(s, layer, &LayerPatterns::inter), a.inter, a.h1, a.h1_16, w.inter_w,
-           static_cast<const H*>(nullptr), w.inter_b, Tn, C, I);
-  gelu_out(a, static_cast<int64_t>(Tn) * I);
-  linear(s, pattern_of(s, layer, &LayerPatterns::out), tmp, a.gelu, a.gelu16, w.out_w,
+  ln_forward(s, a.h1, a.ln1_mean, a.ln1_rstd, a.r1, a.r1_16, w.ln1_w, w.ln1_b, Tn, C, a.h1_16);
+  linear(s, pattern_of(s, layer, &LayerPatterns::inter),
+         w16 ? View(a.inter16, Tn, I) : View(a.inter, Tn, I), a.h1, a.h1_16, w.inter_w,
+         W16(&LayerView<H>::inter_w), w.inter_b, Tn, C, I);
+  gelu_out(s, a, static_cast<int64_t>(Tn) * I);
+  linear(s, pattern_of(s, layer, &LayerPatterns::out), View(tmp, Tn, C), a.gelu, a.gelu16, w.out_w,
          W16(&LayerView<H>::out_w), w.out_b, Tn, I, C);
   residual_site(s, a.r2, a.r2_16, tmp, a.h1, a.h1_16, TC, l, kFfnOut);
-  ln_forward(out, a.ln2_mean, a.ln2_rstd, a.r2, a.r2_16, w.ln2_w, w.ln2_b, Tn, C, eps, out16);
+  ln_forward(s, out, a.ln2_mean, a.ln2_rstd, a.r2, a.r2_16, w.ln2_w, w.ln2_b, Tn, C, out16);
 }
 
 template <typename T, typename H>
@@ -367,19 +359,20 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   // Rebuild what the policy did not keep (the same kernels on the same inputs: bit for bit).
   if (s.policy.residual) {  // r1 = dropout(att . Wao + b) + in
     T* tmp = ws.get(Rec::tmp);
-    linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), tmp, a.att, a.att16, w.attn_out_w,
-           W16(&LayerView<H>::attn_out_w), w.attn_out_b, Tn, C, C);
+    linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), View(tmp, Tn, C), a.att, a.att16,
+           w.attn_out_w, W16(&LayerView<H>::attn_out_w), w.attn_out_b, Tn, C, C);
     residual_site(s, a.r1, a.r1_16, tmp, in, in16, TC, l, kAttnOut);
   }
   if (s.policy.ln)
-    ln_apply(a.h1, a.r1, a.r1_16, a.ln1_mean, a.ln1_rstd, w.ln1_w, w.ln1_b, Tn, C, a.h1_16);
-  if (s.policy.gelu) gelu_out(a, TI);
+    ln_apply(s, a.h1, a.r1, a.r1_16, a.ln1_mean, a.ln1_rstd, w.ln1_w, w.ln1_b, Tn, C, a.h1_16);
+  if (s.policy.gelu) gelu_out(s, a, TI);
 
   // out = LN2(r2), r2 = dropout(gelu . Wo) + h1.
   // Each buffer is written over where first written (not zeroed, then added to).
   constexpr GradWrite over = GradWrite::overwrite, add = GradWrite::accumulate;
-  ln_backward(dres, g.ln2_w, g.ln2_b, dout, a.r2, a.r2_16, w.ln2_w, a.ln2_mean, a.ln2_rstd, Tn, C);
-  std::copy(dres, dres + TC, dh1);  // the residual branch
+  ln_backward(s, dres, g.ln2_w, g.ln2_b, dout, a.r2, a.r2_16, w.ln2_w, a.ln2_mean, a.ln2_rstd, Tn,
+              C);
+  s.be.convert(View::vector(dh1, TC), View::vector(dres, TC));  // the residual branch
   const T* dffn = through_dropout(s, dtmp, dres, TC, l, kFfnOut);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu,
               a.gelu16, w.out_w, W16(&LayerView<H>::out_w), Tn, I, C,
@@ -391,14 +384,15 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
     // Under 16 bits grad.gelu_in is not held: a sparse up-projection takes GELU's input
     // gradient in fp32 from scratch.sparse_output.
     if (!dinter) dinter = sparse_output(s);
-    gelu_grad(a, dinter, dgelu, TI);
+    gelu_grad(s, a, dinter, dgelu, TI);
     linear_grad(s, inter_pattern, dh1, g.inter_w, g.inter_b, dinter, a.h1, a.h1_16, w.inter_w,
                 W16(&LayerView<H>::inter_w), Tn, C, I, inter_blocks, add);
   }
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
-  ln_backward(dres, g.ln1_w, g.ln1_b, dh1, a.r1, a.r1_16, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
-  std::copy(dres, dres + TC, dinp);  // the residual branch
+  ln_backward(s, dres, g.ln1_w, g.ln1_b, dh1, a.r1, a.r1_16, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn,
+              C);
+  s.be.convert(View::vector(dinp, TC), View::vector(dres, TC));  // the residual branch
   const T* dproj = through_dropout(s, dtmp, dres, TC, l, kAttnOut);
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::attn_out), datt, g.attn_out_w, g.attn_out_b,
               dproj, a.att, a.att16, w.attn_out_w, W16(&LayerView<H>::attn_out_w), Tn, C, C,
@@ -419,8 +413,8 @@ void encoder_layer_backward(const StepContext<T, H>& s, int layer, const LayerVi
   template void embeddings_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,           \
                                           const ParamView<T>&, const int32_t*, const int32_t*,     \
                                           const int32_t*, const T*);                               \
-  template void ln_apply<T, H>(T*, const T*, const H*, const T*, const T*, const T*, const T*,     \
-                               int, int, H*);                                                      \
+  template void ln_apply<T, H>(const StepContext<T, H>&, T*, const T*, const H*, const T*,         \
+                               const T*, const T*, const T*, int, int, H*);                        \
   template void encoder_layer_forward<T, H>(const StepContext<T, H>&, int, const LayerView<T>&,    \
                                             const LayerRecord<T, H>&, const T*, T*, const H*, H*); \
   template void encoder_layer_backward<T, H>(const StepContext<T, H>&, int, const LayerView<T>&,   \

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "model/batch.h"
 #include "model/params.h"
 #include "model/sparse.h"
@@ -30,6 +31,7 @@ struct StepContext {
   const int64_t* probs_offsets;  // attention_probs_offsets of the batch, [n_seq + 1]
   const Workspace<T>& ws;
   Recompute policy;
+  const kernels::Backend& be;  // every op of the step runs on it
   // The 16-bit copy of the weights under Precision::bf16 (H = bf16) or fp16 (H = f16), null
   // under fp32: GEMMs then take H operands, and the kept records are held in H (LayerRecord's
   // *16 fields).
@@ -79,8 +81,8 @@ void embeddings_backward(const StepContext<T, H>& s, const ParamView<T>& p, cons
 // precision), and the saved statistics (recompute policy `ln`); out16: the output's H twin, or
 // null.
 template <typename T, typename H>
-void ln_apply(T* out, const T* inp, const H* inp16, const T* mean, const T* rstd, const T* w,
-              const T* b, int N, int C, H* out16);
+void ln_apply(const StepContext<T, H>& s, T* out, const T* inp, const H* inp16, const T* mean,
+              const T* rstd, const T* w, const T* b, int N, int C, H* out16);
 
 // One layer: in, out: [T, C]; fills the record a (all fields; those the policy does not keep
 // point to shared slots). Under a 16-bit precision (s.p16 set) the input is in16 (in is null) and

@@ -23,7 +23,8 @@ const GoldenRow& GoldenReport::worst_grad() const {
 }
 
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
-                          const Recompute& recompute, Precision precision, double loss_scale) {
+                          const Recompute& recompute, Precision precision, double loss_scale,
+                          kernels::BackendKind backend) {
   io::SafetensorsFile f = io::SafetensorsFile::read(path);
   auto meta = f.metadata().find("config");
   if (meta == f.metadata().end()) throw InputError(path + ": no 'config' in the metadata");
@@ -37,6 +38,7 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
   config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0;
 
   BertModel<float> model(config, Heads{});
+  model.set_backend(backend);
   load_weights(model.layout(), model.params().data(), f);
 
   PackedBatch b;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "model/workspace.h"
 
 namespace packbert::model {
@@ -31,9 +32,10 @@ struct GoldenReport {
 // max(||expected||, the same floor), since 16-bit rounding (relative 2^-9 per operand in bf16,
 // 2^-12 in fp16) perturbs every entry a little. Backward starts from the losses times
 // loss_scale (fp16's gradients underflow without one) and the gradients are divided by it.
-// Throws InputError for a malformed or inconsistent golden file.
+// The model runs on `backend`. Throws InputError for a malformed or inconsistent golden file.
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
                           const Recompute& recompute = {}, Precision precision = Precision::fp32,
-                          double loss_scale = 1);
+                          double loss_scale = 1,
+                          kernels::BackendKind backend = kernels::BackendKind::cpu);
 
 }  // namespace packbert::model

@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
-#include "kernels/dropout.h"
-#include "kernels/layers.h"
+#include "kernels/ops.h"
 #include "model/bert.h"
 
 namespace packbert::model {
@@ -39,159 +37,190 @@ T* mean_dloss(const StepContext<T, H>& s, int n, int64_t count) {
 template <typename T, typename H>
 void pooler_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top) {
   const int n = s.n_seq(), C = s.config.hidden_size;
-  T *cls = s.ws.get(Rec::cls_in), *pooled = s.ws.get(Rec::pooled);
-  gather_rows_forward(cls, top, s.tokens.cu_seqlens.data(), n, C);  // each sequence's first token
-  linear_forward(pooled, cls, p.pool_w, p.pool_b, n, C, C);
-  tanh_forward(pooled, pooled, static_cast<int64_t>(n) * C);
+  const View cls(s.ws.get(Rec::cls_in), n, C), pooled(s.ws.get(Rec::pooled), n, C);
+  // each sequence's first token
+  s.be.gather_rows_forward(cls, View(top, s.T_(), C), s.tokens.cu_seqlens.data());
+  s.be.linear_forward(pooled, cls, View(p.pool_w, C, C), View::vector(p.pool_b, C), nullptr,
+                      View());
+  s.be.tanh_forward(pooled, pooled);
 }
 
 template <typename T, typename H>
 void pooler_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                      T* dtop) {
   const int n = s.n_seq(), C = s.config.hidden_size;
-  const int64_t nC = static_cast<int64_t>(n) * C;
-  T *dpre = s.ws.get(Rec::dpre), *dcls = s.ws.get(Rec::dcls);
-  zero_fill(dpre, nC);
-  tanh_backward(dpre, s.ws.get(Rec::pooled), s.ws.get(Rec::dpooled), nC);
-  zero_fill(dcls, nC);
-  linear_backward(dcls, g.pool_w, g.pool_b, dpre, s.ws.get(Rec::cls_in), p.pool_w, n, C, C);
-  gather_rows_backward(dtop, dcls, s.tokens.cu_seqlens.data(), n, C);
+  const View dpre(s.ws.get(Rec::dpre), n, C), dcls(s.ws.get(Rec::dcls), n, C);
+  s.be.zero(dpre);
+  s.be.tanh_backward(dpre, View(s.ws.get(Rec::pooled), n, C), View(s.ws.get(Rec::dpooled), n, C));
+  s.be.zero(dcls);
+  s.be.linear_backward(dcls, View(g.pool_w, C, C), View::vector(g.pool_b, C), dpre,
+                       View(s.ws.get(Rec::cls_in), n, C), View(p.pool_w, C, C), nullptr,
+                       GradWrite::accumulate, View());
+  s.be.gather_rows_backward(View(dtop, s.T_(), C), dcls, s.tokens.cu_seqlens.data());
 }
 
 template <typename T, typename H>
 void mlm_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top, const H* top16,
                  Outputs& out) {
   const Workspace<T>& ws = s.ws;
+  const Backend& be = s.be;
   const int M = static_cast<int>(s.tokens.mlm_token.size()), C = s.config.hidden_size,
-            V = s.config.vocab_size;
-  const int32_t* labels = s.tokens.mlm_label.data();
-  T *t1 = ws.get(Rec::mlm_t1), *t2 = ws.get(Rec::mlm_t2), *logits = ws.get(Rec::mlm_logits),
-    *losses = ws.get(Rec::head_losses);
-  const T eps = static_cast<T>(s.config.layer_norm_eps);
+            V = s.config.vocab_size, Tn = s.T_();
+  const View t1(ws.get(Rec::mlm_t1), M, C), t2(ws.get(Rec::mlm_t2), M, C),
+      logits(ws.get(Rec::mlm_logits), M, V), losses = View::vector(ws.get(Rec::head_losses), M),
+      mean = View::vector(ws.get(Rec::mlm_mean), M), rstd = View::vector(ws.get(Rec::mlm_rstd), M);
+  const View bias = View::vector(p.mlm_b, C), ln_w = View::vector(p.mlm_ln_w, C),
+             ln_b = View::vector(p.mlm_ln_b, C);
+  const double eps = s.config.layer_norm_eps;
   // The transform's input and the decoder's input are read only by GEMMs: 16-bit under a 16-bit
   // precision, with the LayerNorm's fp32 output in scratch.
-  if constexpr (std::is_same_v<T, float>) {
-    if (s.p16) {
-      H *in16 = ws.template get16<H>(Rec::mlm_in), *t3_16 = ws.template get16<H>(Rec::mlm_t3);
-      gather_rows_forward(in16, top16, s.tokens.mlm_token.data(), M, C);
-      linear_forward(t1, in16, s.p16->mlm_w, p.mlm_b, M, C, C);
-      gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
-      layernorm_forward(ws.get(Rec::tmp), ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), t2,
-                        p.mlm_ln_w, p.mlm_ln_b, M, C, eps, t3_16);
-      linear_forward(logits, t3_16, s.p16->word, p.mlm_bias, M, C, V);
-    }
-  }
-  if (!s.p16) {
-    T *in = ws.get(Rec::mlm_in), *t3 = ws.get(Rec::mlm_t3);
-    gather_rows_forward(in, top, s.tokens.mlm_token.data(), M, C);
-    linear_forward(t1, in, p.mlm_w, p.mlm_b, M, C, C);
-    gelu_forward(t2, t1, static_cast<int64_t>(M) * C);
-    layernorm_forward(t3, ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), t2, p.mlm_ln_w, p.mlm_ln_b,
-                      M, C, eps);
-    linear_forward(logits, t3, p.word, p.mlm_bias, M, C, V);
+  if (s.p16) {
+    const View in16(ws.template get16<H>(Rec::mlm_in), M, C),
+        t3_16(ws.template get16<H>(Rec::mlm_t3), M, C);
+    be.gather_rows_forward(in16, View(top16, Tn, C), s.tokens.mlm_token.data());
+    be.linear_forward(t1, in16, View(s.p16->mlm_w, C, C), bias, nullptr, View());
+    be.gelu_forward(t2, t1);
+    be.layernorm_forward(View(ws.get(Rec::tmp), M, C), mean, rstd, t2, ln_w, ln_b, eps, t3_16);
+    be.linear_forward(logits, t3_16, View(s.p16->word, V, C), View::vector(p.mlm_bias, V), nullptr,
+                      View());
+  } else {
+    const View in(ws.get(Rec::mlm_in), M, C), t3(ws.get(Rec::mlm_t3), M, C);
+    be.gather_rows_forward(in, View(top, Tn, C), s.tokens.mlm_token.data());
+    be.linear_forward(t1, in, View(p.mlm_w, C, C), bias, nullptr, View());
+    be.gelu_forward(t2, t1);
+    be.layernorm_forward(t3, mean, rstd, t2, ln_w, ln_b, eps, View());
+    be.linear_forward(logits, t3, View(p.word, V, C), View::vector(p.mlm_bias, V), nullptr, View());
   }
   // The logits stay (no probability matrix): the backward forms the gradient from them.
-  out.mlm_correct =
-      cross_entropy_logits_forward(losses, ws.get(Rec::mlm_lse), logits, labels, M, V);
+  out.mlm_correct = be.cross_entropy_forward(losses, View::vector(ws.get(Rec::mlm_lse), M), logits,
+                                             s.tokens.mlm_label.data());
   out.mlm_count = M;
-  out.mlm_loss = mean_loss(losses, M, s.mlm_total ? s.mlm_total : M);
+  out.mlm_loss = mean_loss(losses.template as<const T>(), M, s.mlm_total ? s.mlm_total : M);
 }
 
 template <typename T, typename H>
 void mlm_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                   const Outputs& out, T* dtop) {
   const Workspace<T>& ws = s.ws;
+  const Backend& be = s.be;
   const int M = static_cast<int>(out.mlm_count), C = s.config.hidden_size, V = s.config.vocab_size;
   if (M == 0) return;
-  const int64_t MC = static_cast<int64_t>(M) * C;
-  T *d3 = ws.get(Rec::mlm_d3), *d2 = ws.get(Rec::mlm_d2), *d1 = ws.get(Rec::mlm_d1),
-    *din = ws.get(Rec::mlm_din);
-  const T* dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
+  const View d3(ws.get(Rec::mlm_d3), M, C), d2(ws.get(Rec::mlm_d2), M, C),
+      d1(ws.get(Rec::mlm_d1), M, C), din(ws.get(Rec::mlm_din), M, C);
+  const View dloss = View::vector(mean_dloss(s, M, s.mlm_total ? s.mlm_total : M), M);
+  const View logits(ws.get(Rec::mlm_logits), M, V), lse = View::vector(ws.get(Rec::mlm_lse), M);
+  const int32_t* labels = s.tokens.mlm_label.data();
   constexpr GradWrite over = GradWrite::overwrite;  // dlogits, d3, d2, d1, din written over
   // Under 16 bits the logits' gradient goes straight to its H form (the decoder's GEMM operand)
   // with the bias gradient in the same pass: no fp32 [M, V] gradient.
-  if constexpr (std::is_same_v<T, float>) {
-    if (s.p16) {
-      H* dlogits16 = ws.template get16<H>(Rec::dout16);
-      cross_entropy_logits_backward(dlogits16, g.mlm_bias, ws.get(Rec::mlm_logits),
-                                    ws.get(Rec::mlm_lse), s.tokens.mlm_label.data(), dloss, M, V);
-      linear_backward(d3, g.word, dlogits16, ws.template get16<H>(Rec::mlm_t3), s.p16->word, M, C,
-                      V, over);
-    }
+  if (s.p16) {
+    const View dlogits16(ws.template get16<H>(Rec::dout16), M, V);
+    be.cross_entropy_backward(dlogits16, View::vector(g.mlm_bias, V), logits, lse, labels, dloss,
+                              over);
+    be.linear_backward(d3, View(g.word, V, C), View(), dlogits16,
+                       View(ws.template get16<H>(Rec::mlm_t3), M, C), View(s.p16->word, V, C),
+                       nullptr, over, View());
+  } else {
+    const View dlogits(ws.get(Rec::mlm_dlogits), M, V);
+    be.cross_entropy_backward(dlogits, View(), logits, lse, labels, dloss, over);
+    be.linear_backward(d3, View(g.word, V, C), View::vector(g.mlm_bias, V), dlogits,
+                       View(ws.get(Rec::mlm_t3), M, C), View(p.word, V, C), nullptr, over, View());
   }
-  if (!s.p16) {
-    T* dlogits = ws.get(Rec::mlm_dlogits);
-    cross_entropy_logits_backward(dlogits, ws.get(Rec::mlm_logits), ws.get(Rec::mlm_lse),
-                                  s.tokens.mlm_label.data(), dloss, M, V, over);
-    linear_backward(d3, g.word, g.mlm_bias, dlogits, ws.get(Rec::mlm_t3), p.word, M, C, V, over);
-  }
-  layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
-                     ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), M, C, over);
-  gelu_backward(d1, ws.get(Rec::mlm_t1), d2, MC, over);
-  if constexpr (std::is_same_v<T, float>) {
-    if (s.p16)
-      linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.template get16<H>(Rec::dout16),
-                      ws.template get16<H>(Rec::mlm_in), s.p16->mlm_w, M, C, C, over);
-  }
-  if (!s.p16)
-    linear_backward(din, g.mlm_w, g.mlm_b, d1, ws.get(Rec::mlm_in), p.mlm_w, M, C, C, over);
-  gather_rows_backward(dtop, din, s.tokens.mlm_token.data(), M, C);
+  be.layernorm_backward(d2, View::vector(g.mlm_ln_w, C), View::vector(g.mlm_ln_b, C), d3,
+                        View(ws.get(Rec::mlm_t2), M, C), View::vector(p.mlm_ln_w, C),
+                        View::vector(ws.get(Rec::mlm_mean), M),
+                        View::vector(ws.get(Rec::mlm_rstd), M), over);
+  be.gelu_backward(d1, View(), View(ws.get(Rec::mlm_t1), M, C), d2, over);
+  const View dW = View(g.mlm_w, C, C), db = View::vector(g.mlm_b, C);
+  if (s.p16)
+    be.linear_backward(din, dW, db, d1, View(ws.template get16<H>(Rec::mlm_in), M, C),
+                       View(s.p16->mlm_w, C, C), nullptr, over,
+                       View::vector(ws.template get16<H>(Rec::dout16), 0));
+  else
+    be.linear_backward(din, dW, db, d1, View(ws.get(Rec::mlm_in), M, C), View(p.mlm_w, C, C),
+                       nullptr, over, View());
+  be.gather_rows_backward(View(dtop, s.T_(), C), din, s.tokens.mlm_token.data());
 }
+
+namespace {
+
+// A linear layer on n rows of C inputs with out outputs, then softmax cross-entropy: NSP's and
+// the classifier's head. Returns the rows whose target is their first maximum; losses in
+// scratch.head_losses.
+template <typename T, typename H>
+int64_t linear_cross_entropy_forward(const StepContext<T, H>& s, const T* in, const T* W,
+                                     const T* b, Rec logits, Rec lse, const int32_t* targets,
+                                     int n, int out) {
+  const int C = s.config.hidden_size;
+  const View z(s.ws.get(logits), n, out);
+  s.be.linear_forward(z, View(in, n, C), View(W, out, C), View::vector(b, out), nullptr, View());
+  return s.be.cross_entropy_forward(View::vector(s.ws.get(Rec::head_losses), n),
+                                    View::vector(s.ws.get(lse), n), z, targets);
+}
+
+// Its backward over the mean of the losses of `count` rows: dz in scratch dlogits (written
+// over), din += the input gradient.
+template <typename T, typename H>
+void linear_cross_entropy_backward(const StepContext<T, H>& s, const T* in, const T* W, T* dW,
+                                   T* db, Rec logits, Rec lse, Rec dlogits,
+                                   const int32_t* targets, int n, int out, int64_t count, T* din) {
+  const int C = s.config.hidden_size;
+  const View dz(s.ws.get(dlogits), n, out);
+  s.be.cross_entropy_backward(dz, View(), View(s.ws.get(logits), n, out),
+                              View::vector(s.ws.get(lse), n), targets,
+                              View::vector(mean_dloss(s, n, count), n), GradWrite::overwrite);
+  s.be.linear_backward(View(din, n, C), View(dW, out, C), View::vector(db, out), dz,
+                       View(in, n, C), View(W, out, C), nullptr, GradWrite::accumulate, View());
+}
+
+}  // namespace
 
 template <typename T, typename H>
 void nsp_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
                  Outputs& out) {
-  const int n = s.n_seq(), C = s.config.hidden_size;
-  T *logits = s.ws.get(Rec::nsp_logits), *losses = s.ws.get(Rec::head_losses);
-  linear_forward(logits, s.ws.get(Rec::pooled), p.nsp_w, p.nsp_b, n, C, 2);
-  out.nsp_correct =
-      cross_entropy_logits_forward(losses, s.ws.get(Rec::nsp_lse), logits, targets, n, 2);
+  const int n = s.n_seq();
+  out.nsp_correct = linear_cross_entropy_forward(s, s.ws.get(Rec::pooled), p.nsp_w, p.nsp_b,
+                                                 Rec::nsp_logits, Rec::nsp_lse, targets, n, 2);
   out.nsp_count = count_targets(targets, n);
-  out.nsp_loss = mean_loss(losses, n, s.nsp_total ? s.nsp_total : out.nsp_count);
+  out.nsp_loss =
+      mean_loss(s.ws.get(Rec::head_losses), n, s.nsp_total ? s.nsp_total : out.nsp_count);
 }
 
 template <typename T, typename H>
 void nsp_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                   const int32_t* targets, const Outputs& out) {
-  const int n = s.n_seq(), C = s.config.hidden_size;
   if (out.nsp_count == 0) return;
-  T* dlogits = s.ws.get(Rec::nsp_dlogits);
-  cross_entropy_logits_backward(dlogits, s.ws.get(Rec::nsp_logits), s.ws.get(Rec::nsp_lse), targets,
-                                mean_dloss(s, n, s.nsp_total ? s.nsp_total : out.nsp_count), n, 2,
-                                GradWrite::overwrite);
-  linear_backward(s.ws.get(Rec::dpooled), g.nsp_w, g.nsp_b, dlogits, s.ws.get(Rec::pooled), p.nsp_w,
-                  n, C, 2);
+  linear_cross_entropy_backward(s, s.ws.get(Rec::pooled), p.nsp_w, g.nsp_w, g.nsp_b,
+                                Rec::nsp_logits, Rec::nsp_lse, Rec::nsp_dlogits, targets,
+                                s.n_seq(), 2, s.nsp_total ? s.nsp_total : out.nsp_count,
+                                s.ws.get(Rec::dpooled));
 }
 
 template <typename T, typename H>
 void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
                         Outputs& out) {
-  const int n = s.n_seq(), C = s.config.hidden_size, NL = s.config.num_labels;
-  T *in = s.ws.get(Rec::cls_drop), *logits = s.ws.get(Rec::cls_logits),
-    *losses = s.ws.get(Rec::head_losses);
-  const T* pooled = s.ws.get(Rec::pooled);
-  const int64_t nC = static_cast<int64_t>(n) * C;
-  dropout_site(s, in, pooled, nC, kNoLayer, kPooled);
-  linear_forward(logits, in, p.cls_w, p.cls_b, n, C, NL);
-  out.cls_correct =
-      cross_entropy_logits_forward(losses, s.ws.get(Rec::cls_lse), logits, targets, n, NL);
+  const int n = s.n_seq(), C = s.config.hidden_size;
+  T* in = s.ws.get(Rec::cls_drop);
+  dropout_site(s, in, s.ws.get(Rec::pooled), static_cast<int64_t>(n) * C, kNoLayer, kPooled);
+  out.cls_correct = linear_cross_entropy_forward(s, in, p.cls_w, p.cls_b, Rec::cls_logits,
+                                                 Rec::cls_lse, targets, n, s.config.num_labels);
   out.cls_count = count_targets(targets, n);
-  out.cls_loss = mean_loss(losses, n, s.cls_total ? s.cls_total : out.cls_count);
+  out.cls_loss =
+      mean_loss(s.ws.get(Rec::head_losses), n, s.cls_total ? s.cls_total : out.cls_count);
 }
 
 template <typename T, typename H>
 void classifier_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                          const int32_t* targets, const Outputs& out) {
-  const int n = s.n_seq(), C = s.config.hidden_size, NL = s.config.num_labels;
+  const int n = s.n_seq(), C = s.config.hidden_size;
   if (out.cls_count == 0) return;
   const int64_t nC = static_cast<int64_t>(n) * C;
-  T *dlogits = s.ws.get(Rec::cls_dlogits), *din = s.ws.get(Rec::cls_ddrop),
-    *dpooled = s.ws.get(Rec::dpooled);
-  cross_entropy_logits_backward(dlogits, s.ws.get(Rec::cls_logits), s.ws.get(Rec::cls_lse), targets,
-                                mean_dloss(s, n, s.cls_total ? s.cls_total : out.cls_count), n, NL,
-                                GradWrite::overwrite);
-  zero_fill(din, nC);
-  linear_backward(din, g.cls_w, g.cls_b, dlogits, s.ws.get(Rec::cls_drop), p.cls_w, n, C, NL);
+  T *din = s.ws.get(Rec::cls_ddrop), *dpooled = s.ws.get(Rec::dpooled);
+  s.be.zero(View(din, n, C));
+  linear_cross_entropy_backward(s, s.ws.get(Rec::cls_drop), p.cls_w, g.cls_w, g.cls_b,
+                                Rec::cls_logits, Rec::cls_lse, Rec::cls_dlogits, targets, n,
+                                s.config.num_labels, s.cls_total ? s.cls_total : out.cls_count,
+                                din);
   if (s.p_hidden > 0)
     dropout_site_backward(s, dpooled, din, nC, kNoLayer, kPooled);
   else
@@ -202,10 +231,12 @@ template <typename T, typename H>
 void span_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top,
                   const int32_t* targets, Outputs& out) {
   const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
-  T *logits = s.ws.get(Rec::span_logits), *probs = s.ws.get(Rec::span_probs),
-    *losses = s.ws.get(Rec::head_losses);
-  linear_forward(logits, top, p.span_w, p.span_b, Tn, C, 2);
-  span_cross_entropy_forward(losses, probs, logits, s.tokens.cu_seqlens.data(), targets, n);
+  const View logits(s.ws.get(Rec::span_logits), Tn, 2);
+  T* losses = s.ws.get(Rec::head_losses);
+  s.be.linear_forward(logits, View(top, Tn, C), View(p.span_w, 2, C), View::vector(p.span_b, 2),
+                      nullptr, View());
+  s.be.span_cross_entropy_forward(View::vector(losses, n), View(s.ws.get(Rec::span_probs), Tn, 2),
+                                  logits, s.tokens.cu_seqlens.data(), targets, n);
   out.span_count = 0;
   for (int i = 0; i < n; ++i) out.span_count += targets[2 * i] >= 0;
   out.span_loss = mean_loss(losses, n, s.span_total ? s.span_total : out.span_count);
@@ -216,12 +247,14 @@ void span_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Para
                    const T* top, const int32_t* targets, const Outputs& out, T* dtop) {
   const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
   if (out.span_count == 0) return;
-  T* dlogits = s.ws.get(Rec::span_dlogits);
-  zero_fill(dlogits, 2 * static_cast<int64_t>(Tn));
-  span_cross_entropy_backward(dlogits, s.ws.get(Rec::span_probs), s.tokens.cu_seqlens.data(),
-                              targets,
-                              mean_dloss(s, n, s.span_total ? s.span_total : out.span_count), n);
-  linear_backward(dtop, g.span_w, g.span_b, dlogits, top, p.span_w, Tn, C, 2);
+  const View dlogits(s.ws.get(Rec::span_dlogits), Tn, 2);
+  s.be.zero(dlogits);
+  s.be.span_cross_entropy_backward(
+      dlogits, View(s.ws.get(Rec::span_probs), Tn, 2), s.tokens.cu_seqlens.data(), targets,
+      View::vector(mean_dloss(s, n, s.span_total ? s.span_total : out.span_count), n), n);
+  s.be.linear_backward(View(dtop, Tn, C), View(g.span_w, 2, C), View::vector(g.span_b, 2),
+                       dlogits, View(top, Tn, C), View(p.span_w, 2, C), nullptr,
+                       GradWrite::accumulate, View());
 }
 
 #define PACKBERT_INSTANTIATE(T, H)                                                                 \

@@ -648,6 +648,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     data::SquadFeatures f = data::squad_features(ex, tok, so, false);
     heads.span = true;
     auto m = load_model(o.model, heads);
+    m->set_backend(o.backend);
     warn_non_finite(*m, o.model);
     check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
     say_casing(casing, "eval");
@@ -693,6 +694,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
       data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false, o.columns);
   heads.classifier = true;
   auto m = load_model(o.model, heads);
+  m->set_backend(o.backend);
   warn_non_finite(*m, o.model);
   if (m->config().num_labels != static_cast<int>(labels.size()))
     throw InputError(labels_path + ": " + std::to_string(labels.size()) +

@@ -101,6 +101,7 @@ struct TaskEvalOptions {
   int rows_per_batch = 8;
   data::SquadOptions squad;
   model::Precision precision = model::Precision::fp32;
+  kernels::BackendKind backend = kernels::BackendKind::cpu;
 };
 
 struct TaskEvalResult {

@@ -119,6 +119,7 @@ std::vector<int> Stepper::rows_of_rank(const std::vector<int64_t>& tokens, int r
 Stepper::Stepper(model::BertModel<float>& m, const LoopOptions& o, const OptimizerConfig& oc,
                  int accumulation, model::Recompute recompute, dist::Comm& comm)
     : m_(m), o_(o), accumulation_(accumulation), recompute_(recompute), comm_(comm) {
+  m.set_backend(o.backend);
   const size_t total = m.layout().total();
   bounds_ = {0, total};
   size_t begin = 0, end = total;

@@ -78,6 +78,7 @@ struct LoopOptions {
   model::Recompute recompute;
   std::optional<double> memory_limit;  // bytes; unset = the memory available when the run starts
   model::Precision precision = model::Precision::fp32;
+  kernels::BackendKind backend = kernels::BackendKind::cpu;  // where the model's ops run
   // ZeRO stage: 0 = every process holds the optimizer state; 1 = each holds the moments of its
   // shard of the parameters only (gradients reduce-scattered, parameters all-gathered).
   int zero = 0;

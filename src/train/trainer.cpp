@@ -372,6 +372,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
                                       {"lr", opt_.loop.lr},
                                       {"optimizer", optimizer_name(opt_.loop.optimizer.kind)},
                                       {"precision", model::precision_name(opt_.loop.precision)},
+                                      {"backend", kernels::backend(opt_.loop.backend).name},
                                       {"master_weights", masters_name(opt_.loop.optimizer.masters)},
                                       {"loss_scaling", loss_scaling_name(opt_.loop.loss_scaling)},
                                       {"loss_scale_init", opt_.loop.loss_scaling.initial},
@@ -747,6 +748,7 @@ void Trainer::save_checkpoint() {
                 {"packed", packs_.has_value()},
                 {"one_per_row", opt_.one_per_row},
                 {"precision", model::precision_name(opt_.loop.precision)},
+                {"backend", kernels::backend(opt_.loop.backend).name},  // informational
                 {"master_weights", masters_name(opt_.loop.optimizer.masters)},
                 {"rows_per_batch", step_rows_},
                 {"processes", comm_.size()},

@@ -1,12 +1,15 @@
 // The cpu backend's ops (see cpu.h): each reads its Views' dtypes once and calls the typed
 // kernel of kernels/ that runs them. The kernels take contiguous tensors; shapes come from the
 // Views.
+#include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/dropout.h"
+#include "kernels/gemm.h"
 #include "kernels/layers.h"
 
 namespace packbert::kernels::cpu {
@@ -64,17 +67,23 @@ int i32(int64_t x) {
   return static_cast<int>(x);
 }
 
-// A linear layer's scratch for the block-sparse kernels, held across calls by each thread.
+// The caller's scratch, or (empty) room for n elements held by this thread for the call.
 template <typename T>
-T* sparse_scratch(const BlockPattern& p, int64_t N) {
-  thread_local std::vector<T> scratch;
-  scratch.resize(static_cast<size_t>(sparse_linear_scratch(p, i32(N))));
-  return scratch.data();
+T* scratch_or_own(const View& scratch, int64_t n) {
+  if (scratch) return scratch.as<T>();
+  thread_local std::vector<T> own;
+  own.resize(static_cast<size_t>(n));
+  return own.data();
+}
+template <typename T>
+T* sparse_scratch(const View& scratch, const BlockPattern& p, int64_t N) {
+  return scratch_or_own<T>(scratch, sparse_linear_scratch(p, i32(N)));
 }
 
 }  // namespace
 
-void linear_forward(View out, View in, View weight, View bias, const BlockPattern* pattern) {
+void linear_forward(View out, View in, View weight, View bias, const BlockPattern* pattern,
+                    View scratch) {
   require_contiguous("linear_forward", {&out, &in, &weight, &bias});
   const int N = i32(in.rows), C = i32(in.cols), OC = i32(out.cols);
   if (pattern) {
@@ -82,12 +91,12 @@ void linear_forward(View out, View in, View weight, View bias, const BlockPatter
       return with_wide_type("linear_forward", in, [&](auto t) {
         using T = decltype(t);
         sparse_linear_forward(ptr<T>(out), ptr<const T>(in), *pattern, ptr<const T>(weight),
-                              ptr<const T>(bias), N, sparse_scratch<T>(*pattern, N));
+                              ptr<const T>(bias), N, sparse_scratch<T>(scratch, *pattern, N));
       });
     return with_half_type("linear_forward", in, [&](auto h) {
       using H = decltype(h);
       sparse_linear_forward(ptr<float>(out), ptr<const H>(in), *pattern, ptr<const float>(weight),
-                            ptr<const float>(bias), N, sparse_scratch<float>(*pattern, N));
+                            ptr<const float>(bias), N, sparse_scratch<float>(scratch, *pattern, N));
     });
   }
   if (!is16(in))
@@ -108,7 +117,7 @@ void linear_forward(View out, View in, View weight, View bias, const BlockPatter
 }
 
 void linear_backward(View dinp, View dweight, View dbias, View dout, View in, View weight,
-                     const BlockPattern* pattern, GradWrite mode) {
+                     const BlockPattern* pattern, GradWrite mode, View scratch) {
   require_contiguous("linear_backward", {&dinp, &dweight, &dbias, &dout, &in, &weight});
   const int N = i32(in.rows), C = i32(in.cols), OC = i32(dout.cols);
   if (pattern) {
@@ -120,13 +129,13 @@ void linear_backward(View dinp, View dweight, View dbias, View dout, View in, Vi
         using T = decltype(t);
         sparse_linear_backward(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<const T>(dout),
                                ptr<const T>(in), *pattern, ptr<const T>(weight), N,
-                               sparse_scratch<T>(*pattern, N));
+                               sparse_scratch<T>(scratch, *pattern, N));
       });
     return with_half_type("linear_backward", in, [&](auto h) {
       using H = decltype(h);
       sparse_linear_backward(ptr<float>(dinp), ptr<float>(dweight), ptr<float>(dbias),
                              ptr<const float>(dout), ptr<const H>(in), *pattern,
-                             ptr<const float>(weight), N, sparse_scratch<float>(*pattern, N));
+                             ptr<const float>(weight), N, sparse_scratch<float>(scratch, *pattern, N));
     });
   }
   if (!is16(in))
@@ -137,11 +146,47 @@ void linear_backward(View dinp, View dweight, View dbias, View dout, View in, Vi
     });
   with_half_type("linear_backward", in, [&](auto h) {
     using H = decltype(h);
-    thread_local std::vector<H> dout16;
-    dout16.resize(static_cast<size_t>(dout.numel()));
+    if (is16(dout)) {
+      if (dbias) throw std::logic_error("cpu::linear_backward: a 16-bit dout comes without dbias");
+      return kernels::linear_backward(ptr<float>(dinp), ptr<float>(dweight), ptr<const H>(dout),
+                                      ptr<const H>(in), ptr<const H>(weight), N, C, OC, mode);
+    }
     kernels::linear_backward(ptr<float>(dinp), ptr<float>(dweight), ptr<float>(dbias),
-                             ptr<const float>(dout), dout16.data(), ptr<const H>(in),
-                             ptr<const H>(weight), N, C, OC, mode);
+                             ptr<const float>(dout), scratch_or_own<H>(scratch, dout.numel()),
+                             ptr<const H>(in), ptr<const H>(weight), N, C, OC, mode);
+  });
+}
+
+void linear_block_grad_norms(View block_l1, View dout, View in, int block, View scratch,
+                             View scratch16) {
+  require_contiguous("linear_block_grad_norms", {&block_l1, &dout, &in});
+  const int N = i32(in.rows), C = i32(in.cols), OC = i32(dout.cols);
+  const int64_t n_out = static_cast<int64_t>(OC) * C;
+  float* l1 = ptr<float>(block_l1);
+  auto add_norms = [&](const auto* dW) {
+    const int Cb = C / block;
+#pragma omp parallel for schedule(static)
+    for (int rb = 0; rb < OC / block; ++rb)
+      for (int o = 0; o < block; ++o)
+        for (int c = 0; c < C; ++c)
+          l1[static_cast<size_t>(rb) * Cb + c / block] +=
+              static_cast<float>(std::abs(dW[static_cast<int64_t>(rb * block + o) * C + c]));
+  };
+  if (!is16(in))
+    return with_wide_type("linear_block_grad_norms", in, [&](auto t) {
+      using T = decltype(t);
+      T* dW = scratch_or_own<T>(scratch, n_out);
+      gemm(true, false, OC, C, N, T(1), ptr<const T>(dout), OC, ptr<const T>(in), C, T(0), dW, C);
+      add_norms(dW);
+    });
+  with_half_type("linear_block_grad_norms", in, [&](auto h) {
+    using H = decltype(h);
+    float* dW = scratch_or_own<float>(scratch, n_out);
+    thread_local std::vector<H> own16;
+    H* dout16 = scratch16 ? ptr<H>(scratch16) : (own16.resize(dout.numel()), own16.data());
+    to_half(dout16, ptr<const float>(dout), dout.numel());
+    gemm(true, false, OC, C, N, 1.0f, dout16, OC, ptr<const H>(in), C, 0.0f, dW, C);
+    add_norms(dW);
   });
 }
 
@@ -170,6 +215,31 @@ void layernorm_forward(View out, View mean, View rstd, View in, View weight, Vie
                                            ptr<const float>(in), ptr<const float>(weight),
                                            ptr<const float>(bias), N, C, static_cast<float>(eps),
                                            twin);
+  });
+}
+
+void layernorm_apply(View out, View in, View mean, View rstd, View weight, View bias, View out16) {
+  require_contiguous("layernorm_apply", {&out, &in, &mean, &rstd, &weight, &bias, &out16});
+  const int N = i32(in.rows), C = i32(in.cols);
+  if (!is16(in) && !out16)
+    return with_wide_type("layernorm_apply", in, [&](auto t) {
+      using T = decltype(t);
+      kernels::layernorm_apply(ptr<T>(out), ptr<const T>(in), ptr<const T>(mean),
+                               ptr<const T>(rstd), ptr<const T>(weight), ptr<const T>(bias), N, C);
+    });
+  const View& half = out16 ? out16 : in;
+  with_half_type("layernorm_apply", half, [&](auto h) {
+    using H = decltype(h);
+    H* twin = out16 ? ptr<H>(out16) : nullptr;
+    if (is16(in))
+      kernels::layernorm_apply(ptr<float>(out), ptr<const H>(in), ptr<const float>(mean),
+                               ptr<const float>(rstd), ptr<const float>(weight),
+                               ptr<const float>(bias), N, C, twin);
+    else
+      kernels::layernorm_apply<float, H>(ptr<float>(out), ptr<const float>(in),
+                                         ptr<const float>(mean), ptr<const float>(rstd),
+                                         ptr<const float>(weight), ptr<const float>(bias), N, C,
+                                         twin);
   });
 }
 
@@ -305,26 +375,57 @@ void cross_entropy_backward(View dlogits, View dbias, View logits, View lse,
 }
 
 void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq,
-                       int NH, AttentionDropout dropout) {
+                       int NH, AttentionDropout dropout, const int64_t* offsets, View scratch) {
   require_contiguous("attention_forward", {&out, &probs, &qkv});
   const int C = i32(out.cols);
   with_type(qkv.dtype, [&](auto t) {
     using T = decltype(t);
+    using W = std::conditional_t<std::is_same_v<T, double>, double, float>;
     kernels::attention_forward(ptr<T>(out), ptr<T>(probs), ptr<const T>(qkv), cu_seqlens, n_seq,
-                               C, NH, dropout);
+                               C, NH, dropout, AttentionWork<W>{offsets, ptr<W>(scratch)});
   });
 }
 
 void attention_backward(View dqkv, View dout, View qkv, View probs, const int32_t* cu_seqlens,
-                        int n_seq, int NH, AttentionDropout dropout, GradWrite mode) {
+                        int n_seq, int NH, AttentionDropout dropout, const int64_t* offsets,
+                        View scratch, GradWrite mode) {
   require_contiguous("attention_backward", {&dqkv, &dout, &qkv, &probs});
   const int C = i32(dout.cols);
   with_type(qkv.dtype, [&](auto t) {
     using I = decltype(t);
     using T = std::conditional_t<std::is_same_v<I, double>, double, float>;
     kernels::attention_backward(ptr<T>(dqkv), ptr<const T>(dout), ptr<const I>(qkv),
-                                ptr<const I>(probs), cu_seqlens, n_seq, C, NH, dropout, {}, mode);
+                                ptr<const I>(probs), cu_seqlens, n_seq, C, NH, dropout,
+                                AttentionWork<T>{offsets, ptr<T>(scratch)}, mode);
   });
+}
+
+int64_t count_argmax_hits(View scores, const int32_t* targets) {
+  return with_wide_type("count_argmax_hits", scores, [&](auto t) {
+    using T = decltype(t);
+    return kernels::count_argmax_hits(ptr<const T>(scores), targets, i32(scores.rows),
+                                      i32(scores.cols));
+  });
+}
+
+void convert(View out, View in) {
+  require_contiguous("convert", {&out, &in});
+  if (out.numel() != in.numel()) throw std::logic_error("cpu::convert: sizes differ");
+  const int64_t n = in.numel();
+  if (out.dtype == in.dtype) {
+    const size_t bytes = static_cast<size_t>(n) * traits(in.dtype).bytes;
+    if (out.data != in.data) std::memmove(out.data, in.data, bytes);
+    return;
+  }
+  if (in.dtype == DType::f32) return traits(out.dtype).narrow(out.data, ptr<const float>(in), n);
+  if (out.dtype == DType::f32) return traits(in.dtype).widen(ptr<float>(out), in.data, n);
+  throw std::logic_error(std::string("cpu::convert: no conversion from ") + dtype_name(in.dtype) +
+                         " to " + dtype_name(out.dtype));
+}
+
+void zero(View out) {
+  require_contiguous("zero", {&out});
+  with_wide_type("zero", out, [&](auto t) { zero_fill(ptr<decltype(t)>(out), out.numel()); });
 }
 
 void gather_rows_forward(View out, View in, const int32_t* rows) {

@@ -1,5 +1,6 @@
 // The reference backend's attention (see ref.h): each (sequence, head) block written out as the
 // textbook formulas, S = q k^T / sqrt(hs), P = softmax(S) by row, Pd = dropout(P), O = Pd v.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -67,7 +68,7 @@ void each_block(const int32_t* cu_seqlens, int n_seq, int NH, int64_t C,
 }  // namespace
 
 void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq,
-                       int NH, AttentionDropout dropout) {
+                       int NH, AttentionDropout dropout, const int64_t*, View) {
   const DType stored = probs ? probs.dtype : qkv.dtype;
   each_block(cu_seqlens, n_seq, NH, out.cols, dropout, [&](const Block& b) {
     const std::vector<double> P = probabilities(qkv, b, stored);
@@ -85,7 +86,8 @@ void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens
 }
 
 void attention_backward(View dqkv, View dout, View qkv, View probs, const int32_t* cu_seqlens,
-                        int n_seq, int NH, AttentionDropout dropout, GradWrite mode) {
+                        int n_seq, int NH, AttentionDropout dropout, const int64_t*, View,
+                        GradWrite mode) {
   const int64_t T = qkv.rows, C = dout.cols;
   std::vector<double> g(static_cast<size_t>(T * 3 * C), 0.0);  // this call's dqkv
   each_block(cu_seqlens, n_seq, NH, C, dropout, [&](const Block& b) {
@@ -96,6 +98,15 @@ void attention_backward(View dqkv, View dout, View qkv, View probs, const int32_
     } else {
       P = probabilities(qkv, b, qkv.dtype);
     }
+    // Probabilities stored in 16 bits no longer sum to 1 by row: each row is divided by its sum,
+    // so softmax's backward (whose dS rows sum to 0 only then) holds, and the key bias, whose
+    // exact gradient is 0, picks up no rounding noise.
+    if (traits(probs ? probs.dtype : qkv.dtype).is_16bit)
+      for (int64_t i = 0; i < b.L; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < b.L; ++j) sum += P[i * b.L + j];
+        for (int64_t j = 0; j < b.L; ++j) P[i * b.L + j] /= sum;
+      }
     const double scale = 1.0 / std::sqrt(static_cast<double>(b.hs));
     auto G = [&](int64_t i, int64_t part, int64_t d) -> double& {
       return g[(b.t0 + i) * 3 * C + part * C + b.h * b.hs + d];

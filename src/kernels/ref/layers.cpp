@@ -44,7 +44,8 @@ std::vector<double> dense_weight(const View& weight, const BlockPattern* p, int6
 
 }  // namespace
 
-void linear_forward(View out, View in, View weight, View bias, const BlockPattern* pattern) {
+void linear_forward(View out, View in, View weight, View bias, const BlockPattern* pattern,
+                    View) {
   const int64_t N = in.rows, C = in.cols, OC = out.cols;
   require(out.rows == N, "linear_forward", "out and in differ in rows");
   require(pattern || weight.dtype == in.dtype, "linear_forward", "in and weight differ in dtype");
@@ -58,8 +59,9 @@ void linear_forward(View out, View in, View weight, View bias, const BlockPatter
 }
 
 void linear_backward(View dinp, View dweight, View dbias, View dout, View in, View weight,
-                     const BlockPattern* pattern, GradWrite mode) {
+                     const BlockPattern* pattern, GradWrite mode, View) {
   const int64_t N = in.rows, C = in.cols, OC = dout.cols;
+  require(!is16(dout) || !dbias, "linear_backward", "a 16-bit dout comes without dbias");
   const std::vector<double> W = dense_weight(weight, pattern, OC, C);
   // A dense 16-bit layer multiplies the output gradient rounded to its operands' dtype.
   const bool round = !pattern && is16(in);
@@ -100,6 +102,29 @@ void linear_backward(View dinp, View dweight, View dbias, View dout, View in, Vi
     }
 }
 
+void linear_block_grad_norms(View block_l1, View dout, View in, int block, View, View) {
+  const int64_t N = in.rows, C = in.cols, OC = dout.cols;
+  for (int64_t o = 0; o < OC; ++o)
+    for (int64_t c = 0; c < C; ++c) {
+      double g = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const double d = is16(in) ? round_to(in.dtype, dout.get(n, o)) : dout.get(n, o);
+        g += d * in.get(n, c);
+      }
+      block_l1.set(o / block, c / block, block_l1.get(o / block, c / block) + std::abs(g));
+    }
+}
+
+void layernorm_apply(View out, View in, View mean, View rstd, View weight, View bias, View out16) {
+  for (int64_t n = 0; n < in.rows; ++n)
+    for (int64_t c = 0; c < in.cols; ++c) {
+      const double y = (in.get(n, c) - mean.at(n)) * rstd.at(n) * weight.at(c) + bias.at(c);
+      if (out) out.set(n, c, y);
+      if (out16) out16.set(n, c, y);
+    }
+}
+
+// The output is formed from the statistics as kept, so layernorm_apply rebuilds it bit for bit.
 void layernorm_forward(View out, View mean, View rstd, View in, View weight, View bias,
                        double eps, View out16) {
   const int64_t N = in.rows, C = in.cols;
@@ -109,15 +134,10 @@ void layernorm_forward(View out, View mean, View rstd, View in, View weight, Vie
     m /= static_cast<double>(C);
     for (int64_t c = 0; c < C; ++c) var += (in.get(n, c) - m) * (in.get(n, c) - m);
     var /= static_cast<double>(C);
-    const double s = 1.0 / std::sqrt(var + eps);
     mean.put(n, m);
-    rstd.put(n, s);
-    for (int64_t c = 0; c < C; ++c) {
-      const double y = (in.get(n, c) - m) * s * weight.at(c) + bias.at(c);
-      if (out) out.set(n, c, y);
-      if (out16) out16.set(n, c, y);
-    }
+    rstd.put(n, 1.0 / std::sqrt(var + eps));
   }
+  layernorm_apply(out, in, mean, rstd, weight, bias, out16);
 }
 
 void layernorm_backward(View dinp, View dweight, View dbias, View dout, View in, View weight,
@@ -253,6 +273,28 @@ void cross_entropy_backward(View dlogits, View dbias, View logits, View lse,
       write_grad(dlogits, n, v, d, mode);
       if (dbias) dbias.put(v, dbias.at(v) + d);
     }
+}
+
+int64_t count_argmax_hits(View scores, const int32_t* targets) {
+  int64_t hits = 0;
+  for (int64_t n = 0; n < scores.rows; ++n) {
+    if (targets[n] < 0) continue;
+    int64_t first_max = 0;
+    for (int64_t v = 1; v < scores.cols; ++v)
+      if (scores.get(n, v) > scores.get(n, first_max)) first_max = v;
+    hits += first_max == targets[n];
+  }
+  return hits;
+}
+
+void convert(View out, View in) {
+  require(out.numel() == in.numel(), "convert", "out and in differ in size");
+  for (int64_t i = 0; i < in.numel(); ++i) out.put(i, in.at(i));
+}
+
+void zero(View out) {
+  for (int64_t r = 0; r < out.rows; ++r)
+    for (int64_t c = 0; c < out.cols; ++c) out.set(r, c, 0.0);
 }
 
 void gather_rows_forward(View out, View in, const int32_t* rows) {
