@@ -24,6 +24,7 @@
 #include "kernels/gemm.h"
 #include "kernels/layers.h"
 #include "kernels/ops.h"
+#include "kernels/optim.h"
 #include "kernels/sparse.h"
 #include "kernels/tensor.h"
 
@@ -1066,6 +1067,71 @@ TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
   ref.zero(View(z2.data(), N, C));
   EXPECT_EQ(z, std::vector<float>(N * C, 0.0f));
   EXPECT_EQ(z2, z);
+}
+
+// The optimizer ops: three AdamW and LAMB updates on each backend from the same state, with fp32
+// weights (and their bf16 copy) and with bf16 masters rounded to nearest or stochastically:
+// cpu's float arithmetic against ref's double within float rounding, and (16 bits) within a
+// bf16 ulp where a rounding flips, in at most a few elements.
+TEST(KernelBackends, OptimizerUpdatesAgreeWithTheReference) {
+  const int64_t n = 3000;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> w0(n), g(n);
+  for (float& x : w0) x = 0.5f * nd(rng);
+  for (float& x : g) x = nd(rng);
+  for (const bool lamb : {false, true})
+    for (const int masters : {0, 1, 2}) {  // fp32 (+ bf16 copy), bf16 nearest, bf16 stochastic
+      SCOPED_TRACE(std::string(lamb ? "lamb" : "adamw") + " masters " + std::to_string(masters));
+      auto run = [&](const Backend& be) {
+        std::vector<float> w = w0, m(n, 0.0f), v(n, 0.0f);
+        std::vector<bf16> w16(n), m16(n), v16(n), copy(n);
+        to_bf16(w16.data(), w0.data(), n);
+        const bool half = masters > 0;
+        const View p = half ? View::vector(w16.data(), n) : View::vector(w.data(), n);
+        const View pc = half ? View() : View::vector(copy.data(), n);
+        const View mv = half ? View::vector(m16.data(), n) : View::vector(m.data(), n);
+        const View vv = half ? View::vector(v16.data(), n) : View::vector(v.data(), n);
+        int64_t bad = 0;
+        for (int t = 1; t <= 3; ++t) {
+          std::vector<float> grad = g;
+          for (float& x : grad) x *= static_cast<float>(t);
+          const AdamStep k{1e-2, 0.9, 0.999, 1e-6, 1 - std::pow(0.9, t), 1 - std::pow(0.999, t),
+                           0.01, 0.5f};
+          const MasterRounding r{masters == 2, 99, static_cast<uint64_t>(t), 1000};
+          const View gv = View::vector(grad.data(), n);
+          if (!lamb) {
+            bad += be.adamw_update(p, pc, mv, vv, gv, k, r);
+          } else {
+            const SquaredNorms s = be.lamb_direction(p, gv, mv, vv, k, r);
+            EXPECT_GT(s.weights, 0.0);
+            bad += be.lamb_apply(p, pc, gv, k.lr * std::sqrt(s.weights / s.direction), r);
+          }
+        }
+        EXPECT_EQ(bad, 0);
+        std::vector<float> out(n);
+        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p.at(i));
+        if (!half) {
+          for (int64_t i = 0; i < n; ++i) EXPECT_EQ(copy[i].bits, to_bf16(w[i]).bits) << i;
+        }
+        return out;
+      };
+      const std::vector<float> c = run(backend(BackendKind::cpu)),
+                               r = run(backend(BackendKind::ref));
+      int64_t apart = 0, moved = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = std::abs(static_cast<double>(c[i]) - r[i]);
+        moved += c[i] != w0[i];
+        if (masters == 0) {
+          EXPECT_LE(d, 2e-6 * (1 + std::abs(r[i]))) << i;
+        } else {
+          EXPECT_LE(d, std::ldexp(std::abs(r[i]), -7) + 1e-30) << i;  // a bf16 ulp at most
+          apart += d > 0;
+        }
+      }
+      EXPECT_GT(moved, n / 2);
+      EXPECT_LE(apart, n / 50) << apart << " of " << n << " bf16 weights apart";
+    }
 }
 
 // The rebuild of LayerNorm's output (recompute policy `ln`) is the kept output bit for bit.

@@ -44,7 +44,12 @@ enum class BackendKind { cpu, ref };
   X(span_cross_entropy_forward)                                                                    \
   X(span_cross_entropy_backward)                                                                   \
   X(convert)                                                                                       \
-  X(zero)
+  X(zero)                                                                                          \
+  X(adamw_update)                                                                                  \
+  X(lamb_direction)                                                                                \
+  X(lamb_apply)                                                                                    \
+  X(sum_squares)                                                                                   \
+  X(scale)
 
 struct Backend {
   BackendKind kind;

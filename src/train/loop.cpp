@@ -129,7 +129,7 @@ Stepper::Stepper(model::BertModel<float>& m, const LoopOptions& o, const Optimiz
     end = bounds_[static_cast<size_t>(comm.rank()) + 1];
   }
   OptimizerConfig c = oc;
-  c.masters = o.optimizer.masters, c.seed = o.seed;
+  c.masters = o.optimizer.masters, c.seed = o.seed, c.backend = o.backend;
   if (c.masters != Masters::fp32) m.keep_masters_in_bf16();
   scaler_ = LossScaler(o.loss_scaling);
   io::AllocationScope scope("the optimizer's moments");
@@ -212,7 +212,8 @@ StepResult Stepper::step(int64_t index, int64_t total,
       unscale *
       grad_norm(g.data() + begin, end - begin,
                 zero ? Optimizer::Reduce([&](double* s, size_t k) { comm_.allreduce_sum(s, k); })
-                     : Optimizer::Reduce());
+                     : Optimizer::Reduce(),
+                o_.backend);
   const float grad_scale = static_cast<float>(unscale) * clip_factor(r.grad_norm, o_.clip_norm);
   r.comm_seconds = now_seconds() - t0;
 

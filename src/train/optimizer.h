@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "model/bert.h"
 #include "model/params.h"
@@ -40,6 +41,7 @@ struct OptimizerConfig {
   // Stochastic rounding's stream: bits for element i of tensor k at step t are the counter-based
   // draw (seed, key(t, k), i) (rng.h), so they do not depend on threads or shards.
   uint64_t seed = 0;
+  kernels::BackendKind backend = kernels::BackendKind::cpu;  // where the updates run
 };
 
 // The rounding of the bf16 masters at `step` (from 1) of element `index` of tensor `tensor`
@@ -101,11 +103,6 @@ class Optimizer {
   const OptimizerConfig& config() const { return cfg_; }
 
  private:
-  // step() under bf16 masters (t_ already advanced), rounding stochastically or to nearest.
-  bool step16(kernels::bf16* params16, float* grads, double lr, const Reduce& reduce, float scale);
-  template <bool kStochastic>
-  bool step16_rounded(kernels::bf16* params16, float* grads, double lr, const Reduce& reduce,
-                      float scale);
   // Adam's bias corrections 1 - beta^t for the step t_.
   std::pair<double, double> bias_corrections() const;
   // Calls f(k, tensor, first, n) for the part [first, first + n) of each tensor k inside this
@@ -139,14 +136,16 @@ bool apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
 
 // The global L2 norm of grads (squares summed in double). With `reduce`, grads are one shard of
 // the gradients: the shards' sums of squares are added by it (an all-reduce) first.
-double grad_norm(const float* grads, size_t n, const Optimizer::Reduce& reduce = {});
+double grad_norm(const float* grads, size_t n, const Optimizer::Reduce& reduce = {},
+                 kernels::BackendKind backend = kernels::BackendKind::cpu);
 // The factor that brings a gradient of global norm `norm` to at most max_norm, as torch's
 // clip_grad_norm_: max_norm / (norm + 1e-6) when norm > max_norm > 0, else 1.
 float clip_factor(double norm, double max_norm);
 // Scales grads in place by clip_factor (no pass when it is 1); returns the norm before
 // clipping. `reduce` as in grad_norm.
 double clip_grad_norm(float* grads, size_t n, double max_norm,
-                      const Optimizer::Reduce& reduce = {});
+                      const Optimizer::Reduce& reduce = {},
+                      kernels::BackendKind backend = kernels::BackendKind::cpu);
 
 // Linear warmup for `warmup` steps, then polynomial decay (power 1 = linear) to 0 at `total`.
 double learning_rate(double base, int64_t step, int64_t warmup, int64_t total, double power = 1.0);

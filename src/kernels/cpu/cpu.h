@@ -7,6 +7,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/grad_write.h"
+#include "kernels/optim.h"
 #include "kernels/sparse.h"
 #include "kernels/tensor.h"
 

@@ -10,6 +10,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/grad_write.h"
+#include "kernels/optim.h"
 #include "kernels/sparse.h"
 #include "kernels/tensor.h"
 
