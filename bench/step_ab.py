@@ -2,7 +2,7 @@
 """One training step (forward + backward) from two builds of train_step_bench, interleaved.
 
     /usr/bin/python3 bench/step_ab.py --a build --b /tmp/old/build [--rounds 5] [--case full|wiki]
-        [--precision fp32|bf16|fp16] [--layers N]
+        [--precision fp32|bf16|fp16] [--layers N] [--optimizer-step]
 
 For checking what a change did to the step: the same batch, fresh processes, runs alternating
 a, b, a, b, ...; prints each side's median step time, model GFLOP/s as a share of the matmul
@@ -28,18 +28,21 @@ def main():
     ap.add_argument("--case", default="full")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--layers", type=int, default=12, help="encoder layers of BERT-base")
+    ap.add_argument("--optimizer-step", action="store_true",
+                    help="time a LAMB update after each backward too")
     a = ap.parse_args()
     model, isa = cpu()
     lengths = wiki_lengths(8, 11) if a.case == "wiki" else [512] * 4
     print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}; BERT-base, {a.layers} layers, "
-          f"{a.precision}, case {a.case}")
+          f"{a.precision}, case {a.case}" + (", with the LAMB update" if a.optimizer_step else ""))
     rate = "bf16_matmul_gflops" if a.precision == "bf16" else "sgemm_gflops"
     runs = {"a": [], "b": []}
     for _ in range(a.rounds):
         for side in ("a", "b"):
             cmd = [os.path.join(getattr(a, side), "train_step_bench"), "--lengths",
                    ",".join(map(str, lengths)), "--steps", "1", "--warmup", "1", "--precision",
-                   a.precision, "--layers", str(a.layers)]
+                   a.precision, "--layers", str(a.layers)] + (
+                       ["--optimizer-step"] if a.optimizer_step else [])
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             runs[side].append(json.loads(out.strip().splitlines()[-1]))
     print(f"| build | step s (median) | model GFLOP/s | of {rate.split('_gflops')[0]} rate |")

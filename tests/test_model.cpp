@@ -65,16 +65,17 @@ BertConfig tiny_config() {
   return c;
 }
 
-// Whole model in double: every 7th parameter (and all of the small ones) against central
-// differences of the total loss, with all four heads active and dropout ON (the counter-based
-// masks make the loss a deterministic function of the parameters).
-TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
+// Whole model in double on a backend: every `stride`-th parameter (and all of the small ones)
+// against central differences of the total loss, with all four heads active and dropout ON (the
+// counter-based masks make the loss a deterministic function of the parameters).
+void check_whole_tiny_model(kernels::BackendKind backend, size_t stride) {
   BertConfig c = tiny_config();
   c.hidden_dropout_prob = 0.1;
   c.attention_probs_dropout_prob = 0.1;
   Heads heads;
   heads.classifier = heads.span = true;
   BertModel<double> m(c, heads);
+  m.set_backend(backend);
   init_params(m.layout(), m.params().data(), 3);
   std::mt19937 rng(4);
   std::normal_distribution<double> noise(0, 0.1);
@@ -88,10 +89,9 @@ TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
   m.backward();
   std::vector<double> analytic = m.grads();
   const double h = 1e-5;
-  int checked = 0;
+  size_t checked = 0;
   for (const TensorSpec& t : m.layout().tensors()) {
-    size_t stride = t.numel > 64 ? 7 : 1;
-    for (size_t i = 0; i < t.numel; i += stride) {
+    for (size_t i = 0; i < t.numel; i += t.numel > 64 ? stride : 1) {
       double& w = m.params()[t.offset + i];
       double keep = w;
       w = keep + h;
@@ -105,43 +105,16 @@ TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
       ++checked;
     }
   }
-  EXPECT_GT(checked, 500);
+  EXPECT_GT(checked, 3500 / stride);
 }
 
-// The whole model in double on the reference backend: its gradients against central
-// differences, as ModelGrad.WholeTinyModelFiniteDifferences checks the cpu backend's.
+TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
+  check_whole_tiny_model(kernels::BackendKind::cpu, 7);
+}
+
+// The reference backend's whole model against finite differences too.
 TEST(ModelBackend, RefWholeTinyModelMatchesFiniteDifferences) {
-  BertConfig c = tiny_config();
-  c.hidden_dropout_prob = 0.1;
-  c.attention_probs_dropout_prob = 0.1;
-  Heads heads;
-  heads.classifier = heads.span = true;
-  BertModel<double> m(c, heads);
-  init_params(m.layout(), m.params().data(), 3);
-  std::mt19937 rng(5);
-  std::normal_distribution<double> noise(0, 0.1);
-  for (double& v : m.params()) v += noise(rng);
-  PackedBatch b = make_batch({{5, 3, 4}, {9}, {2, 6}}, 13, c.vocab_size, 5);
-  const StepOptions opt{true, 77, 9, {}};
-  m.set_backend(kernels::BackendKind::ref);
-  m.forward(b, opt);
-  m.zero_grads();
-  m.backward();
-  const std::vector<double> analytic = m.grads();
-  const double h = 1e-5;
-  for (const TensorSpec& t : m.layout().tensors())
-    for (size_t i = 0; i < t.numel; i += t.numel > 64 ? 11 : 1) {
-      double& w = m.params()[t.offset + i];
-      const double keep = w;
-      w = keep + h;
-      const double up = m.forward(b, opt).loss();
-      w = keep - h;
-      const double down = m.forward(b, opt).loss();
-      w = keep;
-      const double numeric = (up - down) / (2 * h);
-      EXPECT_NEAR(analytic[t.offset + i], numeric, 1e-6 * (1 + std::abs(numeric)))
-          << t.name << "[" << i << "]";
-    }
+  check_whole_tiny_model(kernels::BackendKind::ref, 11);
 }
 
 // One training step (forward and backward, dropout on, every head, packed rows) on the cpu and

@@ -148,6 +148,16 @@ int64_t lamb16_apply_block(bf16* __restrict p, const float* __restrict u, int64_
 
 constexpr int64_t kBlock = 16384;  // elements a thread takes at a time
 
+// The sum of body(i, w) over the blocks [i, i + w) of n elements, the blocks split over threads:
+// the count of non-finite weights an update wrote.
+template <typename F>
+int64_t count_over_blocks(int64_t n, F body) {
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+  for (int64_t i = 0; i < n; i += kBlock) bad += body(i, std::min(kBlock, n - i));
+  return bad;
+}
+
 // LAMB's (and bf16 AdamW's) constants from a step's.
 LambStep lamb_step(const AdamStep& k) {
   return {static_cast<float>(k.beta1),     static_cast<float>(k.beta2),
@@ -171,13 +181,11 @@ int64_t adamw16(const View& p, const View& m, const View& v, const View& g, cons
   const LambStep ks = lamb_step(k);
   const float decay = static_cast<float>(1.0 - k.lr * k.weight_decay);
   const CounterStream stream(r.seed, r.key);
-  int64_t bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : bad)
-  for (int64_t i = 0; i < n; i += kBlock)
-    bad += adamw16_block<kStochastic>(pp + i, mm + i, vv + i, gg + i, k.grad_scale,
-                                      std::min(kBlock, n - i), ks, static_cast<float>(k.lr), decay,
-                                      stream, r.first + static_cast<uint64_t>(i));
-  return bad;
+  return count_over_blocks(n, [&](int64_t i, int64_t w) {
+    return adamw16_block<kStochastic>(pp + i, mm + i, vv + i, gg + i, k.grad_scale, w, ks,
+                                      static_cast<float>(k.lr), decay, stream,
+                                      r.first + static_cast<uint64_t>(i));
+  });
 }
 
 template <bool kStochastic>
@@ -205,12 +213,10 @@ int64_t lamb16_apply(const View& p, const View& u, float step, const MasterRound
   bf16* pp = p.as<bf16>();
   const float* uu = u.as<const float>();
   const CounterStream stream(r.seed, r.key);
-  int64_t bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : bad)
-  for (int64_t i = 0; i < n; i += kBlock)
-    bad += lamb16_apply_block<kStochastic>(pp + i, uu + i, std::min(kBlock, n - i), step, stream,
+  return count_over_blocks(n, [&](int64_t i, int64_t w) {
+    return lamb16_apply_block<kStochastic>(pp + i, uu + i, w, step, stream,
                                            r.first + static_cast<uint64_t>(i));
-  return bad;
+  });
 }
 
 }  // namespace
@@ -225,18 +231,13 @@ int64_t adamw_update(View p, View p16, View m, View v, View g, const AdamStep& k
   float *pp = p.as<float>(), *mm = m.as<float>(), *vv = v.as<float>();
   bf16* copy = p16 ? p16.as<bf16>() : nullptr;
   const float* gg = g.as<const float>();
-  int64_t bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : bad)
-  for (int64_t i = 0; i < n; i += kBlock) {
-    const int64_t w = std::min(kBlock, n - i);
+  return count_over_blocks(n, [&](int64_t i, int64_t w) {
     if (copy)
-      bad += adamw_block<true>(pp + i, copy + i, mm + i, vv + i, gg + i, k.grad_scale, w, k.lr,
+      return adamw_block<true>(pp + i, copy + i, mm + i, vv + i, gg + i, k.grad_scale, w, k.lr,
                                k.weight_decay, k.beta1, k.beta2, k.c1, k.c2, k.eps);
-    else
-      bad += adamw_block<false>(pp + i, nullptr, mm + i, vv + i, gg + i, k.grad_scale, w, k.lr,
-                                k.weight_decay, k.beta1, k.beta2, k.c1, k.c2, k.eps);
-  }
-  return bad;
+    return adamw_block<false>(pp + i, nullptr, mm + i, vv + i, gg + i, k.grad_scale, w, k.lr,
+                              k.weight_decay, k.beta1, k.beta2, k.c1, k.c2, k.eps);
+  });
 }
 
 SquaredNorms lamb_direction(View p, View g, View m, View v, const AdamStep& k,
@@ -267,16 +268,10 @@ int64_t lamb_apply(View p, View p16, View u, double step, const MasterRounding& 
   float* pp = p.as<float>();
   bf16* copy = p16 ? p16.as<bf16>() : nullptr;
   const float* uu = u.as<const float>();
-  int64_t bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : bad)
-  for (int64_t i = 0; i < n; i += kBlock) {
-    const int64_t w = std::min(kBlock, n - i);
-    if (copy)
-      bad += lamb_apply_block<true>(pp + i, copy + i, uu + i, w, s);
-    else
-      bad += lamb_apply_block<false>(pp + i, nullptr, uu + i, w, s);
-  }
-  return bad;
+  return count_over_blocks(n, [&](int64_t i, int64_t w) {
+    return copy ? lamb_apply_block<true>(pp + i, copy + i, uu + i, w, s)
+                : lamb_apply_block<false>(pp + i, nullptr, uu + i, w, s);
+  });
 }
 
 double sum_squares(View x) {
