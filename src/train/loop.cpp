@@ -1,6 +1,7 @@
 #include "train/loop.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <iomanip>
@@ -136,19 +137,73 @@ Stepper::Stepper(model::BertModel<float>& m, const LoopOptions& o, const Optimiz
   opt_ = std::make_unique<Optimizer>(m.layout(), c, begin, end);
 }
 
-StepResult Stepper::step(int64_t index, int64_t total,
-                         const std::function<model::PackedBatch()>& next, const std::string& kept,
-                         int micro_batches) {
+// What a step's micro-batches add up, by name; summed over ranks as one array of doubles
+// (values(): the fields in declaration order, then each rank's real tokens in its own slot).
+struct StepSums {
+  double mlm_loss = 0, nsp_loss = 0, cls_loss = 0, span_loss = 0;
+  double mlm_count = 0, mlm_correct = 0, nsp_count = 0, nsp_correct = 0, cls_count = 0,
+         cls_correct = 0;
+  double real_tokens = 0, sequences = 0;  // computed padding excluded
+  std::vector<double> rank_tokens;        // [ranks]: the real tokens each rank computed
+
+  explicit StepSums(int ranks) : rank_tokens(static_cast<size_t>(ranks), 0.0) {}
+
+  void add(const model::Outputs& out) {
+    mlm_loss += out.mlm_loss, nsp_loss += out.nsp_loss, cls_loss += out.cls_loss,
+        span_loss += out.span_loss;
+    mlm_count += static_cast<double>(out.mlm_count);
+    mlm_correct += static_cast<double>(out.mlm_correct);
+    nsp_count += static_cast<double>(out.nsp_count);
+    nsp_correct += static_cast<double>(out.nsp_correct);
+    cls_count += static_cast<double>(out.cls_count);
+    cls_correct += static_cast<double>(out.cls_correct);
+  }
+  // The real sequences of the batch the model last ran (padding computed as a sequence of its
+  // own has sequence id 0), their tokens counted for `rank`.
+  void add_tokens(const model::TokenLayout& tl, const model::PackedBatch& b, int rank) {
+    for (int q = 0; q < tl.sequences(); ++q)
+      if (b.sequence_ids[tl.slot[tl.cu_seqlens[q]]] > 0) {
+        const double len = tl.cu_seqlens[q + 1] - tl.cu_seqlens[q];
+        real_tokens += len, rank_tokens[static_cast<size_t>(rank)] += len;
+        sequences += 1;
+      }
+  }
+  // The named fields' addresses in order: what is summed across ranks, with rank_tokens.
+  std::array<double*, 12> fields() {
+    return {&mlm_loss,  &nsp_loss,    &cls_loss,  &span_loss,   &mlm_count,   &mlm_correct,
+            &nsp_count, &nsp_correct, &cls_count, &cls_correct, &real_tokens, &sequences};
+  }
+  void allreduce(dist::Comm& comm) {
+    std::vector<double> v;
+    for (double* f : fields()) v.push_back(*f);
+    v.insert(v.end(), rank_tokens.begin(), rank_tokens.end());
+    comm.allreduce_sum(v.data(), v.size());
+    size_t i = 0;
+    for (double* f : fields()) *f = v[i++];
+    std::copy(v.begin() + static_cast<long>(i), v.end(), rank_tokens.begin());
+  }
+  // The step's result: losses as means over `micros` micro-batches, counts, the imbalance.
+  void fill(StepResult& r, int micros) const {
+    const double acc = micros;
+    r.mlm_loss = mlm_loss / acc, r.nsp_loss = nsp_loss / acc, r.cls_loss = cls_loss / acc,
+    r.span_loss = span_loss / acc;
+    auto count = [](double x) { return static_cast<int64_t>(std::llround(x)); };
+    r.mlm_count = count(mlm_count), r.mlm_correct = count(mlm_correct);
+    r.nsp_count = count(nsp_count), r.nsp_correct = count(nsp_correct);
+    r.cls_count = count(cls_count), r.cls_correct = count(cls_correct);
+    r.real_tokens = count(real_tokens), r.sequences = count(sequences);
+    const double ranks = static_cast<double>(rank_tokens.size());
+    if (ranks > 1 && r.real_tokens > 0)
+      r.imbalance = *std::max_element(rank_tokens.begin(), rank_tokens.end()) /
+                    (static_cast<double>(r.real_tokens) / ranks);
+  }
+};
+
+void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
+                                const std::function<model::PackedBatch()>& next, double scale) {
   const int N = comm_.size(), rank = comm_.rank();
-  const int micros = micro_batches > 0 ? micro_batches : accumulation_;
   const bool zero = o_.zero == 1 && N > 1;
-  StepResult r;
-  r.loss_scale = scaler_.scale;
-  m_.zero_grads();
   std::vector<float>& g = m_.grads();
-  // Summed over micro-batches here, then over ranks: 4 loss shares, 6 counts, tokens, sequences,
-  // then each rank's real tokens in its own slot.
-  std::vector<double> sums(12 + static_cast<size_t>(N), 0.0);
   for (int micro = 0; micro < micros; ++micro) {
     const bool last = micro + 1 == micros;
     model::PackedBatch whole = next();
@@ -173,62 +228,18 @@ StepResult Stepper::step(int64_t index, int64_t total,
     }
     io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
                               " rows of " + std::to_string(b.S) + " tokens");
-    const model::Outputs out =
-        m_.forward(b, {true, o_.seed,
-                       static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
-                           static_cast<uint64_t>(micro),
-                       recompute_, o_.precision, r.loss_scale});
+    const uint64_t dropout_step =
+        static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
+        static_cast<uint64_t>(micro);
+    sums.add(m_.forward(b, {true, o_.seed, dropout_step, recompute_, o_.precision, scale}));
     m_.backward(ready);
-    sums[0] += out.mlm_loss, sums[1] += out.nsp_loss, sums[2] += out.cls_loss,
-        sums[3] += out.span_loss;
-    sums[4] += static_cast<double>(out.mlm_count), sums[5] += static_cast<double>(out.mlm_correct);
-    sums[6] += static_cast<double>(out.nsp_count), sums[7] += static_cast<double>(out.nsp_correct);
-    sums[8] += static_cast<double>(out.cls_count), sums[9] += static_cast<double>(out.cls_correct);
-    const model::TokenLayout& tl = m_.tokens();
-    for (int q = 0; q < tl.sequences(); ++q)
-      if (b.sequence_ids[tl.slot[tl.cu_seqlens[q]]] > 0) {  // not computed padding
-        const double len = tl.cu_seqlens[q + 1] - tl.cu_seqlens[q];
-        sums[10] += len, sums[12 + static_cast<size_t>(rank)] += len;
-        sums[11] += 1;
-      }
+    sums.add_tokens(m_.tokens(), b, rank);
   }
-  // The gradients summed over ranks (each share divided by the whole batch's counts), the step's
-  // numbers summed too.
-  const double t0 = now_seconds();
-  if (N > 1) {
-    if (zero)
-      comm_.reduce_scatter_sum(g.data(), bounds_);
-    else
-      comm_.wait_all();
-    comm_.allreduce_sum(sums.data(), sums.size());
-  }
-  const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
-  // The gradient is the micro-batches' mean, unscaled (loss scaling) and clipped to the global
-  // norm: one factor that the optimizer applies as it reads each gradient (no pass scales them
-  // first). Under ZeRO-1 the norm is summed from each shard's part across ranks, so every rank
-  // sees the same overflow.
-  const double unscale = 1.0 / micros / r.loss_scale;
-  r.grad_norm =
-      unscale *
-      grad_norm(g.data() + begin, end - begin,
-                zero ? Optimizer::Reduce([&](double* s, size_t k) { comm_.allreduce_sum(s, k); })
-                     : Optimizer::Reduce(),
-                o_.backend);
-  const float grad_scale = static_cast<float>(unscale) * clip_factor(r.grad_norm, o_.clip_norm);
-  r.comm_seconds = now_seconds() - t0;
+}
 
-  const double acc = micros;
-  r.mlm_loss = sums[0] / acc, r.nsp_loss = sums[1] / acc, r.cls_loss = sums[2] / acc,
-  r.span_loss = sums[3] / acc;
-  auto count = [&](size_t i) { return static_cast<int64_t>(std::llround(sums[i])); };
-  r.mlm_count = count(4), r.mlm_correct = count(5), r.nsp_count = count(6),
-  r.nsp_correct = count(7), r.cls_count = count(8), r.cls_correct = count(9);
-  r.real_tokens = count(10), r.sequences = count(11);
-  if (N > 1 && r.real_tokens > 0)
-    r.imbalance =
-        *std::max_element(sums.begin() + 12, sums.end()) / (static_cast<double>(r.real_tokens) / N);
-  r.lr = learning_rate(o_.lr, index, o_.warmup_steps, total, o_.decay_power);
-
+// Whether step r is skipped (no update): a non-finite loss or gradient, or an outlier norm.
+// Throws when nan_abort non-finite steps came in a row.
+bool Stepper::skips(StepResult& r, int64_t index, const std::string& kept) {
   const double loss = r.loss();
   if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
     r.skipped = true;
@@ -244,44 +255,88 @@ StepResult Stepper::step(int64_t index, int64_t total,
       throw InputError(r.skip_reason + " for " + std::to_string(nan_streak_) +
                        " steps in a row (last at step " + std::to_string(index + 1) + "); " + kept +
                        "; lower the learning rate?");
-    return r;
+    return true;
   }
   scaler_.update(o_.loss_scaling, true);
   if (o_.outlier_z > 0 && guard_.is_outlier(r.grad_norm, o_.outlier_z)) {
     r.skipped = true;
     r.skip_reason = "outlier gradient norm";
     ++outlier_skips_;
-    return r;
+    return true;
   }
   nan_streak_ = 0;
-  bool finite = true;  // the weights after the update
-  if (zero) {
-    // This rank's shard moves; LAMB's per-tensor norms are summed over the shards first. The
-    // weights' bf16 copy (under bf16) is rebuilt by the next forward from the gathered weights.
-    // Under bf16 masters the shard's masters move and are gathered as bf16; the stochastic
-    // rounding bits follow the arena index, so sharding does not change them.
-    const Optimizer::Reduce reduce = [&](double* s, size_t k) { comm_.allreduce_sum(s, k); };
-    const bool masters16 = m_.masters_in_bf16();
-    std::vector<float>& w = m_.params();
-    kernels::bf16* w16 = masters16 ? m_.weights16() : nullptr;
-    double bad = opt_->step(masters16 ? nullptr : w.data(), g.data(), r.lr, w16, reduce, grad_scale)
-                     ? 0.0
-                     : 1.0;
-    const double t1 = now_seconds();
-    comm_.allreduce_sum(&bad, 1);
-    finite = bad == 0;
-    if (masters16) {
-      static_assert(sizeof(kernels::bf16) == sizeof(uint16_t));
-      comm_.allgather(reinterpret_cast<uint16_t*>(w16), bounds_);
-      m_.masters16_written();
-    } else {
-      comm_.allgather(w.data(), bounds_);
-    }
-    r.comm_seconds += now_seconds() - t1;
+  return false;
+}
+
+// The update with the step's learning rate and gradient factor; whether every weight stayed
+// finite. Under ZeRO-1 this rank's shard moves (LAMB's per-tensor norms summed over the shards
+// first) and the weights are gathered: fp32, or the bf16 masters (their stochastic rounding bits
+// follow the arena index, so sharding does not change them). The weights' bf16 copy under bf16
+// is rebuilt by the next forward from the gathered weights.
+bool Stepper::update(StepResult& r, float grad_scale) {
+  if (!(o_.zero == 1 && comm_.size() > 1))
+    return apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
+  const Optimizer::Reduce reduce = [&](double* s, size_t k) { comm_.allreduce_sum(s, k); };
+  const bool masters16 = m_.masters_in_bf16();
+  std::vector<float>& w = m_.params();
+  kernels::bf16* w16 = masters16 ? m_.weights16() : nullptr;
+  double bad =
+      opt_->step(masters16 ? nullptr : w.data(), m_.grads().data(), r.lr, w16, reduce, grad_scale)
+          ? 0.0
+          : 1.0;
+  const double t1 = now_seconds();
+  comm_.allreduce_sum(&bad, 1);
+  if (masters16) {
+    static_assert(sizeof(kernels::bf16) == sizeof(uint16_t));
+    comm_.allgather(reinterpret_cast<uint16_t*>(w16), bounds_);
+    m_.masters16_written();
   } else {
-    finite = apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
+    comm_.allgather(w.data(), bounds_);
   }
-  if (!finite)
+  r.comm_seconds += now_seconds() - t1;
+  return bad == 0;
+}
+
+StepResult Stepper::step(int64_t index, int64_t total,
+                         const std::function<model::PackedBatch()>& next, const std::string& kept,
+                         int micro_batches) {
+  const int N = comm_.size();
+  const int micros = micro_batches > 0 ? micro_batches : accumulation_;
+  const bool zero = o_.zero == 1 && N > 1;
+  StepResult r;
+  r.loss_scale = scaler_.scale;
+  m_.zero_grads();
+  StepSums sums(N);
+  run_micro_batches(index, micros, sums, next, r.loss_scale);
+  // The gradients summed over ranks (each share divided by the whole batch's counts), the step's
+  // numbers summed too.
+  std::vector<float>& g = m_.grads();
+  const double t0 = now_seconds();
+  if (N > 1) {
+    if (zero)
+      comm_.reduce_scatter_sum(g.data(), bounds_);
+    else
+      comm_.wait_all();
+    sums.allreduce(comm_);
+  }
+  const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
+  // The gradient is the micro-batches' mean, unscaled (loss scaling) and clipped to the global
+  // norm: one factor that the optimizer applies as it reads each gradient (no pass scales them
+  // first). Under ZeRO-1 the norm is summed from each shard's part across ranks, so every rank
+  // sees the same overflow.
+  const double unscale = 1.0 / micros / r.loss_scale;
+  r.grad_norm =
+      unscale *
+      grad_norm(g.data() + begin, end - begin,
+                zero ? Optimizer::Reduce([&](double* s, size_t k) { comm_.allreduce_sum(s, k); })
+                     : Optimizer::Reduce(),
+                o_.backend);
+  const float grad_scale = static_cast<float>(unscale) * clip_factor(r.grad_norm, o_.clip_norm);
+  r.comm_seconds = now_seconds() - t0;
+  sums.fill(r, micros);
+  r.lr = learning_rate(o_.lr, index, o_.warmup_steps, total, o_.decay_power);
+  if (skips(r, index, kept)) return r;
+  if (!update(r, grad_scale))
     throw InputError("the update of step " + std::to_string(index + 1) +
                      " made parameters non-finite (learning rate " + std::to_string(r.lr) +
                      " too high? weight decay?); " + kept);

@@ -121,6 +121,8 @@ struct StepResult {
 bool all_finite(const float* x, size_t n);
 bool all_finite(const kernels::bf16* x, size_t n);
 
+struct StepSums;  // what a step's micro-batches add up (loop.cpp)
+
 class Stepper {
  public:
   // oc: the optimizer after any packing adjustment; recompute: resolved (not `auto`). Under
@@ -153,6 +155,13 @@ class Stepper {
   static std::vector<int> rows_of_rank(const std::vector<int64_t>& tokens, int ranks, int rank);
 
  private:
+  // The micro-batches of step `index` forward and backward (loss scale `scale`), their losses,
+  // counts and tokens added to sums.
+  void run_micro_batches(int64_t index, int micros, StepSums& sums,
+                         const std::function<model::PackedBatch()>& next, double scale);
+  bool skips(StepResult& r, int64_t index, const std::string& kept);
+  bool update(StepResult& r, float grad_scale);
+
   model::BertModel<float>& m_;
   LoopOptions o_;
   int accumulation_;

@@ -395,6 +395,54 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
 }
 
 void Trainer::setup(bool resume) {
+  check_options(resume);
+  // A new model's shape is checked before the data is read or --out is made, so a bad
+  // --config or size fails at once, even on a large corpus.
+  std::optional<model::BertConfig> new_shape;
+  if (!resume && opt_.init.empty()) new_shape = model::resolve_shape(opt_.shape);
+  check_outputs(resume);
+  new_log_ = !resume;  // a new run starts a new metrics.jsonl when it starts training
+  step_rows_ = static_cast<int64_t>(comm_.size()) * opt_.loop.rows_per_batch;
+  read_inputs();
+
+  json state;
+  std::unique_ptr<io::SafetensorsFile> ckpt;
+  if (resume) {
+    if (!fs::exists(checkpoint_path()))
+      throw InputError(checkpoint_path() + ": no checkpoint to resume from");
+    ckpt = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::read(checkpoint_path()));
+    try {
+      state = json::parse(ckpt->metadata().at("packbert"));
+    } catch (const std::exception&) {
+      throw InputError(checkpoint_path() +
+                       ": not a packbert training checkpoint (no 'packbert' metadata)");
+    }
+    check_resume_options(state);
+    check_resume_run(state, *ckpt);
+  }
+  make_model(ckpt.get(), state, new_shape);
+  const OptimizerConfig oc = plan_steps();
+  // Sparse training's learning rate: scaled as the sparsity needs (Graphcore's eta(s)).
+  LoopOptions stepped = opt_.loop;
+  if (opt_.sparse.sparsity.on()) stepped.lr *= opt_.sparse.lr_factor();
+  stepper_ = std::make_unique<Stepper>(*model_, stepped, oc, accumulation_, recompute_, comm_);
+  split_rows();
+  if (!resume && opt_.carry_optimizer) carry_optimizer(oc);
+  if (resume) restore(*ckpt, state);
+  loader_ = std::make_unique<BatchLoader>(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
+                                          vocab_ ? &*vocab_ : nullptr, train_rows_, cursor_);
+  // Every input has been checked: only now is out_dir made (a bad input leaves nothing behind).
+  if (comm_.root()) {  // rank 0 alone writes into out_dir
+    check_disk_space();
+    io::make_output_dir(opt_.out_dir, "--out");
+    io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl",
+                                                "best.safetensors"});
+  }
+  earlier_run_cleared_ = resume;
+}
+
+// The options on their own and against each other (OptionError naming the field).
+void Trainer::check_options(bool resume) const {
   const LoopOptions& lo = opt_.loop;
   check_loop_options(lo);
   if (opt_.max_steps < 1) throw OptionError("max_steps", "must be at least 1");
@@ -434,16 +482,17 @@ void Trainer::setup(bool resume) {
     throw OptionError("shape", std::string("describes a new model, and ") +
                                    (resume ? "`resume` continues" : "`init` starts from") +
                                    " one with a shape of its own: drop one of them");
-  // A new model's shape is checked before the data is read or --out is made, so a bad
-  // --config or size fails at once, even on a large corpus.
-  std::optional<model::BertConfig> new_shape;
-  if (!resume && opt_.init.empty()) new_shape = model::resolve_shape(opt_.shape);
   if (opt_.out_dir.empty()) throw OptionError("out_dir", "is required");
   if (opt_.keep_checkpoints < 1) throw OptionError("keep_checkpoints", "must be at least 1");
   if (!(opt_.divergence_factor == 0 || opt_.divergence_factor > 1))
     throw OptionError("divergence_factor", "must be above 1 (or 0 = off)");
   if (resume && opt_.overwrite)
     throw OptionError("overwrite", "starts the run over, and `resume` continues it: drop one");
+}
+
+// out_dir: a directory (or nothing yet), holding no input, and no earlier run's checkpoint
+// unless resuming or overwriting.
+void Trainer::check_outputs(bool resume) const {
   if (fs::exists(opt_.out_dir) && !fs::is_directory(opt_.out_dir))
     throw OptionError("out_dir", opt_.out_dir + ": exists and is not a directory");
   // No input may be a file this run writes (or rotates away) in out_dir.
@@ -457,16 +506,13 @@ void Trainer::setup(bool resume) {
       throw OptionError(field, path + " is a file this run writes in `out_dir` (" + opt_.out_dir +
                                    "); an output never replaces an input: copy it elsewhere "
                                    "first");
-  const std::string metrics = opt_.out_dir + "/metrics.jsonl";
-  if (!resume && fs::exists(checkpoint_path())) {
-    if (!opt_.overwrite)
-      throw InputError(checkpoint_path() +
-                       ": an earlier run's checkpoint is there; continue it with --resume, or "
-                       "start over with another --out (or --overwrite to replace it)");
-  }
-  new_log_ = !resume;  // a new run starts a new metrics.jsonl when it starts training
-  step_rows_ = static_cast<int64_t>(comm_.size()) * lo.rows_per_batch;
+  if (!resume && fs::exists(checkpoint_path()) && !opt_.overwrite)
+    throw InputError(checkpoint_path() +
+                     ": an earlier run's checkpoint is there; continue it with --resume, or "
+                     "start over with another --out (or --overwrite to replace it)");
+}
 
+void Trainer::read_inputs() {
   seqs_ = data::read_sequences(opt_.sequences);
   seqs_checksum_ = data::sequences_checksum(opt_.sequences);
   if (!opt_.packs.empty()) packs_ = data::read_packs(opt_.packs);
@@ -475,79 +521,78 @@ void Trainer::setup(bool resume) {
     if (!seqs_.made_with(*vocab_))
       throw InputError(opt_.vocab + ": not the vocabulary " + opt_.sequences + " was made with");
   }
+}
 
-  json state;
-  std::unique_ptr<io::SafetensorsFile> ckpt;
+// What a checkpoint's run must share with this invocation to continue it bit for bit.
+void Trainer::check_resume_run(json& state, const io::SafetensorsFile& ckpt) {
+  const LoopOptions& lo = opt_.loop;
+  if (state.value("sequences_checksum", uint64_t{0}) != seqs_checksum_)
+    throw InputError(checkpoint_path() + ": was trained on another sequences file than " +
+                     opt_.sequences);
+  if (state.value("packed", false) != packs_.has_value() ||
+      state.value("one_per_row", false) != opt_.one_per_row)
+    throw InputError(checkpoint_path() +
+                     ": resume needs the same layout (--packs, --one-per-row) as the run that "
+                     "wrote it");
+  // rows_per_batch: the rows of a whole step's micro-batch (processes x --batch-rows).
+  const int64_t rows = state.value("rows_per_batch", int64_t{0});
+  if (rows != step_rows_)
+    throw InputError(checkpoint_path() + ": its run used " + std::to_string(rows) +
+                     " rows per micro-batch (processes x --batch-rows); resume needs the same, "
+                     "not " +
+                     std::to_string(comm_.size()) + " x " + std::to_string(lo.rows_per_batch));
+  const std::string precision = state.value("precision", std::string("fp32"));
+  if (precision != model::precision_name(lo.precision))
+    throw InputError(checkpoint_path() + ": was trained with --precision " + precision +
+                     "; resume needs the same (bit-exact resume), not " +
+                     model::precision_name(lo.precision));
+  const std::string masters = state.value("master_weights", std::string("fp32"));
+  if (masters != masters_name(lo.optimizer.masters))
+    throw InputError(checkpoint_path() + ": was trained with --master-weights " + masters +
+                     "; resume needs the same (bit-exact resume), not " +
+                     masters_name(lo.optimizer.masters));
+  const std::string scaling = state.value("loss_scaling", std::string("off"));
+  if (scaling != loss_scaling_name(lo.loss_scaling))
+    throw InputError(checkpoint_path() + ": was trained with --loss-scale " + scaling +
+                     "; resume needs the same (bit-exact resume), not " +
+                     loss_scaling_name(lo.loss_scaling));
+  const model::Sparsity was = sparsity_of(state);
+  if (!(was == opt_.sparse.sparsity))
+    throw InputError(checkpoint_path() + ": was trained with " + sparsity_text(was) +
+                     "; resume needs the same, not " + sparsity_text(opt_.sparse.sparsity));
+  const int64_t at = state.value("step", int64_t{0});
+  if (opt_.max_steps <= at)
+    throw InputError(checkpoint_path() + ": is already at step " + std::to_string(at) +
+                     ", and --steps " + std::to_string(opt_.max_steps) +
+                     " is not past it: nothing to train (give --steps above " +
+                     std::to_string(at) + " to train on)");
+  // How the run's sparse weights started is the checkpoint's to say, not this invocation's.
+  if (was.on())
+    opt_.sparse.init = model::parse_sparse_init(
+        state["sparsity"].value("init", std::string("dense")), checkpoint_path() + ": init");
+  const model::BertConfig trained = config_of(ckpt);
+  if (opt_.preset_given) {
+    const model::BertConfig asked = model::resolve_shape(opt_.shape);
+    if (asked.num_hidden_layers != trained.num_hidden_layers ||
+        asked.hidden_size != trained.hidden_size ||
+        asked.intermediate_size != trained.intermediate_size ||
+        asked.num_attention_heads != trained.num_attention_heads)
+      throw InputError(checkpoint_path() + ": holds a model of " +
+                       std::to_string(trained.num_hidden_layers) + " layers, hidden " +
+                       std::to_string(trained.hidden_size) + ", not --preset " +
+                       opt_.shape.preset + "'s; resume continues the checkpoint's model: drop " +
+                       "--preset");
+  }
+}
+
+// The model: the checkpoint's (resume), --init's, or a new one of new_shape.
+void Trainer::make_model(const io::SafetensorsFile* ckpt, const json& state,
+                         const std::optional<model::BertConfig>& new_shape) {
+  const LoopOptions& lo = opt_.loop;
   model::Heads heads;
-  if (resume) {
-    if (!fs::exists(checkpoint_path()))
-      throw InputError(checkpoint_path() + ": no checkpoint to resume from");
-    ckpt = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::read(checkpoint_path()));
-    try {
-      state = json::parse(ckpt->metadata().at("packbert"));
-    } catch (const std::exception&) {
-      throw InputError(checkpoint_path() +
-                       ": not a packbert training checkpoint (no 'packbert' metadata)");
-    }
-    check_resume_options(state);
-    if (state.value("sequences_checksum", uint64_t{0}) != seqs_checksum_)
-      throw InputError(checkpoint_path() + ": was trained on another sequences file than " +
-                       opt_.sequences);
-    if (state.value("packed", false) != packs_.has_value() ||
-        state.value("one_per_row", false) != opt_.one_per_row)
-      throw InputError(checkpoint_path() +
-                       ": resume needs the same layout (--packs, --one-per-row) as the run that "
-                       "wrote it");
-    // rows_per_batch: the rows of a whole step's micro-batch (processes x --batch-rows).
-    const int64_t rows = state.value("rows_per_batch", int64_t{0});
-    if (rows != step_rows_)
-      throw InputError(checkpoint_path() + ": its run used " + std::to_string(rows) +
-                       " rows per micro-batch (processes x --batch-rows); resume needs the same, "
-                       "not " +
-                       std::to_string(comm_.size()) + " x " + std::to_string(lo.rows_per_batch));
-    const std::string precision = state.value("precision", std::string("fp32"));
-    if (precision != model::precision_name(lo.precision))
-      throw InputError(checkpoint_path() + ": was trained with --precision " + precision +
-                       "; resume needs the same (bit-exact resume), not " +
-                       model::precision_name(lo.precision));
-    const std::string masters = state.value("master_weights", std::string("fp32"));
-    if (masters != masters_name(lo.optimizer.masters))
-      throw InputError(checkpoint_path() + ": was trained with --master-weights " + masters +
-                       "; resume needs the same (bit-exact resume), not " +
-                       masters_name(lo.optimizer.masters));
-    const std::string scaling = state.value("loss_scaling", std::string("off"));
-    if (scaling != loss_scaling_name(lo.loss_scaling))
-      throw InputError(checkpoint_path() + ": was trained with --loss-scale " + scaling +
-                       "; resume needs the same (bit-exact resume), not " +
-                       loss_scaling_name(lo.loss_scaling));
-    const model::Sparsity was = sparsity_of(state);
-    if (!(was == opt_.sparse.sparsity))
-      throw InputError(checkpoint_path() + ": was trained with " + sparsity_text(was) +
-                       "; resume needs the same, not " + sparsity_text(opt_.sparse.sparsity));
-    const int64_t at = state.value("step", int64_t{0});
-    if (opt_.max_steps <= at)
-      throw InputError(checkpoint_path() + ": is already at step " + std::to_string(at) +
-                       ", and --steps " + std::to_string(opt_.max_steps) +
-                       " is not past it: nothing to train (give --steps above " +
-                       std::to_string(at) + " to train on)");
-    // How the run's sparse weights started is the checkpoint's to say, not this invocation's.
-    if (was.on())
-      opt_.sparse.init = model::parse_sparse_init(
-          state["sparsity"].value("init", std::string("dense")), checkpoint_path() + ": init");
-    const model::BertConfig trained = config_of(*ckpt);
-    if (opt_.preset_given) {
-      const model::BertConfig asked = model::resolve_shape(opt_.shape);
-      if (asked.num_hidden_layers != trained.num_hidden_layers ||
-          asked.hidden_size != trained.hidden_size ||
-          asked.intermediate_size != trained.intermediate_size ||
-          asked.num_attention_heads != trained.num_attention_heads)
-        throw InputError(checkpoint_path() + ": holds a model of " +
-                         std::to_string(trained.num_hidden_layers) + " layers, hidden " +
-                         std::to_string(trained.hidden_size) + ", not --preset " +
-                         opt_.shape.preset + "'s; resume continues the checkpoint's model: drop " +
-                         "--preset");
-    }
-    model_ = std::make_unique<model::BertModel<float>>(trained, heads, was);
+  if (ckpt) {
+    model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads,
+                                                       sparsity_of(state));
     model::load_model_weights(*model_, *ckpt);
     train_flops_ = state.value("train_flops", 0.0);
   } else if (!opt_.init.empty()) {
@@ -575,7 +620,14 @@ void Trainer::setup(bool resume) {
   if (c.max_position_embeddings < row_len)
     throw InputError("model max_position_embeddings " + std::to_string(c.max_position_embeddings) +
                      " is below the data's max length " + std::to_string(row_len));
+}
 
+// The optimizer after any packing adjustment, the accumulation, and the recompute policy the
+// largest micro-batch the data can make fits with.
+OptimizerConfig Trainer::plan_steps() {
+  const LoopOptions& lo = opt_.loop;
+  const model::BertConfig& c = model_->config();
+  const int row_len = packs_ ? packs_->max_seq_len : seqs_.max_seq_len;
   // Packing-aware hyperparameters (Graphcore): a pack holds `pf` sequences on average.
   const double pf =
       packs_ ? static_cast<double>(packs_->ids.size()) / static_cast<double>(packs_->packs()) : 1.0;
@@ -588,8 +640,9 @@ void Trainer::setup(bool resume) {
   {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
-    PlanRequest plan{
-        c, heads, oc.kind, {}, lo.precision, lo.optimizer.masters, opt_.sparse.sparsity};
+    PlanRequest plan{c,           model::Heads{},       oc.kind,
+                     {},          lo.precision,         lo.optimizer.masters,
+                     opt_.sparse.sparsity};
     int64_t rows = lo.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
@@ -602,14 +655,14 @@ void Trainer::setup(bool resume) {
     plan.shape.masked = (tokens + 4) / 5;
     recompute_ = check_step_fits(plan, lo.recompute, lo.memory_limit);
   }
-  // Sparse training's learning rate: scaled as the sparsity needs (Graphcore's eta(s)).
-  LoopOptions stepped = lo;
-  if (opt_.sparse.sparsity.on()) stepped.lr *= opt_.sparse.lr_factor();
-  stepper_ = std::make_unique<Stepper>(*model_, stepped, oc, accumulation_, recompute_, comm_);
+  return oc;
+}
 
-  // Held out: the documents the file records as held out, else the file's last sequences;
-  // evaluated one per row without dropout, the same sequences whether training is packed or
-  // padded. Packed training leaves out the packs that hold any of them.
+// Held out: the documents the file records as held out, else the file's last sequences;
+// evaluated one per row without dropout, the same sequences whether training is packed or
+// padded. Packed training leaves out the packs that hold any of them.
+void Trainer::split_rows() {
+  const LoopOptions& lo = opt_.loop;
   const uint64_t n_seq = seqs_.size();
   uint64_t held = 0;
   if (seqs_.has_heldout_split()) {
@@ -647,52 +700,44 @@ void Trainer::setup(bool resume) {
   eval_rows_.row_begin = n_seq - held;
   eval_rows_.row_end = held ? n_seq : 0;
 
-  // The moments and step count of a training checkpoint: this run's own (resume, with the rest
-  // of the Stepper's counters), or the one --init names (carried into a new phase).
-  if (!resume && opt_.carry_optimizer) {
-    if (opt_.init.empty() || fs::is_directory(opt_.init))
-      throw InputError(
-          "--init-optimizer carry needs --init to name a packbert training "
-          "checkpoint (checkpoint.safetensors), which holds the optimizer state");
-    io::SafetensorsFile f = io::SafetensorsFile::read(opt_.init);
-    json st;
-    try {
-      st = json::parse(f.metadata().at("packbert"));
-    } catch (const std::exception&) {
-      throw InputError(opt_.init + ": not a packbert training checkpoint (no optimizer state)");
-    }
-    const std::string was = st.value("optimizer", std::string()), now = optimizer_name(oc.kind);
-    if (!was.empty() && was != now)  // (checkpoints before this field was written: unchecked)
-      throw InputError(opt_.init + ": its optimizer state is " + was + "'s, this run uses " + now);
-    json moments_only = {{"optimizer_steps", st.at("optimizer_steps")}};
-    load_stepper_state(*stepper_, model_->layout(), f, moments_only);
+}
+
+// The moments and step count of the training checkpoint --init names, carried into a new phase.
+void Trainer::carry_optimizer(const OptimizerConfig& oc) {
+  if (opt_.init.empty() || fs::is_directory(opt_.init))
+    throw InputError(
+        "--init-optimizer carry needs --init to name a packbert training "
+        "checkpoint (checkpoint.safetensors), which holds the optimizer state");
+  io::SafetensorsFile f = io::SafetensorsFile::read(opt_.init);
+  json st;
+  try {
+    st = json::parse(f.metadata().at("packbert"));
+  } catch (const std::exception&) {
+    throw InputError(opt_.init + ": not a packbert training checkpoint (no optimizer state)");
   }
-  if (resume) {
-    load_stepper_state(*stepper_, model_->layout(), *ckpt, state);
-    step_ = state.at("step").get<int64_t>();
-    cursor_ = {state.at("cursor_epoch").get<uint64_t>(), state.at("cursor_row").get<uint64_t>()};
-    elapsed_ = state.value("elapsed", 0.0);
-    saved_step_ = step_;
-    if (state.contains("divergence")) {
-      const json& d = state["divergence"];
-      divergence_.train_ema = d.at("train_ema").get<double>();
-      divergence_.lowest_train_ema = d.at("lowest_train_ema").get<double>();
-      divergence_.train_steps = d.at("train_steps").get<int64_t>();
-      divergence_.best_eval = d.at("best_eval").get<double>();
-      divergence_.best_eval_step = d.at("best_eval_step").get<int64_t>();
-    }
-    if (comm_.root()) truncate_metrics(metrics, step_);
+  const std::string was = st.value("optimizer", std::string()), now = optimizer_name(oc.kind);
+  if (!was.empty() && was != now)  // (checkpoints before this field was written: unchecked)
+    throw InputError(opt_.init + ": its optimizer state is " + was + "'s, this run uses " + now);
+  json moments_only = {{"optimizer_steps", st.at("optimizer_steps")}};
+  load_stepper_state(*stepper_, model_->layout(), f, moments_only);
+}
+
+// This run's own state from its checkpoint: moments, counters, cursor, the divergence guard.
+void Trainer::restore(const io::SafetensorsFile& ckpt, const json& state) {
+  load_stepper_state(*stepper_, model_->layout(), ckpt, state);
+  step_ = state.at("step").get<int64_t>();
+  cursor_ = {state.at("cursor_epoch").get<uint64_t>(), state.at("cursor_row").get<uint64_t>()};
+  elapsed_ = state.value("elapsed", 0.0);
+  saved_step_ = step_;
+  if (state.contains("divergence")) {
+    const json& d = state["divergence"];
+    divergence_.train_ema = d.at("train_ema").get<double>();
+    divergence_.lowest_train_ema = d.at("lowest_train_ema").get<double>();
+    divergence_.train_steps = d.at("train_steps").get<int64_t>();
+    divergence_.best_eval = d.at("best_eval").get<double>();
+    divergence_.best_eval_step = d.at("best_eval_step").get<int64_t>();
   }
-  loader_ = std::make_unique<BatchLoader>(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
-                                          vocab_ ? &*vocab_ : nullptr, train_rows_, cursor_);
-  // Every input has been checked: only now is out_dir made (a bad input leaves nothing behind).
-  if (comm_.root()) {  // rank 0 alone writes into out_dir
-    check_disk_space();
-    io::make_output_dir(opt_.out_dir, "--out");
-    io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl",
-                                                "best.safetensors"});
-  }
-  earlier_run_cleared_ = resume;
+  if (comm_.root()) truncate_metrics(opt_.out_dir + "/metrics.jsonl", step_);
 }
 
 void Trainer::check_resume_options(const json& state) {

@@ -157,8 +157,20 @@ class Trainer {
   const std::vector<std::string>& initialized() const { return initialized_; }
 
  private:
+  // The run's set-up, in the order it happens: options, outputs, inputs, the checkpoint's run
+  // (resume), the model, the step plan, the held-out split, carried or restored state.
   void setup(bool resume);
+  void check_options(bool resume) const;
+  void check_outputs(bool resume) const;
+  void read_inputs();
   void check_resume_options(const nlohmann::json& state);
+  void check_resume_run(nlohmann::json& state, const io::SafetensorsFile& ckpt);
+  void make_model(const io::SafetensorsFile* ckpt, const nlohmann::json& state,
+                  const std::optional<model::BertConfig>& new_shape);
+  OptimizerConfig plan_steps();
+  void split_rows();
+  void carry_optimizer(const OptimizerConfig& oc);
+  void restore(const io::SafetensorsFile& ckpt, const nlohmann::json& state);
   // The earlier checkpoints in out_dir by step, oldest first.
   std::vector<std::pair<int64_t, std::string>> earlier_checkpoints() const;
   void save_best(const EvalMetrics& e);
