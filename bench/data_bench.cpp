@@ -5,7 +5,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <iostream>
 #include <sstream>
 
@@ -13,6 +12,7 @@
 #include "cli/table.h"
 #include "data/corpus.h"
 #include "data/gcide.h"
+#include "stopwatch.h"
 #include "data/sequences.h"
 #include "model/bert.h"
 #include "train/loader.h"
@@ -20,10 +20,6 @@
 using namespace packbert;
 
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -57,10 +53,10 @@ int main(int argc, char** argv) {
   std::vector<double> rate;
   size_t ids = 0;
   for (int r = 0; r < runs; ++r) {
-    double t0 = now();
+    double t0 = now_seconds();
     ids = 0;
     for (const std::string& l : lines) ids += tok.encode(l).size();
-    rate.push_back(text.size() / (now() - t0) / 1e6);
+    rate.push_back(text.size() / (now_seconds() - t0) / 1e6);
   }
   t.add_row({"tokenizer MB/s (1 thread, " +
                  cli::with_commas(static_cast<int64_t>(text.size() / 1000000)) + " MB)",
@@ -71,12 +67,12 @@ int main(int argc, char** argv) {
   std::vector<double> secs;
   data::SequencesFile f;
   for (int r = 0; r < runs; ++r) {
-    double t0 = now();
+    double t0 = now_seconds();
     auto docs = data::read_corpus({path}, tok, {});
     data::PretrainingOptions o;
     f = data::create_pretraining_data(docs, vocab, o);
     data::write_sequences("/tmp/packbert_data_bench.seqs", f);
-    secs.push_back(now() - t0);
+    secs.push_back(now_seconds() - t0);
   }
   t.add_row({"prepare whole corpus @128, s (" + std::to_string(omp_get_max_threads()) +
                  " threads, " + cli::with_commas(static_cast<int64_t>(f.size())) + " sequences)",
@@ -95,17 +91,17 @@ int main(int argc, char** argv) {
   std::vector<double> build, step, wait;
   train::Cursor after;
   for (int r = 0; r < 2 * runs + 1; ++r) {
-    double t0 = now();
+    double t0 = now_seconds();
     model::PackedBatch b = loader.build({0, static_cast<uint64_t>(r) * 32}, &after);
-    build.push_back(now() - t0);
-    t0 = now();
+    build.push_back(now_seconds() - t0);
+    t0 = now_seconds();
     model::PackedBatch q = loader.next();  // what training sees: prefetched while it computed
-    wait.push_back(now() - t0);
-    t0 = now();
+    wait.push_back(now_seconds() - t0);
+    t0 = now_seconds();
     m.forward(q, {true, 1, static_cast<uint64_t>(r), {}});
     m.zero_grads();
     m.backward();
-    step.push_back(now() - t0);
+    step.push_back(now_seconds() - t0);
   }
   build.erase(build.begin()), step.erase(step.begin()), wait.erase(wait.begin());
   t.add_row({"loader: build one batch of 32 packs, ms", cli::fixed(1e3 * median(build), 2), "-"});

@@ -1,9 +1,9 @@
 // The project's random numbers, in one place (docs/DESIGN.md §7). Two kinds:
 // - SplitMix64, a seeded sequential stream with an unbiased bounded draw: shuffles,
 //   initialisation, pre-training data. Portable: the same numbers on every platform.
-// - Counter-based draws, a pure function of (seed, key, index): dropout masks now, stochastic
-//   rounding and sparse regrowth later. Nothing depends on which thread draws, on whether a
-//   layer is recomputed, or on how many ranks share the work.
+// - Counter-based draws, a pure function of (seed, key, index): dropout masks, the stochastic
+//   rounding of bf16 master weights, random sparse regrowth. Nothing depends on which thread
+//   draws, on whether a layer is recomputed, or on how many ranks share the work.
 #pragma once
 
 #include <cstdint>

@@ -476,7 +476,7 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
       read("notes\tverdict\tsentence", "the war\t1\tthe king", {{"sentence", "notes"}, "verdict"});
   ASSERT_EQ(named.size(), 1u);
   EXPECT_EQ(named[0].b_start, static_cast<int32_t>(king.size() + 2));
-  EXPECT_NE(error_of("a\tb", "x\ty", {{"c"}, "a"}).find("no column 'c' (--text-columns)"),
+  EXPECT_NE(error_of("a\tb", "x\ty", {{"c"}, "a"}).find("no column 'c' (`text_columns`)"),
             std::string::npos);
 }
 

@@ -469,7 +469,7 @@ TEST(ModelRecompute, PolicyNamesParseAndBadOnesAreRefused) {
       parse_recompute(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("--recompute " + bad), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("`recompute` " + bad), std::string::npos) << e.what();
     }
   }
 }
@@ -732,7 +732,7 @@ TEST(ModelConfig, ShapeRequestOverridesAPresetOrAConfigFile) {
   EXPECT_EQ(error_of(shape("mini", 0, 100, 3)),
             "bert-mini (100 hidden, 3 heads): hidden_size 100 is not a multiple of "
             "num_attention_heads 3");
-  EXPECT_EQ(error_of(shape("")), "give a model shape: --preset or --config");
+  EXPECT_EQ(error_of(shape("")), "give a model shape: `preset` or `config`");
   EXPECT_EQ(error_of(shape("huge")),
             "unknown model preset 'huge', expected tiny|mini|small|medium|base|large");
   EXPECT_EQ(error_of(shape(path)), path + ": cannot open: No such file or directory");

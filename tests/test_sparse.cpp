@@ -552,7 +552,7 @@ TEST(SparseSchedule, UpdatesEveryTotalOverNStepsAndSaysSo) {
   o.prune_ratio = 0;
   EXPECT_EQ(train::update_count(o, 1500), 0);
   EXPECT_EQ(train::schedule_summary(o, 1500),
-            "1 x 1 blocks at s = 0.9; pattern fixed (--prune-ratio 0); learning rate x 1");
+            "1 x 1 blocks at s = 0.9; pattern fixed (`prune_ratio` 0); learning rate x 1");
   o.prune_ratio = 0.5;
   EXPECT_EQ(train::schedule_summary(o, 1),
             "1 x 1 blocks at s = 0.9; pattern fixed (a run this short); learning rate x 1");

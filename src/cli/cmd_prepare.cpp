@@ -51,7 +51,7 @@ void run_prepare(const PrepareArgs& a) {
   const Stopwatch total;
   data::Vocab vocab = data::Vocab::load(a.vocab);
   if (const data::Casing c = data::decide_casing(!a.cased, "", vocab, a.vocab); !c.warning.empty())
-    std::cerr << "prepare: warning: " << c.warning << '\n';
+    std::cerr << "prepare: warning: " << with_flags(c.warning) << '\n';
   data::Tokenizer tok(vocab, !a.cased);
   size_t skipped = 0;
   std::vector<data::Document> docs = data::read_corpus(

@@ -41,7 +41,7 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_ste
   if (root) std::cerr << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
   if (root && opt.sparse.sparsity.on()) {
     std::cerr << "pretrain: block-sparse encoder weights, "
-              << train::schedule_summary(opt.sparse, opt.max_steps);
+              << with_flags(train::schedule_summary(opt.sparse, opt.max_steps));
     if (!resume)
       std::cerr
           << "; kept blocks "

@@ -24,7 +24,7 @@ struct TokenizeArgs {
 void run_tokenize(const TokenizeArgs& a) {
   data::Vocab vocab = data::Vocab::load(a.vocab);
   if (const data::Casing c = data::decide_casing(!a.cased, "", vocab, a.vocab); !c.warning.empty())
-    std::cerr << "tokenize: warning: " << c.warning << '\n';
+    std::cerr << "tokenize: warning: " << with_flags(c.warning) << '\n';
   data::Tokenizer tok(vocab, !a.cased);
   std::ifstream file;
   if (!a.input.empty()) {

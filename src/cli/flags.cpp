@@ -167,10 +167,49 @@ std::string flag_of_field(const std::string& field) {
       {"divergence_factor", "--divergence-factor"},
       {"sequences", "--data"},
       {"vocab", "--vocab"},
-      {"resume", "--resume"}};
+      {"resume", "--resume"},
+      {"algo", "--algo"},
+      {"block", "--block"},
+      {"cased", "--cased"},
+      {"uncased", "--uncased"},
+      {"config", "--config"},
+      {"preset", "--preset"},
+      {"data", "--data"},
+      {"train", "--train"},
+      {"dev", "--dev"},
+      {"model", "--model"},
+      {"predictions", "--predictions"},
+      {"doc_stride", "--doc-stride"},
+      {"init_optimizer", "--init-optimizer"},
+      {"label_column", "--label-column"},
+      {"text_columns", "--text-columns"},
+      {"loss_scale", "--loss-scale"},
+      {"max_answer_length", "--max-answer-length"},
+      {"max_query_length", "--max-query-length"},
+      {"max_per_pack", "--max-per-pack"},
+      {"memory_limit", "--memory-limit"},
+      {"new_head", "--new-head"},
+      {"optimizer", "--optimizer"},
+      {"recompute", "--recompute"},
+      {"seed", "--seed"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;
+}
+
+// An error's text with each `field` it names turned into that field's flag (library code names
+// option fields, never flags); other `quoted` text stays as it is.
+std::string with_flags(const std::string& text) {
+  std::string out;
+  size_t at = 0;
+  for (size_t open; (open = text.find('`', at)) != std::string::npos;) {
+    const size_t close = text.find('`', open + 1);
+    if (close == std::string::npos) break;
+    const std::string name = text.substr(open + 1, close - open - 1), flag = flag_of_field(name);
+    out += text.substr(at, open - at) + (flag == name ? "`" + name + "`" : flag);
+    at = close + 1;
+  }
+  return out + text.substr(at);
 }
 
 void master_weights_flag(CLI::App* cmd, train::Masters& masters) {

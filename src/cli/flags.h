@@ -90,6 +90,9 @@ void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case);
 // The flag that sets an options field (train::LoopOptions and the like), for the field names
 // library errors carry (OptionError); the field itself when no flag sets it.
 std::string flag_of_field(const std::string& field);
+// A library message with each `field` it names turned into that field's flag; other `quoted`
+// text stays as it is. Every error, warning and note the library writes goes through it.
+std::string with_flags(const std::string& text);
 
 // The flags of train::LoopOptions, which pretrain and finetune share: --optimizer, --lr,
 // --warmup, --decay-power, --weight-decay, --clip, --batch-rows, --accumulation, --seed,

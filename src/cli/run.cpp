@@ -19,18 +19,6 @@ namespace {
 
 bool failed_together = false;
 
-// An OptionError's text with each `field` it names turned into that field's flag.
-std::string with_flags(const std::string& text) {
-  std::string out;
-  size_t at = 0;
-  for (size_t open; (open = text.find('`', at)) != std::string::npos;) {
-    const size_t close = text.find('`', open + 1);
-    if (close == std::string::npos) break;
-    out += text.substr(at, open - at) + flag_of_field(text.substr(open + 1, close - open - 1));
-    at = close + 1;
-  }
-  return out + text.substr(at);
-}  // the error was a SharedError: every process has it
 
 int run_command(int argc, char** argv) {
   CLI::App app{"packbert: fast, memory-lean BERT training with sequence packing", "packbert"};
@@ -65,7 +53,8 @@ int run_command(int argc, char** argv) {
               << '\n';
     return 2;
   } catch (const SharedError& e) {  // every process has it: rank 0 says it
-    if (dist::Comm::world().root()) std::cerr << "packbert: error: " << e.what() << '\n';
+    if (dist::Comm::world().root())
+      std::cerr << "packbert: error: " << with_flags(e.what()) << '\n';
     failed_together = true;
     return 2;
   } catch (const OptionError& e) {
@@ -73,10 +62,11 @@ int run_command(int argc, char** argv) {
               << '\n';
     return 2;
   } catch (const InputError& e) {
-    std::cerr << "packbert: error: " << e.what() << '\n';
+    std::cerr << "packbert: error: " << with_flags(e.what()) << '\n';
     return 2;
   } catch (const std::bad_alloc&) {
-    std::cerr << "packbert: error: out of memory: " << io::describe_failed_allocation() << '\n';
+    std::cerr << "packbert: error: out of memory: " << with_flags(io::describe_failed_allocation())
+              << '\n';
     return 2;
   } catch (const nlohmann::json::exception& e) {
     // A JSON input read without its own handler (every reader names its file; this is the net).

@@ -56,7 +56,7 @@ Casing decide_casing(std::optional<bool> flag, const std::string& model, const V
   if (flag) {
     c.lower_case = *flag;
     if (said && *said != *flag)
-      c.warning = std::string(*flag ? "--uncased" : "--cased") + " contradicts " + config +
+      c.warning = std::string(*flag ? "`uncased`" : "`cased`") + " contradicts " + config +
                   " (do_lower_case " + (*said ? "true" : "false") + ")";
   } else if (said) {
     c.lower_case = *said;
@@ -65,8 +65,8 @@ Casing decide_casing(std::optional<bool> flag, const std::string& model, const V
   } else {
     c.lower_case = !cased_vocab;
     c.note = cased_vocab ? "cased (" + vocab_name + " has " + std::to_string(capitals) +
-                               " entries with capitals; --uncased to lowercase)"
-                         : "uncased (" + vocab_name + " has no entries with capitals; --cased to "
+                               " entries with capitals; `uncased` to lowercase)"
+                         : "uncased (" + vocab_name + " has no entries with capitals; `cased` to "
                                                       "keep case)";
   }
   if (c.warning.empty() && c.lower_case && cased_vocab)

@@ -179,10 +179,10 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
       if (i < 0) throw InputError(path + ":1: no column '" + name + "' (" + what + ") in the header");
       return i;
     };
-    r.label = need(given.label.empty() ? "label" : given.label, "--label-column");
-    if (given.text.empty()) throw InputError(path + ": --label-column needs --text-columns too");
-    r.a = need(given.text[0], "--text-columns");
-    if (given.text.size() > 1) r.b = need(given.text[1], "--text-columns");
+    r.label = need(given.label.empty() ? "label" : given.label, "`label_column`");
+    if (given.text.empty()) throw InputError(path + ": `label_column` needs `text_columns` too");
+    r.a = need(given.text[0], "`text_columns`");
+    if (given.text.size() > 1) r.b = need(given.text[1], "`text_columns`");
     return r;
   }
   for (const char* l : kLabelColumns)
@@ -192,7 +192,7 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
       throw InputError(path + ":1: a 'score' column is a regression target (STS-B); packbert "
                               "fine-tunes classifiers only");
     throw InputError(path + ":1: header needs a label column (label, gold_label, Quality or "
-                            "is_duplicate), or give --label-column");
+                            "is_duplicate), or give `label_column`");
   }
   for (const auto& [a, b] : kTextColumns) {
     const int ia = find(a), ib = b ? find(b) : -1;
@@ -204,7 +204,7 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
   if (r.a < 0)
     throw InputError(path + ":1: header needs a text column (sentence, text, sentence1/sentence2, "
                             "question/sentence, question1/question2, ...), or give "
-                            "--text-columns");
+                            "`text_columns`");
   // Every other column must be one known to carry nothing to learn from: a text column read
   // by no one would be a silent loss.
   for (size_t i = 0; i < head.size(); ++i) {
@@ -213,7 +213,7 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
     throw InputError(path + ":1: column '" + head[i] + "' is neither the text (" + head[r.a] +
                      (r.b >= 0 ? ", " + head[r.b] : std::string()) + "), the label (" +
                      head[r.label] + ") nor a column known to be ignorable; name the columns "
-                     "with --text-columns A[,B] and --label-column L");
+                     "with `text_columns` A[,B] and `label_column` L");
   }
   return r;
 }

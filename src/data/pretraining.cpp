@@ -155,16 +155,16 @@ std::vector<Example> document_examples(const std::vector<Document>& docs, size_t
 
 SequencesFile create_pretraining_data(const std::vector<Document>& docs, const Vocab& vocab,
                                       const PretrainingOptions& o) {
-  if (o.max_seq_len < 8) throw InputError("--max-seq-len must be at least 8");
+  if (o.max_seq_len < 8) throw InputError("`max_seq_len` must be at least 8");
   if (docs.empty()) throw InputError("the corpus holds no document (empty input?)");
   if (!(o.heldout_fraction >= 0 && o.heldout_fraction < 0.5))
-    throw InputError("--eval-fraction must be in [0, 0.5)");
+    throw InputError("`eval_fraction` must be in [0, 0.5)");
   // The held-out documents: a seeded choice of round(fraction × documents), at least one.
   const size_t n_docs = docs.size();
   std::vector<char> heldout(n_docs, 0);
   std::vector<size_t> train_pool, heldout_pool;
   if (o.heldout_fraction > 0) {
-    if (n_docs < 2) throw InputError("--eval-fraction needs at least two documents");
+    if (n_docs < 2) throw InputError("`eval_fraction` needs at least two documents");
     std::vector<size_t> order(n_docs);
     for (size_t i = 0; i < n_docs; ++i) order[i] = i;
     SplitMix64 pick_rng(stream_seed(o.seed, 0x5e1d, 0));
@@ -205,9 +205,9 @@ SequencesFile create_pretraining_data(const std::vector<Document>& docs, const V
   if (f.heldout_begin == f.size()) f.heldout_begin = SequencesFile::kNoSplit;
   if (f.size() == 0) throw InputError("the corpus produced no example (documents too short?)");
   if (o.heldout_fraction > 0 && !f.has_heldout_split())
-    throw InputError("the held-out documents produced no example (raise --eval-fraction)");
+    throw InputError("the held-out documents produced no example (raise `eval_fraction`)");
   if (o.heldout_fraction > 0 && f.heldout_begin == 0)
-    throw InputError("the training documents produced no example (lower --eval-fraction)");
+    throw InputError("the training documents produced no example (lower `eval_fraction`)");
   return f;
 }
 

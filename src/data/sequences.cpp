@@ -9,6 +9,7 @@
 #include "io/atomic_file.h"
 #include "io/checksum.h"
 #include "io/input_file.h"
+#include "pack/assign.h"
 
 namespace packbert::data {
 
@@ -318,16 +319,11 @@ std::string file_kind(const std::string& path) {
   return "";
 }
 
-}  // namespace packbert::data
-
-#include "pack/assign.h"
-
-namespace packbert::data {
 
 PacksFile make_packs(const SequencesFile& f, uint64_t checksum, pack::Algo algo,
                      const pack::PackOptions& options, uint64_t seed, pack::PackPlan* plan_out) {
   if (options.max_len < f.max_seq_len)
-    throw InputError("--max-seq-len " + std::to_string(options.max_len) +
+    throw InputError("`max_seq_len` " + std::to_string(options.max_len) +
                      " is below the sequences' max length " + std::to_string(f.max_seq_len));
   std::vector<int> lengths = f.lengths();
   PacksFile p;

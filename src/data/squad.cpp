@@ -248,9 +248,9 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenize
     if (static_cast<int>(query.size()) > o.max_query_length) query.resize(o.max_query_length);
     const int32_t max_doc = o.max_seq_len - static_cast<int32_t>(query.size()) - 3;
     if (max_doc < 1)
-      throw InputError("--max-seq-len " + std::to_string(o.max_seq_len) +
+      throw InputError("`max_seq_len` " + std::to_string(o.max_seq_len) +
                        " leaves no room for the context after a " + std::to_string(query.size()) +
-                       "-token question (lower --max-query-length)");
+                       "-token question (lower `max_query_length`)");
     std::vector<Window> windows;
     const int32_t n = static_cast<int32_t>(e.pieces.size());
     for (int32_t start = 0; start < n;) {

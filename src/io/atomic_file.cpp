@@ -109,7 +109,7 @@ StagedDirectory::StagedDirectory(const std::string& dir, const std::string& flag
   if (fs::is_directory(dir_) && !fs::is_empty(dir_)) {
     if (!overwrite)
       throw InputError(flag + " " + dir_ + ": already holds files; choose another " + flag +
-                       " (or --overwrite to replace the model there)");
+                       " (or `overwrite` to replace the model there)");
     if (!fs::exists(dir_ + "/config.json"))
       throw InputError(flag + " " + dir_ +
                        ": holds files but no model (no config.json); refusing to replace it");

@@ -46,7 +46,7 @@ std::string describe_failed_allocation() {
                                    : std::string("an allocation failed");
   const std::string what = t_failed_what[0] ? std::string(t_failed_what) : t_what ? *t_what : "";
   if (!what.empty()) out += " for " + what;
-  return out + " (free memory, lower --batch-rows, or raise the memory limit)";
+  return out + " (free memory, lower `rows_per_batch`, or raise the memory limit)";
 }
 
 }  // namespace packbert::io

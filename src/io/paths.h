@@ -10,7 +10,7 @@ namespace packbert::io {
 
 struct NamedPath {
   std::string path;
-  std::string role;  // how the user named it: "--out", "input", "--vocab", ...
+  std::string role;  // how the user named it: "`out_dir`", "input", "`vocab`" (an option field)
 };
 
 // True when both paths exist and are the same file (device and inode, after links).

@@ -61,7 +61,7 @@ std::string bf16_unavailable_reason() {
   const char* forced = std::getenv("PACKBERT_CPU_NO_BF16");
   const bool hidden = forced && std::strcmp(forced, "1") == 0;
   if (!hidden && (f.avx512_bf16 || f.amx_bf16)) return "";
-  return "--precision bf16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this " + f.model +
+  return "`precision` bf16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this " + f.model +
          " has neither" + (hidden ? " (PACKBERT_CPU_NO_BF16=1)" : "") +
          " (bf16 emulation would be slower than fp32)";
 }

@@ -53,7 +53,7 @@ enum class BackendKind { cpu, ref };
 
 struct Backend {
   BackendKind kind;
-  const char* name;  // "cpu", "ref": what --backend takes
+  const char* name;  // "cpu", "ref": the names parse_backend takes
 #define PACKBERT_OP_MEMBER(op) decltype(&cpu::op) op;
   PACKBERT_OPS(PACKBERT_OP_MEMBER)
 #undef PACKBERT_OP_MEMBER

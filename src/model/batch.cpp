@@ -52,7 +52,10 @@ void BatchBuilder::compute_padding(int row) {
   used_[static_cast<size_t>(row)] = b_.S;
 }
 
-void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
+namespace {
+
+// Every per-slot array of b holds B x S entries, nsp_labels B x K.
+void check_sizes(const PackedBatch& b) {
   const size_t slots = static_cast<size_t>(b.B) * b.S;
   auto check_size = [&](const std::vector<int32_t>& v, size_t n, const char* name) {
     if (v.size() != n)
@@ -65,29 +68,53 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
   check_size(b.sequence_ids, slots, "sequence_ids");
   check_size(b.mlm_labels, slots, "mlm_labels");
   check_size(b.nsp_labels, static_cast<size_t>(b.B) * b.K, "nsp_labels");
+}
 
+[[noreturn]] void fail_at(int p, int s, const std::string& what) {
+  throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) + ": " + what);
+}
+
+// The id, token type and position of slot i (pack p, slot s) that the engine computes, real or
+// computed padding.
+void check_computed(const PackedBatch& b, const BertConfig& c, int p, int s, size_t i) {
+  if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size)
+    fail_at(p, s,
+            "input id " + std::to_string(b.input_ids[i]) + " outside the vocabulary of " +
+                std::to_string(c.vocab_size));
+  if (b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size)
+    fail_at(p, s, "token type " + std::to_string(b.token_type_ids[i]) + " out of range");
+  if (b.position_ids[i] < 0 || b.position_ids[i] >= c.max_position_embeddings)
+    fail_at(p, s,
+            "position " + std::to_string(b.position_ids[i]) + " outside [0, " +
+                std::to_string(c.max_position_embeddings) + ")");
+}
+
+// Computed padding: each pack's run becomes one more sequence, after all real tokens.
+void add_computed_padding(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
+  for (int p = 0; p < b.B; ++p) {
+    const int before = t.tokens();
+    for (int s = 0; s < b.S; ++s) {
+      const size_t i = static_cast<size_t>(p) * b.S + s;
+      if (b.sequence_ids[i] != kComputedPadding) continue;
+      check_computed(b, c, p, s, i);
+      t.slot.push_back(static_cast<int32_t>(i));
+    }
+    if (t.tokens() > before) {
+      t.cu_seqlens.push_back(t.tokens());
+      t.nsp_label.push_back(-100);
+    }
+  }
+}
+
+}  // namespace
+
+void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
+  check_sizes(b);
   t.slot.clear();
   t.cu_seqlens.assign(1, 0);
   t.nsp_label.clear();
   t.mlm_token.clear();
   t.mlm_label.clear();
-  auto fail_at = [](int p, int s, const std::string& what) {
-    throw InputError("batch: pack " + std::to_string(p) + " slot " + std::to_string(s) + ": " +
-                     what);
-  };
-  // The id, token type and position of a slot the engine computes, real or computed padding.
-  auto check_computed = [&](int p, int s, size_t i) {
-    if (b.input_ids[i] < 0 || b.input_ids[i] >= c.vocab_size)
-      fail_at(p, s,
-              "input id " + std::to_string(b.input_ids[i]) + " outside the vocabulary of " +
-                  std::to_string(c.vocab_size));
-    if (b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size)
-      fail_at(p, s, "token type " + std::to_string(b.token_type_ids[i]) + " out of range");
-    if (b.position_ids[i] < 0 || b.position_ids[i] >= c.max_position_embeddings)
-      fail_at(p, s,
-              "position " + std::to_string(b.position_ids[i]) + " outside [0, " +
-                  std::to_string(c.max_position_embeddings) + ")");
-  };
   for (int p = 0; p < b.B; ++p) {
     int current = 0;
     bool padding = false;
@@ -111,7 +138,7 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
         current = seq;
         t.nsp_label.push_back(b.nsp_labels[static_cast<size_t>(p) * b.K + seq - 1]);
       }
-      check_computed(p, s, i);
+      check_computed(b, c, p, s, i);
       if (b.mlm_labels[i] != -100) {
         if (b.mlm_labels[i] < 0 || b.mlm_labels[i] >= c.vocab_size)
           fail("MLM label " + std::to_string(b.mlm_labels[i]) + " outside the vocabulary");
@@ -127,21 +154,7 @@ void token_layout(const PackedBatch& b, const BertConfig& c, TokenLayout& t) {
                          std::to_string(k + 1) + ", which it does not hold");
   }
   // cu_seqlens got one push per sequence end; the first entry is the leading 0.
-
-  // Computed padding: each pack's run becomes one more sequence, after all real tokens.
-  for (int p = 0; p < b.B; ++p) {
-    const int before = t.tokens();
-    for (int s = 0; s < b.S; ++s) {
-      const size_t i = static_cast<size_t>(p) * b.S + s;
-      if (b.sequence_ids[i] != kComputedPadding) continue;
-      check_computed(p, s, i);
-      t.slot.push_back(static_cast<int32_t>(i));
-    }
-    if (t.tokens() > before) {
-      t.cu_seqlens.push_back(t.tokens());
-      t.nsp_label.push_back(-100);
-    }
-  }
+  add_computed_padding(b, c, t);
 }
 
 namespace {

@@ -63,7 +63,7 @@ std::string ShapeRequest::name() const {
 
 BertConfig resolve_shape(const ShapeRequest& r) {
   if (r.config.empty() && r.preset.empty())
-    throw InputError("give a model shape: --preset or --config");
+    throw InputError("give a model shape: `preset` or `config`");
   BertConfig c = r.config.empty() ? bert_preset(r.preset) : config_from_file(r.config);
   const bool follow = r.config.empty() && r.hidden;  // a preset's heads and FFN follow its width
   if (r.layers) c.num_hidden_layers = r.layers;

@@ -14,8 +14,6 @@
 
 namespace packbert::model {
 
-// What every function of one step shares: shapes, the batch's sequence boundaries, the dropout
-// stream and the workspace (whose scratch records they use).
 // Where a batch's tokens and sequences sit in the dropout streams (model/batch.h, RowPlace):
 // runs of consecutive tokens [token_local[i], token_local[i + 1]) start at the whole batch's
 // token token_global[i], and the same for sequences; attention holds each sequence's first
@@ -24,6 +22,8 @@ struct DropoutPlaces {
   std::vector<int64_t> token_local, token_global, seq_local, seq_global, attention;
 };
 
+// What every function of one step shares: shapes, the batch's sequence boundaries, the dropout
+// stream, the workspace (whose scratch records they use) and the backend its ops run on.
 template <typename T, typename H = kernels::bf16>
 struct StepContext {
   const BertConfig& config;

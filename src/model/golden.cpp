@@ -22,10 +22,10 @@ const GoldenRow& GoldenReport::worst_grad() const {
   return worst ? *worst : rows.front();
 }
 
-GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
-                          const Recompute& recompute, Precision precision, double loss_scale,
-                          kernels::BackendKind backend) {
-  io::SafetensorsFile f = io::SafetensorsFile::read(path);
+namespace {
+
+// The golden file's model config (dropout off: the golden is deterministic).
+BertConfig golden_config(const io::SafetensorsFile& f, const std::string& path) {
   auto meta = f.metadata().find("config");
   if (meta == f.metadata().end()) throw InputError(path + ": no 'config' in the metadata");
   nlohmann::json cj;
@@ -36,11 +36,12 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
   }
   BertConfig config = config_from_json(cj, path + " (config)");
   config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0;
+  return config;
+}
 
-  BertModel<float> model(config, Heads{});
-  model.set_backend(backend);
-  load_weights(model.layout(), model.params().data(), f);
-
+// The golden file's batch: [B, S] ids, types, positions, sequence ids and MLM labels, [B, K] NSP
+// labels.
+PackedBatch golden_batch(const io::SafetensorsFile& f, const std::string& path) {
   PackedBatch b;
   const io::TensorEntry& ids = f.entry("input_ids");
   const io::TensorEntry& nsp = f.entry("nsp_labels");
@@ -59,9 +60,21 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
   b.sequence_ids = f.ints("sequence_ids");
   b.mlm_labels = f.ints("mlm_labels");
   b.nsp_labels = f.ints("nsp_labels");
+  return b;
+}
 
+}  // namespace
+
+GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
+                          const Recompute& recompute, Precision precision, double loss_scale,
+                          kernels::BackendKind backend) {
+  io::SafetensorsFile f = io::SafetensorsFile::read(path);
+  BertModel<float> model(golden_config(f, path), Heads{});
+  model.set_backend(backend);
+  load_weights(model.layout(), model.params().data(), f);
+  const PackedBatch b = golden_batch(f, path);
   if (recompute.automatic)
-    throw InputError("check-golden: --recompute auto has no memory to fit; name a policy");
+    throw InputError("check-golden: `recompute` auto has no memory to fit; name a policy");
   Outputs out = model.forward(b, StepOptions{false, 0, 0, recompute, precision, loss_scale});
   model.zero_grads();
   model.backward();

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "kernels/ops.h"
-#include "model/bert.h"
 
 namespace packbert::model {
 

@@ -6,10 +6,9 @@
 #pragma once
 
 #include "model/encoder_layer.h"
+#include "model/step.h"
 
 namespace packbert::model {
-
-struct Outputs;
 
 template <typename T, typename H>
 void pooler_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top);

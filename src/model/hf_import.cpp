@@ -130,7 +130,7 @@ BertConfig infer_config(const io::SafetensorsFile& w) {
   if (c.hidden_size % 64)
     throw InputError(w.source() + ": hidden size " + std::to_string(c.hidden_size) +
                      " is not a multiple of 64, so the head count cannot be inferred; give "
-                     "--config");
+                     "`config`");
   c.num_attention_heads = c.hidden_size / 64;
   if (w.has("classifier.weight")) c.num_labels = dim(w, "classifier.weight", 0);
   c.validate(w.source() + " (inferred config)");
@@ -148,8 +148,8 @@ ImportedModel finish_import(ImportedModel m, const std::string& src, const std::
   m.config_from = !config_path.empty() ? config_path : fs::exists(beside) ? beside : "";
   if (m.config_from.empty()) {
     if (!infer)
-      throw InputError(beside + ": cannot open (a model's config.json; `packbert convert " + src +
-                       " --out DIR` can infer one from the tensor shapes, or take --config)");
+      throw InputError(beside + ": cannot open (a model's config.json; packbert convert " + src +
+                       " can infer one from the tensor shapes, or take `config`)");
     m.config = infer_config(m.weights);
     m.config_from = "inferred from the tensor shapes";
   } else {

@@ -15,13 +15,13 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity)
   const int64_t C = c.hidden_size, I = c.intermediate_size;
   if (sparsity.on()) {
     if (!kernels::supported_block(sparsity.block))
-      throw InputError("--block " + std::to_string(sparsity.block) + ": expected 1, 4, 8 or 16");
+      throw InputError("`block` " + std::to_string(sparsity.block) + ": expected 1, 4, 8 or 16");
     if (C % sparsity.block || I % sparsity.block)
-      throw InputError("--block " + std::to_string(sparsity.block) +
+      throw InputError("`block` " + std::to_string(sparsity.block) +
                        " does not divide hidden_size " + std::to_string(C) +
                        " and intermediate_size " + std::to_string(I));
     if (!(sparsity.sparsity >= 0 && sparsity.sparsity < 1))
-      throw InputError("--sparsity " + std::to_string(sparsity.sparsity) + ": expected [0, 1)");
+      throw InputError("`sparsity` " + std::to_string(sparsity.sparsity) + ": expected [0, 1)");
   }
   const bool sp = sparsity.on();
   add("bert.embeddings.word_embeddings.weight", {c.vocab_size, C});

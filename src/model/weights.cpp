@@ -43,8 +43,8 @@ void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file,
     }
     if (!file.has(pattern_name(t.name, "rows")))
       throw InputError(file.source() + ": " + t.name + " is neither dense " +
-                       "(its full shape, to prune) nor block-sparse with this run's --block and " +
-                       "--sparsity (kept blocks and a pattern)");
+                       "(its full shape, to prune) nor block-sparse with this run's `block` and " +
+                       "`sparsity` (kept blocks and a pattern)");
     const std::vector<float> v = file.floats(t.name, &stored);
     std::copy(v.begin(), v.end(), params + t.offset);
     set_tensor_slots(st, file.ints(pattern_name(t.name, "rows")),

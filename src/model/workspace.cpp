@@ -27,7 +27,7 @@ Precision parse_precision(const std::string& text) {
   if (text == "fp32") return Precision::fp32;
   if (text == "bf16") return Precision::bf16;
   if (text == "fp16") return Precision::fp16;
-  throw InputError("--precision " + text + ": expected fp32, bf16 or fp16");
+  throw InputError("`precision` " + text + ": expected fp32, bf16 or fp16");
 }
 
 std::string Recompute::name() const {
@@ -46,7 +46,7 @@ std::string Recompute::name() const {
 Recompute parse_recompute(const std::string& text) {
   Recompute r;
   auto bad = [&](const std::string& why) {
-    return InputError("--recompute " + text + ": " + why +
+    return InputError("`recompute` " + text + ": " + why +
                       " (expected none, gelu, gelu,ln, attention, layer, every:K or auto, or a "
                       "comma list of gelu, ln, residual, attention with layer or every:K)");
   };

@@ -53,7 +53,7 @@ Histogram parse_histogram(const std::string& text, const std::string& source, in
     if (!parse_int(f_count, cnt)) fail("count '" + f_count + "' is not an integer");
     if (len < 1 || len > max_len)
       fail("length " + f_len + " is outside [1, " + std::to_string(max_len) +
-           "] (raise --max-seq-len?)");
+           "] (raise `max_seq_len`?)");
     if (cnt < 0) fail("count " + f_count + " is negative");
     if (seen_at[len])
       fail("length " + f_len + " appears again (first at line " + std::to_string(seen_at[len]) +

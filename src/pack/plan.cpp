@@ -98,7 +98,7 @@ const char* algo_name(Algo algo) {
 Algo parse_algo(const std::string& name) {
   for (Algo a : kAllAlgos)
     if (name == algo_name(a)) return a;
-  throw InputError("--algo: unknown packer '" + name +
+  throw InputError("`algo`: unknown packer '" + name +
                    "', expected none|spfhp|lpfhp|nnlshp|optimal");
 }
 
@@ -117,10 +117,10 @@ PackPlan pack_none(const Histogram& h, const PackOptions& options) {
 PackPlan run_packer(Algo algo, const Histogram& h, const PackOptions& options) {
   if (options.max_len != h.max_len)
     throw InputError("histogram max length " + std::to_string(h.max_len) +
-                     " does not match --max-seq-len " + std::to_string(options.max_len));
+                     " does not match `max_seq_len` " + std::to_string(options.max_len));
   if (!algo_supports(algo, options))
-    throw InputError(std::string("--algo ") + algo_name(algo) +
-                     ": needs --max-per-pack between 1 and 3 (it enumerates exact-fill "
+    throw InputError(std::string("`algo` ") + algo_name(algo) +
+                     ": needs `max_per_pack` between 1 and 3 (it enumerates exact-fill "
                      "strategies of at most 3 sequences)");
   const Stopwatch clock;
   PackPlan plan;

@@ -160,6 +160,71 @@ void restore_dev_results(const nlohmann::json& j, FinetuneTask task, FinetuneRes
   }
 }
 
+// The state of the run a --resume file holds, checked against this run's `identity` (the data
+// and flags it must share); the file itself in `file`.
+nlohmann::json read_resume_state(const FinetuneOptions& o, const nlohmann::json& identity,
+                                 std::optional<io::SafetensorsFile>& file) {
+  file.emplace(io::SafetensorsFile::read(o.resume_path));
+  nlohmann::json state;
+  auto it = file->metadata().find("packbert");
+  if (it != file->metadata().end()) state = nlohmann::json::parse(it->second, nullptr, false);
+  if (!state.is_object() || state.value("format", std::string()) != "packbert.finetune")
+    throw InputError(o.resume_path + ": not a fine-tuning run's resume file");
+  for (const auto& [key, value] : identity.items())
+    if (state.value(key, nlohmann::json()) != value)
+      throw InputError(o.resume_path + ": the run it continues had " + key + " " +
+                       state.value(key, nlohmann::json()).dump() + ", this one " + value.dump() +
+                       "; `resume` needs the same data and flags");
+  return state;
+}
+
+// Where a fine-tuning run is: optimizer steps done, the epoch and step within it to go on from,
+// its training seconds.
+struct FinetunePlace {
+  int epoch = 0;
+  int64_t step_in_epoch = 0;
+  double elapsed = 0;
+};
+
+// Writes the resume file: weights, moments, the optimizer's state and the place to go on from;
+// atomically, rank 0 alone (the moments gathered under ZeRO-1).
+void save_resume(const FinetuneOptions& o, model::BertModel<float>& m, Stepper& stepper,
+                 const nlohmann::json& identity, const FinetuneResult& res,
+                 const FinetunePlace& at) {
+  std::vector<float> m_all, v_all, widened;
+  const auto [mm, vv] = stepper.whole_moments(m_all, v_all);
+  const float* w = m.weights_fp32(widened);
+  if (!dist::Comm::world().root()) return;
+  nlohmann::json st = identity;
+  st["format"] = "packbert.finetune";
+  st["steps"] = res.steps, st["epoch"] = at.epoch, st["step_in_epoch"] = at.step_in_epoch;
+  st["elapsed"] = at.elapsed;
+  save_stepper_state(stepper, st);
+  st["dev"] = dev_results(res);
+  io::write_safetensors(
+      o.resume_path, weight_and_moment_tensors(m.layout(), w, mm, vv),
+      {{"config", model::config_to_json(m.config()).dump()}, {"packbert", st.dump()}});
+}
+
+// The recompute policy a fine-tuning step of full rows fits memory with (`auto` resolved).
+model::Recompute step_policy(const model::BertModel<float>& m, const FinetuneOptions& o) {
+  const LoopOptions& lo = o.loop;
+  PlanRequest plan{m.config(),   m.layout().heads(),   lo.optimizer.kind,    {},
+                   lo.precision, lo.optimizer.masters, m.layout().sparsity()};
+  plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
+                             lo.rows_per_batch, omp_get_max_threads());
+  return check_step_fits(plan, lo.recompute, lo.memory_limit);
+}
+
+// The order an epoch visits n rows in: a shuffle seeded by (seed, epoch).
+std::vector<size_t> epoch_order(size_t n, uint64_t seed, int epoch) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  SplitMix64 rng(seed * kGolden64 + static_cast<uint64_t>(epoch));
+  shuffle(order, rng);
+  return order;
+}
+
 template <typename Seq, typename Evaluate>
 void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
                   const std::vector<Seq>& seqs, const std::vector<std::vector<int64_t>>& rows,
@@ -170,63 +235,33 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
   const int64_t micros = (static_cast<int64_t>(rows.size()) + step_rows - 1) / step_rows;
   const int64_t per_epoch = (micros + lo.accumulation - 1) / lo.accumulation;
   const int64_t total = per_epoch * o.epochs;
-  PlanRequest plan{m.config(),   m.layout().heads(),   lo.optimizer.kind,    {},
-                   lo.precision, lo.optimizer.masters, m.layout().sparsity()};
-  plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
-                             lo.rows_per_batch, omp_get_max_threads());
-  const model::Recompute recompute = check_step_fits(plan, lo.recompute, lo.memory_limit);
+  const model::Recompute recompute = step_policy(m, o);
   // --resume: the weights before the Stepper is made (it may turn them into bf16 masters), then
-  // the optimizer's state and the position.
-  int first_epoch = 0;
-  int64_t first_step = 0;
+  // the optimizer's state and the place.
+  FinetunePlace at;
   std::optional<io::SafetensorsFile> resumed;
   nlohmann::json state;
   const nlohmann::json identity = resume_identity(o);
   if (o.resume) {
-    resumed.emplace(io::SafetensorsFile::read(o.resume_path));
-    auto it = resumed->metadata().find("packbert");
-    if (it != resumed->metadata().end()) state = nlohmann::json::parse(it->second, nullptr, false);
-    if (!state.is_object() || state.value("format", std::string()) != "packbert.finetune")
-      throw InputError(o.resume_path + ": not a fine-tuning run's resume file");
-    for (const auto& [key, value] : identity.items())
-      if (state.value(key, nlohmann::json()) != value)
-        throw InputError(o.resume_path + ": the run it continues had " + key + " " +
-                         state.value(key, nlohmann::json()).dump() + ", this one " +
-                         value.dump() + "; --resume needs the same data and flags");
+    state = read_resume_state(o, identity, resumed);
     model::load_model_weights(m, *resumed);
   }
   Stepper stepper(m, lo, lo.optimizer, lo.accumulation, recompute, comm);
   if (resumed) {
     load_stepper_state(stepper, m.layout(), *resumed, state);
     res.steps = state.at("steps").get<int64_t>();
-    first_epoch = state.at("epoch").get<int>();
-    first_step = state.at("step_in_epoch").get<int64_t>();
+    at = {state.at("epoch").get<int>(), state.at("step_in_epoch").get<int64_t>(),
+          state.value("elapsed", 0.0)};
     restore_dev_results(state.at("dev"), o.task, res);
   }
-  // Writes the resume file: weights, moments, the optimizer's state and (epoch, step) to go on
-  // from; atomically, rank 0 alone (the moments gathered under ZeRO-1).
-  auto save = [&](int epoch, int64_t step_in_epoch) {
-    std::vector<float> m_all, v_all, widened;
-    const auto [mm, vv] = stepper.whole_moments(m_all, v_all);
-    const float* w = m.weights_fp32(widened);
-    if (!comm.root()) return;
-    nlohmann::json st = identity;
-    st["format"] = "packbert.finetune";
-    st["steps"] = res.steps, st["epoch"] = epoch, st["step_in_epoch"] = step_in_epoch;
-    save_stepper_state(stepper, st);
-    st["dev"] = dev_results(res);
-    io::write_safetensors(
-        o.resume_path, weight_and_moment_tensors(m.layout(), w, mm, vv),
-        {{"config", model::config_to_json(m.config()).dump()}, {"packbert", st.dump()}});
-  };
+  const int first_epoch = at.epoch;
+  const double flops_per_token = nonembedding_flops_per_token(m.layout());
+  double train_flops = 0;
   ProgressLine progress("finetune", "step", res.steps, total, "tok", o.logging_steps);
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
-    std::vector<size_t> order(rows.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    SplitMix64 rng(lo.seed * kGolden64 + static_cast<uint64_t>(epoch));
-    shuffle(order, rng);
+    const std::vector<size_t> order = epoch_order(rows.size(), lo.seed, epoch);
     // (a resumed epoch skips the rows of the steps it had done: every one of them full)
-    const int64_t s0 = epoch == first_epoch ? first_step : 0;
+    const int64_t s0 = epoch == first_epoch ? at.step_in_epoch : 0;
     size_t next_row = static_cast<size_t>(
         std::min<int64_t>(static_cast<int64_t>(order.size()), s0 * lo.accumulation * step_rows));
     auto next = [&] {
@@ -241,39 +276,35 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
           static_cast<int>(std::min<int64_t>(lo.accumulation, micros - s * lo.accumulation));
       const double t0 = now_seconds();
       const StepResult r = stepper.step(res.steps, total, next, "no model written", n);
-      const double seconds = now_seconds() - t0;
-      nlohmann::json line{
-          {"type", "step"}, {"step", res.steps + 1},    {"epoch", epoch + 1},  {"loss", r.loss()},
-          {"lr", r.lr},     {"grad_norm", r.grad_norm}, {"skipped", r.skipped}};
-      if (r.cls_count)
-        line["acc"] = static_cast<double>(r.cls_correct) / static_cast<double>(r.cls_count);
-      if (comm.distributed()) line["imbalance"] = r.imbalance;
-      if (lo.loss_scaling.on()) {
-        line["loss_scale"] = r.loss_scale;
-        line["skip_reason"] = r.skip_reason;
-      }
-      if (comm.root()) log << line.dump() << std::endl;
-      ++res.steps;
+      StepMetrics sm = StepMetrics::of(r, m.layout().heads(), stepper, lo, comm.size());
+      sm.step = ++res.steps, sm.epoch = epoch + 1;
+      sm.seconds = now_seconds() - t0;
+      sm.elapsed = at.elapsed += sm.seconds;
+      sm.train_flops = train_flops += flops_per_token * static_cast<double>(r.real_tokens);
       if (comm.root()) {
+        log << sm.to_json().dump() << std::endl;
         char fields[128];
         std::snprintf(fields, sizeof fields, "epoch %d/%d  loss %.4f  lr %.2e%s", epoch + 1,
                       o.epochs, r.loss(), r.lr, r.skipped ? "  (update skipped)" : "");
-        progress.update(res.steps, static_cast<double>(r.real_tokens), seconds, fields);
+        progress.update(res.steps, static_cast<double>(r.real_tokens), sm.seconds, fields);
       }
       io::crash_point("step");
+      at.epoch = epoch, at.step_in_epoch = s + 1;
       double stop_now = o.stop && o.stop->load() ? 1.0 : 0.0;
       comm.allreduce_max(&stop_now, 1);  // every rank stops after the same step
       if (stop_now > 0) {
         if (comm.root()) progress.finish();
-        save(epoch, s + 1);
+        save_resume(o, m, stepper, identity, res, at);
         res.stopped = true;
         return;
       }
-      if (o.checkpoint_every > 0 && res.steps % o.checkpoint_every == 0) save(epoch, s + 1);
+      if (o.checkpoint_every > 0 && res.steps % o.checkpoint_every == 0)
+        save_resume(o, m, stepper, identity, res, at);
     }
     if (comm.root()) progress.finish();
     evaluate(epoch + 1);
-    save(epoch + 1, 0);
+    at.epoch = epoch + 1, at.step_in_epoch = 0;
+    save_resume(o, m, stepper, identity, res, at);
   }
 }
 
@@ -354,15 +385,22 @@ std::vector<std::string> squad_answers(model::BertModel<float>& m,
 // {question id: answer} as the official evaluation script reads it, written atomically.
 // Says how the text was tokenised (data::decide_casing's note) and any contradiction, on rank 0,
 // once the inputs are known good (a bad input's error stays the only line).
-void say_casing(const data::Casing& c, const char* command) {
+void say(const Say& to, const std::string& line) {
   if (!dist::Comm::world().root()) return;
-  if (!c.note.empty()) std::cerr << command << ": tokenising " << c.note << '\n';
-  if (!c.warning.empty()) std::cerr << command << ": warning: " << c.warning << '\n';
+  if (to)
+    to(line);
+  else
+    std::cerr << line << '\n';
 }
 
-void warn_non_finite(const model::BertModel<float>& m, const std::string& path) {
+void say_casing(const data::Casing& c, const char* command, const Say& to) {
+  if (!c.note.empty()) say(to, std::string(command) + ": tokenising " + c.note);
+  if (!c.warning.empty()) say(to, std::string(command) + ": warning: " + c.warning);
+}
+
+void warn_non_finite(const model::BertModel<float>& m, const std::string& path, const Say& to) {
   if (const std::string bad = non_finite_weights(m); !bad.empty())
-    std::cerr << "eval: warning: " << path << ": " << bad << "; its metrics will be NaN\n";
+    say(to, "eval: warning: " + path + ": " + bad + "; its metrics will be NaN");
 }
 
 void write_predictions(const std::string& path, const std::vector<data::SquadExample>& examples,
@@ -378,7 +416,7 @@ void check_model(const model::BertModel<float>& m, const data::Vocab& vocab,
     throw InputError(model_path + ": vocab_size " + std::to_string(m.config().vocab_size) +
                      " differs from " + vocab_path);
   if (m.config().max_position_embeddings < max_seq_len)
-    throw InputError("--max-seq-len " + std::to_string(max_seq_len) +
+    throw InputError("`max_seq_len` " + std::to_string(max_seq_len) +
                      " exceeds the model's max_position_embeddings");
 }
 
@@ -409,7 +447,7 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
       if (!out.ids.count(name))
         throw InputError(data + ": label '" + name + "' is not one of the model's labels (" +
                          listed(out.ids) + ", from " + model.source +
-                         "); relabel the data, or give --new-head to train a new classifier");
+                         "); relabel the data, or give `new_head` to train a new classifier");
     out.new_head = false;
     out.note = "labels as the model's classifier has them (" + model.source + "): " +
                listed(out.ids);
@@ -420,7 +458,7 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
     if (!model.names.empty() && model.names.size() != out.ids.size())
       throw InputError(data + ": " + std::to_string(out.ids.size()) + " labels, but the model's " +
                        "classifier has " + std::to_string(model.names.size()) +
-                       " unnamed outputs (" + model.source + "); give --new-head to train a new "
+                       " unnamed outputs (" + model.source + "); give `new_head` to train a new "
                        "classifier");
     out.new_head = false;
     out.note = "the model's classifier names no labels; the data's, sorted, are its outputs: " +
@@ -451,8 +489,8 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   auto m = model_from(o.init, heads, res.num_labels, o.loop.seed, res.initialized,
                       chosen.new_head);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
-  say_casing(casing, "finetune");
-  if (dist::Comm::world().root()) std::cerr << "finetune: " << chosen.note << '\n';
+  say_casing(casing, "finetune", o.say);
+  say(o.say, "finetune: " + chosen.note);
   std::vector<int64_t> per_label(res.num_labels, 0);
   for (const auto& e : train) ++per_label[e.label];
   int32_t majority = static_cast<int32_t>(std::max_element(per_label.begin(), per_label.end()) -
@@ -493,7 +531,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
 data::SquadOptions squad_options(data::SquadOptions so, int max_seq_len) {
   so.max_seq_len = max_seq_len;
   if (so.doc_stride < 1 || so.max_query_length < 1 || so.max_answer_length < 1)
-    throw InputError("--doc-stride, --max-query-length and --max-answer-length must be positive");
+    throw InputError("`doc_stride`, `max_query_length` and `max_answer_length` must be positive");
   return so;
 }
 
@@ -514,7 +552,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   heads.span = true;
   auto m = model_from(o.init, heads, 0, o.loop.seed, res.initialized);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
-  say_casing(casing, "finetune");
+  say_casing(casing, "finetune", o.say);
   const auto tr = make_rows(lengths_of(tf.features), o.max_seq_len, o.packed, o.loop.seed);
   const auto dv = make_rows(lengths_of(df.features), o.max_seq_len, o.packed, o.loop.seed);
   res.train_sequences = static_cast<int64_t>(tf.features.size());
@@ -579,11 +617,11 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   const std::string resume_path = o.out_dir + ".resume.safetensors";
   if (o.resume && !std::filesystem::exists(resume_path))
     throw InputError(resume_path + ": no fine-tuning run to resume (it is written every "
-                                   "--checkpoint-every steps, at each epoch's end and on "
+                                   "`checkpoint_every` steps, at each epoch's end and on "
                                    "SIGINT/SIGTERM)");
   if (!o.resume && !o.overwrite && std::filesystem::exists(resume_path))
     throw InputError(resume_path + ": an interrupted fine-tuning run is there; continue it with "
-                                   "--resume, or start over with --overwrite");
+                                   "`resume`, or start over with `overwrite`");
   data::Vocab vocab = data::Vocab::load(o.vocab);
   const data::Casing casing = data::decide_casing(o.lower_case, o.init, vocab, o.vocab);
   data::Tokenizer tok(vocab, casing.lower_case);
@@ -604,9 +642,9 @@ FinetuneResult finetune(const FinetuneOptions& o) {
                                       out_path.filename().string() + ".resume.safetensors"});
     }
     io::refuse_directory_over_inputs(
-        {o.out_dir, "--out"},
-        {{o.train, "--train"}, {o.dev, "--dev"}, {o.init, "--init"}, {o.vocab, "--vocab"}});
-    out.emplace(o.out_dir, "--out", o.overwrite);
+        {o.out_dir, "`out_dir`"},
+        {{o.train, "`train`"}, {o.dev, "`dev`"}, {o.init, "`init`"}, {o.vocab, "`vocab`"}});
+    out.emplace(o.out_dir, "`out_dir`", o.overwrite);
     staged.out_dir = out->path();
     log.open(staged.out_dir + "/metrics.jsonl");
     if (!log) throw InputError(staged.out_dir + "/metrics.jsonl: cannot open for writing");
@@ -630,11 +668,59 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   return r;
 }
 
+namespace {
+
+// A classifier's label names by id: its config.json id2label (any Hugging Face classifier, and
+// packbert's fine-tuned models), or labels.json beside it (older packbert); `path` says which.
+std::map<std::string, int32_t> labels_of_model(const std::string& model, std::string& path) {
+  const ModelLabels named = model_labels(model);
+  std::map<std::string, int32_t> labels;
+  path = named.source;
+  for (size_t i = 0; i < named.names.size(); ++i)
+    labels.emplace(named.names[i], static_cast<int32_t>(i));
+  if (labels.size() != named.names.size())
+    throw InputError(named.source + ": id2label names a label twice");
+  if (!labels.empty()) return labels;
+  path = (std::filesystem::is_directory(model)
+              ? model
+              : std::filesystem::path(model).parent_path().string()) +
+         "/labels.json";
+  if (!std::filesystem::exists(path))
+    throw InputError(model + ": its config has no id2label (and there is no labels.json): "
+                     "which output is which label is unknown");
+  io::require_text_input(path);
+  std::ifstream lf(path);
+  if (!lf) throw InputError(path + ": cannot open (needed to map label names to ids)");
+  nlohmann::json lj = nlohmann::json::parse(lf, nullptr, false);
+  if (!lj.is_object() || lj.empty())
+    throw InputError(path + ": expected a JSON object {label: id}");
+  for (auto& [name, id] : lj.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= std::ssize(lj))
+      throw InputError(path + ": label '" + name + "' has no valid id");
+    labels[name] = id.get<int32_t>();
+  }
+  return labels;
+}
+
+// run_glue's predict_results: index and the predicted label's name, written atomically.
+void write_label_predictions(const std::string& path, const std::map<std::string, int32_t>& labels,
+                             const std::vector<int32_t>& pred, int num_labels) {
+  std::vector<std::string> name(static_cast<size_t>(num_labels));
+  for (const auto& [label, id] : labels)
+    if (id >= 0 && static_cast<size_t>(id) < name.size()) name[static_cast<size_t>(id)] = label;
+  std::string out = "index\tprediction\n";
+  for (size_t i = 0; i < pred.size(); ++i)
+    out += std::to_string(i) + "\t" + name[static_cast<size_t>(pred[i])] + "\n";
+  io::write_file_atomic(path, out);
+}
+
+}  // namespace
+
 TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
   if (o.rows_per_batch < 1) throw OptionError("rows_per_batch", "must be at least 1");
-  io::refuse_outputs_over_inputs({{o.predictions, "--predictions"}},
-                                 {{o.model, "--model"}, {o.data, "--data"}, {o.vocab, "--vocab"}});
+  io::refuse_outputs_over_inputs({{o.predictions, "`predictions`"}},
+                                 {{o.model, "`model`"}, {o.data, "`sequences`"}, {o.vocab, "`vocab`"}});
   data::Vocab vocab = data::Vocab::load(o.vocab);
   const data::Casing casing = data::decide_casing(o.lower_case, o.model, vocab, o.vocab);
   data::Tokenizer tok(vocab, casing.lower_case);
@@ -649,9 +735,9 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     heads.span = true;
     auto m = load_model(o.model, heads);
     m->set_backend(o.backend);
-    warn_non_finite(*m, o.model);
+    warn_non_finite(*m, o.model, o.say);
     check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
-    say_casing(casing, "eval");
+    say_casing(casing, "eval", o.say);
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
     std::vector<std::string> pred = squad_answers(*m, ex, f.features, rows, o.rows_per_batch,
                                                   o.max_seq_len, o.precision, tok, so);
@@ -661,47 +747,21 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     if (!o.predictions.empty()) write_predictions(o.predictions, ex, pred);
     return r;
   }
-  // Classification: the label names are the model's config.json id2label (any Hugging Face
-  // classifier, and packbert's fine-tuned models), or labels.json beside it (older packbert).
-  const ModelLabels named = model_labels(o.model);
-  std::map<std::string, int32_t> labels;
-  std::string labels_path = named.source;
-  for (size_t i = 0; i < named.names.size(); ++i)
-    labels.emplace(named.names[i], static_cast<int32_t>(i));
-  if (labels.size() != named.names.size())
-    throw InputError(named.source + ": id2label names a label twice");
-  if (labels.empty()) {
-    labels_path = (std::filesystem::is_directory(o.model)
-                       ? o.model
-                       : std::filesystem::path(o.model).parent_path().string()) +
-                  "/labels.json";
-    if (!std::filesystem::exists(labels_path))
-      throw InputError(o.model + ": its config has no id2label (and there is no labels.json): "
-                       "which output is which label is unknown");
-    io::require_text_input(labels_path);
-    std::ifstream lf(labels_path);
-    if (!lf) throw InputError(labels_path + ": cannot open (needed to map label names to ids)");
-    nlohmann::json lj = nlohmann::json::parse(lf, nullptr, false);
-    if (!lj.is_object() || lj.empty())
-      throw InputError(labels_path + ": expected a JSON object {label: id}");
-    for (auto& [name, id] : lj.items()) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= std::ssize(lj))
-        throw InputError(labels_path + ": label '" + name + "' has no valid id");
-      labels[name] = id.get<int32_t>();
-    }
-  }
+  // Classification: the label names are the model's (config.json id2label, or labels.json).
+  std::string labels_path;
+  std::map<std::string, int32_t> labels = labels_of_model(o.model, labels_path);
   std::vector<data::ClassifyExample> ex =
       data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false, o.columns);
   heads.classifier = true;
   auto m = load_model(o.model, heads);
   m->set_backend(o.backend);
-  warn_non_finite(*m, o.model);
+  warn_non_finite(*m, o.model, o.say);
   if (m->config().num_labels != static_cast<int>(labels.size()))
     throw InputError(labels_path + ": " + std::to_string(labels.size()) +
                      " labels, the model's classifier has " +
                      std::to_string(m->config().num_labels));
   check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
-  say_casing(casing, "eval");
+  say_casing(casing, "eval", o.say);
   const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
   const std::vector<int32_t> pred =
       predict(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
@@ -710,15 +770,8 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   r.scores = classify_score(truth, pred, m->config().num_labels);
   r.accuracy = r.scores.accuracy;
   r.examples = r.sequences = static_cast<int64_t>(ex.size());
-  if (!o.predictions.empty()) {  // run_glue's predict_results: index, predicted label's name
-    std::vector<std::string> name(static_cast<size_t>(m->config().num_labels));
-    for (const auto& [label, id] : labels)
-      if (id >= 0 && static_cast<size_t>(id) < name.size()) name[static_cast<size_t>(id)] = label;
-    std::string out = "index\tprediction\n";
-    for (size_t i = 0; i < pred.size(); ++i)
-      out += std::to_string(i) + "\t" + name[static_cast<size_t>(pred[i])] + "\n";
-    io::write_file_atomic(o.predictions, out);
-  }
+  if (!o.predictions.empty())
+    write_label_predictions(o.predictions, labels, pred, m->config().num_labels);
   return r;
 }
 

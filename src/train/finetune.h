@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,8 +23,14 @@ namespace packbert::train {
 
 enum class FinetuneTask { classify, squad };
 
+// Where fine-tuning and task evaluation say their notes and warnings (on rank 0), one line each:
+// the CLI's printer, which turns the option fields they name into flags; unset, stderr as they
+// are.
+using Say = std::function<void(const std::string& line)>;
+
 struct FinetuneOptions {
   FinetuneTask task = FinetuneTask::classify;
+  Say say;
   std::string train, dev, init, out_dir, vocab;
   int max_seq_len = 128;
   int epochs = 3;
@@ -90,6 +97,7 @@ FinetuneResult finetune(const FinetuneOptions& options);
 
 struct TaskEvalOptions {
   FinetuneTask task = FinetuneTask::squad;
+  Say say;
   std::string model;  // fine-tuned model: HF directory (with labels.json for classify)
   std::string data;   // dev TSV or SQuAD JSON
   std::string vocab;

@@ -47,7 +47,7 @@ BatchLoader::BatchLoader(const data::SequencesFile& seqs, uint64_t seqs_checksum
   }
   if (opt_.dynamic_masking && !vocab_) throw InputError("dynamic masking needs the vocabulary");
   if (opt_.compute_padding && packs_ && !opt_.one_per_row)
-    throw InputError("--compute-padding applies to the padded baseline only");
+    throw InputError("`compute_padding` applies to the padded baseline only");
   if (opt_.one_per_row && !packs_) throw InputError("one sequence per row of packs needs packs");
   if (vocab_ && !seqs_.made_with(*vocab_))
     throw InputError("the vocabulary differs from the one the sequences file was made with");

@@ -200,7 +200,7 @@ std::string format_bytes(double bytes) {
 model::Recompute check_step_fits(const PlanRequest& request, const model::Recompute& policy,
                                  std::optional<double> limit) {
   const double available = limit.value_or(available_memory());
-  const std::string where = limit ? "the --memory-limit of " : "the available memory of ";
+  const std::string where = limit ? "the `memory_limit` of " : "the available memory of ";
   const StepPlan fixed = plan_step(request, model::Recompute{});
   if (static_cast<double>(fixed.state_bytes() + fixed.runtime_bytes) > available)
     throw InputError("the parameters, gradients and optimizer state alone need " +
@@ -211,16 +211,16 @@ model::Recompute check_step_fits(const PlanRequest& request, const model::Recomp
     if (!p)
       throw InputError("no recompute policy fits a step of " +
                        std::to_string(request.shape.tokens) + " tokens in " + where +
-                       format_bytes(available) + "; use fewer --batch-rows");
+                       format_bytes(available) + "; use fewer `rows_per_batch`");
     return p->policy;
   }
   const StepPlan p = plan_step(request, policy);
   if (static_cast<double>(p.total_bytes) > available)
     throw InputError("a step of " + std::to_string(request.shape.tokens) +
-                     " tokens with --recompute " + policy.name() + " needs " +
+                     " tokens with `recompute` " + policy.name() + " needs " +
                      format_bytes(static_cast<double>(p.total_bytes)) + ", more than " + where +
                      format_bytes(available) + " (packbert plan shows what fits; try " +
-                     "--recompute auto)");
+                     "`recompute` auto)");
   return policy;
 }
 

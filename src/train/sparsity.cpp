@@ -72,7 +72,7 @@ std::string schedule_summary(const SparseOptions& o, int64_t total) {
   s << o.sparsity.block << " x " << o.sparsity.block << " blocks at s = " << o.sparsity.sparsity;
   const int64_t updates = update_count(o, total);
   if (updates == 0) {
-    s << "; pattern fixed" << (o.prune_ratio <= 0 ? " (--prune-ratio 0)" : " (a run this short)");
+    s << "; pattern fixed" << (o.prune_ratio <= 0 ? " (`prune_ratio` 0)" : " (a run this short)");
   } else {
     const int64_t every = update_interval(o, total);
     s << "; pattern updated every " << every << (every == 1 ? " step (" : " steps (") << updates

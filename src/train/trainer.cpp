@@ -69,7 +69,7 @@ model::Sparsity sparsity_of(const io::SafetensorsFile& f) {
 std::string sparsity_text(const model::Sparsity& s) {
   if (!s.on()) return "dense weights";
   std::ostringstream out;
-  out << "--block " << s.block << " --sparsity " << s.sparsity;
+  out << "`block` " << s.block << " `sparsity` " << s.sparsity;
   return out.str();
 }
 
@@ -253,7 +253,7 @@ void export_model(const model::BertModel<float>& m, const std::string& dir,
                        " tokens, but the model's vocab_size is " +
                        std::to_string(m.config().vocab_size));
   }
-  io::StagedDirectory out(dir, "--out", overwrite);
+  io::StagedDirectory out(dir, "`out_dir`", overwrite);
   write_model_files(m, out.path(), vocab_path, label_names, dtype);
   out.publish();
 }
@@ -346,7 +346,7 @@ void Trainer::check_disk_space() const {
   auto gib = [](double b) { return fixed_text(b / (1 << 30)) + " GiB"; };
   if (free_bytes < one)
     throw InputError(opt_.out_dir + ": " + gib(free_bytes) + " free, but one checkpoint of this " +
-                     "model needs " + gib(one) + "; free space or choose another --out");
+                     "model needs " + gib(one) + "; free space or choose another `out_dir`");
   const double kept = one * (opt_.keep_checkpoints + 1) + one / 3;  // (+ best.safetensors)
   if (free_bytes < kept)
     std::cerr << "pretrain: warning: " << opt_.out_dir << " has " << gib(free_bytes)
@@ -434,7 +434,7 @@ void Trainer::setup(bool resume) {
   // Every input has been checked: only now is out_dir made (a bad input leaves nothing behind).
   if (comm_.root()) {  // rank 0 alone writes into out_dir
     check_disk_space();
-    io::make_output_dir(opt_.out_dir, "--out");
+    io::make_output_dir(opt_.out_dir, "`out_dir`");
     io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl",
                                                 "best.safetensors"});
   }
@@ -466,7 +466,7 @@ void Trainer::check_options(bool resume) const {
     if (lo.optimizer.masters != Masters::fp32)
       throw OptionError("sparsity",
                         "needs fp32 master weights (the block-sparse kernels read their "
-                        "values in fp32): drop --master-weights");
+                        "values in fp32): drop `masters`");
     if (!(opt_.sparse.prune_ratio >= 0 && opt_.sparse.prune_ratio <= 1))
       throw OptionError("prune_ratio", "must be in [0, 1]");
     if (opt_.sparse.regrow == Regrow::gradient && comm_.distributed())
@@ -508,8 +508,8 @@ void Trainer::check_outputs(bool resume) const {
                                    "first");
   if (!resume && fs::exists(checkpoint_path()) && !opt_.overwrite)
     throw InputError(checkpoint_path() +
-                     ": an earlier run's checkpoint is there; continue it with --resume, or "
-                     "start over with another --out (or --overwrite to replace it)");
+                     ": an earlier run's checkpoint is there; continue it with `resume`, or "
+                     "start over with another `out_dir` (or `overwrite` to replace it)");
 }
 
 void Trainer::read_inputs() {
@@ -532,28 +532,28 @@ void Trainer::check_resume_run(json& state, const io::SafetensorsFile& ckpt) {
   if (state.value("packed", false) != packs_.has_value() ||
       state.value("one_per_row", false) != opt_.one_per_row)
     throw InputError(checkpoint_path() +
-                     ": resume needs the same layout (--packs, --one-per-row) as the run that "
+                     ": resume needs the same layout (`packs`, `one_per_row`) as the run that "
                      "wrote it");
   // rows_per_batch: the rows of a whole step's micro-batch (processes x --batch-rows).
   const int64_t rows = state.value("rows_per_batch", int64_t{0});
   if (rows != step_rows_)
     throw InputError(checkpoint_path() + ": its run used " + std::to_string(rows) +
-                     " rows per micro-batch (processes x --batch-rows); resume needs the same, "
+                     " rows per micro-batch (processes x `rows_per_batch`); resume needs the same, "
                      "not " +
                      std::to_string(comm_.size()) + " x " + std::to_string(lo.rows_per_batch));
   const std::string precision = state.value("precision", std::string("fp32"));
   if (precision != model::precision_name(lo.precision))
-    throw InputError(checkpoint_path() + ": was trained with --precision " + precision +
+    throw InputError(checkpoint_path() + ": was trained with `precision` " + precision +
                      "; resume needs the same (bit-exact resume), not " +
                      model::precision_name(lo.precision));
   const std::string masters = state.value("master_weights", std::string("fp32"));
   if (masters != masters_name(lo.optimizer.masters))
-    throw InputError(checkpoint_path() + ": was trained with --master-weights " + masters +
+    throw InputError(checkpoint_path() + ": was trained with `masters` " + masters +
                      "; resume needs the same (bit-exact resume), not " +
                      masters_name(lo.optimizer.masters));
   const std::string scaling = state.value("loss_scaling", std::string("off"));
   if (scaling != loss_scaling_name(lo.loss_scaling))
-    throw InputError(checkpoint_path() + ": was trained with --loss-scale " + scaling +
+    throw InputError(checkpoint_path() + ": was trained with `loss_scale` " + scaling +
                      "; resume needs the same (bit-exact resume), not " +
                      loss_scaling_name(lo.loss_scaling));
   const model::Sparsity was = sparsity_of(state);
@@ -563,8 +563,8 @@ void Trainer::check_resume_run(json& state, const io::SafetensorsFile& ckpt) {
   const int64_t at = state.value("step", int64_t{0});
   if (opt_.max_steps <= at)
     throw InputError(checkpoint_path() + ": is already at step " + std::to_string(at) +
-                     ", and --steps " + std::to_string(opt_.max_steps) +
-                     " is not past it: nothing to train (give --steps above " +
+                     ", and `max_steps` " + std::to_string(opt_.max_steps) +
+                     " is not past it: nothing to train (give `max_steps` above " +
                      std::to_string(at) + " to train on)");
   // How the run's sparse weights started is the checkpoint's to say, not this invocation's.
   if (was.on())
@@ -579,9 +579,9 @@ void Trainer::check_resume_run(json& state, const io::SafetensorsFile& ckpt) {
         asked.num_attention_heads != trained.num_attention_heads)
       throw InputError(checkpoint_path() + ": holds a model of " +
                        std::to_string(trained.num_hidden_layers) + " layers, hidden " +
-                       std::to_string(trained.hidden_size) + ", not --preset " +
+                       std::to_string(trained.hidden_size) + ", not `preset` " +
                        opt_.shape.preset + "'s; resume continues the checkpoint's model: drop " +
-                       "--preset");
+                       "`preset`");
   }
 }
 
@@ -669,8 +669,8 @@ void Trainer::split_rows() {
     if (opt_.eval_fraction)
       throw InputError(opt_.sequences + " records its own held-out split (" +
                        std::to_string(n_seq - seqs_.heldout_begin) +
-                       " sequences of held-out documents, from prepare --eval-fraction): drop "
-                       "--eval-fraction");
+                       " sequences of held-out documents, from prepare `eval_fraction`): drop "
+                       "`eval_fraction`");
     held = n_seq - seqs_.heldout_begin;
   } else {
     const double fraction = opt_.eval_fraction.value_or(0.02);
@@ -706,7 +706,7 @@ void Trainer::split_rows() {
 void Trainer::carry_optimizer(const OptimizerConfig& oc) {
   if (opt_.init.empty() || fs::is_directory(opt_.init))
     throw InputError(
-        "--init-optimizer carry needs --init to name a packbert training "
+        "`init_optimizer` carry needs `init` to name a packbert training "
         "checkpoint (checkpoint.safetensors), which holds the optimizer state");
   io::SafetensorsFile f = io::SafetensorsFile::read(opt_.init);
   json st;
@@ -745,18 +745,18 @@ void Trainer::check_resume_options(const json& state) {
   const std::string was = state.value("optimizer", std::string());
   const std::string now = optimizer_name(opt_.loop.optimizer.kind);
   if (!was.empty() && was != now)
-    throw InputError(where + "was trained with --optimizer " + was + "; resume needs the same, " +
+    throw InputError(where + "was trained with `optimizer` " + was + "; resume needs the same, " +
                      "not " + now);
   if (state.contains("seed") && state["seed"].is_number_unsigned() &&
       state["seed"].get<uint64_t>() != opt_.loop.seed)
-    throw InputError(where + "was trained with --seed " + state["seed"].dump() +
+    throw InputError(where + "was trained with `seed` " + state["seed"].dump() +
                      "; resume needs the same (bit-exact resume), not " +
                      std::to_string(opt_.loop.seed));
   const std::string init = state.value("init", std::string());
   if (!opt_.init.empty() && (init.empty() || !(init == opt_.init || io::same_file(init, opt_.init))))
-    throw InputError(where + "its run started from " + (init.empty() ? "no --init" : init) +
-                     "; --resume continues it, so --init " + opt_.init +
-                     " would be ignored: drop --init");
+    throw InputError(where + "its run started from " + (init.empty() ? "no `init`" : init) +
+                     "; `resume` continues it, so `init` " + opt_.init +
+                     " would be ignored: drop `init`");
 }
 
 Trainer::~Trainer() = default;
@@ -903,99 +903,119 @@ EvalMetrics Trainer::evaluate() {
   return e;
 }
 
+std::string Trainer::kept_text() const {
+  std::string s = saved_step_ >= 0
+                      ? "checkpoint.safetensors (step " + std::to_string(saved_step_) + ")"
+                      : std::string("no checkpoint yet");
+  for (const auto& [step, path] : earlier_checkpoints())
+    s += ", " + fs::path(path).filename().string();
+  if (divergence_.best_eval_step >= 0)
+    s += ", best.safetensors (step " + std::to_string(divergence_.best_eval_step) + ")";
+  return s;
+}
+
+void Trainer::diverged(const std::string& what) const {
+  throw InputError("step " + std::to_string(step_) + ": the run diverged: " + what +
+                   " (`divergence_factor` " + fixed_text(opt_.divergence_factor) +
+                   "); no checkpoint written; kept in " + opt_.out_dir + ": " + kept_text());
+}
+
+// An evaluation of the held-out split, recorded; a new best is saved, a diverged one ends the
+// run; whether it reached target_accuracy is every rank's (rank 0's verdict).
+void Trainer::evaluate_and_record(const std::function<void(const EvalMetrics&)>& on_eval) {
+  evaluated_at_ = step_;
+  const double e0 = now_seconds();
+  EvalMetrics e = evaluate();
+  e.elapsed = elapsed_;
+  e.eval_seconds = now_seconds() - e0;
+  if (eval_rows_.row_end == 0) return;
+  const bool diverging = divergence_.eval_diverged(e.mlm_loss, opt_.divergence_factor);
+  const bool best = !diverging && std::isfinite(e.mlm_loss) &&
+                    (divergence_.best_eval_step < 0 || e.mlm_loss < divergence_.best_eval);
+  if (best) save_best(e);
+  if (comm_.root()) {
+    log_ << e.to_json().dump() << std::endl;
+    if (best)
+      log_ << json{{"type", "best"},
+                   {"step", e.step},
+                   {"file", "best.safetensors"},
+                   {"mlm_loss", e.mlm_loss},
+                   {"elapsed", e.elapsed}}
+                  .dump()
+           << std::endl;
+    if (on_eval) on_eval(e);
+  }
+  if (diverging)
+    diverged("held-out MLM loss " + fixed_text(e.mlm_loss) + " is above " +
+             fixed_text(opt_.divergence_factor) + " x its best, " +
+             fixed_text(divergence_.best_eval) + " at step " +
+             std::to_string(divergence_.best_eval_step));
+  if (best) {
+    divergence_.best_eval = e.mlm_loss, divergence_.best_eval_step = step_;
+    resave_ |= saved_step_ == step_;  // (the checkpoint of this step must record it)
+  }
+  double hit = comm_.root() && opt_.target_accuracy > 0 && e.mlm_acc >= opt_.target_accuracy;
+  comm_.allreduce_max(&hit, 1);
+  reached_ = hit > 0;
+}
+
+void Trainer::checkpoint_and_record() {
+  save_checkpoint();
+  if (!comm_.root()) return;
+  log_ << json{{"type", "checkpoint"},
+               {"step", step_},
+               {"file", "checkpoint.safetensors"},
+               {"earlier", kept_},
+               {"elapsed", elapsed_}}
+              .dump()
+       << std::endl;
+}
+
+// One optimizer step (and, on its schedule, a sparse pattern update), its metrics.
+StepMetrics Trainer::train_step(double flops_per_token) {
+  const double t0 = now_seconds();
+  // A step that ends with a pattern update under gradient regrow collects the dense gradient's
+  // block norms on the way.
+  const bool update = is_update_step(opt_.sparse, step_ + 1, opt_.max_steps);
+  if (update && opt_.sparse.regrow == Regrow::gradient) model_->collect_block_grads(true);
+  const std::string kept = saved_step_ >= 0 ? "no checkpoint written; the one of step " +
+                                                  std::to_string(saved_step_) + " in " +
+                                                  checkpoint_path() + " is unchanged"
+                                            : std::string("no checkpoint written");
+  const StepResult r =
+      stepper_->step(step_, opt_.max_steps, [&] { return loader_->next(); }, kept);
+  UpdateStats moved;
+  if (update) {
+    moved = update_patterns(*model_, stepper_->optimizer(), opt_.sparse, step_ + 1,
+                            opt_.max_steps, opt_.loop.seed);
+    model_->collect_block_grads(false);
+  }
+  train_flops_ += flops_per_token * static_cast<double>(r.real_tokens);
+  StepMetrics s =
+      StepMetrics::of(r, model_->layout().heads(), *stepper_, opt_.loop, comm_.size());
+  s.step = step_ + 1;
+  s.train_flops = train_flops_;
+  s.pattern_update = update, s.blocks_moved = moved.moved, s.churn = moved.churn();
+  cursor_ = loader_->cursor();
+  ++step_;
+  s.seconds = now_seconds() - t0;
+  elapsed_ += s.seconds;
+  s.elapsed = elapsed_;
+  return s;
+}
+
 StopReason Trainer::run(const std::atomic<bool>& stop,
                         const std::function<void(const StepMetrics&)>& on_step,
                         const std::function<void(const EvalMetrics&)>& on_eval) {
   // Rank 0 alone writes metrics and calls back; every rank trains and evaluates.
-  const bool root = comm_.root();
-  std::ofstream log;
-  if (root) {
-    log.open(opt_.out_dir + "/metrics.jsonl", new_log_ ? std::ios::trunc : std::ios::app);
-    if (!log) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
+  if (comm_.root()) {
+    log_.open(opt_.out_dir + "/metrics.jsonl", new_log_ ? std::ios::trunc : std::ios::app);
+    if (!log_) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
   }
   new_log_ = false;
+  const Schedule schedule{opt_.max_steps, opt_.eval_every, opt_.checkpoint_every,
+                          opt_.max_minutes};
   const double flops_per_token = nonembedding_flops_per_token(model_->layout());
-  int64_t evaluated_at = -1;
-  bool resave = false;  // an evaluation after this step's checkpoint changed what it records
-  bool reached = false;  // an evaluation met opt_.target_accuracy (rank 0's verdict)
-  auto kept_text = [&] {
-    std::string s = saved_step_ >= 0 ? "checkpoint.safetensors (step " +
-                                           std::to_string(saved_step_) + ")"
-                                     : std::string("no checkpoint yet");
-    for (const auto& [step, path] : earlier_checkpoints())
-      s += ", " + fs::path(path).filename().string();
-    if (divergence_.best_eval_step >= 0)
-      s += ", best.safetensors (step " + std::to_string(divergence_.best_eval_step) + ")";
-    return s;
-  };
-  auto diverged = [&](const std::string& what) {
-    throw InputError("step " + std::to_string(step_) + ": the run diverged: " + what +
-                     " (--divergence-factor " + fixed_text(opt_.divergence_factor) +
-                     "); no checkpoint written; kept in " + opt_.out_dir + ": " + kept_text());
-  };
-  auto do_eval = [&] {
-    evaluated_at = step_;
-    const double e0 = now_seconds();
-    EvalMetrics e = evaluate();
-    e.elapsed = elapsed_;
-    e.eval_seconds = now_seconds() - e0;
-    if (eval_rows_.row_end == 0) return;
-    const bool diverging = divergence_.eval_diverged(e.mlm_loss, opt_.divergence_factor);
-    const bool best = !diverging && std::isfinite(e.mlm_loss) &&
-                      (divergence_.best_eval_step < 0 || e.mlm_loss < divergence_.best_eval);
-    if (best) save_best(e);
-    if (root) {
-      log << json{{"type", "eval"},
-                  {"step", e.step},
-                  {"mlm_loss", e.mlm_loss},
-                  {"mlm_acc", e.mlm_acc},
-                  {"nsp_loss", e.nsp_loss},
-                  {"nsp_acc", e.nsp_acc},
-                  {"mlm_count", e.mlm_count},
-                  {"elapsed", e.elapsed},
-                  {"eval_seconds", e.eval_seconds}}
-                 .dump()
-          << std::endl;
-      if (best)
-        log << json{{"type", "best"},
-                    {"step", e.step},
-                    {"file", "best.safetensors"},
-                    {"mlm_loss", e.mlm_loss},
-                    {"elapsed", e.elapsed}}
-                   .dump()
-            << std::endl;
-      if (on_eval) on_eval(e);
-    }
-    if (diverging)
-      diverged("held-out MLM loss " + fixed_text(e.mlm_loss) + " is above " +
-               fixed_text(opt_.divergence_factor) + " x its best, " +
-               fixed_text(divergence_.best_eval) + " at step " +
-               std::to_string(divergence_.best_eval_step));
-    if (best) {
-      divergence_.best_eval = e.mlm_loss, divergence_.best_eval_step = step_;
-      resave |= saved_step_ == step_;  // (the checkpoint of this step must record it)
-    }
-    double hit = root && opt_.target_accuracy > 0 && e.mlm_acc >= opt_.target_accuracy;
-    comm_.allreduce_max(&hit, 1);
-    reached = hit > 0;
-  };
-  auto no_checkpoint = [&] {
-    return saved_step_ >= 0
-               ? "no checkpoint written; the one of step " + std::to_string(saved_step_) + " in " +
-                     checkpoint_path() + " is unchanged"
-               : std::string("no checkpoint written");
-  };
-  auto checkpoint_now = [&] {
-    save_checkpoint();
-    if (!root) return;
-    log << json{{"type", "checkpoint"},
-                {"step", step_},
-                {"file", "checkpoint.safetensors"},
-                {"earlier", kept_},
-                {"elapsed", elapsed_}}
-               .dump()
-        << std::endl;
-  };
   // A stop request (a signal to any rank) or the time limit (any rank's clock) stops every rank
   // after the same step.
   auto agreed = [&](bool local_stop, bool local_time) {
@@ -1010,70 +1030,9 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
       reason = StopReason::requested;
       break;
     }
-    const double t0 = now_seconds();
-    // A step that ends with a pattern update under gradient regrow collects the dense gradient's
-    // block norms on the way.
-    const bool update = is_update_step(opt_.sparse, step_ + 1, opt_.max_steps);
-    if (update && opt_.sparse.regrow == Regrow::gradient) model_->collect_block_grads(true);
-    const StepResult r = stepper_->step(
-        step_, opt_.max_steps, [&] { return loader_->next(); }, no_checkpoint());
-    UpdateStats moved;
-    if (update) {
-      moved = update_patterns(*model_, stepper_->optimizer(), opt_.sparse, step_ + 1,
-                              opt_.max_steps, opt_.loop.seed);
-      model_->collect_block_grads(false);
-    }
-    train_flops_ += flops_per_token * static_cast<double>(r.real_tokens);
-    StepMetrics s;
-    s.step = step_ + 1;
-    s.mlm_loss = r.mlm_loss, s.nsp_loss = r.nsp_loss, s.loss = r.loss();
-    s.mlm_acc =
-        r.mlm_count ? static_cast<double>(r.mlm_correct) / static_cast<double>(r.mlm_count) : 0;
-    s.nsp_acc =
-        r.nsp_count ? static_cast<double>(r.nsp_correct) / static_cast<double>(r.nsp_count) : 0;
-    s.lr = r.lr, s.grad_norm = r.grad_norm;
-    s.real_tokens = r.real_tokens, s.sequences = r.sequences;
-    s.skipped = r.skipped, s.skip_reason = r.skip_reason, s.loss_scale = r.loss_scale;
-    s.imbalance = r.imbalance, s.comm_seconds = r.comm_seconds;
-    s.train_flops = train_flops_;
-    s.pattern_update = update, s.blocks_moved = moved.moved, s.churn = moved.churn();
-    cursor_ = loader_->cursor();
-    ++step_;
-    s.seconds = now_seconds() - t0;
-    elapsed_ += s.seconds;
-    s.elapsed = elapsed_;
-    if (root) {
-      json line{{"type", "step"},
-                {"step", s.step},
-                {"loss", s.loss},
-                {"mlm_loss", s.mlm_loss},
-                {"nsp_loss", s.nsp_loss},
-                {"mlm_acc", s.mlm_acc},
-                {"nsp_acc", s.nsp_acc},
-                {"lr", s.lr},
-                {"grad_norm", s.grad_norm},
-                {"real_tokens", s.real_tokens},
-                {"sequences", s.sequences},
-                {"seconds", s.seconds},
-                {"elapsed", s.elapsed},
-                {"skipped", s.skipped},
-                {"skip_reason", s.skip_reason},
-                {"outlier_skips", stepper_->outlier_skips()},
-                {"train_flops", s.train_flops}};
-      if (opt_.loop.loss_scaling.on()) {
-        line["loss_scale"] = s.loss_scale;
-        line["loss_scale_overflows"] = stepper_->scaler().overflows;
-      }
-      if (s.pattern_update) {
-        line["blocks_moved"] = s.blocks_moved;
-        line["churn"] = s.churn;
-      }
-      if (comm_.distributed()) {
-        line["processes"] = comm_.size();
-        line["imbalance"] = s.imbalance;
-        line["comm_seconds"] = s.comm_seconds;
-      }
-      log << line.dump() << std::endl;
+    const StepMetrics s = train_step(flops_per_token);
+    if (comm_.root()) {
+      log_ << s.to_json().dump() << std::endl;
       if (on_step) on_step(s);
     }
     io::crash_point("step");
@@ -1081,25 +1040,23 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
       diverged("the training loss's moving average " + fixed_text(divergence_.train_ema) +
                " is above " + fixed_text(opt_.divergence_factor) + " x its lowest, " +
                fixed_text(divergence_.lowest_train_ema));
-    if (opt_.eval_every > 0 && step_ % opt_.eval_every == 0 && step_ < opt_.max_steps) do_eval();
+    if (schedule.evaluates_after(step_)) evaluate_and_record(on_eval);
     // (the last step's checkpoint is written after its evaluation, below)
-    if (opt_.checkpoint_every > 0 && step_ % opt_.checkpoint_every == 0 && step_ < opt_.max_steps)
-      checkpoint_now();
-    if (reached) {
+    if (schedule.checkpoints_after(step_)) checkpoint_and_record();
+    if (reached_) {
       reason = StopReason::target_reached;
       break;
     }
-    const auto [stop_any, time_any] =
-        agreed(stop.load(), opt_.max_minutes > 0 && elapsed_ > opt_.max_minutes * 60);
+    const auto [stop_any, time_any] = agreed(stop.load(), schedule.out_of_time(elapsed_));
     if (time_any) {
       reason = StopReason::time_limit;
       break;
     }
     stop_now = stop_any;
   }
-  if (evaluated_at != step_) do_eval();  // a stop right after an evaluation needs no second one
-  if (reached && reason == StopReason::finished) reason = StopReason::target_reached;  // at the end
-  if (saved_step_ != step_ || resave) checkpoint_now();
+  if (evaluated_at_ != step_) evaluate_and_record(on_eval);  // (none twice after one step)
+  if (reached_ && reason == StopReason::finished) reason = StopReason::target_reached;
+  if (saved_step_ != step_ || resave_) checkpoint_and_record();
   return reason;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
@@ -16,6 +17,7 @@
 #include "model/bert.h"
 #include "train/loader.h"
 #include "train/loop.h"
+#include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/sparsity.h"
 
@@ -74,36 +76,6 @@ struct DivergenceGuard {
   bool eval_diverged(double mlm_loss, double factor) const {
     return factor > 0 && best_eval_step >= 0 && mlm_loss > factor * best_eval;
   }
-};
-
-struct StepMetrics {
-  int64_t step = 0;
-  double loss = 0, mlm_loss = 0, nsp_loss = 0, mlm_acc = 0, nsp_acc = 0, lr = 0, grad_norm = 0;
-  int64_t real_tokens = 0, sequences = 0;  // real tokens exclude computed padding
-  double seconds = 0, elapsed = 0;         // this step; since the run began (excluding evaluation)
-  // Steps count from 1: `step` is the number of optimizer steps done once this one is. elapsed
-  // is training time only (no evaluation, no checkpoint writing), summed over resumed runs.
-  bool skipped = false;     // no update was applied
-  std::string skip_reason;  // StepResult's
-  double loss_scale = 1;    // the loss scale this step ran with (1 when loss scaling is off)
-  // Under mpirun: the most real tokens one process computed over the mean, and the seconds spent
-  // waiting on collectives outside backward.
-  double imbalance = 1, comm_seconds = 0;
-  // Training FLOPs of the encoder's linear layers so far (nonembedding_flops_per_token x real
-  // tokens, summed over resumed runs), and, after a step that updated the sparse patterns, the
-  // blocks it moved and their share of all kept blocks.
-  double train_flops = 0;
-  bool pattern_update = false;
-  int64_t blocks_moved = 0;
-  double churn = 0;
-};
-
-struct EvalMetrics {
-  int64_t step = 0;
-  double mlm_loss = 0, mlm_acc = 0, nsp_loss = 0, nsp_acc = 0;
-  int64_t mlm_count = 0, sequences = 0;
-  double elapsed = 0;       // training seconds when it ran (the clock of the step records)
-  double eval_seconds = 0;  // how long the evaluation took
 };
 
 // Pre-training metrics over one epoch of `loader` (dropout off): what pretrain reports on its
@@ -178,6 +150,13 @@ class Trainer {
   // best.safetensors (--overwrite starts over).
   void clear_earlier_run();
   void check_disk_space() const;
+  // Trainer::run's parts: what the run keeps on disk (for messages), a divergence's error, an
+  // evaluation and a checkpoint with their metrics.jsonl records, one step and its metrics.
+  std::string kept_text() const;
+  [[noreturn]] void diverged(const std::string& what) const;
+  void evaluate_and_record(const std::function<void(const EvalMetrics&)>& on_eval);
+  void checkpoint_and_record();
+  StepMetrics train_step(double flops_per_token);
 
   PretrainOptions opt_;
   dist::Comm& comm_;
@@ -198,10 +177,14 @@ class Trainer {
   double elapsed_ = 0;  // training seconds so far, earlier (resumed) runs included
   int64_t saved_step_ = -1;
   bool new_log_ = false;    // run() replaces metrics.jsonl (a new run) instead of appending
-  double train_flops_ = 0;
+  double train_flops_ = 0;  // the encoder's linear-layer training FLOPs so far (resumes too)
   DivergenceGuard divergence_;
   std::vector<std::string> kept_;  // the earlier checkpoints' file names after the last save
-  bool earlier_run_cleared_ = false;  // clear_earlier_run() done (or a resume: nothing to clear)  // the encoder's linear-layer training FLOPs so far (resumes too)
+  std::ofstream log_;           // metrics.jsonl, rank 0 during run()
+  int64_t evaluated_at_ = -1;   // the step of the last evaluation
+  bool resave_ = false;  // an evaluation after this step's checkpoint changed what it records
+  bool reached_ = false;  // an evaluation met target_accuracy (rank 0's verdict, shared)
+  bool earlier_run_cleared_ = false;  // clear_earlier_run() done (or a resume: nothing to clear)
 };
 
 // Loads a model from a packbert checkpoint file or a Hugging Face model in any form
