@@ -216,6 +216,13 @@ model::Recompute step_policy(const model::BertModel<float>& m, const FinetuneOpt
   return check_step_fits(plan, lo.recompute, lo.memory_limit);
 }
 
+// Whether any rank was asked to stop (SIGINT/SIGTERM): every rank stops after the same step.
+bool stop_requested(const FinetuneOptions& o, dist::Comm& comm) {
+  double stop_now = o.stop && o.stop->load() ? 1.0 : 0.0;
+  comm.allreduce_max(&stop_now, 1);
+  return stop_now > 0;
+}
+
 // The order an epoch visits n rows in: a shuffle seeded by (seed, epoch).
 std::vector<size_t> epoch_order(size_t n, uint64_t seed, int epoch) {
   std::vector<size_t> order(n);
@@ -290,9 +297,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
       }
       io::crash_point("step");
       at.epoch = epoch, at.step_in_epoch = s + 1;
-      double stop_now = o.stop && o.stop->load() ? 1.0 : 0.0;
-      comm.allreduce_max(&stop_now, 1);  // every rank stops after the same step
-      if (stop_now > 0) {
+      if (stop_requested(o, comm)) {
         if (comm.root()) progress.finish();
         save_resume(o, m, stepper, identity, res, at);
         res.stopped = true;

@@ -50,30 +50,6 @@ model::BertConfig config_of(const io::SafetensorsFile& f) {
 
 }  // namespace
 
-namespace {
-
-// The block sparsity a packbert checkpoint's state records (dense when it records none).
-model::Sparsity sparsity_of(const json& state) {
-  if (!state.is_object() || !state.contains("sparsity")) return {};
-  const json& sp = state["sparsity"];
-  return {sp.value("block", 0), sp.value("sparsity", 0.0)};
-}
-
-// The same for any file (dense for one that is not a packbert checkpoint).
-model::Sparsity sparsity_of(const io::SafetensorsFile& f) {
-  auto it = f.metadata().find("packbert");
-  return it == f.metadata().end() ? model::Sparsity{}
-                                  : sparsity_of(json::parse(it->second, nullptr, false));
-}
-
-std::string sparsity_text(const model::Sparsity& s) {
-  if (!s.on()) return "dense weights";
-  std::ostringstream out;
-  out << "`block` " << s.block << " `sparsity` " << s.sparsity;
-  return out.str();
-}
-
-}  // namespace
 
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
                                                     model::Sparsity sparsity, FreshTensors* fresh) {
@@ -290,13 +266,6 @@ std::string Trainer::earlier_checkpoint_path(int64_t step) const {
 
 std::string Trainer::best_path() const { return opt_.out_dir + "/best.safetensors"; }
 
-bool DivergenceGuard::train_diverged(double loss, double factor) {
-  if (!std::isfinite(loss)) return false;  // (non-finite losses are --nan-abort's)
-  train_ema = train_steps ? 0.9 * train_ema + 0.1 * loss : loss;
-  ++train_steps;
-  if (train_steps == 1 || train_ema < lowest_train_ema) lowest_train_ema = train_ema;
-  return factor > 0 && train_steps > kWarmup && train_ema > factor * lowest_train_ema;
-}
 
 namespace {
 
@@ -405,22 +374,17 @@ void Trainer::setup(bool resume) {
   step_rows_ = static_cast<int64_t>(comm_.size()) * opt_.loop.rows_per_batch;
   read_inputs();
 
-  json state;
+  std::optional<TrainingState> state;
   std::unique_ptr<io::SafetensorsFile> ckpt;
   if (resume) {
     if (!fs::exists(checkpoint_path()))
       throw InputError(checkpoint_path() + ": no checkpoint to resume from");
     ckpt = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::read(checkpoint_path()));
-    try {
-      state = json::parse(ckpt->metadata().at("packbert"));
-    } catch (const std::exception&) {
-      throw InputError(checkpoint_path() +
-                       ": not a packbert training checkpoint (no 'packbert' metadata)");
-    }
-    check_resume_options(state);
-    check_resume_run(state, *ckpt);
+    state = TrainingState::read(*ckpt);
+    state->check_resumable(opt_, seqs_checksum_, step_rows_, comm_.size(), checkpoint_path());
+    check_resumed_model(*state, *ckpt);
   }
-  make_model(ckpt.get(), state, new_shape);
+  make_model(ckpt.get(), state ? &*state : nullptr, new_shape);
   const OptimizerConfig oc = plan_steps();
   // Sparse training's learning rate: scaled as the sparsity needs (Graphcore's eta(s)).
   LoopOptions stepped = opt_.loop;
@@ -428,7 +392,7 @@ void Trainer::setup(bool resume) {
   stepper_ = std::make_unique<Stepper>(*model_, stepped, oc, accumulation_, recompute_, comm_);
   split_rows();
   if (!resume && opt_.carry_optimizer) carry_optimizer(oc);
-  if (resume) restore(*ckpt, state);
+  if (resume) restore(*ckpt, *state);
   loader_ = std::make_unique<BatchLoader>(seqs_, seqs_checksum_, packs_ ? &*packs_ : nullptr,
                                           vocab_ ? &*vocab_ : nullptr, train_rows_, cursor_);
   // Every input has been checked: only now is out_dir made (a bad input leaves nothing behind).
@@ -523,78 +487,35 @@ void Trainer::read_inputs() {
   }
 }
 
-// What a checkpoint's run must share with this invocation to continue it bit for bit.
-void Trainer::check_resume_run(json& state, const io::SafetensorsFile& ckpt) {
-  const LoopOptions& lo = opt_.loop;
-  if (state.value("sequences_checksum", uint64_t{0}) != seqs_checksum_)
-    throw InputError(checkpoint_path() + ": was trained on another sequences file than " +
-                     opt_.sequences);
-  if (state.value("packed", false) != packs_.has_value() ||
-      state.value("one_per_row", false) != opt_.one_per_row)
-    throw InputError(checkpoint_path() +
-                     ": resume needs the same layout (`packs`, `one_per_row`) as the run that "
-                     "wrote it");
-  // rows_per_batch: the rows of a whole step's micro-batch (processes x --batch-rows).
-  const int64_t rows = state.value("rows_per_batch", int64_t{0});
-  if (rows != step_rows_)
-    throw InputError(checkpoint_path() + ": its run used " + std::to_string(rows) +
-                     " rows per micro-batch (processes x `rows_per_batch`); resume needs the same, "
-                     "not " +
-                     std::to_string(comm_.size()) + " x " + std::to_string(lo.rows_per_batch));
-  const std::string precision = state.value("precision", std::string("fp32"));
-  if (precision != model::precision_name(lo.precision))
-    throw InputError(checkpoint_path() + ": was trained with `precision` " + precision +
-                     "; resume needs the same (bit-exact resume), not " +
-                     model::precision_name(lo.precision));
-  const std::string masters = state.value("master_weights", std::string("fp32"));
-  if (masters != masters_name(lo.optimizer.masters))
-    throw InputError(checkpoint_path() + ": was trained with `masters` " + masters +
-                     "; resume needs the same (bit-exact resume), not " +
-                     masters_name(lo.optimizer.masters));
-  const std::string scaling = state.value("loss_scaling", std::string("off"));
-  if (scaling != loss_scaling_name(lo.loss_scaling))
-    throw InputError(checkpoint_path() + ": was trained with `loss_scale` " + scaling +
-                     "; resume needs the same (bit-exact resume), not " +
-                     loss_scaling_name(lo.loss_scaling));
-  const model::Sparsity was = sparsity_of(state);
-  if (!(was == opt_.sparse.sparsity))
-    throw InputError(checkpoint_path() + ": was trained with " + sparsity_text(was) +
-                     "; resume needs the same, not " + sparsity_text(opt_.sparse.sparsity));
-  const int64_t at = state.value("step", int64_t{0});
-  if (opt_.max_steps <= at)
-    throw InputError(checkpoint_path() + ": is already at step " + std::to_string(at) +
-                     ", and `max_steps` " + std::to_string(opt_.max_steps) +
-                     " is not past it: nothing to train (give `max_steps` above " +
-                     std::to_string(at) + " to train on)");
-  // How the run's sparse weights started is the checkpoint's to say, not this invocation's.
-  if (was.on())
-    opt_.sparse.init = model::parse_sparse_init(
-        state["sparsity"].value("init", std::string("dense")), checkpoint_path() + ": init");
+// The checkpoint's model, which a resume continues: its sparse weights started as the run that
+// wrote it said, and a --preset must name its shape.
+void Trainer::check_resumed_model(const TrainingState& state, const io::SafetensorsFile& ckpt) {
+  if (state.block_sparsity().on())
+    opt_.sparse.init = model::parse_sparse_init(state.sparsity.value("init", std::string("dense")),
+                                                checkpoint_path() + ": init");
+  if (!opt_.preset_given) return;
   const model::BertConfig trained = config_of(ckpt);
-  if (opt_.preset_given) {
-    const model::BertConfig asked = model::resolve_shape(opt_.shape);
-    if (asked.num_hidden_layers != trained.num_hidden_layers ||
-        asked.hidden_size != trained.hidden_size ||
-        asked.intermediate_size != trained.intermediate_size ||
-        asked.num_attention_heads != trained.num_attention_heads)
-      throw InputError(checkpoint_path() + ": holds a model of " +
-                       std::to_string(trained.num_hidden_layers) + " layers, hidden " +
-                       std::to_string(trained.hidden_size) + ", not `preset` " +
-                       opt_.shape.preset + "'s; resume continues the checkpoint's model: drop " +
-                       "`preset`");
-  }
+  const model::BertConfig asked = model::resolve_shape(opt_.shape);
+  if (asked.num_hidden_layers != trained.num_hidden_layers ||
+      asked.hidden_size != trained.hidden_size ||
+      asked.intermediate_size != trained.intermediate_size ||
+      asked.num_attention_heads != trained.num_attention_heads)
+    throw InputError(checkpoint_path() + ": holds a model of " +
+                     std::to_string(trained.num_hidden_layers) + " layers, hidden " +
+                     std::to_string(trained.hidden_size) + ", not `preset` " + opt_.shape.preset +
+                     "'s; resume continues the checkpoint's model: drop `preset`");
 }
 
 // The model: the checkpoint's (resume), --init's, or a new one of new_shape.
-void Trainer::make_model(const io::SafetensorsFile* ckpt, const json& state,
+void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* state,
                          const std::optional<model::BertConfig>& new_shape) {
   const LoopOptions& lo = opt_.loop;
   model::Heads heads;
   if (ckpt) {
     model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads,
-                                                       sparsity_of(state));
+                                                       state->block_sparsity());
     model::load_model_weights(*model_, *ckpt);
-    train_flops_ = state.value("train_flops", 0.0);
+    train_flops_ = state->train_flops;
   } else if (!opt_.init.empty()) {
     io::AllocationScope scope("the model loaded from " + opt_.init);
     FreshTensors fresh{lo.seed, 0, {}};
@@ -723,40 +644,42 @@ void Trainer::carry_optimizer(const OptimizerConfig& oc) {
 }
 
 // This run's own state from its checkpoint: moments, counters, cursor, the divergence guard.
-void Trainer::restore(const io::SafetensorsFile& ckpt, const json& state) {
-  load_stepper_state(*stepper_, model_->layout(), ckpt, state);
-  step_ = state.at("step").get<int64_t>();
-  cursor_ = {state.at("cursor_epoch").get<uint64_t>(), state.at("cursor_row").get<uint64_t>()};
-  elapsed_ = state.value("elapsed", 0.0);
+void Trainer::restore(const io::SafetensorsFile& ckpt, const TrainingState& state) {
+  load_stepper_state(*stepper_, model_->layout(), ckpt, state.stepper);
+  step_ = state.step;
+  cursor_ = state.cursor;
+  elapsed_ = state.elapsed;
   saved_step_ = step_;
-  if (state.contains("divergence")) {
-    const json& d = state["divergence"];
-    divergence_.train_ema = d.at("train_ema").get<double>();
-    divergence_.lowest_train_ema = d.at("lowest_train_ema").get<double>();
-    divergence_.train_steps = d.at("train_steps").get<int64_t>();
-    divergence_.best_eval = d.at("best_eval").get<double>();
-    divergence_.best_eval_step = d.at("best_eval_step").get<int64_t>();
-  }
+  if (state.divergence) divergence_ = *state.divergence;
   if (comm_.root()) truncate_metrics(opt_.out_dir + "/metrics.jsonl", step_);
 }
 
-void Trainer::check_resume_options(const json& state) {
-  const std::string where = checkpoint_path() + ": ";
-  const std::string was = state.value("optimizer", std::string());
-  const std::string now = optimizer_name(opt_.loop.optimizer.kind);
-  if (!was.empty() && was != now)
-    throw InputError(where + "was trained with `optimizer` " + was + "; resume needs the same, " +
-                     "not " + now);
-  if (state.contains("seed") && state["seed"].is_number_unsigned() &&
-      state["seed"].get<uint64_t>() != opt_.loop.seed)
-    throw InputError(where + "was trained with `seed` " + state["seed"].dump() +
-                     "; resume needs the same (bit-exact resume), not " +
-                     std::to_string(opt_.loop.seed));
-  const std::string init = state.value("init", std::string());
-  if (!opt_.init.empty() && (init.empty() || !(init == opt_.init || io::same_file(init, opt_.init))))
-    throw InputError(where + "its run started from " + (init.empty() ? "no `init`" : init) +
-                     "; `resume` continues it, so `init` " + opt_.init +
-                     " would be ignored: drop `init`");
+// What the checkpoint of this step records beside its tensors.
+TrainingState Trainer::training_state() {
+  TrainingState s;
+  s.step = step_;
+  s.optimizer = optimizer_name(opt_.loop.optimizer.kind);
+  s.cursor = cursor_;
+  s.sequences_checksum = seqs_checksum_;
+  s.packed = packs_.has_value(), s.one_per_row = opt_.one_per_row;
+  s.precision = model::precision_name(opt_.loop.precision);
+  s.master_weights = masters_name(opt_.loop.optimizer.masters);
+  s.loss_scaling = loss_scaling_name(opt_.loop.loss_scaling);
+  s.backend = kernels::backend(opt_.loop.backend).name;
+  s.rows_per_batch = step_rows_, s.processes = comm_.size();
+  s.seed = opt_.loop.seed;
+  s.elapsed = elapsed_, s.train_flops = train_flops_;
+  s.divergence = divergence_;
+  s.init = opt_.init;
+  if (opt_.sparse.sparsity.on())
+    s.sparsity = {{"block", opt_.sparse.sparsity.block},
+                  {"sparsity", opt_.sparse.sparsity.sparsity},
+                  {"prune_ratio", opt_.sparse.prune_ratio},
+                  {"updates", opt_.sparse.updates_or_default()},
+                  {"regrow", regrow_name(opt_.sparse.regrow)},
+                  {"init", model::sparse_init_name(opt_.sparse.init)}};
+  save_stepper_state(*stepper_, s.stepper);
+  return s;
 }
 
 Trainer::~Trainer() = default;
@@ -783,39 +706,7 @@ void Trainer::save_checkpoint() {
   std::vector<io::TensorToWrite> tensors = weight_and_moment_tensors(L, w, m, v);
   const model::OwnedTensors patterns = model::pattern_tensors(*model_);
   tensors.insert(tensors.end(), patterns.tensors.begin(), patterns.tensors.end());
-  json state = {{"format", "packbert.checkpoint"},
-                {"version", 1},
-                {"step", step_},
-                {"optimizer", optimizer_name(opt_.loop.optimizer.kind)},
-                {"cursor_epoch", cursor_.epoch},
-                {"cursor_row", cursor_.row},
-                {"sequences_checksum", seqs_checksum_},
-                {"packed", packs_.has_value()},
-                {"one_per_row", opt_.one_per_row},
-                {"precision", model::precision_name(opt_.loop.precision)},
-                {"backend", kernels::backend(opt_.loop.backend).name},  // informational
-                {"master_weights", masters_name(opt_.loop.optimizer.masters)},
-                {"rows_per_batch", step_rows_},
-                {"processes", comm_.size()},
-                {"seed", opt_.loop.seed},
-                {"elapsed", elapsed_},
-                {"loss_scaling", loss_scaling_name(opt_.loop.loss_scaling)},
-                {"train_flops", train_flops_},
-                {"divergence",
-                 {{"train_ema", divergence_.train_ema},
-                  {"lowest_train_ema", divergence_.lowest_train_ema},
-                  {"train_steps", divergence_.train_steps},
-                  {"best_eval", divergence_.best_eval},
-                  {"best_eval_step", divergence_.best_eval_step}}}};
-  if (!opt_.init.empty()) state["init"] = opt_.init;
-  save_stepper_state(*stepper_, state);
-  if (opt_.sparse.sparsity.on())
-    state["sparsity"] = {{"block", opt_.sparse.sparsity.block},
-                         {"sparsity", opt_.sparse.sparsity.sparsity},
-                         {"prune_ratio", opt_.sparse.prune_ratio},
-                         {"updates", opt_.sparse.updates_or_default()},
-                         {"regrow", regrow_name(opt_.sparse.regrow)},
-                         {"init", model::sparse_init_name(opt_.sparse.init)}};
+  const json state = training_state().to_json();
   clear_earlier_run();
   // The checkpoint on disk becomes checkpoint-<its step>.safetensors (a second name for the same
   // file, so it is never absent), then the new one replaces checkpoint.safetensors atomically.

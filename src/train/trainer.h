@@ -15,6 +15,7 @@
 #include "data/sequences.h"
 #include "io/safetensors.h"
 #include "model/bert.h"
+#include "train/checkpoint.h"
 #include "train/loader.h"
 #include "train/loop.h"
 #include "train/metrics.h"
@@ -62,20 +63,6 @@ struct PretrainOptions {
   bool one_per_row = false;
   // Set by the CLI: whether --preset was given (resume refuses one that is not the checkpoint's).
   bool preset_given = false;
-};
-
-// The divergence guard's state (PretrainOptions::divergence_factor), carried in checkpoints.
-struct DivergenceGuard {
-  static constexpr int kWarmup = 10;  // training steps averaged before the guard acts on them
-  double train_ema = 0, lowest_train_ema = 0;
-  int64_t train_steps = 0;  // steps averaged so far
-  double best_eval = 0;     // lowest held-out MLM loss so far
-  int64_t best_eval_step = -1;
-  // The EMA (weight 0.1) of the training loss, and whether it is above factor x its lowest.
-  bool train_diverged(double loss, double factor);
-  bool eval_diverged(double mlm_loss, double factor) const {
-    return factor > 0 && best_eval_step >= 0 && mlm_loss > factor * best_eval;
-  }
 };
 
 // Pre-training metrics over one epoch of `loader` (dropout off): what pretrain reports on its
@@ -135,14 +122,14 @@ class Trainer {
   void check_options(bool resume) const;
   void check_outputs(bool resume) const;
   void read_inputs();
-  void check_resume_options(const nlohmann::json& state);
-  void check_resume_run(nlohmann::json& state, const io::SafetensorsFile& ckpt);
-  void make_model(const io::SafetensorsFile* ckpt, const nlohmann::json& state,
+  void check_resumed_model(const TrainingState& state, const io::SafetensorsFile& ckpt);
+  void make_model(const io::SafetensorsFile* ckpt, const TrainingState* state,
                   const std::optional<model::BertConfig>& new_shape);
   OptimizerConfig plan_steps();
   void split_rows();
   void carry_optimizer(const OptimizerConfig& oc);
-  void restore(const io::SafetensorsFile& ckpt, const nlohmann::json& state);
+  void restore(const io::SafetensorsFile& ckpt, const TrainingState& state);
+  TrainingState training_state();
   // The earlier checkpoints in out_dir by step, oldest first.
   std::vector<std::pair<int64_t, std::string>> earlier_checkpoints() const;
   void save_best(const EvalMetrics& e);
