@@ -119,16 +119,14 @@ std::vector<int> Stepper::rows_of_rank(const std::vector<int64_t>& tokens, int r
 
 Stepper::Stepper(model::BertModel<float>& m, const LoopOptions& o, const OptimizerConfig& oc,
                  int accumulation, model::Recompute recompute, dist::Comm& comm)
-    : m_(m), o_(o), accumulation_(accumulation), recompute_(recompute), comm_(comm) {
+    : m_(m),
+      o_(o),
+      accumulation_(accumulation),
+      recompute_(recompute),
+      comm_(comm),
+      sync_(comm, o.zero, m.layout().total()) {
   m.set_backend(o.backend);
-  const size_t total = m.layout().total();
-  bounds_ = {0, total};
-  size_t begin = 0, end = total;
-  if (o.zero == 1 && comm.distributed()) {
-    bounds_ = dist::shard_bounds(total, comm.size());
-    begin = bounds_[static_cast<size_t>(comm.rank())];
-    end = bounds_[static_cast<size_t>(comm.rank()) + 1];
-  }
+  const auto [begin, end] = sync_.shard();
   OptimizerConfig c = oc;
   c.masters = o.optimizer.masters, c.seed = o.seed, c.backend = o.backend;
   if (c.masters != Masters::fp32) m.keep_masters_in_bf16();
@@ -202,7 +200,6 @@ struct StepSums {
 void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
                                 const std::function<model::PackedBatch()>& next, double scale) {
   const int N = comm_.size(), rank = comm_.rank();
-  const bool zero = o_.zero == 1 && N > 1;
   std::vector<float>& g = m_.grads();
   for (int micro = 0; micro < micros; ++micro) {
     const bool last = micro + 1 == micros;
@@ -213,14 +210,10 @@ void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
       mine = model::take_rows(whole, share, rows_of_rank(model::row_tokens(whole), N, rank));
     }
     const model::PackedBatch& b = N > 1 ? mine : whole;
-    // The last micro-batch's gradients are final layer by layer: reduce each as backward
-    // finishes it (ZeRO-1 reduce-scatters the whole arena after backward instead).
-    std::function<void(size_t, size_t)> ready;
-    if (last && N > 1 && !zero)
-      ready = [&](size_t a, size_t e) {
-        comm_.start_allreduce(g.data() + a, e - a);
-        comm_.progress();
-      };
+    // The last micro-batch's gradients are final layer by layer: the sync may reduce each as
+    // backward finishes it.
+    const std::function<void(size_t, size_t)> ready =
+        last ? sync_.on_ready(g.data()) : std::function<void(size_t, size_t)>();
     if (b.B == 0) {  // more ranks than rows: nothing to compute, still a part of every reduction
       if (ready)
         for (auto [a, e] : m_.grad_ranges()) ready(a, e);
@@ -274,9 +267,8 @@ bool Stepper::skips(StepResult& r, int64_t index, const std::string& kept) {
 // follow the arena index, so sharding does not change them). The weights' bf16 copy under bf16
 // is rebuilt by the next forward from the gathered weights.
 bool Stepper::update(StepResult& r, float grad_scale) {
-  if (!(o_.zero == 1 && comm_.size() > 1))
-    return apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
-  const Optimizer::Reduce reduce = [&](double* s, size_t k) { comm_.allreduce_sum(s, k); };
+  if (!sync_.sharded()) return apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
+  const Optimizer::Reduce reduce = sync_.shard_sum();
   const bool masters16 = m_.masters_in_bf16();
   std::vector<float>& w = m_.params();
   kernels::bf16* w16 = masters16 ? m_.weights16() : nullptr;
@@ -288,10 +280,10 @@ bool Stepper::update(StepResult& r, float grad_scale) {
   comm_.allreduce_sum(&bad, 1);
   if (masters16) {
     static_assert(sizeof(kernels::bf16) == sizeof(uint16_t));
-    comm_.allgather(reinterpret_cast<uint16_t*>(w16), bounds_);
+    sync_.gather(reinterpret_cast<uint16_t*>(w16));
     m_.masters16_written();
   } else {
-    comm_.allgather(w.data(), bounds_);
+    sync_.gather(w.data());
   }
   r.comm_seconds += now_seconds() - t1;
   return bad == 0;
@@ -300,25 +292,18 @@ bool Stepper::update(StepResult& r, float grad_scale) {
 StepResult Stepper::step(int64_t index, int64_t total,
                          const std::function<model::PackedBatch()>& next, const std::string& kept,
                          int micro_batches) {
-  const int N = comm_.size();
   const int micros = micro_batches > 0 ? micro_batches : accumulation_;
-  const bool zero = o_.zero == 1 && N > 1;
   StepResult r;
   r.loss_scale = scaler_.scale;
   m_.zero_grads();
-  StepSums sums(N);
+  StepSums sums(comm_.size());
   run_micro_batches(index, micros, sums, next, r.loss_scale);
   // The gradients summed over ranks (each share divided by the whole batch's counts), the step's
   // numbers summed too.
   std::vector<float>& g = m_.grads();
   const double t0 = now_seconds();
-  if (N > 1) {
-    if (zero)
-      comm_.reduce_scatter_sum(g.data(), bounds_);
-    else
-      comm_.wait_all();
-    sums.allreduce(comm_);
-  }
+  sync_.finish(g.data());
+  if (comm_.distributed()) sums.allreduce(comm_);
   const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
   // The gradient is the micro-batches' mean, unscaled (loss scaling) and clipped to the global
   // norm: one factor that the optimizer applies as it reads each gradient (no pass scales them
@@ -327,10 +312,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
   const double unscale = 1.0 / micros / r.loss_scale;
   r.grad_norm =
       unscale *
-      grad_norm(g.data() + begin, end - begin,
-                zero ? Optimizer::Reduce([&](double* s, size_t k) { comm_.allreduce_sum(s, k); })
-                     : Optimizer::Reduce(),
-                o_.backend);
+      grad_norm(g.data() + begin, end - begin, sync_.shard_sum(), o_.backend);
   const float grad_scale = static_cast<float>(unscale) * clip_factor(r.grad_norm, o_.clip_norm);
   r.comm_seconds = now_seconds() - t0;
   sums.fill(r, micros);
@@ -346,12 +328,12 @@ StepResult Stepper::step(int64_t index, int64_t total,
 
 std::pair<const float*, const float*> Stepper::whole_moments(std::vector<float>& m_all,
                                                              std::vector<float>& v_all) {
-  if (bounds_.size() == 2) return {opt_->m_fp32(m_all), opt_->v_fp32(v_all)};  // not sharded
+  if (!sync_.sharded()) return {opt_->m_fp32(m_all), opt_->v_fp32(v_all)};
   const size_t total = comm_.root() ? m_.layout().total() : 0;
   m_all.assign(total, 0.0f), v_all.assign(total, 0.0f);
   std::vector<float> widened;  // this shard's moments in fp32, under bf16 masters
-  comm_.gather(opt_->m_fp32(widened), m_all.data(), bounds_);
-  comm_.gather(opt_->v_fp32(widened), v_all.data(), bounds_);
+  comm_.gather(opt_->m_fp32(widened), m_all.data(), sync_.bounds());
+  comm_.gather(opt_->v_fp32(widened), v_all.data(), sync_.bounds());
   if (!comm_.root()) return {nullptr, nullptr};
   return {m_all.data(), v_all.data()};
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "dist/grad_sync.h"
 #include "model/bert.h"
 #include "train/optimizer.h"
 
@@ -167,7 +168,7 @@ class Stepper {
   int accumulation_;
   model::Recompute recompute_;
   dist::Comm& comm_;
-  std::vector<size_t> bounds_;  // ZeRO-1 shards
+  dist::GradientSync sync_;  // all-reduce, ZeRO-1 or nothing
   std::unique_ptr<Optimizer> opt_;
   GradNormGuard guard_;
   int64_t outlier_skips_ = 0;

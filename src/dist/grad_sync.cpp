@@ -1,0 +1,44 @@
+#include "dist/grad_sync.h"
+
+namespace packbert::dist {
+
+GradientSync::GradientSync(Comm& comm, int zero, size_t total) : comm_(comm) {
+  bounds_ = {0, total};
+  if (!comm.distributed()) return;
+  kind_ = zero == 1 ? Kind::zero1 : Kind::allreduce;
+  if (sharded()) bounds_ = shard_bounds(total, comm.size());
+}
+
+std::pair<size_t, size_t> GradientSync::shard() const {
+  if (!sharded()) return {bounds_.front(), bounds_.back()};
+  const size_t r = static_cast<size_t>(comm_.rank());
+  return {bounds_[r], bounds_[r + 1]};
+}
+
+std::function<void(size_t, size_t)> GradientSync::on_ready(float* grads) {
+  if (kind_ != Kind::allreduce) return {};
+  return [this, grads](size_t a, size_t e) {
+    comm_.start_allreduce(grads + a, e - a);
+    comm_.progress();
+  };
+}
+
+void GradientSync::finish(float* grads) {
+  if (kind_ == Kind::allreduce) comm_.wait_all();
+  if (kind_ == Kind::zero1) comm_.reduce_scatter_sum(grads, bounds_);
+}
+
+std::function<void(double*, size_t)> GradientSync::shard_sum() {
+  if (!sharded()) return {};
+  return [this](double* s, size_t n) { comm_.allreduce_sum(s, n); };
+}
+
+void GradientSync::gather(float* weights) {
+  if (sharded()) comm_.allgather(weights, bounds_);
+}
+
+void GradientSync::gather(uint16_t* weights16) {
+  if (sharded()) comm_.allgather(weights16, bounds_);
+}
+
+}  // namespace packbert::dist

@@ -1,0 +1,54 @@
+// How a step's gradients become the sum over every process, and the weights every process's
+// again after the update, in one object (Megatron's and DeepSpeed's "grad sync" seam):
+// - none: one process; nothing to do.
+// - allreduce: each range of the gradient arena is all-reduced as backward finishes it on the
+//   last micro-batch (overlapping communication with backward); every process updates all.
+// - zero1 (ZeRO stage 1): after backward the arena is reduce-scattered, each process updates
+//   its shard (holding that shard's optimizer moments only), and the weights are all-gathered.
+// Later: the pipeline's tied embedding sum between the first and last stage.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "dist/comm.h"
+
+namespace packbert::dist {
+
+class GradientSync {
+ public:
+  enum class Kind { none, allreduce, zero1 };
+  // `zero` (the zero_stage option: 0 or 1) chooses between all-reduce and ZeRO-1 when the run has
+  // several processes; `total`: the parameter arena's size.
+  GradientSync(Comm& comm, int zero, size_t total);
+
+  Kind kind() const { return kind_; }
+  bool sharded() const { return kind_ == Kind::zero1; }
+  // [begin, end) of the arena this process updates (all of it unless sharded), and every
+  // process's bounds ([ranks + 1]; {0, total} unless sharded).
+  std::pair<size_t, size_t> shard() const;
+  const std::vector<size_t>& bounds() const { return bounds_; }
+
+  // What backward calls with each range [a, e) of `grads` it finishes on the step's last
+  // micro-batch: starts the range's all-reduce (empty unless all-reduce).
+  std::function<void(size_t, size_t)> on_ready(float* grads);
+  // After the last backward: the sums complete in `grads` (this process's shard under ZeRO-1).
+  void finish(float* grads);
+  // Adds up n partial sums that each process computed over its shard (ZeRO-1: a gradient norm,
+  // LAMB's per-tensor norms); empty when every process holds the whole arena.
+  std::function<void(double*, size_t)> shard_sum();
+  // After this process's shard moved: the whole weights on every process (ZeRO-1 only; fp32 or
+  // bf16 masters, 16 bits each).
+  void gather(float* weights);
+  void gather(uint16_t* weights16);
+
+ private:
+  Comm& comm_;
+  Kind kind_ = Kind::none;
+  std::vector<size_t> bounds_;
+};
+
+}  // namespace packbert::dist
