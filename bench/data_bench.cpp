@@ -12,9 +12,9 @@
 #include "cli/table.h"
 #include "data/corpus.h"
 #include "data/gcide.h"
-#include "stopwatch.h"
 #include "data/sequences.h"
 #include "model/bert.h"
+#include "stopwatch.h"
 #include "train/loader.h"
 
 using namespace packbert;

@@ -16,7 +16,7 @@
 #include "cli/flags.h"
 #include "dist/comm.h"
 #include "error.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 #include "model/bert.h"
 #include "stopwatch.h"
 #include "train/loop.h"

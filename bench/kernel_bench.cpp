@@ -12,12 +12,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/tensor.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/features.h"
+#include "kernels/cpu/layers.h"
+#include "kernels/cpu/sparse.h"
 #include "kernels/dropout.h"
-#include "kernels/layers.h"
-#include "kernels/sparse.h"
+#include "kernels/tensor.h"
 #include "train/optimizer.h"
 
 using namespace packbert::kernels;

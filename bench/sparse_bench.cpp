@@ -15,9 +15,9 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu.h"
-#include "kernels/layers.h"
-#include "kernels/sparse.h"
+#include "kernels/cpu/features.h"
+#include "kernels/cpu/layers.h"
+#include "kernels/cpu/sparse.h"
 #include "stopwatch.h"
 
 using namespace packbert;

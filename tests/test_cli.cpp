@@ -12,7 +12,7 @@
 #include "cli_runner.h"
 #include "data/sequences.h"
 #include "io/safetensors.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 
 namespace fs = std::filesystem;
 
@@ -27,9 +27,9 @@ const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_51
 // --help on every subcommand, and every option in it has a description (CLI11 prints it after
 // the option on the same line, from column 30, or on the next line indented 30 columns).
 TEST_F(Cli, HelpOnEverySubcommandDescribesEveryOption) {
-  for (const char* sub : {"", "pack", "demo", "check-golden", "tokenize", "prepare", "inspect",
-                          "gcide-text", "pretrain", "eval", "export", "finetune", "plan",
-                          "convert", "plot"}) {
+  for (const char* sub :
+       {"", "pack", "demo", "check-golden", "tokenize", "prepare", "inspect", "gcide-text",
+        "pretrain", "eval", "export", "finetune", "plan", "convert", "plot"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -634,7 +634,6 @@ using testing::slurp;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-
 // #45: fine-tuning from a Hugging Face classifier keeps its labels, matched by name; a model
 // without named labels gets the data's labels sorted (numerically for numbers), never in the
 // order the data happens to name them.
@@ -775,8 +774,7 @@ TEST_F(Labels, WithoutAClassifierTheLabelsAreSortedNumericallyWhenTheyAreNumbers
                 .code,
             0);
   const std::string init = (dir_ / "run" / "checkpoint.safetensors").string();
-  for (const auto& [labels, want] :
-       std::vector<std::pair<std::vector<std::string>, json>>{
+  for (const auto& [labels, want] : std::vector<std::pair<std::vector<std::string>, json>>{
            {{"10", "2", "1"}, {{"0", "1"}, {"1", "2"}, {"2", "10"}}},
            {{"1", "0"}, {{"0", "0"}, {"1", "1"}}},
            {{"pos", "neg"}, {{"0", "neg"}, {"1", "pos"}}}}) {
@@ -868,8 +866,7 @@ TEST_F(Casing, TokenizeAndPrepareWarnWhenTheCasingContradictsTheVocabulary) {
   EXPECT_NE(t.err.find("warning: keeping case with an uncased vocabulary"), std::string::npos)
       << t.err;
   t = run("tokenize --vocab " + cased_vocab_ + " " + tsv_);
-  EXPECT_NE(t.err.find("warning: lowercasing for a cased vocabulary"), std::string::npos)
-      << t.err;
+  EXPECT_NE(t.err.find("warning: lowercasing for a cased vocabulary"), std::string::npos) << t.err;
   t = run("tokenize --vocab " + cased_vocab_ + " --cased " + tsv_);
   EXPECT_EQ(t.err.find("warning"), std::string::npos) << t.err;
   Result p = run("prepare " + tsv_ + " --out " + (dir_ / "p.seqs").string() + " --cased");
@@ -885,8 +882,9 @@ TEST_F(Suggest, UnknownNamesGetASuggestion) {
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
            {"pretrian", "unknown subcommand 'pretrian'; did you mean 'pretrain'?"},
            {"finetnue --epochs 1", "did you mean 'finetune'?"},
-           {"pretrain --learning_rate 1e-4", "unknown flag '--learning_rate' for pretrain; "
-                                             "packbert's is --lr"},
+           {"pretrain --learning_rate 1e-4",
+            "unknown flag '--learning_rate' for pretrain; "
+            "packbert's is --lr"},
            {"finetune --num_train_epochs 3", "packbert's is --epochs"},
            {"finetune --per_device_train_batch_size 8", "packbert's is --batch-rows"},
            {"finetune --model_name_or_path x", "packbert's is --init"},
@@ -925,7 +923,8 @@ TEST_F(Labels, FinetuneAndEvalShowProgressAndEvalScoresTheHeldOutSplit) {
   // A sequences file with a held-out split: that split is scored, or all with --all.
   const std::string split = (dir_ / "s.seqs").string();
   std::string text;
-  for (int d = 0; d < 40; ++d) text += "the king of the city number " + std::to_string(d) + " .\nthe war .\n\n";
+  for (int d = 0; d < 40; ++d)
+    text += "the king of the city number " + std::to_string(d) + " .\nthe war .\n\n";
   ASSERT_EQ(run("prepare " + write("s.txt", text).string() + " --out " + split +
                 " --max-seq-len 32 --eval-fraction 0.25")
                 .code,
@@ -954,8 +953,9 @@ TEST_F(Labels, PlotDrawsEveryRunsCurve) {
                   .code,
               0);
   const std::string svg = (dir_ / "c.svg").string();
-  Result r = run("plot " + (dir_ / "first").string() + " " + (dir_ / "second/metrics.jsonl").string() +
-                 " --metric eval.mlm_loss --x seconds --out " + svg);
+  Result r =
+      run("plot " + (dir_ / "first").string() + " " + (dir_ / "second/metrics.jsonl").string() +
+          " --metric eval.mlm_loss --x seconds --out " + svg);
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string text = slurp(svg);
   EXPECT_EQ(text.rfind("<svg", 0), 0u);
@@ -1047,16 +1047,20 @@ TEST_F(Labels, SquadV2TrainsAndScoresUnanswerableQuestions) {
             0);
   json squad = json::parse(slurp(std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json"));
   json& qas = squad["data"][0]["paragraphs"][0]["qas"];
-  qas.push_back({{"id", "no1"}, {"question", "Who wrote the moon?"}, {"answers", json::array()},
+  qas.push_back({{"id", "no1"},
+                 {"question", "Who wrote the moon?"},
+                 {"answers", json::array()},
                  {"is_impossible", true}});
-  qas.push_back({{"id", "no2"}, {"question", "Where is the sea?"}, {"answers", json::array()},
+  qas.push_back({{"id", "no2"},
+                 {"question", "Where is the sea?"},
+                 {"answers", json::array()},
                  {"is_impossible", true}});
   squad["version"] = "v2.0";
   const std::string v2 = write("v2.json", squad.dump()).string();
   const std::string out = (dir_ / "qa").string();
-  Result r = run("finetune --task squad --model " + (dir_ / "run/checkpoint.safetensors").string() +
-                 " --train " + v2 + " --dev " + v2 + " --out " + out +
-                 " --epochs 1 --max-seq-len 128");
+  Result r =
+      run("finetune --task squad --model " + (dir_ / "run/checkpoint.safetensors").string() +
+          " --train " + v2 + " --dev " + v2 + " --out " + out + " --epochs 1 --max-seq-len 128");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("NoAns EM %"), std::string::npos) << r.out;
   Result e = run("eval --task squad --model " + out + " --data " + v2 +

@@ -491,10 +491,10 @@ TEST(ClassifyTsv, CsvAndJsonlAreReadLikeTsv) {
     std::map<std::string, int32_t> labels;
     return read_classification_tsv(path, tok, 64, labels, true);
   };
-  const std::vector<ClassifyExample> csv = read(
-      "p.csv",
-      "sentence1,sentence2,label,idx\n\"the king, \"\"first\"\"\",the war,1,0\n"
-      "\"a city\nof kings\",\"the, war\",0,1\n");
+  const std::vector<ClassifyExample> csv =
+      read("p.csv",
+           "sentence1,sentence2,label,idx\n\"the king, \"\"first\"\"\",the war,1,0\n"
+           "\"a city\nof kings\",\"the, war\",0,1\n");
   ASSERT_EQ(csv.size(), 2u);
   std::vector<int32_t> want = {base_vocab().cls()};
   for (int32_t t : tok.encode("the king, \"first\"")) want.push_back(t);
@@ -520,8 +520,7 @@ TEST(ClassifyTsv, CsvAndJsonlAreReadLikeTsv) {
     read("bad.csv", "sentence,label\n\"never closed,1\n");
     ADD_FAILURE() << "an unterminated quote was read";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("bad.csv:2: a quoted field never ends"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("bad.csv:2: a quoted field never ends"), std::string::npos)
         << e.what();
   }
   try {

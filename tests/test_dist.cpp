@@ -9,7 +9,7 @@
 
 #include "cli_runner.h"
 #include "io/safetensors.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 #include "model/params.h"
 #include "train/trainer.h"
 

@@ -12,7 +12,7 @@
 
 #include "data/squad.h"
 #include "error.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 #include "train/finetune.h"
 #include "train/trainer.h"
 #include "train_world.h"
@@ -262,8 +262,8 @@ TEST(Squad, V2ScoresAsTheOfficialScriptDoes) {
   ex[4].impossible = true;
   ex[5].answers = answers({"a", "the"});  // normalises to nothing: counted as unanswerable
   ex[6].answers = answers({"Paris, France"});
-  const std::vector<std::string> pred = {"Eiffel tower!", "", "the company of Gustave Eiffel", "",
-                                         "in 1889", "", "Paris"};
+  const std::vector<std::string> pred = {
+      "Eiffel tower!", "", "the company of Gustave Eiffel", "", "in 1889", "", "Paris"};
   const data::SquadScore s = data::squad_score(ex, pred);
   ASSERT_TRUE(s.v2);
   double em = 0, f = 0, has_em = 0, has_f = 0, no_em = 0, no_f = 0;
@@ -451,7 +451,7 @@ TEST(ClassifyScore, AccuracyF1AndMccAsGlueScoresThem) {
   ClassifyScore b = classify_score({0, 1, 1, 0, 1, 1, 0, 0}, {0, 1, 0, 0, 1, 1, 1, 0}, 2);
   EXPECT_DOUBLE_EQ(b.accuracy, 0.75);
   ASSERT_TRUE(b.f1.has_value());
-  EXPECT_DOUBLE_EQ(*b.f1, 0.75);                 // 2*3 / (2*3 + 1 + 1)
+  EXPECT_DOUBLE_EQ(*b.f1, 0.75);                // 2*3 / (2*3 + 1 + 1)
   EXPECT_DOUBLE_EQ(b.mcc, (9.0 - 1.0) / 16.0);  // (tp tn - fp fn) / sqrt(4 * 4 * 4 * 4)
   // sklearn's matthews_corrcoef docstring: y_true [1, 1, 1, -1], y_pred [1, -1, 1, 1] -> -1/3.
   EXPECT_NEAR(classify_score({1, 1, 1, 0}, {1, 0, 1, 1}, 2).mcc, -1.0 / 3.0, 1e-12);

@@ -16,16 +16,16 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "kernels/attention.h"
-#include "kernels/block_gemm.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/block_gemm.h"
+#include "kernels/cpu/fastmath.h"
+#include "kernels/cpu/features.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layers.h"
+#include "kernels/cpu/sparse.h"
 #include "kernels/dropout.h"
-#include "kernels/fastmath.h"
-#include "kernels/gemm.h"
-#include "kernels/layers.h"
 #include "kernels/ops.h"
 #include "kernels/optim.h"
-#include "kernels/sparse.h"
 #include "kernels/tensor.h"
 
 namespace packbert::kernels {
@@ -748,8 +748,9 @@ std::vector<KernelCase> kernel_cases() {
             [=](const Backend& be, DType h, auto& e) {
               using E = env_type<decltype(e)>;
               const Stored<E> out(e["out"], T, C, h), probs(e["probs"], 1, int64_t(np), h);
-              be.attention_forward(out, keep ? probs.view : View(), Stored<E>(e["qkv"], T, 3 * C, h),
-                                   e.ints("cu_seqlens"), n_seq, NH, drop, nullptr, View());
+              be.attention_forward(out, keep ? probs.view : View(),
+                                   Stored<E>(e["qkv"], T, 3 * C, h), e.ints("cu_seqlens"), n_seq,
+                                   NH, drop, nullptr, View());
               out.widen();
               probs.widen();
             },
@@ -758,8 +759,7 @@ std::vector<KernelCase> kernel_cases() {
               const Stored<E> probs(e["probs"], 1, int64_t(np), h);
               be.attention_backward(View(e.grad("qkv"), T, 3 * C), View(e.grad("out"), T, C),
                                     Stored<E>(e["qkv"], T, 3 * C, h), keep ? probs.view : View(),
-                                    e.ints("cu_seqlens"), n_seq, NH, drop, nullptr, View(),
-                                    kAdd);
+                                    e.ints("cu_seqlens"), n_seq, NH, drop, nullptr, View(), kAdd);
             },
             true);
         rows.back().exact16 = false;
@@ -953,8 +953,10 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelHarness, ::testing::ValuesIn(kernel_case
 
 // One traits row per DType: sizes, names, and row conversions that round as the scalar ones do.
 TEST(KernelTypes, TraitsRowsConvertAsTheScalarConversions) {
-  const std::vector<float> x = {1.0f, -0.0f, 3.14159265f, 65519.0f, 65520.0f, 1e-8f, -2.5e-6f,
-                                std::numeric_limits<float>::infinity(), 1.00390625f};
+  const std::vector<float> x = {
+      1.0f,       -0.0f, 3.14159265f, 65519.0f,
+      65520.0f,   1e-8f, -2.5e-6f,    std::numeric_limits<float>::infinity(),
+      1.00390625f};
   for (const DType t : kDTypes) {
     const DTypeTraits& r = traits(t);
     std::vector<unsigned char> bytes(x.size() * r.bytes);

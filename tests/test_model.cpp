@@ -13,7 +13,7 @@
 
 #include "error.h"
 #include "io/safetensors.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 #include "model/bert.h"
 #include "model/golden.h"
 #include "model/weights.h"
@@ -91,7 +91,7 @@ void check_whole_tiny_model(kernels::BackendKind backend, size_t stride) {
   const double h = 1e-5;
   size_t checked = 0;
   for (const TensorSpec& t : m.layout().tensors()) {
-    for (size_t i = 0; i < t.numel; i += t.numel > 64 ? stride : 1) {
+    for (size_t i = 0; i<t.numel; i += t.numel> 64 ? stride : 1) {
       double& w = m.params()[t.offset + i];
       double keep = w;
       w = keep + h;
@@ -189,15 +189,14 @@ TEST_P(ModelBackendStep, RefAndCpuAgreeOnTheLossAndEveryGradient) {
   std::cout << "  worst gradient tensor: " << worst_name << " at " << worst << " relative\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Presets, ModelBackendStep,
-    ::testing::Values(BackendCase{"tiny", Precision::fp32, 1e-6, 1e-5},
-                      BackendCase{"mini", Precision::fp32, 1e-6, 1e-5},
-                      BackendCase{"tiny", Precision::fp16, 1e-3, 1e-2},
-                      BackendCase{"tiny", Precision::bf16, 1e-2, 3e-2}),
-    [](const ::testing::TestParamInfo<BackendCase>& info) {
-      return info.param.preset + "_" + precision_name(info.param.precision);
-    });
+INSTANTIATE_TEST_SUITE_P(Presets, ModelBackendStep,
+                         ::testing::Values(BackendCase{"tiny", Precision::fp32, 1e-6, 1e-5},
+                                           BackendCase{"mini", Precision::fp32, 1e-6, 1e-5},
+                                           BackendCase{"tiny", Precision::fp16, 1e-3, 1e-2},
+                                           BackendCase{"tiny", Precision::bf16, 1e-2, 3e-2}),
+                         [](const ::testing::TestParamInfo<BackendCase>& info) {
+                           return info.param.preset + "_" + precision_name(info.param.precision);
+                         });
 
 // Every recompute policy gives the same loss and bit-for-bit the same gradients as keeping
 // everything (fp32, the oneDNN path, dropout on, all four heads, 5 layers so every:2 and every:3

@@ -1,14 +1,13 @@
 // Training pieces: optimizers against PyTorch goldens, clipping, schedules.
 #include <gtest/gtest.h>
-
-#include <set>
-#include <sstream>
 #include <omp.h>
 
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "io/safetensors.h"
 #include "model/weights.h"

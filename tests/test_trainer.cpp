@@ -16,7 +16,7 @@
 #include "data/pretraining.h"
 #include "error.h"
 #include "io/safetensors.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 #include "model/weights.h"
 #include "rng.h"
 #include "train/memory_plan.h"
@@ -26,7 +26,6 @@
 
 namespace packbert::train {
 namespace {
-
 
 std::vector<double> losses_of(Trainer& t, int64_t stop_after,
                               const std::function<void(int64_t)>& hook = {}) {
@@ -284,8 +283,7 @@ TEST(Trainer, KilledBf16MastersRunResumesBitExactly) {
     Trainer t(o, true);
     FAIL() << "resumed a bf16-master checkpoint with round-to-nearest masters";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("was trained with `masters` bf16"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("was trained with `masters` bf16"), std::string::npos)
         << e.what();
   }
 }

@@ -25,9 +25,8 @@ struct GoldenArgs {
 };
 
 int run_check_golden(const GoldenArgs& a) {
-  model::GoldenReport report =
-      model::check_golden(a.file, a.rtol_loss, a.rtol_grad, a.recompute, a.precision, a.loss_scale,
-                          a.backend);
+  model::GoldenReport report = model::check_golden(a.file, a.rtol_loss, a.rtol_grad, a.recompute,
+                                                   a.precision, a.loss_scale, a.backend);
   Table t({"quantity", "rel. error", "tolerance", "ok"});
   auto add = [&](const model::GoldenRow& r) {
     char err[32], tol[32];

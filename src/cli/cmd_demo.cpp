@@ -23,7 +23,7 @@
 #include "data/sequences.h"
 #include "error.h"
 #include "io/atomic_file.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 #include "pack/histogram.h"
 #include "stopwatch.h"
 #include "train/trainer.h"
@@ -114,10 +114,10 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
         if (tty || s.step % 50 == 0)
           std::cerr << (tty ? "\r  " : "  ") << run.name << ": step " << s.step << " (cap "
                     << a.max_steps << "), loss " << fixed(s.loss, 3) << ", held-out accuracy "
-                    << fixed(acc, 3) << " at step " << acc_step << " (target "
-                    << fixed(a.target, 2) << "), "
-                    << fixed(s.elapsed, 0) << " s, " << fixed(s.step / std::max(s.elapsed, 1e-9), 2)
-                    << " steps/s" << (tty ? "\033[K" : "\n") << std::flush;
+                    << fixed(acc, 3) << " at step " << acc_step << " (target " << fixed(a.target, 2)
+                    << "), " << fixed(s.elapsed, 0) << " s, "
+                    << fixed(s.step / std::max(s.elapsed, 1e-9), 2) << " steps/s"
+                    << (tty ? "\033[K" : "\n") << std::flush;
       },
       [&](const train::EvalMetrics& e) {
         acc = e.mlm_acc;

@@ -25,9 +25,10 @@ struct EvalArgs {
   kernels::BackendKind backend = kernels::BackendKind::cpu;
   std::optional<bool> lower_case;
   data::TsvColumns columns;
-  bool all = false;            // mlm: every sequence, not only the held-out split
-  int64_t max_sequences = 0;   // mlm: at most this many (0 = no limit)
-  int64_t logging_steps = 1000;  // mlm: without a terminal, a progress line every this many sequences
+  bool all = false;           // mlm: every sequence, not only the held-out split
+  int64_t max_sequences = 0;  // mlm: at most this many (0 = no limit)
+  int64_t logging_steps =
+      1000;  // mlm: without a terminal, a progress line every this many sequences
 };
 
 void run_task_eval(const EvalArgs& a) {
@@ -149,7 +150,8 @@ void register_eval(CLI::App& app) {
   ev->add_option("--model,--init,--checkpoint", e->model,
                  "Hugging Face-layout directory or packbert checkpoint")
       ->required();
-  ev->add_option("--data", e->data, "mlm: sequences file; classify: TSV, CSV or JSONL; squad: SQuAD v1.1 or v2.0 JSON")
+  ev->add_option("--data", e->data,
+                 "mlm: sequences file; classify: TSV, CSV or JSONL; squad: SQuAD v1.1 or v2.0 JSON")
       ->required();
   ev->add_option("--packs", e->packs,
                  "mlm: the sequences file's packs file (same result; about as fast, since one "

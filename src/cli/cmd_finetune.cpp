@@ -15,12 +15,13 @@ void register_finetune(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<train::FinetuneOptions>();
   auto task = std::make_shared<std::string>("classify");
   auto no_pack = std::make_shared<bool>(false);
-  CLI::App* cmd = app.add_subcommand(
-      "finetune",
-      "Fine-tune a classifier on TSV, CSV or JSONL data or a span extractor on SQuAD v1.1 or v2.0 JSON (packed), "
-      "report dev accuracy or exact match / F1");
+  CLI::App* cmd = app.add_subcommand("finetune",
+                                     "Fine-tune a classifier on TSV, CSV or JSONL data or a span "
+                                     "extractor on SQuAD v1.1 or v2.0 JSON (packed), "
+                                     "report dev accuracy or exact match / F1");
   cmd->add_option("--task", *task,
-                  "classify (sequence or pair classification: TSV, CSV, JSONL) | squad (SQuAD v1.1 or v2.0 JSON)")
+                  "classify (sequence or pair classification: TSV, CSV, JSONL) | squad (SQuAD v1.1 "
+                  "or v2.0 JSON)")
       ->capture_default_str()
       ->check(CLI::IsMember({"classify", "squad"}));
   cmd->add_option("--train", o->train,
@@ -95,7 +96,8 @@ void register_finetune(CLI::App& app, int& exit_code) {
         const data::SquadScore& s = r.dev_squad[e];
         std::vector<std::string> row = {std::to_string(e + 1), fixed(s.exact_match, 2),
                                         fixed(s.f1, 2)};
-        if (v2) row.insert(row.end(), {fixed(s.has_exact, 2), fixed(s.has_f1, 2), fixed(s.no_exact, 2)});
+        if (v2)
+          row.insert(row.end(), {fixed(s.has_exact, 2), fixed(s.has_f1, 2), fixed(s.no_exact, 2)});
         t.add_row(row);
       }
       t.print(std::cout);

@@ -6,9 +6,9 @@
 #include <optional>
 
 #include "cli/commands.h"
-#include "data/casing.h"
 #include "cli/flags.h"
 #include "cli/pack_report.h"
+#include "data/casing.h"
 #include "data/corpus.h"
 #include "data/sequences.h"
 #include "error.h"

@@ -4,8 +4,8 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "data/casing.h"
 #include "cli/flags.h"
+#include "data/casing.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "error.h"

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "error.h"
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 #include "train/memory_plan.h"
 
 namespace packbert::cli {
@@ -127,7 +127,8 @@ void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case) {
       "--cased", [set] { set(false); },
       "Keep case and accents (default: the model's tokenizer_config.json do_lower_case, else "
       "cased when the vocabulary has entries with capitals)");
-  cmd->add_flag_callback("--uncased", [set] { set(true); }, "Lowercase and strip accents");
+  cmd->add_flag_callback(
+      "--uncased", [set] { set(true); }, "Lowercase and strip accents");
 }
 
 std::string flag_of_field(const std::string& field) {

@@ -10,15 +10,14 @@
 #include "cli/suggest.h"
 #include "dist/comm.h"
 #include "error.h"
-#include "io/memory.h"
 #include "io/json_error.h"
+#include "io/memory.h"
 
 namespace packbert::cli {
 
 namespace {
 
 bool failed_together = false;
-
 
 int run_command(int argc, char** argv) {
   CLI::App app{"packbert: fast, memory-lean BERT training with sequence packing", "packbert"};
@@ -49,8 +48,8 @@ int run_command(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     const std::string better = suggestion(app, argc, argv);
-    std::cerr << "packbert: error: " << (better.empty() ? e.what() + std::string(" (see --help)") : better)
-              << '\n';
+    std::cerr << "packbert: error: "
+              << (better.empty() ? e.what() + std::string(" (see --help)") : better) << '\n';
     return 2;
   } catch (const SharedError& e) {  // every process has it: rank 0 says it
     if (dist::Comm::world().root())

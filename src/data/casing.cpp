@@ -66,13 +66,15 @@ Casing decide_casing(std::optional<bool> flag, const std::string& model, const V
     c.lower_case = !cased_vocab;
     c.note = cased_vocab ? "cased (" + vocab_name + " has " + std::to_string(capitals) +
                                " entries with capitals; `uncased` to lowercase)"
-                         : "uncased (" + vocab_name + " has no entries with capitals; `cased` to "
-                                                      "keep case)";
+                         : "uncased (" + vocab_name +
+                               " has no entries with capitals; `cased` to "
+                               "keep case)";
   }
   if (c.warning.empty() && c.lower_case && cased_vocab)
     c.warning = "lowercasing for a cased vocabulary (" + vocab_name + " has " +
-                std::to_string(capitals) + " entries with capitals, which lowercased text never "
-                                           "uses)";
+                std::to_string(capitals) +
+                " entries with capitals, which lowercased text never "
+                "uses)";
   if (c.warning.empty() && !c.lower_case && capitals == 0)
     c.warning = "keeping case with an uncased vocabulary (" + vocab_name +
                 " has no capitals: every capitalised word becomes [UNK] or is split oddly)";

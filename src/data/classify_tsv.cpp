@@ -35,7 +35,7 @@ class RowReader {
   explicit RowReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
     io::require_text_input(path);
     if (!in_) throw InputError(path + ": cannot open for reading");
-    format_ = path.ends_with(".csv")                               ? Format::csv
+    format_ = path.ends_with(".csv")                                ? Format::csv
               : path.ends_with(".jsonl") || path.ends_with(".json") ? Format::jsonl
                                                                     : Format::tsv;
     std::string line;
@@ -108,9 +108,12 @@ class RowReader {
       }
       const char c = line[i];
       if (quoted) {
-        if (c != '"') cur += c;
-        else if (i + 1 < line.size() && line[i + 1] == '"') cur += '"', ++i;
-        else quoted = false;
+        if (c != '"')
+          cur += c;
+        else if (i + 1 < line.size() && line[i + 1] == '"')
+          cur += '"', ++i;
+        else
+          quoted = false;
       } else if (c == '"') {
         quoted = true;
       } else if (c == ',') {
@@ -139,27 +142,23 @@ struct ColumnRoles {
 // The GLUE tasks' layouts, and a few common ones: the text pair (or single text) by header name,
 // first match wins (QNLI's question + sentence before SST-2's sentence alone).
 constexpr std::pair<const char*, const char*> kTextColumns[] = {
-    {"question", "sentence"},        // QNLI
-    {"question1", "question2"},      // QQP
-    {"#1 String", "#2 String"},      // MRPC
-    {"sentence1", "sentence2"},      // RTE, WNLI, MNLI, STS-B
-    {"premise", "hypothesis"},       // NLI datasets
-    {"text_a", "text_b"},            // Google BERT's InputExample
-    {"sentence", "sentence2"},
-    {"text", "text_b"},
-    {"sentence", nullptr},           // SST-2, CoLA
-    {"text", nullptr},               // most others
-    {"sentence1", nullptr},
-    {"text_a", nullptr}};
+    {"question", "sentence"},    // QNLI
+    {"question1", "question2"},  // QQP
+    {"#1 String", "#2 String"},  // MRPC
+    {"sentence1", "sentence2"},  // RTE, WNLI, MNLI, STS-B
+    {"premise", "hypothesis"},   // NLI datasets
+    {"text_a", "text_b"},        // Google BERT's InputExample
+    {"sentence", "sentence2"},  {"text", "text_b"}, {"sentence", nullptr},  // SST-2, CoLA
+    {"text", nullptr},                                                      // most others
+    {"sentence1", nullptr},     {"text_a", nullptr}};
 constexpr const char* kLabelColumns[] = {"label", "gold_label", "Quality", "is_duplicate"};
 // Columns the GLUE files carry that are neither text nor label (ids, genres, parses, the
 // annotators' individual labels).
 bool ignorable(const std::string& name) {
-  static const char* const kNames[] = {"index",    "idx",       "id",      "qid1",   "qid2",
-                                       "#1 ID",    "#2 ID",     "promptID", "pairID", "genre",
-                                       "filename", "year",      "old_index", "source1",
-                                       "source2",  "label1",    "label2",  "label3", "label4",
-                                       "label5"};
+  static const char* const kNames[] = {"index",    "idx",    "id",        "qid1",    "qid2",
+                                       "#1 ID",    "#2 ID",  "promptID",  "pairID",  "genre",
+                                       "filename", "year",   "old_index", "source1", "source2",
+                                       "label1",   "label2", "label3",    "label4",  "label5"};
   for (const char* n : kNames)
     if (name == n) return true;
   return name.ends_with("_parse");
@@ -176,7 +175,8 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
   if (!given.text.empty() || !given.label.empty()) {  // the user's names; other columns unused
     auto need = [&](const std::string& name, const char* what) {
       const int i = find(name);
-      if (i < 0) throw InputError(path + ":1: no column '" + name + "' (" + what + ") in the header");
+      if (i < 0)
+        throw InputError(path + ":1: no column '" + name + "' (" + what + ") in the header");
       return i;
     };
     r.label = need(given.label.empty() ? "label" : given.label, "`label_column`");
@@ -189,10 +189,12 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
     if ((r.label = find(l)) >= 0) break;
   if (r.label < 0) {
     if (find("score") >= 0)
-      throw InputError(path + ":1: a 'score' column is a regression target (STS-B); packbert "
-                              "fine-tunes classifiers only");
-    throw InputError(path + ":1: header needs a label column (label, gold_label, Quality or "
-                            "is_duplicate), or give `label_column`");
+      throw InputError(path +
+                       ":1: a 'score' column is a regression target (STS-B); packbert "
+                       "fine-tunes classifiers only");
+    throw InputError(path +
+                     ":1: header needs a label column (label, gold_label, Quality or "
+                     "is_duplicate), or give `label_column`");
   }
   for (const auto& [a, b] : kTextColumns) {
     const int ia = find(a), ib = b ? find(b) : -1;
@@ -202,9 +204,10 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
     }
   }
   if (r.a < 0)
-    throw InputError(path + ":1: header needs a text column (sentence, text, sentence1/sentence2, "
-                            "question/sentence, question1/question2, ...), or give "
-                            "`text_columns`");
+    throw InputError(path +
+                     ":1: header needs a text column (sentence, text, sentence1/sentence2, "
+                     "question/sentence, question1/question2, ...), or give "
+                     "`text_columns`");
   // Every other column must be one known to carry nothing to learn from: a text column read
   // by no one would be a silent loss.
   for (size_t i = 0; i < head.size(); ++i) {
@@ -212,7 +215,8 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
     if (c == r.label || c == r.a || c == r.b || ignorable(head[i])) continue;
     throw InputError(path + ":1: column '" + head[i] + "' is neither the text (" + head[r.a] +
                      (r.b >= 0 ? ", " + head[r.b] : std::string()) + "), the label (" +
-                     head[r.label] + ") nor a column known to be ignorable; name the columns "
+                     head[r.label] +
+                     ") nor a column known to be ignorable; name the columns "
                      "with `text_columns` A[,B] and `label_column` L");
   }
   return r;
@@ -223,8 +227,7 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
 std::vector<ClassifyExample> read_classification_tsv(const std::string& path, const Tokenizer& tok,
                                                      int max_seq_len,
                                                      std::map<std::string, int32_t>& labels,
-                                                     bool grow_labels,
-                                                     const TsvColumns& columns) {
+                                                     bool grow_labels, const TsvColumns& columns) {
   RowReader rows(path);
   const std::vector<std::string>& head = rows.head();
   const ColumnRoles roles = column_roles(head, columns, path);

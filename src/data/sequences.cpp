@@ -148,7 +148,8 @@ void write_sequences(const std::string& path, const SequencesFile& f) {
 
 // The file size a header declares: `sizes` in order, each section padded to 8 bytes where
 // `pad_after` says; exact in 128 bits, so a hostile count cannot wrap around.
-unsigned __int128 declared_size(size_t header, std::initializer_list<std::pair<unsigned __int128, bool>> sizes) {
+unsigned __int128 declared_size(size_t header,
+                                std::initializer_list<std::pair<unsigned __int128, bool>> sizes) {
   unsigned __int128 total = header;
   for (auto [bytes, pad_after] : sizes) {
     total += bytes;
@@ -293,9 +294,10 @@ PacksFile read_packs(const std::string& path) {
   algo[15] = '\0';
   f.algo = algo;
   uint64_t checksum = r.get<uint64_t>();
-  check_declared_size(declared_size(kPackHeader, {{(static_cast<unsigned __int128>(n) + 1) * 8, false},
-                                                  {static_cast<unsigned __int128>(n_ids) * 8, false}}),
-                      buf.size(), path);
+  check_declared_size(
+      declared_size(kPackHeader, {{(static_cast<unsigned __int128>(n) + 1) * 8, false},
+                                  {static_cast<unsigned __int128>(n_ids) * 8, false}}),
+      buf.size(), path);
   if (checksum_of(buf, kPackHeader, version) != checksum)
     throw InputError(path + ": checksum mismatch (corrupted file)");
   f.offsets = r.get_array<uint64_t>(n + 1, "pack offsets");
@@ -318,7 +320,6 @@ std::string file_kind(const std::string& path) {
   if (std::memcmp(m, kPackMagic, 8) == 0) return "packs";
   return "";
 }
-
 
 PacksFile make_packs(const SequencesFile& f, uint64_t checksum, pack::Algo algo,
                      const pack::PackOptions& options, uint64_t seed, pack::PackPlan* plan_out) {

@@ -78,7 +78,6 @@ uint64_t sequences_checksum(const std::string& path);
 // What kind of packbert file this is, from its magic ("sequences", "packs", or "" if neither).
 std::string file_kind(const std::string& path);
 
-
 // Packs the sequences of `f` with a packer and assigns concrete ids (shuffled by seed).
 // `checksum` identifies the sequences file (sequences_checksum()). The plan is returned too, for
 // reporting.

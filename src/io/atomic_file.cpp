@@ -14,8 +14,8 @@
 
 #include "error.h"
 #include "io/fault.h"
-#include "io/memory.h"
 #include "io/input_file.h"
+#include "io/memory.h"
 
 namespace packbert::io {
 

@@ -32,7 +32,9 @@ AllocationScope::AllocationScope(std::string what) : what_(std::move(what)), pre
   t_what = &what_;
 }
 
-AllocationScope::~AllocationScope() { t_what = previous_; }
+AllocationScope::~AllocationScope() {
+  t_what = previous_;
+}
 
 void note_failed_allocation(size_t bytes) noexcept {
   t_failed_bytes = bytes;

@@ -156,9 +156,12 @@ inline const char* dtype_name(DType t) {
 // The DType of a C++ element type.
 template <typename T>
 inline constexpr DType dtype_of = [] {
-  if constexpr (std::is_same_v<T, float>) return DType::f32;
-  else if constexpr (std::is_same_v<T, double>) return DType::f64;
-  else if constexpr (std::is_same_v<T, bf16>) return DType::bf16;
+  if constexpr (std::is_same_v<T, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return DType::bf16;
   else {
     static_assert(std::is_same_v<T, f16>, "not an engine element type");
     return DType::f16;
@@ -169,10 +172,14 @@ inline constexpr DType dtype_of = [] {
 // x, f32 rounds to nearest float, the 16-bit types round through fp32, as the engine narrows).
 inline double round_to(DType t, double x) {
   switch (t) {
-    case DType::f64: return x;
-    case DType::f32: return static_cast<float>(x);
-    case DType::bf16: return to_float(to_bf16(static_cast<float>(x)));
-    case DType::f16: return to_float(to_f16(static_cast<float>(x)));
+    case DType::f64:
+      return x;
+    case DType::f32:
+      return static_cast<float>(x);
+    case DType::bf16:
+      return to_float(to_bf16(static_cast<float>(x)));
+    case DType::f16:
+      return to_float(to_f16(static_cast<float>(x)));
   }
   return x;
 }
@@ -214,7 +221,9 @@ struct View {
   // Element (r, c) of matrix b widened to double, and set, which rounds to the View's dtype; at
   // and put index a contiguous View's elements in order. For code that reads for clarity, not
   // speed (the reference backend, tests).
-  double get(int64_t r, int64_t c, int64_t b = 0) const { return load(b * batch_stride + r * ld + c); }
+  double get(int64_t r, int64_t c, int64_t b = 0) const {
+    return load(b * batch_stride + r * ld + c);
+  }
   void set(int64_t r, int64_t c, double x, int64_t b = 0) const {
     store(b * batch_stride + r * ld + c, x);
   }
@@ -224,19 +233,31 @@ struct View {
  private:
   double load(int64_t i) const {
     switch (dtype) {
-      case DType::f32: return static_cast<const float*>(data)[i];
-      case DType::f64: return static_cast<const double*>(data)[i];
-      case DType::bf16: return to_float(static_cast<const struct bf16*>(data)[i]);
-      case DType::f16: return to_float(static_cast<const struct f16*>(data)[i]);
+      case DType::f32:
+        return static_cast<const float*>(data)[i];
+      case DType::f64:
+        return static_cast<const double*>(data)[i];
+      case DType::bf16:
+        return to_float(static_cast<const struct bf16*>(data)[i]);
+      case DType::f16:
+        return to_float(static_cast<const struct f16*>(data)[i]);
     }
     return 0;
   }
   void store(int64_t i, double x) const {
     switch (dtype) {
-      case DType::f32: static_cast<float*>(data)[i] = static_cast<float>(x); return;
-      case DType::f64: static_cast<double*>(data)[i] = x; return;
-      case DType::bf16: static_cast<struct bf16*>(data)[i] = to_bf16(static_cast<float>(x)); return;
-      case DType::f16: static_cast<struct f16*>(data)[i] = to_f16(static_cast<float>(x)); return;
+      case DType::f32:
+        static_cast<float*>(data)[i] = static_cast<float>(x);
+        return;
+      case DType::f64:
+        static_cast<double*>(data)[i] = x;
+        return;
+      case DType::bf16:
+        static_cast<struct bf16*>(data)[i] = to_bf16(static_cast<float>(x));
+        return;
+      case DType::f16:
+        static_cast<struct f16*>(data)[i] = to_f16(static_cast<float>(x));
+        return;
     }
   }
 };

@@ -8,9 +8,9 @@
 #include <type_traits>
 
 #include "error.h"
-#include "kernels/attention.h"
+#include "kernels/attention_layout.h"
+#include "kernels/cpu/layers.h"
 #include "kernels/tensor.h"
-#include "kernels/layers.h"
 #include "model/heads.h"
 
 namespace packbert::model {
@@ -132,8 +132,8 @@ template <typename T>
 template <typename H>
 StepContext<T, H> BertModel<T>::context() {
   const BertConfig& c = config();
-  StepContext<T, H> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute,
-                      kernels::backend(backend_)};
+  StepContext<T, H> s{
+      c, tl_, probs_offsets_.data(), ws_, opt_.recompute, kernels::backend(backend_)};
   if constexpr (std::is_same_v<H, kernels::bf16>) {
     if (opt_.precision == Precision::bf16) s.p16 = p16_.get();
   } else {

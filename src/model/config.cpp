@@ -101,9 +101,10 @@ BertConfig config_from_json(const nlohmann::json& j, const std::string& source) 
   auto get_int = [&](const char* key, int& field) {
     if (!j.contains(key)) return;
     if (!j[key].is_number_integer()) throw InputError(source + ": " + key + " must be an integer");
-    const bool fits = j[key].is_number_unsigned()
-                          ? j[key].get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
-                          : j[key].get<int64_t>() >= INT32_MIN && j[key].get<int64_t>() <= INT32_MAX;
+    const bool fits =
+        j[key].is_number_unsigned()
+            ? j[key].get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+            : j[key].get<int64_t>() >= INT32_MIN && j[key].get<int64_t>() <= INT32_MAX;
     if (!fits)
       throw InputError(source + ": " + key + " " + j[key].dump() + " does not fit a 32-bit int");
     field = j[key].get<int>();

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "kernels/attention.h"
+#include "kernels/attention_layout.h"
+#include "kernels/block_pattern.h"
 #include "kernels/dropout.h"
 #include "kernels/ops.h"
-#include "kernels/sparse.h"
 
 namespace packbert::model {
 
@@ -103,8 +103,8 @@ void linear_grad(const StepContext<T, H>& s, const BlockPattern* pattern, T* din
                                x, pattern->block, scratch(s.dense_scratch),
                                in ? View() : scratch(s.ws.template get16<H>(Rec::dout16)));
   const int64_t nv = pattern->values_size();
-  be.linear_backward(View(dinp, N, C), View::vector(dW, nv), dbias, dy, x,
-                     View::vector(W, nv), pattern, mode, scratch(s.ws.get(Rec::sparse)));
+  be.linear_backward(View(dinp, N, C), View::vector(dW, nv), dbias, dy, x, View::vector(W, nv),
+                     pattern, mode, scratch(s.ws.get(Rec::sparse)));
 }
 
 // The block gradient norms backward collects for one of a layer's linear layers, or null.
@@ -129,8 +129,7 @@ void residual_site(const StepContext<T, H>& s, T* r, H* r16, T* x, const T* skip
                    int64_t n, uint32_t layer, uint32_t site) {
   if (r16) {
     dropout_site(s, x, x, n, layer, site);
-    return s.be.residual_forward(View::vector(r16, n), View::vector(x, n),
-                                 View::vector(skip16, n));
+    return s.be.residual_forward(View::vector(r16, n), View::vector(x, n), View::vector(skip16, n));
   }
   dropout_site(s, r, x, n, layer, site);
   s.be.residual_forward(View::vector(r, n), View::vector(r, n), View::vector(skip, n));
@@ -139,8 +138,8 @@ void residual_site(const StepContext<T, H>& s, T* r, H* r16, T* x, const T* skip
 // LayerNorm forward and backward (dinp written over: each call's is a fresh buffer) from a
 // residual sum stored in T (inp) or H (inp16).
 template <typename T, typename H>
-void ln_forward(const StepContext<T, H>& s, T* out, T* mean, T* rstd, const T* inp,
-                const H* inp16, const T* w, const T* b, int N, int C, H* out16) {
+void ln_forward(const StepContext<T, H>& s, T* out, T* mean, T* rstd, const T* inp, const H* inp16,
+                const T* w, const T* b, int N, int C, H* out16) {
   s.be.layernorm_forward(View(out, N, C), View::vector(mean, N), View::vector(rstd, N),
                          held(inp, inp16, N, C), View::vector(w, C), View::vector(b, C),
                          s.config.layer_norm_eps, View(out16, N, C));
@@ -192,9 +191,8 @@ bool ffn_up_backward_16(const StepContext<T, H>& s, const LayerRecord<T, H>& a,
   const View d16(s.ws.template get16<H>(Rec::dout16), Tn, I);
   s.be.gelu_backward(d16, View::vector(g.inter_b, I), View(a.inter16, Tn, I), View(dgelu, Tn, I),
                      GradWrite::overwrite);
-  s.be.linear_backward(View(dh1, Tn, C), View(g.inter_w, I, C), View(), d16,
-                       View(a.h1_16, Tn, C), View(W16, I, C), nullptr, GradWrite::accumulate,
-                       View());
+  s.be.linear_backward(View(dh1, Tn, C), View(g.inter_w, I, C), View(), d16, View(a.h1_16, Tn, C),
+                       View(W16, I, C), nullptr, GradWrite::accumulate, View());
   return true;
 }
 
@@ -217,11 +215,10 @@ template <typename T, typename H>
 void attention_grad(const StepContext<T, H>& s, int layer, const LayerRecord<T, H>& a, T* dqkv,
                     const T* datt) {
   const int Tn = s.T_(), C = s.config.hidden_size;
-  s.be.attention_backward(View(dqkv, Tn, 3 * C), View(datt, Tn, C),
-                          held(a.qkv, a.qkv16, Tn, 3 * C), probs_of(s, a),
-                          s.tokens.cu_seqlens.data(), s.n_seq(), s.config.num_attention_heads,
-                          attention_dropout(s, layer), s.probs_offsets,
-                          scratch(s.ws.get(Rec::attn_work)), GradWrite::overwrite);
+  s.be.attention_backward(View(dqkv, Tn, 3 * C), View(datt, Tn, C), held(a.qkv, a.qkv16, Tn, 3 * C),
+                          probs_of(s, a), s.tokens.cu_seqlens.data(), s.n_seq(),
+                          s.config.num_attention_heads, attention_dropout(s, layer),
+                          s.probs_offsets, scratch(s.ws.get(Rec::attn_work)), GradWrite::overwrite);
 }
 
 }  // namespace
@@ -232,8 +229,8 @@ void dropout_site(const StepContext<T, H>& s, T* out, const T* inp, int64_t n, u
   if (s.p_hidden > 0) {
     const uint64_t key = dropout_key(s.step, layer, site);
     for_each_dropout_run(s, n, site, [&](int64_t a, int64_t b, uint64_t first) {
-      s.be.dropout_forward(View::vector(out + a, b - a), View::vector(inp + a, b - a),
-                           s.p_hidden, s.seed, key, first);
+      s.be.dropout_forward(View::vector(out + a, b - a), View::vector(inp + a, b - a), s.p_hidden,
+                           s.seed, key, first);
     });
   } else if (out != inp) {
     s.be.convert(View::vector(out, n), View::vector(inp, n));
@@ -245,8 +242,8 @@ void dropout_site_backward(const StepContext<T, H>& s, T* dinp, const T* dout, i
                            uint32_t layer, uint32_t site) {
   const uint64_t key = dropout_key(s.step, layer, site);
   for_each_dropout_run(s, n, site, [&](int64_t a, int64_t b, uint64_t first) {
-    s.be.dropout_backward(View::vector(dinp + a, b - a), View::vector(dout + a, b - a),
-                          s.p_hidden, s.seed, key, first);
+    s.be.dropout_backward(View::vector(dinp + a, b - a), View::vector(dout + a, b - a), s.p_hidden,
+                          s.seed, key, first);
   });
 }
 
@@ -321,8 +318,8 @@ void encoder_layer_forward(const StepContext<T, H>& s, int layer, const LayerVie
   // q | k | v and the attention output: 16-bit under a 16-bit precision (written by the GEMM,
   // read by attention).
   const View qkv = w16 ? View(a.qkv16, Tn, 3 * C) : View(a.qkv, Tn, 3 * C);
-  linear(s, pattern_of(s, layer, &LayerPatterns::qkv), qkv, in, in16, w.qkv_w, W16(&LayerView<H>::qkv_w),
-         w.qkv_b, Tn, C, 3 * C);
+  linear(s, pattern_of(s, layer, &LayerPatterns::qkv), qkv, in, in16, w.qkv_w,
+         W16(&LayerView<H>::qkv_w), w.qkv_b, Tn, C, 3 * C);
   s.be.attention_forward(w16 ? View(a.att16, Tn, C) : View(a.att, Tn, C), probs_of(s, a), qkv,
                          s.tokens.cu_seqlens.data(), s.n_seq(), c.num_attention_heads,
                          attention_dropout(s, layer), s.probs_offsets,

@@ -67,7 +67,8 @@ void mlm_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top
             V = s.config.vocab_size, Tn = s.T_();
   const View t1(ws.get(Rec::mlm_t1), M, C), t2(ws.get(Rec::mlm_t2), M, C),
       logits(ws.get(Rec::mlm_logits), M, V), losses = View::vector(ws.get(Rec::head_losses), M),
-      mean = View::vector(ws.get(Rec::mlm_mean), M), rstd = View::vector(ws.get(Rec::mlm_rstd), M);
+                                             mean = View::vector(ws.get(Rec::mlm_mean), M),
+                                             rstd = View::vector(ws.get(Rec::mlm_rstd), M);
   const View bias = View::vector(p.mlm_b, C), ln_w = View::vector(p.mlm_ln_w, C),
              ln_b = View::vector(p.mlm_ln_b, C);
   const double eps = s.config.layer_norm_eps;
@@ -148,8 +149,8 @@ namespace {
 // scratch.head_losses.
 template <typename T, typename H>
 int64_t linear_cross_entropy_forward(const StepContext<T, H>& s, const T* in, const T* W,
-                                     const T* b, Rec logits, Rec lse, const int32_t* targets,
-                                     int n, int out) {
+                                     const T* b, Rec logits, Rec lse, const int32_t* targets, int n,
+                                     int out) {
   const int C = s.config.hidden_size;
   const View z(s.ws.get(logits), n, out);
   s.be.linear_forward(z, View(in, n, C), View(W, out, C), View::vector(b, out), nullptr, View());
@@ -161,15 +162,15 @@ int64_t linear_cross_entropy_forward(const StepContext<T, H>& s, const T* in, co
 // over), din += the input gradient.
 template <typename T, typename H>
 void linear_cross_entropy_backward(const StepContext<T, H>& s, const T* in, const T* W, T* dW,
-                                   T* db, Rec logits, Rec lse, Rec dlogits,
-                                   const int32_t* targets, int n, int out, int64_t count, T* din) {
+                                   T* db, Rec logits, Rec lse, Rec dlogits, const int32_t* targets,
+                                   int n, int out, int64_t count, T* din) {
   const int C = s.config.hidden_size;
   const View dz(s.ws.get(dlogits), n, out);
   s.be.cross_entropy_backward(dz, View(), View(s.ws.get(logits), n, out),
                               View::vector(s.ws.get(lse), n), targets,
                               View::vector(mean_dloss(s, n, count), n), GradWrite::overwrite);
-  s.be.linear_backward(View(din, n, C), View(dW, out, C), View::vector(db, out), dz,
-                       View(in, n, C), View(W, out, C), nullptr, GradWrite::accumulate, View());
+  s.be.linear_backward(View(din, n, C), View(dW, out, C), View::vector(db, out), dz, View(in, n, C),
+                       View(W, out, C), nullptr, GradWrite::accumulate, View());
 }
 
 }  // namespace
@@ -190,8 +191,8 @@ void nsp_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Param
                   const int32_t* targets, const Outputs& out) {
   if (out.nsp_count == 0) return;
   linear_cross_entropy_backward(s, s.ws.get(Rec::pooled), p.nsp_w, g.nsp_w, g.nsp_b,
-                                Rec::nsp_logits, Rec::nsp_lse, Rec::nsp_dlogits, targets,
-                                s.n_seq(), 2, s.nsp_total ? s.nsp_total : out.nsp_count,
+                                Rec::nsp_logits, Rec::nsp_lse, Rec::nsp_dlogits, targets, s.n_seq(),
+                                2, s.nsp_total ? s.nsp_total : out.nsp_count,
                                 s.ws.get(Rec::dpooled));
 }
 
@@ -251,9 +252,9 @@ void span_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Para
   s.be.span_cross_entropy_backward(
       dlogits, View(s.ws.get(Rec::span_probs), Tn, 2), s.tokens.cu_seqlens.data(), targets,
       View::vector(mean_dloss(s, n, s.span_total ? s.span_total : out.span_count), n), n);
-  s.be.linear_backward(View(dtop, Tn, C), View(g.span_w, 2, C), View::vector(g.span_b, 2),
-                       dlogits, View(top, Tn, C), View(p.span_w, 2, C), nullptr,
-                       GradWrite::accumulate, View());
+  s.be.linear_backward(View(dtop, Tn, C), View(g.span_w, 2, C), View::vector(g.span_b, 2), dlogits,
+                       View(top, Tn, C), View(p.span_w, 2, C), nullptr, GradWrite::accumulate,
+                       View());
 }
 
 #define PACKBERT_INSTANTIATE(T, H)                                                                 \

@@ -229,8 +229,6 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
   return finish_import(std::move(m), src, dir, config_path, infer);
 }
 
-
-
 Heads heads_present(const io::SafetensorsFile& w) {
   Heads h;
   h.pretraining = w.has("cls.predictions.transform.dense.weight");

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "error.h"
+#include "kernels/cpu/sparse.h"
 #include "kernels/tensor.h"
-#include "kernels/sparse.h"
 #include "rng.h"
 
 namespace packbert::model {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/sparse.h"
+#include "kernels/cpu/sparse.h"
 #include "model/params.h"
 
 namespace packbert::model {

@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "error.h"
-#include "kernels/attention.h"
 #include "io/memory.h"
+#include "kernels/cpu/attention.h"
 
 namespace packbert::model {
 

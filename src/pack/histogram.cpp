@@ -77,7 +77,8 @@ Histogram read_histogram(const std::string& path, int max_len) {
   if (file.bad()) throw InputError(path + ": read failed");
   text.append(chunk, static_cast<size_t>(file.gcount()));
   if (text.size() > kMost)
-    throw InputError(path + ": longer than 64 MiB, so not a length histogram (nor a sequences file)");
+    throw InputError(path +
+                     ": longer than 64 MiB, so not a length histogram (nor a sequences file)");
   return parse_histogram(text, path, max_len);
 }
 

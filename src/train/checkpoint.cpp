@@ -92,9 +92,8 @@ TrainingState TrainingState::from_json(const json& j, const std::string& where) 
   }
   s.init = j.value("init", std::string());
   if (j.contains("sparsity")) s.sparsity = j["sparsity"];
-  for (const char* key : {"optimizer_steps", "recent_grad_norms", "accepted_steps",
-                          "outlier_skips", "loss_scale", "loss_scale_clean",
-                          "loss_scale_overflows"})
+  for (const char* key : {"optimizer_steps", "recent_grad_norms", "accepted_steps", "outlier_skips",
+                          "loss_scale", "loss_scale_clean", "loss_scale_overflows"})
     if (j.contains(key)) s.stepper[key] = j[key];
   return s;
 }
@@ -109,13 +108,13 @@ TrainingState TrainingState::read(const io::SafetensorsFile& f) {
   return from_json(j, f.source());
 }
 
-void TrainingState::check_resumable(const PretrainOptions& now, uint64_t checksum,
-                                    int64_t rows, int ranks, const std::string& where) const {
+void TrainingState::check_resumable(const PretrainOptions& now, uint64_t checksum, int64_t rows,
+                                    int ranks, const std::string& where) const {
   const LoopOptions& lo = now.loop;
   const std::string at = where + ": ";
   if (!optimizer.empty() && optimizer != optimizer_name(lo.optimizer.kind))
-    throw InputError(at + "was trained with `optimizer` " + optimizer + "; resume needs the same, " +
-                     "not " + optimizer_name(lo.optimizer.kind));
+    throw InputError(at + "was trained with `optimizer` " + optimizer +
+                     "; resume needs the same, " + "not " + optimizer_name(lo.optimizer.kind));
   if (seed && *seed != lo.seed)
     throw InputError(at + "was trained with `seed` " + std::to_string(*seed) +
                      "; resume needs the same (bit-exact resume), not " + std::to_string(lo.seed));
@@ -126,8 +125,9 @@ void TrainingState::check_resumable(const PretrainOptions& now, uint64_t checksu
   if (sequences_checksum != checksum)
     throw InputError(at + "was trained on another sequences file than " + now.sequences);
   if (packed != !now.packs.empty() || one_per_row != now.one_per_row)
-    throw InputError(at + "resume needs the same layout (`packs`, `one_per_row`) as the run that "
-                          "wrote it");
+    throw InputError(at +
+                     "resume needs the same layout (`packs`, `one_per_row`) as the run that "
+                     "wrote it");
   if (rows_per_batch != rows)
     throw InputError(at + "its run used " + std::to_string(rows_per_batch) +
                      " rows per micro-batch (processes x `rows_per_batch`); resume needs the "

@@ -1,5 +1,4 @@
 #include "train/finetune.h"
-#include "data/casing.h"
 
 #include <omp.h>
 
@@ -11,15 +10,17 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/casing.h"
 #include "data/utf8.h"
 #include "dist/comm.h"
 #include "error.h"
 #include "io/atomic_file.h"
-#include "io/paths.h"
-#include "model/weights.h"
 #include "io/checksum.h"
 #include "io/fault.h"
+#include "io/input_file.h"
+#include "io/paths.h"
 #include "io/safetensors.h"
+#include "model/weights.h"
 #include "pack/assign.h"
 #include "pack/plan.h"
 #include "rng.h"
@@ -28,7 +29,6 @@
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/trainer.h"
-#include "io/input_file.h"
 
 namespace packbert::train {
 
@@ -136,9 +136,15 @@ nlohmann::json dev_results(const FinetuneResult& r) {
                    {"mcc", r.dev_scores[e].mcc},
                    {"f1", r.dev_scores[e].f1 ? nlohmann::json(*r.dev_scores[e].f1) : nullptr}});
   for (const data::SquadScore& s : r.dev_squad)
-    out.push_back({{"exact", s.exact_match}, {"f1", s.f1}, {"v2", s.v2},
-                   {"has_exact", s.has_exact}, {"has_f1", s.has_f1}, {"no_exact", s.no_exact},
-                   {"no_f1", s.no_f1}, {"total", s.total}, {"has_total", s.has_total},
+    out.push_back({{"exact", s.exact_match},
+                   {"f1", s.f1},
+                   {"v2", s.v2},
+                   {"has_exact", s.has_exact},
+                   {"has_f1", s.has_f1},
+                   {"no_exact", s.no_exact},
+                   {"no_f1", s.no_f1},
+                   {"total", s.total},
+                   {"has_total", s.has_total},
                    {"no_total", s.no_total}});
   return out;
 }
@@ -332,26 +338,28 @@ void for_each_batch(model::BertModel<float>& m, const std::vector<Seq>& seqs,
 
 // Classification accuracy over rows of examples.
 // The classifier's prediction (argmax of its logits) for every example, by index.
-std::vector<int32_t> predict(model::BertModel<float>& m, const std::vector<data::ClassifyExample>& ex,
+std::vector<int32_t> predict(model::BertModel<float>& m,
+                             const std::vector<data::ClassifyExample>& ex,
                              const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
                              int S, model::Precision precision) {
   std::vector<int32_t> pred(ex.size(), -1);
   const int NL = m.config().num_labels;
-  for_each_batch(m, ex, rows, rows_per_batch, S, precision,
-                 [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>& batch_rows) {
-                   const float* logits = m.class_logits();  // [sequences in row order, NL]
-                   int64_t k = 0, correct = 0;
-                   for (const auto& row : batch_rows)
-                     for (const int64_t id : row) {
-                       const float* l = logits + k++ * NL;
-                       const auto p = static_cast<int32_t>(std::max_element(l, l + NL) - l);
-                       pred[static_cast<size_t>(id)] = p;
-                       correct += p == ex[static_cast<size_t>(id)].label;
-                     }
-                   // (the head's own count, by the same argmax: the rows are read in order)
-                   if (k != out.cls_count || correct != out.cls_correct)
-                     throw std::logic_error("classifier predictions out of order with the batch");
-                 });
+  for_each_batch(
+      m, ex, rows, rows_per_batch, S, precision,
+      [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>& batch_rows) {
+        const float* logits = m.class_logits();  // [sequences in row order, NL]
+        int64_t k = 0, correct = 0;
+        for (const auto& row : batch_rows)
+          for (const int64_t id : row) {
+            const float* l = logits + k++ * NL;
+            const auto p = static_cast<int32_t>(std::max_element(l, l + NL) - l);
+            pred[static_cast<size_t>(id)] = p;
+            correct += p == ex[static_cast<size_t>(id)].label;
+          }
+        // (the head's own count, by the same argmax: the rows are read in order)
+        if (k != out.cls_count || correct != out.cls_correct)
+          throw std::logic_error("classifier predictions out of order with the batch");
+      });
   return pred;
 }
 
@@ -442,7 +450,8 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
     std::vector<std::string> names(ids.size());
     for (const auto& [name, id] : ids) names[static_cast<size_t>(id)] = name;
     std::string s;
-    for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + std::to_string(i) + " " + names[i];
+    for (size_t i = 0; i < names.size(); ++i)
+      s += (i ? ", " : "") + std::to_string(i) + " " + names[i];
     return s;
   };
   if (model.heads.classifier && !new_head && !model.names.empty() && !model.generic()) {
@@ -454,16 +463,18 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
                          listed(out.ids) + ", from " + model.source +
                          "); relabel the data, or give `new_head` to train a new classifier");
     out.new_head = false;
-    out.note = "labels as the model's classifier has them (" + model.source + "): " +
-               listed(out.ids);
+    out.note =
+        "labels as the model's classifier has them (" + model.source + "): " + listed(out.ids);
     return out;
   }
   out.ids = data::sorted_label_ids(seen);
-  if (model.heads.classifier && !new_head) {  // a classifier whose outputs have no names: kept, in sorted order
+  if (model.heads.classifier &&
+      !new_head) {  // a classifier whose outputs have no names: kept, in sorted order
     if (!model.names.empty() && model.names.size() != out.ids.size())
       throw InputError(data + ": " + std::to_string(out.ids.size()) + " labels, but the model's " +
                        "classifier has " + std::to_string(model.names.size()) +
-                       " unnamed outputs (" + model.source + "); give `new_head` to train a new "
+                       " unnamed outputs (" + model.source +
+                       "); give `new_head` to train a new "
                        "classifier");
     out.new_head = false;
     out.note = "the model's classifier names no labels; the data's, sorted, are its outputs: " +
@@ -491,8 +502,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   model::Heads heads;
   heads.pretraining = false;
   heads.classifier = true;
-  auto m = model_from(o.init, heads, res.num_labels, o.loop.seed, res.initialized,
-                      chosen.new_head);
+  auto m = model_from(o.init, heads, res.num_labels, o.loop.seed, res.initialized, chosen.new_head);
   check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
   say_casing(casing, "finetune", o.say);
   say(o.say, "finetune: " + chosen.note);
@@ -514,12 +524,9 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
         score_classifier(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision);
     res.dev_scores.push_back(sc);
     res.dev_accuracy.push_back(sc.accuracy);
-    nlohmann::json line{{"type", "eval"},
-                        {"epoch", epoch},
-                        {"step", res.steps},
-                        {"dev_acc", sc.accuracy},
-                        {"dev_mcc", sc.mcc},
-                        {"majority_baseline", res.majority_baseline}};
+    nlohmann::json line{{"type", "eval"},    {"epoch", epoch},
+                        {"step", res.steps}, {"dev_acc", sc.accuracy},
+                        {"dev_mcc", sc.mcc}, {"majority_baseline", res.majority_baseline}};
     if (sc.f1) line["dev_f1"] = *sc.f1;
     log << line.dump() << std::endl;
   });
@@ -541,8 +548,7 @@ data::SquadOptions squad_options(data::SquadOptions so, int max_seq_len) {
 }
 
 FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& tok,
-                              const data::Casing& casing,
-                              std::ostream& log) {
+                              const data::Casing& casing, std::ostream& log) {
   data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
   std::vector<data::SquadExample> train = data::read_squad(o.train), dev = data::read_squad(o.dev);
   // SQuAD v2.0: unanswerable questions train towards [CLS] and are predicted by the null score.
@@ -621,12 +627,14 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   if (o.checkpoint_every < 0) throw OptionError("checkpoint_every", "must be at least 0");
   const std::string resume_path = o.out_dir + ".resume.safetensors";
   if (o.resume && !std::filesystem::exists(resume_path))
-    throw InputError(resume_path + ": no fine-tuning run to resume (it is written every "
-                                   "`checkpoint_every` steps, at each epoch's end and on "
-                                   "SIGINT/SIGTERM)");
+    throw InputError(resume_path +
+                     ": no fine-tuning run to resume (it is written every "
+                     "`checkpoint_every` steps, at each epoch's end and on "
+                     "SIGINT/SIGTERM)");
   if (!o.resume && !o.overwrite && std::filesystem::exists(resume_path))
-    throw InputError(resume_path + ": an interrupted fine-tuning run is there; continue it with "
-                                   "`resume`, or start over with `overwrite`");
+    throw InputError(resume_path +
+                     ": an interrupted fine-tuning run is there; continue it with "
+                     "`resume`, or start over with `overwrite`");
   data::Vocab vocab = data::Vocab::load(o.vocab);
   const data::Casing casing = data::decide_casing(o.lower_case, o.init, vocab, o.vocab);
   data::Tokenizer tok(vocab, casing.lower_case);
@@ -642,9 +650,9 @@ FinetuneResult finetune(const FinetuneOptions& o) {
     {  // a killed run's staging directory and half-written resume file
       const std::filesystem::path out_path = std::filesystem::absolute(o.out_dir);
       if (std::filesystem::is_directory(out_path.parent_path()))
-        io::remove_stale_temporaries(out_path.parent_path().string(),
-                                     {out_path.filename().string(),
-                                      out_path.filename().string() + ".resume.safetensors"});
+        io::remove_stale_temporaries(
+            out_path.parent_path().string(),
+            {out_path.filename().string(), out_path.filename().string() + ".resume.safetensors"});
     }
     io::refuse_directory_over_inputs(
         {o.out_dir, "`out_dir`"},
@@ -686,12 +694,13 @@ std::map<std::string, int32_t> labels_of_model(const std::string& model, std::st
   if (labels.size() != named.names.size())
     throw InputError(named.source + ": id2label names a label twice");
   if (!labels.empty()) return labels;
-  path = (std::filesystem::is_directory(model)
-              ? model
-              : std::filesystem::path(model).parent_path().string()) +
-         "/labels.json";
+  path =
+      (std::filesystem::is_directory(model) ? model
+                                            : std::filesystem::path(model).parent_path().string()) +
+      "/labels.json";
   if (!std::filesystem::exists(path))
-    throw InputError(model + ": its config has no id2label (and there is no labels.json): "
+    throw InputError(model +
+                     ": its config has no id2label (and there is no labels.json): "
                      "which output is which label is unknown");
   io::require_text_input(path);
   std::ifstream lf(path);
@@ -724,8 +733,9 @@ void write_label_predictions(const std::string& path, const std::map<std::string
 TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
   if (o.rows_per_batch < 1) throw OptionError("rows_per_batch", "must be at least 1");
-  io::refuse_outputs_over_inputs({{o.predictions, "`predictions`"}},
-                                 {{o.model, "`model`"}, {o.data, "`sequences`"}, {o.vocab, "`vocab`"}});
+  io::refuse_outputs_over_inputs(
+      {{o.predictions, "`predictions`"}},
+      {{o.model, "`model`"}, {o.data, "`sequences`"}, {o.vocab, "`vocab`"}});
   data::Vocab vocab = data::Vocab::load(o.vocab);
   const data::Casing casing = data::decide_casing(o.lower_case, o.model, vocab, o.vocab);
   data::Tokenizer tok(vocab, casing.lower_case);

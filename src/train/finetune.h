@@ -7,8 +7,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,7 +44,7 @@ struct FinetuneOptions {
   const std::atomic<bool>* stop = nullptr;
   std::string resume_path;  // set by finetune(): <out_dir>.resume.safetensors
   bool packed = true;
-  bool overwrite = false;    // replace a model directory already at out_dir
+  bool overwrite = false;  // replace a model directory already at out_dir
   // classify: train a new classifier (the data's labels, sorted) even when init has one.
   bool new_head = false;
   data::TsvColumns columns;  // classify: the text and label columns (empty: from the header)
@@ -73,9 +73,9 @@ ClassifyScore classify_score(const std::vector<int32_t>& truth, const std::vecto
                              int num_labels);
 
 struct FinetuneResult {
-  std::vector<double> dev_accuracy;  // classify: after each epoch
+  std::vector<double> dev_accuracy;       // classify: after each epoch
   std::vector<ClassifyScore> dev_scores;  // classify: after each epoch
-  double majority_baseline = 0;      // accuracy of always predicting the most frequent train label
+  double majority_baseline = 0;  // accuracy of always predicting the most frequent train label
   std::vector<data::SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
   int64_t steps = 0;
   int num_labels = 0;
@@ -83,8 +83,8 @@ struct FinetuneResult {
   int64_t train_rows = 0;                          // rows after packing
   int64_t skipped = 0;  // squad training questions whose answer is not in the context
   std::vector<std::string> initialized;  // tensors --init lacked, initialised from the seed
-  std::string label_note;  // classify: where the label ids came from, and what they are
-  bool stopped = false;    // `stop` was set: the state is in the resume file, no model written
+  std::string label_note;   // classify: where the label ids came from, and what they are
+  bool stopped = false;     // `stop` was set: the state is in the resume file, no model written
   std::string resume_path;  // where the run's resumable state is (or was) written
 };
 

@@ -310,9 +310,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
   // first). Under ZeRO-1 the norm is summed from each shard's part across ranks, so every rank
   // sees the same overflow.
   const double unscale = 1.0 / micros / r.loss_scale;
-  r.grad_norm =
-      unscale *
-      grad_norm(g.data() + begin, end - begin, sync_.shard_sum(), o_.backend);
+  r.grad_norm = unscale * grad_norm(g.data() + begin, end - begin, sync_.shard_sum(), o_.backend);
   const float grad_scale = static_cast<float>(unscale) * clip_factor(r.grad_norm, o_.clip_norm);
   r.comm_seconds = now_seconds() - t0;
   sums.fill(r, micros);

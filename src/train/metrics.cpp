@@ -72,9 +72,9 @@ nlohmann::json StepMetrics::to_json() const {
 }
 
 nlohmann::json EvalMetrics::to_json() const {
-  return {{"type", "eval"},         {"step", step},           {"mlm_loss", mlm_loss},
-          {"mlm_acc", mlm_acc},     {"nsp_loss", nsp_loss},   {"nsp_acc", nsp_acc},
-          {"mlm_count", mlm_count}, {"elapsed", elapsed},     {"eval_seconds", eval_seconds}};
+  return {{"type", "eval"},         {"step", step},         {"mlm_loss", mlm_loss},
+          {"mlm_acc", mlm_acc},     {"nsp_loss", nsp_loss}, {"nsp_acc", nsp_acc},
+          {"mlm_count", mlm_count}, {"elapsed", elapsed},   {"eval_seconds", eval_seconds}};
 }
 
 }  // namespace packbert::train

@@ -58,8 +58,8 @@ struct EvalMetrics {
   int64_t step = 0;
   double mlm_loss = 0, mlm_acc = 0, nsp_loss = 0, nsp_acc = 0;
   int64_t mlm_count = 0, sequences = 0;
-  double elapsed = 0;       // training seconds when it ran (the clock of the step records)
-  double eval_seconds = 0;  // how long the evaluation took
+  double elapsed = 0;              // training seconds when it ran (the clock of the step records)
+  double eval_seconds = 0;         // how long the evaluation took
   nlohmann::json to_json() const;  // ("type": "eval")
 };
 

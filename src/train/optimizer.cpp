@@ -141,8 +141,9 @@ bool Optimizer::step(float* params, float* grads, double lr, kernels::bf16* para
                  : std::pair{View::vector(m_.data() + at, n), View::vector(v_.data() + at, n)};
   };
   auto constants = [&](const model::TensorSpec& t) {
-    return kernels::AdamStep{lr,     cfg_.beta1, cfg_.beta2, cfg_.eps, c1, c2,
-                             t.no_decay ? 0.0 : cfg_.weight_decay, grad_scale};
+    return kernels::AdamStep{
+        lr,        cfg_.beta1, cfg_.beta2, cfg_.eps, c1, c2, t.no_decay ? 0.0 : cfg_.weight_decay,
+        grad_scale};
   };
   auto rounding = [&](size_t tensor, size_t a) {
     kernels::MasterRounding r;
@@ -164,16 +165,16 @@ bool Optimizer::step(float* params, float* grads, double lr, kernels::bf16* para
   std::fill(norms_.begin(), norms_.end(), 0.0);
   each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
     const auto [m, v] = moments(a, n);
-    const kernels::SquaredNorms s = be.lamb_direction(
-        weights(a, n), View::vector(grads + a, n), m, v, constants(t), rounding(k, a));
+    const kernels::SquaredNorms s = be.lamb_direction(weights(a, n), View::vector(grads + a, n), m,
+                                                      v, constants(t), rounding(k, a));
     norms_[2 * k] = s.weights, norms_[2 * k + 1] = s.direction;
   });
   if (reduce) reduce(norms_.data(), norms_.size());
   each_part([&](size_t k, const model::TensorSpec& t, size_t a, int64_t n) {
     const double pn = std::sqrt(norms_[2 * k]), un = std::sqrt(norms_[2 * k + 1]);
     const double step = lr * ((t.no_decay || pn == 0 || un == 0) ? 1.0 : pn / un);
-    bad += be.lamb_apply(weights(a, n), copy(a, n), View::vector(grads + a, n), step,
-                         rounding(k, a));
+    bad +=
+        be.lamb_apply(weights(a, n), copy(a, n), View::vector(grads + a, n), step, rounding(k, a));
   });
   return bad == 0;
 }
@@ -200,8 +201,8 @@ bool apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
 
 double grad_norm(const float* grads, size_t n, const Optimizer::Reduce& reduce,
                  kernels::BackendKind backend) {
-  double s = kernels::backend(backend).sum_squares(
-      kernels::View::vector(grads, static_cast<int64_t>(n)));
+  double s =
+      kernels::backend(backend).sum_squares(kernels::View::vector(grads, static_cast<int64_t>(n)));
   if (reduce) reduce(&s, 1);
   return std::sqrt(s);
 }

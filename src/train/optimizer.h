@@ -143,8 +143,7 @@ double grad_norm(const float* grads, size_t n, const Optimizer::Reduce& reduce =
 float clip_factor(double norm, double max_norm);
 // Scales grads in place by clip_factor (no pass when it is 1); returns the norm before
 // clipping. `reduce` as in grad_norm.
-double clip_grad_norm(float* grads, size_t n, double max_norm,
-                      const Optimizer::Reduce& reduce = {},
+double clip_grad_norm(float* grads, size_t n, double max_norm, const Optimizer::Reduce& reduce = {},
                       kernels::BackendKind backend = kernels::BackendKind::cpu);
 
 // Linear warmup for `warmup` steps, then polynomial decay (power 1 = linear) to 0 at `total`.

@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <iostream>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -49,7 +49,6 @@ model::BertConfig config_of(const io::SafetensorsFile& f) {
 }
 
 }  // namespace
-
 
 std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
                                                     model::Sparsity sparsity, FreshTensors* fresh) {
@@ -264,8 +263,9 @@ std::string Trainer::earlier_checkpoint_path(int64_t step) const {
   return opt_.out_dir + "/checkpoint-" + std::to_string(step) + ".safetensors";
 }
 
-std::string Trainer::best_path() const { return opt_.out_dir + "/best.safetensors"; }
-
+std::string Trainer::best_path() const {
+  return opt_.out_dir + "/best.safetensors";
+}
 
 namespace {
 
@@ -307,7 +307,7 @@ void Trainer::check_disk_space() const {
   fs::path where = fs::absolute(opt_.out_dir);  // (out_dir, or the directory it will be made in)
   while (!fs::exists(where) && where.has_parent_path() && where != where.parent_path())
     where = where.parent_path();
-  struct statvfs vfs{};
+  struct statvfs vfs {};
   if (::statvfs(where.c_str(), &vfs) != 0) return;
   const double free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
   // Weights and two moments in fp32, plus the header and patterns (a few per cent).
@@ -399,8 +399,8 @@ void Trainer::setup(bool resume) {
   if (comm_.root()) {  // rank 0 alone writes into out_dir
     check_disk_space();
     io::make_output_dir(opt_.out_dir, "`out_dir`");
-    io::remove_stale_temporaries(opt_.out_dir, {"checkpoint.safetensors", "metrics.jsonl",
-                                                "best.safetensors"});
+    io::remove_stale_temporaries(opt_.out_dir,
+                                 {"checkpoint.safetensors", "metrics.jsonl", "best.safetensors"});
   }
   earlier_run_cleared_ = resume;
 }
@@ -512,8 +512,8 @@ void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* s
   const LoopOptions& lo = opt_.loop;
   model::Heads heads;
   if (ckpt) {
-    model_ = std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads,
-                                                       state->block_sparsity());
+    model_ =
+        std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads, state->block_sparsity());
     model::load_model_weights(*model_, *ckpt);
     train_flops_ = state->train_flops;
   } else if (!opt_.init.empty()) {
@@ -561,9 +561,8 @@ OptimizerConfig Trainer::plan_steps() {
   {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
-    PlanRequest plan{c,           model::Heads{},       oc.kind,
-                     {},          lo.precision,         lo.optimizer.masters,
-                     opt_.sparse.sparsity};
+    PlanRequest plan{
+        c, model::Heads{}, oc.kind, {}, lo.precision, lo.optimizer.masters, opt_.sparse.sparsity};
     int64_t rows = lo.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
@@ -620,7 +619,6 @@ void Trainer::split_rows() {
   eval_rows_.shuffle = false;
   eval_rows_.row_begin = n_seq - held;
   eval_rows_.row_end = held ? n_seq : 0;
-
 }
 
 // The moments and step count of the training checkpoint --init names, carried into a new phase.
@@ -873,17 +871,16 @@ StepMetrics Trainer::train_step(double flops_per_token) {
                                                   std::to_string(saved_step_) + " in " +
                                                   checkpoint_path() + " is unchanged"
                                             : std::string("no checkpoint written");
-  const StepResult r =
-      stepper_->step(step_, opt_.max_steps, [&] { return loader_->next(); }, kept);
+  const StepResult r = stepper_->step(
+      step_, opt_.max_steps, [&] { return loader_->next(); }, kept);
   UpdateStats moved;
   if (update) {
-    moved = update_patterns(*model_, stepper_->optimizer(), opt_.sparse, step_ + 1,
-                            opt_.max_steps, opt_.loop.seed);
+    moved = update_patterns(*model_, stepper_->optimizer(), opt_.sparse, step_ + 1, opt_.max_steps,
+                            opt_.loop.seed);
     model_->collect_block_grads(false);
   }
   train_flops_ += flops_per_token * static_cast<double>(r.real_tokens);
-  StepMetrics s =
-      StepMetrics::of(r, model_->layout().heads(), *stepper_, opt_.loop, comm_.size());
+  StepMetrics s = StepMetrics::of(r, model_->layout().heads(), *stepper_, opt_.loop, comm_.size());
   s.step = step_ + 1;
   s.train_flops = train_flops_;
   s.pattern_update = update, s.blocks_moved = moved.moved, s.churn = moved.churn();
@@ -904,8 +901,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     if (!log_) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
   }
   new_log_ = false;
-  const Schedule schedule{opt_.max_steps, opt_.eval_every, opt_.checkpoint_every,
-                          opt_.max_minutes};
+  const Schedule schedule{opt_.max_steps, opt_.eval_every, opt_.checkpoint_every, opt_.max_minutes};
   const double flops_per_token = nonembedding_flops_per_token(model_->layout());
   // A stop request (a signal to any rank) or the time limit (any rank's clock) stops every rank
   // after the same step.

@@ -47,7 +47,7 @@ struct PretrainOptions {
   // Stop (exit 2, nothing written) when the held-out MLM loss rises above this multiple of its
   // best so far, or the training loss's moving average above this multiple of its lowest; 0 = off.
   double divergence_factor = 4;
-  int64_t eval_every = 0;        // 0 = only at the end
+  int64_t eval_every = 0;  // 0 = only at the end
   // Sequences held out for evaluation when the sequences file records no held-out split of its
   // own (prepare --eval-fraction splits by document, which is what to use): the file's last
   // ones. Unset: 0.02 for such files; set with a file that has a split: an error.
@@ -167,9 +167,9 @@ class Trainer {
   double train_flops_ = 0;  // the encoder's linear-layer training FLOPs so far (resumes too)
   DivergenceGuard divergence_;
   std::vector<std::string> kept_;  // the earlier checkpoints' file names after the last save
-  std::ofstream log_;           // metrics.jsonl, rank 0 during run()
-  int64_t evaluated_at_ = -1;   // the step of the last evaluation
-  bool resave_ = false;  // an evaluation after this step's checkpoint changed what it records
+  std::ofstream log_;              // metrics.jsonl, rank 0 during run()
+  int64_t evaluated_at_ = -1;      // the step of the last evaluation
+  bool resave_ = false;   // an evaluation after this step's checkpoint changed what it records
   bool reached_ = false;  // an evaluation met target_accuracy (rank 0's verdict, shared)
   bool earlier_run_cleared_ = false;  // clear_earlier_run() done (or a resume: nothing to clear)
 };

@@ -7,10 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layers.h"
+#include "kernels/cpu/sparse.h"
 #include "kernels/dropout.h"
-#include "kernels/gemm.h"
-#include "kernels/layers.h"
 
 namespace packbert::kernels::cpu {
 
@@ -30,10 +32,14 @@ void require_contiguous(const char* op, std::initializer_list<const View*> views
 template <typename F>
 decltype(auto) with_type(DType t, F f) {
   switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::bf16: return f(bf16{});
-    case DType::f16: return f(f16{});
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::bf16:
+      return f(bf16{});
+    case DType::f16:
+      return f(f16{});
   }
   throw std::logic_error("no such DType");
 }
@@ -123,7 +129,8 @@ void linear_backward(View dinp, View dweight, View dbias, View dout, View in, Vi
   if (pattern) {
     // The sparse kernels accumulate into dinp.
     if (dinp && mode == GradWrite::overwrite)
-      with_wide_type("linear_backward", dinp, [&](auto t) { zero_fill(ptr<decltype(t)>(dinp), dinp.numel()); });
+      with_wide_type("linear_backward", dinp,
+                     [&](auto t) { zero_fill(ptr<decltype(t)>(dinp), dinp.numel()); });
     if (!is16(in))
       return with_wide_type("linear_backward", in, [&](auto t) {
         using T = decltype(t);
@@ -135,7 +142,8 @@ void linear_backward(View dinp, View dweight, View dbias, View dout, View in, Vi
       using H = decltype(h);
       sparse_linear_backward(ptr<float>(dinp), ptr<float>(dweight), ptr<float>(dbias),
                              ptr<const float>(dout), ptr<const H>(in), *pattern,
-                             ptr<const float>(weight), N, sparse_scratch<float>(scratch, *pattern, N));
+                             ptr<const float>(weight), N,
+                             sparse_scratch<float>(scratch, *pattern, N));
     });
   }
   if (!is16(in))
@@ -190,8 +198,8 @@ void linear_block_grad_norms(View block_l1, View dout, View in, int block, View 
   });
 }
 
-void layernorm_forward(View out, View mean, View rstd, View in, View weight, View bias,
-                       double eps, View out16) {
+void layernorm_forward(View out, View mean, View rstd, View in, View weight, View bias, double eps,
+                       View out16) {
   require_contiguous("layernorm_forward", {&out, &mean, &rstd, &in, &weight, &bias, &out16});
   const int N = i32(in.rows), C = i32(in.cols);
   if (!is16(in) && !out16)
@@ -208,13 +216,12 @@ void layernorm_forward(View out, View mean, View rstd, View in, View weight, Vie
     H* twin = out16 ? ptr<H>(out16) : nullptr;
     if (is16(in))
       kernels::layernorm_forward(ptr<float>(out), ptr<float>(mean), ptr<float>(rstd),
-                                 ptr<const H>(in), ptr<const float>(weight),
-                                 ptr<const float>(bias), N, C, static_cast<float>(eps), twin);
+                                 ptr<const H>(in), ptr<const float>(weight), ptr<const float>(bias),
+                                 N, C, static_cast<float>(eps), twin);
     else
-      kernels::layernorm_forward<float, H>(ptr<float>(out), ptr<float>(mean), ptr<float>(rstd),
-                                           ptr<const float>(in), ptr<const float>(weight),
-                                           ptr<const float>(bias), N, C, static_cast<float>(eps),
-                                           twin);
+      kernels::layernorm_forward<float, H>(
+          ptr<float>(out), ptr<float>(mean), ptr<float>(rstd), ptr<const float>(in),
+          ptr<const float>(weight), ptr<const float>(bias), N, C, static_cast<float>(eps), twin);
   });
 }
 
@@ -236,10 +243,9 @@ void layernorm_apply(View out, View in, View mean, View rstd, View weight, View 
                                ptr<const float>(rstd), ptr<const float>(weight),
                                ptr<const float>(bias), N, C, twin);
     else
-      kernels::layernorm_apply<float, H>(ptr<float>(out), ptr<const float>(in),
-                                         ptr<const float>(mean), ptr<const float>(rstd),
-                                         ptr<const float>(weight), ptr<const float>(bias), N, C,
-                                         twin);
+      kernels::layernorm_apply<float, H>(
+          ptr<float>(out), ptr<const float>(in), ptr<const float>(mean), ptr<const float>(rstd),
+          ptr<const float>(weight), ptr<const float>(bias), N, C, twin);
   });
 }
 
@@ -313,8 +319,7 @@ void dropout_forward(View out, View in, double p, uint64_t seed, uint64_t key, u
   });
 }
 
-void dropout_backward(View dinp, View dout, double p, uint64_t seed, uint64_t key,
-                      uint64_t first) {
+void dropout_backward(View dinp, View dout, double p, uint64_t seed, uint64_t key, uint64_t first) {
   with_wide_type("dropout_backward", dout, [&](auto t) {
     using T = decltype(t);
     kernels::dropout_backward(ptr<T>(dinp), ptr<const T>(dout), dout.numel(), p, seed, key, first);
@@ -326,8 +331,8 @@ void embedding_forward(View out, const int32_t* ids, const int32_t* pos, const i
   const int T_ = i32(out.rows), C = i32(out.cols);
   if (word.dtype == DType::bf16)
     return kernels::embedding_forward(ptr<float>(out), ids, pos, types, ptr<const bf16>(word),
-                                      ptr<const float>(position), ptr<const float>(token_type),
-                                      T_, C);
+                                      ptr<const float>(position), ptr<const float>(token_type), T_,
+                                      C);
   with_wide_type("embedding_forward", word, [&](auto t) {
     using T = decltype(t);
     kernels::embedding_forward(ptr<T>(out), ids, pos, types, ptr<const T>(word),
@@ -335,8 +340,8 @@ void embedding_forward(View out, const int32_t* ids, const int32_t* pos, const i
   });
 }
 
-void embedding_backward(View dword, View dposition, View dtoken_type, View dout,
-                        const int32_t* ids, const int32_t* pos, const int32_t* types) {
+void embedding_backward(View dword, View dposition, View dtoken_type, View dout, const int32_t* ids,
+                        const int32_t* pos, const int32_t* types) {
   with_wide_type("embedding_backward", dout, [&](auto t) {
     using T = decltype(t);
     kernels::embedding_backward(ptr<T>(dword), ptr<T>(dposition), ptr<T>(dtoken_type),
@@ -353,8 +358,8 @@ int64_t cross_entropy_forward(View losses, View lse, View logits, const int32_t*
   });
 }
 
-void cross_entropy_backward(View dlogits, View dbias, View logits, View lse,
-                            const int32_t* targets, View dlosses, GradWrite mode) {
+void cross_entropy_backward(View dlogits, View dbias, View logits, View lse, const int32_t* targets,
+                            View dlosses, GradWrite mode) {
   const int N = i32(logits.rows), V = i32(logits.cols);
   if (is16(dlogits)) {
     if (!dbias) throw std::logic_error("cpu::cross_entropy_backward: a 16-bit dlogits needs dbias");
@@ -368,21 +373,20 @@ void cross_entropy_backward(View dlogits, View dbias, View logits, View lse,
   if (dbias) throw std::logic_error("cpu::cross_entropy_backward: dbias goes with 16-bit dlogits");
   with_wide_type("cross_entropy_backward", logits, [&](auto t) {
     using T = decltype(t);
-    kernels::cross_entropy_logits_backward(ptr<T>(dlogits), ptr<const T>(logits),
-                                           ptr<const T>(lse), targets, ptr<const T>(dlosses), N, V,
-                                           mode);
+    kernels::cross_entropy_logits_backward(ptr<T>(dlogits), ptr<const T>(logits), ptr<const T>(lse),
+                                           targets, ptr<const T>(dlosses), N, V, mode);
   });
 }
 
-void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq,
-                       int NH, AttentionDropout dropout, const int64_t* offsets, View scratch) {
+void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq, int NH,
+                       AttentionDropout dropout, const int64_t* offsets, View scratch) {
   require_contiguous("attention_forward", {&out, &probs, &qkv});
   const int C = i32(out.cols);
   with_type(qkv.dtype, [&](auto t) {
     using T = decltype(t);
     using W = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    kernels::attention_forward(ptr<T>(out), ptr<T>(probs), ptr<const T>(qkv), cu_seqlens, n_seq,
-                               C, NH, dropout, AttentionWork<W>{offsets, ptr<W>(scratch)});
+    kernels::attention_forward(ptr<T>(out), ptr<T>(probs), ptr<const T>(qkv), cu_seqlens, n_seq, C,
+                               NH, dropout, AttentionWork<W>{offsets, ptr<W>(scratch)});
   });
 }
 
@@ -431,8 +435,7 @@ void zero(View out) {
 void gather_rows_forward(View out, View in, const int32_t* rows) {
   with_type(in.dtype, [&](auto t) {
     using T = decltype(t);
-    kernels::gather_rows_forward(ptr<T>(out), ptr<const T>(in), rows, i32(out.rows),
-                                 i32(out.cols));
+    kernels::gather_rows_forward(ptr<T>(out), ptr<const T>(in), rows, i32(out.rows), i32(out.cols));
   });
 }
 
@@ -457,8 +460,8 @@ void span_cross_entropy_backward(View dlogits, View probs, const int32_t* cu_seq
                                  const int32_t* targets, View dlosses, int n_seq) {
   with_wide_type("span_cross_entropy_backward", probs, [&](auto t) {
     using T = decltype(t);
-    kernels::span_cross_entropy_backward(ptr<T>(dlogits), ptr<const T>(probs), cu_seqlens,
-                                         targets, ptr<const T>(dlosses), n_seq);
+    kernels::span_cross_entropy_backward(ptr<T>(dlogits), ptr<const T>(probs), cu_seqlens, targets,
+                                         ptr<const T>(dlosses), n_seq);
   });
 }
 

@@ -72,8 +72,8 @@ void lamb_moments_block(const float* __restrict p, float* __restrict g, float* _
 // LAMB's second pass: p -= step * u, the direction the first pass left in u; the bf16 copy
 // rewritten alongside when kMirror. Returns how many of the weights written are not finite.
 template <bool kMirror>
-int64_t lamb_apply_block(float* __restrict p, bf16* __restrict p16,
-                         const float* __restrict u, int64_t n, float step) {
+int64_t lamb_apply_block(float* __restrict p, bf16* __restrict p16, const float* __restrict u,
+                         int64_t n, float step) {
   int64_t bad = 0;
 #pragma omp simd reduction(+ : bad)
   for (int64_t i = 0; i < n; ++i) {

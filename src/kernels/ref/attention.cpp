@@ -16,9 +16,7 @@ namespace {
 struct Block {
   int64_t t0, L, h, hs, C, at, drawn;
   double q(const View& qkv, int64_t i, int64_t d) const { return qkv.get(t0 + i, h * hs + d); }
-  double k(const View& qkv, int64_t j, int64_t d) const {
-    return qkv.get(t0 + j, C + h * hs + d);
-  }
+  double k(const View& qkv, int64_t j, int64_t d) const { return qkv.get(t0 + j, C + h * hs + d); }
   double v(const View& qkv, int64_t j, int64_t d) const {
     return qkv.get(t0 + j, 2 * C + h * hs + d);
   }
@@ -67,8 +65,8 @@ void each_block(const int32_t* cu_seqlens, int n_seq, int NH, int64_t C,
 
 }  // namespace
 
-void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq,
-                       int NH, AttentionDropout dropout, const int64_t*, View) {
+void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq, int NH,
+                       AttentionDropout dropout, const int64_t*, View) {
   const DType stored = probs ? probs.dtype : qkv.dtype;
   each_block(cu_seqlens, n_seq, NH, out.cols, dropout, [&](const Block& b) {
     const std::vector<double> P = probabilities(qkv, b, stored);

@@ -25,8 +25,7 @@ void write_grad(const View& d, int64_t r, int64_t c, double g, GradWrite mode) {
 }
 
 // The weight W[o][c] of a linear layer, dense or block-sparse, as a dense double matrix.
-std::vector<double> dense_weight(const View& weight, const BlockPattern* p, int64_t OC,
-                                 int64_t C) {
+std::vector<double> dense_weight(const View& weight, const BlockPattern* p, int64_t OC, int64_t C) {
   std::vector<double> W(static_cast<size_t>(OC * C), 0.0);
   if (!p) {
     for (int64_t o = 0; o < OC; ++o)
@@ -44,8 +43,7 @@ std::vector<double> dense_weight(const View& weight, const BlockPattern* p, int6
 
 }  // namespace
 
-void linear_forward(View out, View in, View weight, View bias, const BlockPattern* pattern,
-                    View) {
+void linear_forward(View out, View in, View weight, View bias, const BlockPattern* pattern, View) {
   const int64_t N = in.rows, C = in.cols, OC = out.cols;
   require(out.rows == N, "linear_forward", "out and in differ in rows");
   require(pattern || weight.dtype == in.dtype, "linear_forward", "in and weight differ in dtype");
@@ -125,8 +123,8 @@ void layernorm_apply(View out, View in, View mean, View rstd, View weight, View 
 }
 
 // The output is formed from the statistics as kept, so layernorm_apply rebuilds it bit for bit.
-void layernorm_forward(View out, View mean, View rstd, View in, View weight, View bias,
-                       double eps, View out16) {
+void layernorm_forward(View out, View mean, View rstd, View in, View weight, View bias, double eps,
+                       View out16) {
   const int64_t N = in.rows, C = in.cols;
   for (int64_t n = 0; n < N; ++n) {
     double m = 0, var = 0;
@@ -210,8 +208,7 @@ void dropout_forward(View out, View in, double p, uint64_t seed, uint64_t key, u
   }
 }
 
-void dropout_backward(View dinp, View dout, double p, uint64_t seed, uint64_t key,
-                      uint64_t first) {
+void dropout_backward(View dinp, View dout, double p, uint64_t seed, uint64_t key, uint64_t first) {
   for (int64_t i = 0; i < dout.numel(); ++i) {
     const bool keep = dropout_uniform(seed, key, first + static_cast<uint64_t>(i)) >= p;
     dinp.put(i, dinp.at(i) + (keep ? dout.at(i) / (1.0 - p) : 0.0));
@@ -222,12 +219,11 @@ void embedding_forward(View out, const int32_t* ids, const int32_t* pos, const i
                        View word, View position, View token_type) {
   for (int64_t t = 0; t < out.rows; ++t)
     for (int64_t c = 0; c < out.cols; ++c)
-      out.set(t, c,
-              word.get(ids[t], c) + position.get(pos[t], c) + token_type.get(types[t], c));
+      out.set(t, c, word.get(ids[t], c) + position.get(pos[t], c) + token_type.get(types[t], c));
 }
 
-void embedding_backward(View dword, View dposition, View dtoken_type, View dout,
-                        const int32_t* ids, const int32_t* pos, const int32_t* types) {
+void embedding_backward(View dword, View dposition, View dtoken_type, View dout, const int32_t* ids,
+                        const int32_t* pos, const int32_t* types) {
   for (int64_t t = 0; t < dout.rows; ++t)
     for (int64_t c = 0; c < dout.cols; ++c) {
       const double d = dout.get(t, c);
@@ -259,17 +255,18 @@ int64_t cross_entropy_forward(View losses, View lse, View logits, const int32_t*
   return hits;
 }
 
-void cross_entropy_backward(View dlogits, View dbias, View logits, View lse,
-                            const int32_t* targets, View dlosses, GradWrite mode) {
+void cross_entropy_backward(View dlogits, View dbias, View logits, View lse, const int32_t* targets,
+                            View dlosses, GradWrite mode) {
   require(!is16(dlogits) || dbias, "cross_entropy_backward",
           "a 16-bit logits gradient comes with its bias gradient");
   if (is16(dlogits)) mode = GradWrite::overwrite;  // written rounded, rows without a target 0
   for (int64_t n = 0; n < logits.rows; ++n)
     for (int64_t v = 0; v < logits.cols; ++v) {
-      const double d = targets[n] < 0 ? 0.0
-                                      : (std::exp(logits.get(n, v) - lse.at(n)) -
-                                         (v == targets[n] ? 1.0 : 0.0)) *
-                                            dlosses.at(n);
+      const double d =
+          targets[n] < 0
+              ? 0.0
+              : (std::exp(logits.get(n, v) - lse.at(n)) - (v == targets[n] ? 1.0 : 0.0)) *
+                    dlosses.at(n);
       write_grad(dlogits, n, v, d, mode);
       if (dbias) dbias.put(v, dbias.at(v) + d);
     }
@@ -332,8 +329,7 @@ void span_cross_entropy_backward(View dlogits, View probs, const int32_t* cu_seq
     for (int col = 0; col < 2; ++col)
       for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t) {
         const double onehot = t - cu_seqlens[s] == targets[2 * s + col] ? 1.0 : 0.0;
-        dlogits.set(t, col,
-                    dlogits.get(t, col) + (probs.get(t, col) - onehot) * dlosses.at(s) / 2);
+        dlogits.set(t, col, dlogits.get(t, col) + (probs.get(t, col) - onehot) * dlosses.at(s) / 2);
       }
   }
 }

@@ -35,8 +35,8 @@ int64_t adamw_update(View p, View p16, View m, View v, View g, const AdamStep& k
     const double gi = g.at(i) * k.grad_scale;
     const double mi = k.beta1 * m.at(i) + (1 - k.beta1) * gi;
     const double vi = k.beta2 * v.at(i) + (1 - k.beta2) * gi * gi;
-    const double pi = p.at(i) * (1 - k.lr * k.weight_decay) -
-                      k.lr * (mi / k.c1) / (std::sqrt(vi / k.c2) + k.eps);
+    const double pi =
+        p.at(i) * (1 - k.lr * k.weight_decay) - k.lr * (mi / k.c1) / (std::sqrt(vi / k.c2) + k.eps);
     w.put(p, i, 0, pi);
     w.put(m, i, 16, mi);
     w.put(v, i, 32, vi);
@@ -55,8 +55,8 @@ SquaredNorms lamb_direction(View p, View g, View m, View v, const AdamStep& k,
     w.put(m, i, 16, k.beta1 * m.at(i) + (1 - k.beta1) * gi);
     w.put(v, i, 32, k.beta2 * v.at(i) + (1 - k.beta2) * gi * gi);
     // From the moments as stored: what the next step reads.
-    const double u = (m.at(i) / k.c1) / (std::sqrt(v.at(i) / k.c2) + k.eps) +
-                     k.weight_decay * p.at(i);
+    const double u =
+        (m.at(i) / k.c1) / (std::sqrt(v.at(i) / k.c2) + k.eps) + k.weight_decay * p.at(i);
     g.put(i, u);
     norms.weights += p.at(i) * p.at(i);
     norms.direction += g.at(i) * g.at(i);

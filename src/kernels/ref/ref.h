@@ -8,10 +8,10 @@
 
 #include <cstdint>
 
-#include "kernels/attention.h"
+#include "kernels/attention_layout.h"
+#include "kernels/block_pattern.h"
 #include "kernels/grad_write.h"
 #include "kernels/optim.h"
-#include "kernels/sparse.h"
 #include "kernels/tensor.h"
 
 namespace packbert::kernels::ref {

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "kernels/tensor.h"
 #include "kernels/grad_write.h"
+#include "kernels/tensor.h"
 
 namespace packbert::kernels {
 

@@ -1,4 +1,4 @@
-#include "kernels/block_gemm.h"
+#include "kernels/cpu/block_gemm.h"
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized (and,
 // at -O2 without -march=native, as in the sanitizer build, -Wuninitialized) reports wherever they
@@ -11,8 +11,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/cpu.h"
-#include "kernels/transpose16.h"
+#include "kernels/cpu/features.h"
+#include "kernels/cpu/transpose16.h"
 
 // The packed layouts: A as [M][Kp] bf16 rows (Kp = K rounded up to even, a zero past K), B as
 // [Kp / 2][Np] pairs (Np = N rounded up to 32): pair (kk, n) holds B[2kk][n] in its low half and

@@ -1,4 +1,4 @@
-#include "kernels/attention.h"
+#include "kernels/cpu/attention.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -7,11 +7,11 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kernels/block_gemm.h"
+#include "kernels/cpu/block_gemm.h"
+#include "kernels/cpu/fastmath.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/transpose16.h"
 #include "kernels/dropout.h"
-#include "kernels/fastmath.h"
-#include "kernels/gemm.h"
-#include "kernels/transpose16.h"
 
 namespace packbert::kernels {
 
@@ -24,20 +24,6 @@ namespace packbert::kernels {
 // and dO as it is packed; dS is re-centred so its rows still sum to zero (block_input_grads says
 // why). The bf16 form takes each block through scores, softmax, dropout, Pv V and dO Vᵀ a strip
 // of 64 rows at a time, so that a strip's values stay in L2 from one pass to the next.
-
-void attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH, int64_t* off) {
-  off[0] = 0;
-  for (int s = 0; s < n_seq; ++s) {
-    const int64_t L = cu_seqlens[s + 1] - cu_seqlens[s];
-    off[s + 1] = off[s] + NH * L * L;
-  }
-}
-
-std::vector<int64_t> attention_probs_offsets(const int32_t* cu_seqlens, int n_seq, int NH) {
-  std::vector<int64_t> off(n_seq + 1);
-  attention_probs_offsets(cu_seqlens, n_seq, NH, off.data());
-  return off;
-}
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "kernels/layers.h"
+#include "kernels/cpu/layers.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/fastmath.h"
-#include "kernels/gemm.h"
+#include "kernels/cpu/fastmath.h"
+#include "kernels/cpu/gemm.h"
 
 namespace packbert::kernels {
 

@@ -1,4 +1,4 @@
-#include "kernels/gemm.h"
+#include "kernels/cpu/gemm.h"
 
 #include <dnnl.h>
 #include <omp.h>

@@ -1,4 +1,4 @@
-#include "kernels/cpu.h"
+#include "kernels/cpu/features.h"
 
 #include <cpuid.h>
 
