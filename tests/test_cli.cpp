@@ -748,6 +748,24 @@ TEST_F(Labels, EveryHeadExportsAndAMaskedLmModelEvaluates) {
   };
   EXPECT_EQ(value(ev.out, "MLM loss"), value(full_ev.out, "MLM loss"));
   EXPECT_EQ(value(ev.out, "MLM accuracy"), value(full_ev.out, "MLM accuracy"));
+
+  // It exports as the BertForMaskedLM it is: the same tensors bit for bit (no pooler, no NSP
+  // head added), its config fields kept.
+  const std::string mx = (dir_ / "mlm_exported").string();
+  Result mr = run("export --model " + mlm + " --out " + mx);
+  ASSERT_EQ(mr.code, 0) << mr.err;
+  const json mxc = json::parse(slurp(mx + "/config.json"));
+  EXPECT_EQ(mxc["architectures"], json::array({"BertForMaskedLM"}));
+  for (const auto& [key, value] : mc.items()) {
+    if (key != "architectures" && key != "torch_dtype") {
+      EXPECT_EQ(mxc[key], value) << key;
+    }
+  }
+  io::SafetensorsFile before = io::SafetensorsFile::read(mlm + "/model.safetensors"),
+                      after = io::SafetensorsFile::read(mx + "/model.safetensors");
+  EXPECT_EQ(before.tensors().size(), after.tensors().size());
+  for (const auto& [name, e] : before.tensors()) EXPECT_EQ(before.raw(name), after.raw(name)) << name;
+  EXPECT_FALSE(after.has("bert.pooler.dense.weight"));
 }
 
 TEST_F(Labels, AnUnknownLabelIsRefusedUnlessANewHeadIsAskedFor) {

@@ -32,9 +32,11 @@ void register_export(CLI::App& app) {
     io::refuse_directory_over_inputs({x->second, "--out"},
                                      {{x->first, "--checkpoint"}, {*xv, "--vocab"}});
     const train::ModelLabels source = train::model_labels(x->first);
-    auto m = train::load_model(x->first, source.heads);
-    train::export_model(*m, x->second, *xv, *xo, model::parse_precision(*dtype),
-                        source.names);
+    // A masked-LM model has no pooler or NSP head: they are filled for loading and left out.
+    train::FreshTensors fresh{1, 0, {}};
+    auto m = train::load_model(x->first, source.heads, {}, source.masked_lm ? &fresh : nullptr);
+    train::export_model(*m, x->second, *xv, *xo, model::parse_precision(*dtype), source.names,
+                        source.masked_lm);
     std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt} (" << *dtype
               << ")\n";
   });

@@ -165,6 +165,8 @@ ModelLabels model_labels(const std::string& path) {
   }
   const model::ImportedModel hf = model::import_model(path);
   out.heads = model::heads_present(hf.weights);
+  out.masked_lm = out.heads.pretraining && !hf.weights.has("cls.seq_relationship.weight") &&
+                  !hf.weights.has("bert.pooler.dense.weight");
   out.source = hf.config_from;
   if (!hf.config_json.empty())
     out.names = id2label_of(json::parse(hf.config_json, nullptr, false), out.source);
@@ -173,10 +175,11 @@ ModelLabels model_labels(const std::string& path) {
 
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,
                        const std::string& vocab_path, const std::vector<std::string>& label_names,
-                       model::Precision dtype) {
+                       model::Precision dtype, bool masked_lm) {
   const model::Heads& h = m.layout().heads();
   const char* architecture = h.classifier ? "BertForSequenceClassification"
                              : h.span     ? "BertForQuestionAnswering"
+                             : masked_lm  ? "BertForMaskedLM"
                                           : "BertForPreTraining";
   const bool bf16 = dtype == model::Precision::bf16;
   json config = model::config_to_json(m.config(), architecture, label_names);
@@ -187,6 +190,10 @@ void write_model_files(const model::BertModel<float>& m, const std::string& dir,
   // Block-sparse weights go out dense, zeros outside their pattern: loadable anywhere.
   model::OwnedTensors out = model::dense_weight_tensors(m, w);
   std::vector<io::TensorToWrite>& tensors = out.tensors;
+  if (masked_lm)
+    std::erase_if(tensors, [](const io::TensorToWrite& t) {
+      return t.name.starts_with("bert.pooler.") || t.name.starts_with("cls.seq_relationship.");
+    });
   std::vector<std::vector<kernels::bf16>> narrow;
   if (bf16) {
     narrow.reserve(tensors.size());
@@ -217,7 +224,7 @@ std::string non_finite_weights(const model::BertModel<float>& m) {
 
 void export_model(const model::BertModel<float>& m, const std::string& dir,
                   const std::string& vocab_path, bool overwrite, model::Precision dtype,
-                  const std::vector<std::string>& label_names) {
+                  const std::vector<std::string>& label_names, bool masked_lm) {
   const std::string bad = non_finite_weights(m);
   if (!bad.empty())
     throw InputError(dir + ": not written: " + bad + "; a model that computes NaN is not exported");
@@ -229,7 +236,7 @@ void export_model(const model::BertModel<float>& m, const std::string& dir,
                        std::to_string(m.config().vocab_size));
   }
   io::StagedDirectory out(dir, "`out_dir`", overwrite);
-  write_model_files(m, out.path(), vocab_path, label_names, dtype);
+  write_model_files(m, out.path(), vocab_path, label_names, dtype, masked_lm);
   out.publish();
 }
 

@@ -196,6 +196,8 @@ struct FreshTensors {
 struct ModelLabels {
   std::vector<std::string> names;
   model::Heads heads;
+  // A masked-LM model (BertForMaskedLM): the MLM head without the pooler and the NSP head.
+  bool masked_lm = false;
   std::string source;  // where the names came from (config.json, a checkpoint's config)
   // Names that say nothing (transformers' defaults LABEL_0, LABEL_1, ...).
   bool generic() const;
@@ -227,16 +229,23 @@ void load_stepper_state(Stepper& stepper, const model::ParamLayout& layout,
 // "" when every weight of `m` is finite; else how many are not and the first tensor holding one.
 std::string non_finite_weights(const model::BertModel<float>& m);
 
+// Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
+// into an existing directory (each file atomically). The architecture follows the model's head:
+// BertForSequenceClassification (label_names, in id order, go to id2label),
+// BertForQuestionAnswering (qa_outputs.*), BertForMaskedLM when `masked_lm` (the pooler and the
+// NSP head left out, as that class has none), else BertForPreTraining. The weights are stored as
+// `dtype`: fp32 (F32), or bf16 (BF16, rounded to nearest; half the bytes) with config.json's
+// torch_dtype saying which.
 void write_model_files(const model::BertModel<float>& m, const std::string& dir,
                        const std::string& vocab_path,
                        const std::vector<std::string>& label_names = {},
-                       model::Precision dtype = model::Precision::fp32);
+                       model::Precision dtype = model::Precision::fp32, bool masked_lm = false);
 // The same as a whole: `dir` appears complete or not at all; an earlier model directory there
 // is replaced only with `overwrite` (io::StagedDirectory). Refused (InputError, nothing
 // written) when a weight is not finite or vocab_path's size is not the model's vocab_size.
 void export_model(const model::BertModel<float>& m, const std::string& dir,
                   const std::string& vocab_path, bool overwrite = false,
                   model::Precision dtype = model::Precision::fp32,
-                  const std::vector<std::string>& label_names = {});
+                  const std::vector<std::string>& label_names = {}, bool masked_lm = false);
 
 }  // namespace packbert::train
