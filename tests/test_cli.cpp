@@ -764,8 +764,66 @@ TEST_F(Labels, EveryHeadExportsAndAMaskedLmModelEvaluates) {
   io::SafetensorsFile before = io::SafetensorsFile::read(mlm + "/model.safetensors"),
                       after = io::SafetensorsFile::read(mx + "/model.safetensors");
   EXPECT_EQ(before.tensors().size(), after.tensors().size());
-  for (const auto& [name, e] : before.tensors()) EXPECT_EQ(before.raw(name), after.raw(name)) << name;
+  for (const auto& [name, e] : before.tensors())
+    EXPECT_EQ(before.raw(name), after.raw(name)) << name;
   EXPECT_FALSE(after.has("bert.pooler.dense.weight"));
+}
+
+// #45: --save-best METRIC writes the model of the best dev epoch: metrics.jsonl records each new
+// best (a strictly higher value), the written model scores exactly that epoch's dev accuracy, and
+// the best weights' file goes once the model is written. A metric the task lacks is refused.
+TEST_F(Labels, SaveBestWritesTheBestDevEpochsModel) {
+  const std::string cls = classifier();
+  // Dev labels one off the training rule (a "negative" sentence labelled neutral, ...): the
+  // better the model learns the training data, the worse it scores on dev, so the best dev
+  // epoch comes before the last.
+  std::string dev = "label\tsentence\n";
+  const char* names[] = {"negative", "neutral", "positive"};
+  for (int i = 0; i < 30; ++i)
+    dev += std::string(names[(i + 1) % 3]) + "\tthe " + names[i % 3] + " king of the city number " +
+           std::to_string(i) + "\n";
+  const fs::path dev_path = write("dev_mixed.tsv", dev);
+  const fs::path train = tsv("train_best.tsv", {"negative", "neutral", "positive"}, 48);
+  const std::string out = (dir_ / "best").string();
+  Result r =
+      run("finetune --init " + cls + " --train " + train.string() + " --dev " + dev_path.string() +
+          " --out " + out + " --epochs 4 --seed 5 --lr 2e-2 " + "--save-best accuracy");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<double> acc;
+  std::vector<int> best_epochs;
+  std::istringstream log(slurp(out + "/metrics.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    const json j = json::parse(line);
+    if (j["type"] == "eval") acc.push_back(j["dev_acc"].get<double>());
+    if (j["type"] == "best") {
+      best_epochs.push_back(j["epoch"].get<int>());
+      EXPECT_EQ(j["metric"], "accuracy");
+      EXPECT_EQ(j["value"].get<double>(), acc.back());
+    }
+  }
+  ASSERT_EQ(acc.size(), 4u);
+  const size_t best = static_cast<size_t>(std::max_element(acc.begin(), acc.end()) - acc.begin());
+  std::cout << "  dev accuracy by epoch: " << acc[0] << " " << acc[1] << " " << acc[2] << " "
+            << acc[3] << "; best epoch " << best + 1 << "\n";
+  // (the data makes the last epoch worse than the best, so the test tells the two apart)
+  EXPECT_LT(acc.back(), acc[best]);
+  ASSERT_FALSE(best_epochs.empty());
+  EXPECT_EQ(best_epochs.front(), 1);
+  EXPECT_EQ(best_epochs.back(), static_cast<int>(best) + 1);
+  for (size_t k = 1; k < best_epochs.size(); ++k)
+    EXPECT_GT(acc[best_epochs[k] - 1], acc[best_epochs[k - 1] - 1]);
+  Result ev = run("eval --task classify --model " + out + " --data " + dev_path.string());
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  char want[32];
+  std::snprintf(want, sizeof want, "%.4f", acc[best]);
+  EXPECT_NE(ev.out.find(want), std::string::npos) << ev.out << " best epoch " << best + 1;
+  EXPECT_FALSE(fs::exists(out + ".best.safetensors"));
+  Result bad = run("finetune --init " + cls + " --train " + train.string() + " --dev " +
+                   dev_path.string() + " --out " + (dir_ / "x").string() + " --save-best loss");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--save-best 'loss' is not a dev metric of classify"), std::string::npos)
+      << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
 }
 
 TEST_F(Labels, AnUnknownLabelIsRefusedUnlessANewHeadIsAskedFor) {

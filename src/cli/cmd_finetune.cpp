@@ -54,6 +54,11 @@ void register_finetune(CLI::App& app, int& exit_code) {
          "Steps between saves of the run's state to <out>.resume.safetensors (0: only at each "
          "epoch's end and on SIGINT/SIGTERM); removed when the model is written",
          0, kMaxCount);
+  cmd->add_option("--save-best", o->save_best,
+                  "Write the model of the epoch with the best dev METRIC instead of the last one "
+                  "(Hugging Face's load_best_model_at_end): accuracy, f1 (two labels) or mcc for "
+                  "classify; exact_match or f1 for squad. Ties keep the earlier epoch")
+      ->option_text("METRIC");
   cmd->add_flag("--resume", o->resume,
                 "Continue the run that <out>.resume.safetensors holds, bit-exactly (the same data "
                 "and flags)");

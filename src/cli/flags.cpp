@@ -192,7 +192,8 @@ std::string flag_of_field(const std::string& field) {
       {"new_head", "--new-head"},
       {"optimizer", "--optimizer"},
       {"recompute", "--recompute"},
-      {"seed", "--seed"}};
+      {"seed", "--seed"},
+      {"save_best", "--save-best"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;

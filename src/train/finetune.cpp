@@ -238,6 +238,52 @@ std::vector<size_t> epoch_order(size_t n, uint64_t seed, int epoch) {
   return order;
 }
 
+// The value of the dev metric `name` (FinetuneOptions::save_best) after an epoch; NaN when the
+// epoch's scores lack it.
+double dev_metric(const FinetuneResult& r, const std::string& name, size_t epoch) {
+  if (!r.dev_squad.empty()) {
+    const data::SquadScore& s = r.dev_squad[epoch];
+    return name == "exact_match" ? s.exact_match : s.f1;
+  }
+  const ClassifyScore& s = r.dev_scores[epoch];
+  if (name == "accuracy") return s.accuracy;
+  if (name == "mcc") return s.mcc;
+  return s.f1 ? *s.f1 : std::nan("");
+}
+
+// Keeps the model's weights in best_path when the last epoch's dev metric beats every earlier
+// one (a tie keeps the earlier), and records it.
+void keep_if_best(const FinetuneOptions& o, const model::BertModel<float>& m,
+                  const FinetuneResult& res, std::ostream& log) {
+  const size_t n = res.dev_squad.empty() ? res.dev_scores.size() : res.dev_squad.size();
+  if (o.save_best.empty() || n == 0) return;
+  const double value = dev_metric(res, o.save_best, n - 1);
+  for (size_t e = 0; e + 1 < n; ++e)
+    if (!(dev_metric(res, o.save_best, e) < value)) return;
+  if (!dist::Comm::world().root()) return;
+  std::vector<float> widened;
+  io::write_safetensors(o.best_path, model::weight_tensors(m.layout(), m.weights_fp32(widened)),
+                        {{"config", model::config_to_json(m.config()).dump()}});
+  log << nlohmann::json{{"type", "best"},
+                        {"epoch", n},
+                        {"step", res.steps},
+                        {"metric", o.save_best},
+                        {"value", value}}
+             .dump()
+      << std::endl;
+}
+
+// The model to write to out_dir under save_best: the best epoch's weights, in a model of m's
+// shape and heads; m itself otherwise.
+const model::BertModel<float>& published_model(const FinetuneOptions& o,
+                                               const model::BertModel<float>& m,
+                                               std::unique_ptr<model::BertModel<float>>& best) {
+  if (o.save_best.empty() || !std::filesystem::exists(o.best_path)) return m;
+  best = std::make_unique<model::BertModel<float>>(m.config(), m.layout().heads());
+  model::load_model_weights(*best, io::SafetensorsFile::read(o.best_path));
+  return *best;
+}
+
 template <typename Seq, typename Evaluate>
 void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
                   const std::vector<Seq>& seqs, const std::vector<std::vector<int64_t>>& rows,
@@ -314,6 +360,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
     }
     if (comm.root()) progress.finish();
     evaluate(epoch + 1);
+    keep_if_best(o, m, res, log);
     at.epoch = epoch + 1, at.step_in_epoch = 0;
     save_resume(o, m, stepper, identity, res, at);
   }
@@ -499,6 +546,9 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   res.num_labels = static_cast<int>(labels.size());
   res.label_note = chosen.note;
   if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
+  if (o.save_best == "f1" && res.num_labels != 2)
+    throw OptionError("save_best", "f1 is the positive label's, for two labels; this task has " +
+                                       std::to_string(res.num_labels) + ": use accuracy or mcc");
   model::Heads heads;
   heads.pretraining = false;
   heads.classifier = true;
@@ -533,7 +583,8 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   if (!dist::Comm::world().root()) return res;  // rank 0 alone writes the model
   std::vector<std::string> names(labels.size());
   for (auto& [name, id] : labels) names[static_cast<size_t>(id)] = name;
-  write_model_files(*m, o.out_dir, o.vocab, names);
+  std::unique_ptr<model::BertModel<float>> best;
+  write_model_files(published_model(o, *m, best), o.out_dir, o.vocab, names);
   nlohmann::json lj = nlohmann::json::object();
   for (auto& [name, id] : labels) lj[name] = id;
   io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");
@@ -586,7 +637,10 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
                .dump()
         << std::endl;
   });
-  if (dist::Comm::world().root()) write_model_files(*m, o.out_dir, o.vocab);
+  if (dist::Comm::world().root()) {
+    std::unique_ptr<model::BertModel<float>> best;
+    write_model_files(published_model(o, *m, best), o.out_dir, o.vocab);
+  }
   return res;
 }
 
@@ -625,7 +679,15 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   if (o.epochs < 1) throw OptionError("epochs", "must be at least 1");
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
   if (o.checkpoint_every < 0) throw OptionError("checkpoint_every", "must be at least 0");
+  const bool squad = o.task == FinetuneTask::squad;
+  if (!o.save_best.empty() &&
+      !(squad ? o.save_best == "exact_match" || o.save_best == "f1"
+              : o.save_best == "accuracy" || o.save_best == "f1" || o.save_best == "mcc"))
+    throw OptionError("save_best",
+                      "'" + o.save_best + "' is not a dev metric of " +
+                          (squad ? "squad (exact_match, f1)" : "classify (accuracy, f1, mcc)"));
   const std::string resume_path = o.out_dir + ".resume.safetensors";
+  const std::string best_path = o.out_dir + ".best.safetensors";
   if (o.resume && !std::filesystem::exists(resume_path))
     throw InputError(resume_path +
                      ": no fine-tuning run to resume (it is written every "
@@ -644,16 +706,20 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   std::optional<io::StagedDirectory> out;
   FinetuneOptions staged = o;
   staged.resume_path = resume_path;
+  staged.best_path = best_path;
   std::ofstream log;
   dist::fail_together(comm, [&] {
     if (!comm.root()) return;
-    {  // a killed run's staging directory and half-written resume file
+    {  // a killed run's staging directory and half-written resume and best files
       const std::filesystem::path out_path = std::filesystem::absolute(o.out_dir);
       if (std::filesystem::is_directory(out_path.parent_path()))
         io::remove_stale_temporaries(
             out_path.parent_path().string(),
-            {out_path.filename().string(), out_path.filename().string() + ".resume.safetensors"});
+            {out_path.filename().string(), out_path.filename().string() + ".resume.safetensors",
+             out_path.filename().string() + ".best.safetensors"});
     }
+    // A new run's best epoch is its own (a resumed run keeps the one its epochs chose).
+    if (!o.resume) std::filesystem::remove(best_path);
     io::refuse_directory_over_inputs(
         {o.out_dir, "`out_dir`"},
         {{o.train, "`train`"}, {o.dev, "`dev`"}, {o.init, "`init`"}, {o.vocab, "`vocab`"}});
@@ -677,6 +743,7 @@ FinetuneResult finetune(const FinetuneOptions& o) {
     log.close();
     out->publish();
     std::filesystem::remove(resume_path);  // the run is done: its model is out_dir
+    std::filesystem::remove(best_path);
   }
   return r;
 }

@@ -43,6 +43,12 @@ struct FinetuneOptions {
   bool resume = false;
   const std::atomic<bool>* stop = nullptr;
   std::string resume_path;  // set by finetune(): <out_dir>.resume.safetensors
+  // The dev metric whose best epoch becomes the model written to out_dir (Hugging Face's
+  // load_best_model_at_end): classify accuracy | f1 (two labels) | mcc, squad exact_match | f1;
+  // empty: the last epoch's model. The best weights so far wait in <out_dir>.best.safetensors
+  // (kept across --resume, removed with the resume file).
+  std::string save_best;
+  std::string best_path;  // set by finetune(): <out_dir>.best.safetensors
   bool packed = true;
   bool overwrite = false;  // replace a model directory already at out_dir
   // classify: train a new classifier (the data's labels, sorted) even when init has one.
