@@ -45,7 +45,7 @@ void run_task_eval(const EvalArgs& a) {
   o.backend = a.backend;
   o.lower_case = a.lower_case;
   o.columns = a.columns;
-  o.say = [](const std::string& line) { std::cerr << with_flags(line) << '\n'; };
+  o.say = say_on_stderr;
   train::TaskEvalResult r = train::evaluate_task(o);
   Table t({"metric", "value"});
   if (o.task == train::FinetuneTask::squad) {

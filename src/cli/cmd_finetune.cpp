@@ -80,7 +80,7 @@ void register_finetune(CLI::App& app, int& exit_code) {
     opt.packed = !*no_pack;
     opt.task = *task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
     if (opt.task == train::FinetuneTask::squad && len->count() == 0) opt.max_seq_len = 384;
-    opt.say = [](const std::string& line) { std::cerr << with_flags(line) << '\n'; };
+    opt.say = say_on_stderr;
     train::FinetuneResult r = train::finetune(opt);
     if (r.stopped) {
       const int sig = signals.signal() ? signals.signal() : SIGTERM;

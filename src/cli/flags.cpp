@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 
 #include "error.h"
@@ -212,6 +213,10 @@ std::string with_flags(const std::string& text) {
     at = close + 1;
   }
   return out + text.substr(at);
+}
+
+void say_on_stderr(const std::string& line) {
+  std::cerr << with_flags(line) << '\n';
 }
 
 void master_weights_flag(CLI::App* cmd, train::Masters& masters) {

@@ -93,6 +93,9 @@ std::string flag_of_field(const std::string& field);
 // A library message with each `field` it names turned into that field's flag; other `quoted`
 // text stays as it is. Every error, warning and note the library writes goes through it.
 std::string with_flags(const std::string& text);
+// A library's note or warning line on stderr, its fields as flags (fine-tuning's and task
+// evaluation's `Say`).
+void say_on_stderr(const std::string& line);
 
 // The flags of train::LoopOptions, which pretrain and finetune share: --optimizer, --lr,
 // --warmup, --decay-power, --weight-decay, --clip, --batch-rows, --accumulation, --seed,

@@ -190,8 +190,7 @@ void linear_block_grad_norms(View block_l1, View dout, View in, int block, View 
   with_half_type("linear_block_grad_norms", in, [&](auto h) {
     using H = decltype(h);
     float* dW = scratch_or_own<float>(scratch, n_out);
-    thread_local std::vector<H> own16;
-    H* dout16 = scratch16 ? ptr<H>(scratch16) : (own16.resize(dout.numel()), own16.data());
+    H* dout16 = scratch_or_own<H>(scratch16, dout.numel());
     to_half(dout16, ptr<const float>(dout), dout.numel());
     gemm(true, false, OC, C, N, 1.0f, dout16, OC, ptr<const H>(in), C, 0.0f, dW, C);
     add_norms(dW);
