@@ -670,6 +670,15 @@ class Labels : public testing::CliTest {
     }
     return write(name, text);
   }
+  // A tiny pre-trained checkpoint (no classifier): where a new head starts.
+  std::string pretrained() {
+    const std::string seqs = prepared_corpus("c", 20, 4);
+    EXPECT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+                  " --preset tiny --steps 2 --batch-rows 4")
+                  .code,
+              0);
+    return (dir_ / "run" / "checkpoint.safetensors").string();
+  }
   std::vector<float> tensor(const std::string& dir, const std::string& name) {
     return io::SafetensorsFile::read(dir + "/model.safetensors").floats(name);
   }
@@ -848,12 +857,7 @@ TEST_F(Labels, AnUnknownLabelIsRefusedUnlessANewHeadIsAskedFor) {
 }
 
 TEST_F(Labels, WithoutAClassifierTheLabelsAreSortedNumericallyWhenTheyAreNumbers) {
-  const std::string seqs = prepared_corpus("c", 20, 4);
-  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
-                " --preset tiny --steps 2 --batch-rows 4")
-                .code,
-            0);
-  const std::string init = (dir_ / "run" / "checkpoint.safetensors").string();
+  const std::string init = pretrained();
   for (const auto& [labels, want] : std::vector<std::pair<std::vector<std::string>, json>>{
            {{"10", "2", "1"}, {{"0", "1"}, {"1", "2"}, {"2", "10"}}},
            {{"1", "0"}, {{"0", "0"}, {"1", "1"}}},
@@ -867,6 +871,43 @@ TEST_F(Labels, WithoutAClassifierTheLabelsAreSortedNumericallyWhenTheyAreNumbers
     EXPECT_NE(r.err.find("a new classifier; the data's labels, sorted"), std::string::npos)
         << r.err;
   }
+}
+
+// #45: decimal labels (STS-B's 3.800) train a regression head, as run_glue decides; its table
+// and eval say Pearson and Spearman; --classification makes them classes; --regression and
+// --classification together are refused.
+TEST_F(Labels, DecimalLabelsTrainARegressionHeadUnlessClassesAreAskedFor) {
+  const std::string init = pretrained();
+  const fs::path data = tsv("d.tsv", {"3.500", "1.250", "0.500"});
+  const std::string common = "finetune --init " + init + " --train " + data.string() + " --dev " +
+                             data.string() + " --epochs 1";
+  const std::string reg = (dir_ / "reg").string();
+  Result r = run(common + " --out " + reg);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("a new regression head (one output, mean squared error)"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("dev Pearson"), std::string::npos) << r.out;
+  const json config = json::parse(slurp(reg + "/config.json"));
+  EXPECT_EQ(config["problem_type"], "regression");
+  EXPECT_EQ(config["num_labels"], 1);
+  Result ev = run("eval --task classify --model " + reg + " --data " + data.string());
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  EXPECT_NE(ev.out.find("Spearman"), std::string::npos) << ev.out;
+  EXPECT_EQ(ev.out.find("accuracy"), std::string::npos) << ev.out;
+  const std::string cls = (dir_ / "cls").string();
+  r = run(common + " --out " + cls + " --classification");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(slurp(cls + "/config.json"))["id2label"],
+            (json{{"0", "0.500"}, {"1", "1.250"}, {"2", "3.500"}}));
+  r = run(common + " --out " + (dir_ / "x").string() + " --regression --classification");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--regression and --classification contradict"), std::string::npos) << r.err;
+  // Labels that are not numbers cannot be a regression's targets.
+  const fs::path words = tsv("w.tsv", {"pos", "neg"});
+  r = run("finetune --init " + init + " --train " + words.string() + " --dev " + words.string() +
+          " --epochs 1 --regression --out " + (dir_ / "y").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("label 'neg' is not a number"), std::string::npos) << r.err;
 }
 
 // #45: the casing a model was trained with is the casing it is fine-tuned and evaluated with:
@@ -984,12 +1025,7 @@ TEST_F(Suggest, UnknownNamesGetASuggestion) {
 // #45 item 7: finetune and eval say what they do while they do it; eval scores a file's
 // held-out split, not its training sequences, unless asked.
 TEST_F(Labels, FinetuneAndEvalShowProgressAndEvalScoresTheHeldOutSplit) {
-  const std::string seqs = prepared_corpus("c", 20, 4);
-  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
-                " --preset tiny --steps 2 --batch-rows 4")
-                .code,
-            0);
-  const std::string init = (dir_ / "run" / "checkpoint.safetensors").string();
+  const std::string init = pretrained();
   const fs::path data = tsv("d.tsv", {"a", "b"}, 48);
   Result r = run("finetune --init " + init + " --train " + data.string() + " --dev " +
                  data.string() + " --out " + (dir_ / "ft").string() +

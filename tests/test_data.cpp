@@ -444,7 +444,11 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
             true},
            {"QNLI", "index\tquestion\tsentence\tlabel", "0\tthe king\tthe war\tentailment", true},
            {"RTE", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\tentailment", true},
-           {"WNLI", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\t1", true}}) {
+           {"WNLI", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\t1", true},
+           {"STS-B",
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\t"
+            "score",
+            "0\tmain-captions\tMSRvid\t2012test\t1\tnone\tnone\tthe king\tthe war\t3.800", true}}) {
     const std::vector<ClassifyExample> ex = read(l.header, l.row);
     ASSERT_EQ(ex.size(), 1u) << l.task;
     std::vector<int32_t> want = {base_vocab().cls()};
@@ -468,9 +472,6 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
   EXPECT_NE(error_of("label\tsentence\tnotes", "1\tthe king\tthe war", {})
                 .find("column 'notes' is neither the text (sentence), the label (label)"),
             std::string::npos);
-  EXPECT_NE(error_of("index\tsentence1\tsentence2\tscore", "0\ta\tb\t3.2", {})
-                .find("regression target (STS-B)"),
-            std::string::npos);
   // Named by the user: any layout, other columns unused.
   const std::vector<ClassifyExample> named =
       read("notes\tverdict\tsentence", "the war\t1\tthe king", {{"sentence", "notes"}, "verdict"});
@@ -478,6 +479,36 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
   EXPECT_EQ(named[0].b_start, static_cast<int32_t>(king.size() + 2));
   EXPECT_NE(error_of("a\tb", "x\ty", {{"c"}, "a"}).find("no column 'c' (`text_columns`)"),
             std::string::npos);
+}
+
+// #45: a label column is a regression target when Hugging Face's datasets would read it as
+// floats (every label a number, one with a decimal point or exponent); the targets are the
+// numbers the labels are written as, whatever ids the labels were read under.
+TEST(ClassifyTsv, DecimalLabelsAreRegressionTargets) {
+  auto seen = [](std::vector<std::string> names) {
+    std::map<std::string, int32_t> m;
+    for (const std::string& n : names) m.emplace(n, static_cast<int32_t>(m.size()));
+    return m;
+  };
+  EXPECT_TRUE(decimal_labels(seen({"3.800", "0", "5.000"})));
+  EXPECT_TRUE(decimal_labels(seen({"1e-2", "2"})));
+  EXPECT_FALSE(decimal_labels(seen({"0", "1", "2"})));        // classes
+  EXPECT_FALSE(decimal_labels(seen({"3.8", "entailment"})));  // not all numbers
+  EXPECT_FALSE(decimal_labels(seen({"nan", "1.5"})));         // not finite
+  const std::map<std::string, int32_t> labels = seen({"3.800", "0.5", "-1e1"});
+  std::vector<ClassifyExample> ex(4);
+  ex[0].label = 2, ex[1].label = 0, ex[2].label = 1, ex[3].label = 0;
+  set_targets(ex, labels, "t.tsv");
+  EXPECT_EQ(ex[0].target, -10.0f);
+  EXPECT_EQ(ex[1].target, 3.8f);
+  EXPECT_EQ(ex[2].target, 0.5f);
+  EXPECT_EQ(ex[3].target, 3.8f);
+  try {
+    set_targets(ex, seen({"3.8", "high"}), "t.tsv");
+    ADD_FAILURE() << "a non-number label was taken as a target";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("t.tsv: label 'high' is not a number"), std::string::npos);
+  }
 }
 
 // #45: CSV (quoted fields with commas, doubled quotes and newlines) and JSONL read as TSV does,

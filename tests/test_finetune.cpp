@@ -20,6 +20,22 @@
 namespace packbert::train {
 namespace {
 
+// Fine-tuning of World's model on these training and dev files (written as train.tsv and
+// dev.tsv), 32 tokens a sequence, 4 rows a step, into ft/.
+FinetuneOptions classify_options(const World& w, const std::string& train, const std::string& dev) {
+  std::ofstream(w.dir / "train.tsv") << train;
+  std::ofstream(w.dir / "dev.tsv") << dev;
+  FinetuneOptions o;
+  o.train = (w.dir / "train.tsv").string();
+  o.dev = (w.dir / "dev.tsv").string();
+  o.init = w.init;
+  o.vocab = w.vocab;
+  o.out_dir = (w.dir / "ft").string();
+  o.max_seq_len = 32;
+  o.loop.rows_per_batch = 4;
+  return o;
+}
+
 TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
   World w;
   std::mt19937 rng(9);
@@ -39,16 +55,8 @@ TEST(Finetune, ClassifierLearnsAKeywordRuleAboveMajority) {
     }
     return s;
   };
-  std::ofstream(w.dir / "train.tsv") << tsv(400);
-  std::ofstream(w.dir / "dev.tsv") << tsv(100);
-  FinetuneOptions o;
-  o.train = (w.dir / "train.tsv").string();
-  o.dev = (w.dir / "dev.tsv").string();
-  o.init = w.init;
-  o.vocab = w.vocab;
-  o.out_dir = (w.dir / "ft").string();
-  o.max_seq_len = 32;
-  o.loop.rows_per_batch = 4;
+  const std::string train = tsv(400), dev = tsv(100);  // (in this order: one random stream)
+  FinetuneOptions o = classify_options(w, train, dev);
   o.epochs = 4;
   o.loop.lr = 1e-2;
   FinetuneResult r = finetune(o);
@@ -462,6 +470,136 @@ TEST(ClassifyScore, AccuracyF1AndMccAsGlueScoresThem) {
   EXPECT_DOUBLE_EQ(classify_score({0, 0, 1, 1, 2, 2}, {0, 0, 1, 1, 2, 2}, 3).mcc, 1.0);
   // One class predicted for everything: MCC 0 (sklearn's convention), not NaN.
   EXPECT_EQ(classify_score({0, 1, 0, 1}, {1, 1, 1, 1}, 2).mcc, 0.0);
+}
+
+// STS-B's metrics (#45): Pearson and Spearman as scipy computes them. scipy's spearmanr
+// docstring: [1, 2, 3, 4, 5] against [5, 6, 7, 8, 7] is 0.8207826816681233 (the 7s tie at rank
+// 3.5); the others worked from the definitions in double.
+TEST(RegressionScore, PearsonAndSpearmanAsScipyComputesThem) {
+  const RegressionScore a = regression_score({1, 2, 3, 4, 5}, {5, 6, 7, 8, 7});
+  EXPECT_NEAR(a.pearson, 0.8320502943378437, 1e-12);
+  EXPECT_NEAR(a.spearman, 0.8207826816681233, 1e-12);
+  // Ties on both sides; MSE the mean of the squared differences.
+  const RegressionScore b =
+      regression_score({0.5, 2.0, 3.8, 1.2, 4.9, 2.0}, {0.7, 1.5, 3.1, 1.0, 4.0, 2.5});
+  EXPECT_NEAR(b.pearson, 0.9620802435994019, 1e-12);
+  EXPECT_NEAR(b.spearman, 0.9856107606091623, 1e-12);
+  EXPECT_NEAR(b.mse, 0.3133333333333334, 1e-12);
+  // A monotone but not linear relation: Spearman 1, Pearson below it; reversed: -1.
+  const RegressionScore c = regression_score({1, 2, 3, 4}, {1, 8, 27, 64});
+  EXPECT_NEAR(c.spearman, 1.0, 1e-12);
+  EXPECT_LT(c.pearson, 0.99);
+  EXPECT_NEAR(regression_score({1, 2, 3, 4}, {4, 3, 2, 1}).pearson, -1.0, 1e-12);
+  // A constant prediction has no correlation: NaN, as scipy's, never a made-up 0.
+  const RegressionScore d = regression_score({1, 2, 3}, {2, 2, 2});
+  EXPECT_TRUE(std::isnan(d.pearson));
+  EXPECT_TRUE(std::isnan(d.spearman));
+  EXPECT_NEAR(d.mse, 2.0 / 3.0, 1e-12);
+}
+
+// #45: an STS-B-style file (sentence pairs, a decimal `score`) trains a regression head: one
+// output, mean squared error, Pearson and Spearman on dev; the model exports as transformers'
+// regression BertForSequenceClassification (num_labels 1, problem_type "regression") and `eval`
+// on it scores the same correlation and writes run_glue's value predictions.
+TEST(Finetune, RegressionHeadLearnsAScoreAndExportsAsARegressionModel) {
+  World w;
+  std::mt19937 rng(5);
+  // The score is 4 when the first sentence holds the marker word w3, 1 when not, plus a little
+  // noise, written with three decimals (STS-B's 3.800).
+  auto tsv = [&](int n) {
+    std::string s = "index\tgenre\tsentence1\tsentence2\tscore\n";
+    for (int i = 0; i < n; ++i) {
+      const bool marked = rng() % 2 == 0;
+      std::string texts[2];
+      for (std::string& text : texts) {
+        const int len = 3 + static_cast<int>(rng() % 5), at = static_cast<int>(rng() % len);
+        for (int k = 0; k < len; ++k) {
+          const int word =
+              marked && k == at && &text == &texts[0] ? 3 : 5 + static_cast<int>(rng() % 30);
+          text += (k ? " w" : "w") + std::to_string(word);
+        }
+      }
+      char value[16];
+      std::snprintf(value, sizeof value, "%.3f",
+                    (marked ? 4.0 : 1.0) + 0.25 * (static_cast<int>(rng() % 5) - 2));
+      s += std::to_string(i) + "\tmain\t" + texts[0] + "\t" + texts[1] + "\t" + value + "\n";
+    }
+    return s;
+  };
+  const std::string train = tsv(400), dev = tsv(100);  // (in this order: one random stream)
+  FinetuneOptions o = classify_options(w, train, dev);
+  o.epochs = 3;
+  o.loop.lr = 1e-2;
+  o.save_best = "pearson";
+  const FinetuneResult r = finetune(o);
+  ASSERT_TRUE(r.regression);
+  EXPECT_EQ(r.num_labels, 1);
+  ASSERT_EQ(r.dev_regression.size(), 3u);
+  double best = -1;
+  for (const RegressionScore& s : r.dev_regression) best = std::max(best, s.pearson);
+  EXPECT_GT(best, 0.9) << "dev Pearson never above 0.9";
+  std::ifstream cf(o.out_dir + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(cf);
+  EXPECT_EQ(config["architectures"][0], "BertForSequenceClassification");
+  EXPECT_EQ(config["num_labels"], 1);
+  EXPECT_EQ(config["problem_type"], "regression");
+  EXPECT_EQ(
+      io::SafetensorsFile::read(o.out_dir + "/model.safetensors").floats("classifier.bias").size(),
+      1u);
+  // Step records carry the head's loss and no accuracy; eval records the correlations.
+  std::ifstream mf(o.out_dir + "/metrics.jsonl");
+  int steps = 0, evals = 0;
+  for (std::string line; std::getline(mf, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["type"] == "step") {
+      ++steps;
+      EXPECT_TRUE(j.contains("cls_loss"));
+      EXPECT_FALSE(j.contains("acc")) << line;
+    }
+    if (j["type"] == "eval") {
+      ++evals;
+      EXPECT_TRUE(j.contains("dev_spearman")) << line;
+    }
+  }
+  EXPECT_GT(steps, 0);
+  EXPECT_EQ(evals, 3);
+  // eval on the export (the best epoch's model, by --save-best pearson) scores what that epoch
+  // scored, and writes one value per example.
+  TaskEvalOptions eo;
+  eo.task = FinetuneTask::classify;
+  eo.model = o.out_dir;
+  eo.data = o.dev;
+  eo.vocab = w.vocab;
+  eo.max_seq_len = 32;
+  eo.predictions = (w.dir / "pred.tsv").string();
+  const TaskEvalResult ev = evaluate_task(eo);
+  ASSERT_TRUE(ev.regression.has_value());
+  EXPECT_NEAR(ev.regression->pearson, best, 1e-4);
+  std::ifstream pf(eo.predictions);
+  std::string line;
+  std::getline(pf, line);
+  EXPECT_EQ(line, "index\tprediction");
+  int values = 0;
+  while (std::getline(pf, line)) {
+    ++values;
+    EXPECT_NE(line.find('.'), std::string::npos) << line;
+  }
+  EXPECT_EQ(values, 100);
+  // A classification metric for a regression task, and classes forced on it, are refused or
+  // honoured by name.
+  FinetuneOptions bad = o;
+  bad.out_dir = (w.dir / "ft2").string();
+  bad.save_best = "accuracy";
+  EXPECT_THROW(finetune(bad), OptionError);
+  // Fine-tuning the regression model again keeps its head (a new run from it: regression).
+  FinetuneOptions again = o;
+  again.init = o.out_dir;
+  again.out_dir = (w.dir / "ft3").string();
+  again.epochs = 1;
+  again.save_best.clear();
+  const FinetuneResult r2 = finetune(again);
+  EXPECT_TRUE(r2.regression);
+  EXPECT_TRUE(r2.initialized.empty());  // the head came from the model
 }
 
 }  // namespace

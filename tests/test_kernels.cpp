@@ -823,6 +823,32 @@ std::vector<KernelCase> kernel_cases() {
         },
         false);
   }
+  {
+    const int N = golden_int("squared_error", "N");
+    rows.push_back(row(
+        {"squared_error",
+         "squared_error",
+         {{"pred", size_t(N), 2.0}, {"target", size_t(N), 2.0}},
+         {{"losses", size_t(N)}}},
+        [=](auto& e) { squared_error_forward(e["losses"], e["pred"], e["target"], N); },
+        [=](auto& e) {
+          squared_error_backward(e.grad("pred"), e.grad("target"), e["pred"], e["target"],
+                                 e.grad("losses"), N);
+        }));
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType, auto& e) {
+          be.squared_error_forward(View::vector(e["losses"], N), View::vector(e["pred"], N),
+                                   View::vector(e["target"], N));
+        },
+        [=](const Backend& be, DType, auto& e) {
+          be.squared_error_backward(View::vector(e.grad("pred"), N),
+                                    View::vector(e.grad("target"), N), View::vector(e["pred"], N),
+                                    View::vector(e["target"], N),
+                                    View::vector(e.grad("losses"), N));
+        },
+        false);
+  }
   for (const int B : {1, 4, 8, 16}) {
     // Block-sparse linear: PyTorch's golden is F.linear on the masked dense weight.
     const std::string key = "sparse_linear_b" + std::to_string(B);

@@ -67,9 +67,11 @@ BertConfig tiny_config() {
 
 // Whole model in double on a backend: every `stride`-th parameter (and all of the small ones)
 // against central differences of the total loss, with all four heads active and dropout ON (the
-// counter-based masks make the loss a deterministic function of the parameters).
-void check_whole_tiny_model(kernels::BackendKind backend, size_t stride) {
+// counter-based masks make the loss a deterministic function of the parameters). num_labels 1:
+// the classifier is a regression head, trained towards values made from the batch's labels.
+void check_whole_tiny_model(kernels::BackendKind backend, size_t stride, int num_labels = 3) {
   BertConfig c = tiny_config();
+  c.num_labels = num_labels;
   c.hidden_dropout_prob = 0.1;
   c.attention_probs_dropout_prob = 0.1;
   Heads heads;
@@ -81,10 +83,20 @@ void check_whole_tiny_model(kernels::BackendKind backend, size_t stride) {
   std::normal_distribution<double> noise(0, 0.1);
   for (double& v : m.params()) v += noise(rng);  // break symmetries of the fresh init
   PackedBatch b = make_batch({{5, 3, 4}, {9}, {2, 6}}, 13, c.vocab_size, 5);
+  if (c.regression())
+    for (int32_t y : b.class_labels) b.class_targets.push_back(0.7f * static_cast<float>(y) - 0.4f);
   StepOptions opt{true, 77, 9, {}};
   Outputs out = m.forward(b, opt);
   ASSERT_GT(out.mlm_count, 0);
   ASSERT_GT(out.nsp_count, 0);
+  if (c.regression()) {  // the loss is the mean squared error of the head's one output
+    double se = 0;
+    for (size_t i = 0; i < b.class_targets.size(); ++i)
+      se += std::pow(m.class_logits()[i] - b.class_targets[i], 2);
+    ASSERT_EQ(out.cls_count, 6);
+    EXPECT_NEAR(out.cls_loss, se / 6, 1e-12);
+    EXPECT_GT(out.cls_loss, 0.01);
+  }
   m.zero_grads();
   m.backward();
   std::vector<double> analytic = m.grads();
@@ -110,6 +122,11 @@ void check_whole_tiny_model(kernels::BackendKind backend, size_t stride) {
 
 TEST(ModelGrad, WholeTinyModelFiniteDifferences) {
   check_whole_tiny_model(kernels::BackendKind::cpu, 7);
+}
+
+// A regression head (one output, squared error) through the whole model.
+TEST(ModelGrad, WholeTinyModelWithARegressionHeadFiniteDifferences) {
+  check_whole_tiny_model(kernels::BackendKind::cpu, 13, 1);
 }
 
 // The reference backend's whole model against finite differences too.
@@ -676,6 +693,28 @@ TEST(ModelConfig, JsonRoundTripAndErrors) {
   j["hidden_act"] = "relu";
   EXPECT_THROW(config_from_json(j, "cfg.json"), InputError);
   EXPECT_THROW(bert_preset("huge"), InputError);
+  // problem_type (transformers' BertForSequenceClassification): one output is a regression head,
+  // written so; a problem type packbert does not train, or one that contradicts the outputs, is
+  // refused by name.
+  BertConfig one = c;
+  one.num_labels = 1;
+  EXPECT_TRUE(one.regression());
+  j = config_to_json(one, "BertForSequenceClassification");
+  EXPECT_EQ(j["problem_type"], "regression");
+  EXPECT_TRUE(config_from_json(j, "cfg.json").regression());
+  EXPECT_EQ(config_to_json(c, "BertForSequenceClassification")["problem_type"],
+            "single_label_classification");
+  j["problem_type"] = "multi_label_classification";
+  try {
+    config_from_json(j, "cfg.json");
+    ADD_FAILURE() << "multi-label accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.json: problem_type \"multi_label_classification\""),
+              std::string::npos);
+  }
+  j = config_to_json(c, "BertForSequenceClassification");
+  j["problem_type"] = "regression";  // with two outputs
+  EXPECT_THROW(config_from_json(j, "cfg.json"), InputError);
 }
 
 // The flags' shape: overrides on a preset (--hidden bringing BERT's heads and FFN unless they are

@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
-#include <tuple>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "cli_runner.h"
 #include "data/pretraining.h"
@@ -646,16 +646,16 @@ TEST_F(Reliability, KeepsTheLastCheckpointsByStepAndResumesFromTheLatest) {
   EXPECT_EQ(files, (std::set<std::string>{"checkpoint.safetensors", "checkpoint-4.safetensors",
                                           "checkpoint-8.safetensors", "best.safetensors",
                                           "metrics.jsonl"}));
-  EXPECT_EQ(json::parse(io::SafetensorsFile::read((dir_ / "run" / "checkpoint-8.safetensors")
-                                                      .string())
-                            .metadata()
-                            .at("packbert"))["step"],
-            8);
+  EXPECT_EQ(
+      json::parse(io::SafetensorsFile::read((dir_ / "run" / "checkpoint-8.safetensors").string())
+                      .metadata()
+                      .at("packbert"))["step"],
+      8);
   ASSERT_EQ(run(train_args("run", "--steps 2 --overwrite")).code, 0);
   files.clear();
   for (const auto& e : fs::directory_iterator(dir_ / "run")) files.insert(e.path().filename());
-  EXPECT_EQ(files, (std::set<std::string>{"checkpoint.safetensors", "best.safetensors",
-                                          "metrics.jsonl"}));
+  EXPECT_EQ(files,
+            (std::set<std::string>{"checkpoint.safetensors", "best.safetensors", "metrics.jsonl"}));
 }
 
 // Round 3, 4. A safetensors file whose header length begins with 0x80 (a pickle's first byte) or
@@ -670,8 +670,8 @@ TEST_F(Reliability, SafetensorsWhoseLengthLooksLikeAPickleOrAZipAreRead) {
     const std::string_view raw = f.raw(name);
     tensors.push_back({name, e.dtype, e.shape, raw.data(), raw.size()});
   }
-  for (const auto& [low, mask] : {std::pair{uint64_t{0x80}, uint64_t{0xff}},
-                                  std::pair{uint64_t{0x4b50}, uint64_t{0xffff}}}) {
+  for (const auto& [low, mask] :
+       {std::pair{uint64_t{0x80}, uint64_t{0xff}}, std::pair{uint64_t{0x4b50}, uint64_t{0xffff}}}) {
     // Metadata padding that brings the header's length (8-aligned) to `low` in its low bytes.
     std::string bytes = io::serialize_safetensors(tensors, {{"format", "pt"}, {"pad", ""}});
     uint64_t n = 0;
@@ -791,9 +791,9 @@ TEST_F(Reliability, NonFiniteWeightsAreWarnedByEvalAndRefusedByExport) {
   EXPECT_EQ(ex.code, 2) << ex.err;
   EXPECT_NE(ex.err.find("not finite"), std::string::npos) << ex.err;
   EXPECT_FALSE(fs::exists(dir_ / "x"));
-  Result vocab = run("export --checkpoint " + checkpoint("run") + " --out " +
-                     (dir_ / "y").string() + " --vocab " +
-                     write("short.txt", slurp(PACKBERT_SOURCE_VOCAB).substr(0, 5000)).string());
+  Result vocab =
+      run("export --checkpoint " + checkpoint("run") + " --out " + (dir_ / "y").string() +
+          " --vocab " + write("short.txt", slurp(PACKBERT_SOURCE_VOCAB).substr(0, 5000)).string());
   EXPECT_EQ(vocab.code, 2) << vocab.err;
   EXPECT_NE(vocab.err.find(" tokens, but the model's vocab_size is 30522"), std::string::npos)
       << vocab.err;
@@ -853,13 +853,13 @@ TEST_F(Reliability, BadInputsLeaveNoOutputDirectory) {
        {train_args("a", "--data " + (dir_ / "none.seqs").string()),
         train_args("b", "--vocab " + (dir_ / "none.txt").string()),
         train_args("c", "--packs " + corpus_),
-        train_args("d", "--init " + (dir_ / "none").string()),
-        train_args("e", "--resume"),
+        train_args("d", "--init " + (dir_ / "none").string()), train_args("e", "--resume"),
         "demo --vocab " + (dir_ / "none.txt").string() + " --workdir " + (dir_ / "f").string()}) {
     Result r = run(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
   }
-  for (const char* out : {"a", "b", "c", "d", "e", "f"}) EXPECT_FALSE(fs::exists(dir_ / out)) << out;
+  for (const char* out : {"a", "b", "c", "d", "e", "f"})
+    EXPECT_FALSE(fs::exists(dir_ / out)) << out;
 }
 
 // #45: fine-tuning is resumable. kill -9 after a periodic save and SIGTERM mid-run both leave
@@ -909,6 +909,39 @@ TEST_F(Reliability, FinetuneKilledOrSignalledResumesBitExactly) {
   Result term = run(args("term", "--resume"));
   ASSERT_EQ(term.code, 0) << term.err;
   EXPECT_EQ(slurp(dir_ / "term" / "model.safetensors"), want);
+}
+
+// #45: a regression fine-tuning run (decimal labels) with --save-best killed in its second epoch,
+// after the first epoch's dev scores and best weights were kept: --resume restores both and
+// writes the uninterrupted run's model byte for byte.
+TEST_F(Reliability, FinetuneRegressionWithSaveBestResumesBitExactlyAcrossAnEpoch) {
+  ASSERT_EQ(run(train_args("run", "--steps 2")).code, 0);
+  std::string tsv = "sentence\tscore\n";
+  for (int i = 0; i < 48; ++i)
+    tsv += (i % 2 ? "the king of city " : "the war of ") + std::to_string(i) + "\t" +
+           (i % 2 ? "4.25" : "1.5") + (i % 3 ? "" : "0") + "\n";
+  const std::string data = write("s.tsv", tsv).string();
+  auto args = [&](const std::string& out, const std::string& extra) {
+    return "finetune --model " + checkpoint("run") + " --train " + data + " --dev " + data +
+           " --out " + (dir_ / out).string() +
+           " --epochs 3 --batch-rows 4 --no-pack --seed 3 --lr 1e-3 --save-best spearman " + extra;
+  };
+  Result full = run(args("full", ""));
+  ASSERT_EQ(full.code, 0) << full.err;
+  EXPECT_NE(full.out.find("dev Pearson"), std::string::npos) << full.out;
+  const std::string want = slurp(dir_ / "full" / "model.safetensors");
+  // 12 steps an epoch: killed after step 15, in the second epoch.
+  Result killed = run(args("killed", ""), "PACKBERT_CRASH_AT=step:15");
+  EXPECT_EQ(killed.code, 128 + SIGKILL);
+  EXPECT_TRUE(fs::exists(dir_ / "killed.resume.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ / "killed.best.safetensors"));  // epoch 1's, the best so far
+  Result resumed = run(args("killed", "--resume"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(slurp(dir_ / "killed" / "model.safetensors"), want);
+  // The resumed run's table has every epoch's scores, the restored one included.
+  for (const char* epoch : {"\n1 ", "\n2 ", "\n3 "})
+    EXPECT_NE(("\n" + resumed.out).find(epoch), std::string::npos) << resumed.out;
+  EXPECT_FALSE(fs::exists(dir_ / "killed.best.safetensors"));
 }
 
 // 14. Google's rule by default: a chunk of one sentence gets a random B, never a cut sentence

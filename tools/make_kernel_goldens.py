@@ -2,6 +2,8 @@
 """Kernel goldens from the PyTorch peer: inputs, outputs and gradients of each kernel in fp32.
 
 Run with Debian's torch:  /usr/bin/python3 tools/make_kernel_goldens.py > tests/golden/kernels.json
+(GEMM outputs move in the last bit with the BLAS torch finds: kernels.json keeps the values it
+was made with; a new kernel is added at the end of the stream and merged in.)
 The kernel harness (tests/test_kernels.cpp, KernelHarness.*) runs packbert's float kernels on
 the same inputs and compares. Every backward is driven by a fixed upstream gradient `dout`.
 """
@@ -169,9 +171,23 @@ def sparse_linear(B):
                 dvalues=t(values.grad), dbias=t(b.grad))
 
 
+def squared_error():
+    # The regression head's loss (BertForSequenceClassification with one label: MSELoss) per
+    # row, before its mean; the gradient reaches both the predictions and the targets.
+    N = 7
+    pred, target = leaf(N, scale=2.0), leaf(N, scale=2.0)
+    losses = F.mse_loss(pred, target, reduction="none")
+    dlosses = torch.randn(N)
+    losses.backward(dlosses)
+    return dict(N=N, pred=t(pred), target=t(target), dlosses=t(dlosses), losses=t(losses),
+                dpred=t(pred.grad), dtarget=t(target.grad))
+
+
+# (each kernel draws from the one seeded stream in this order: add new ones at the end)
 goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu(),
                linear=linear(), cross_entropy=cross_entropy(), attention=attention(),
                embedding=embedding(), tanh=tanh(), gather_rows=gather_rows(),
                span_cross_entropy=span_cross_entropy(),
-               **{f"sparse_linear_b{B}": sparse_linear(B) for B in (1, 4, 8, 16)})
+               **{f"sparse_linear_b{B}": sparse_linear(B) for B in (1, 4, 8, 16)},
+               squared_error=squared_error())
 print(json.dumps(goldens))

@@ -61,6 +61,11 @@ void run_task_eval(const EvalArgs& a) {
     }
     t.add_row({"questions", with_commas(r.examples)});
     t.add_row({"windows", with_commas(r.sequences)});
+  } else if (r.regression) {
+    t.add_row({"Pearson", fixed(r.regression->pearson, 4)});
+    t.add_row({"Spearman", fixed(r.regression->spearman, 4)});
+    t.add_row({"MSE", fixed(r.regression->mse, 4)});
+    t.add_row({"examples", with_commas(r.examples)});
   } else {
     t.add_row({"accuracy", fixed(r.accuracy, 4)});
     if (r.scores.f1) t.add_row({"F1 (label 1)", fixed(*r.scores.f1, 4)});
@@ -143,7 +148,7 @@ void register_eval(CLI::App& app) {
   CLI::App* ev = app.add_subcommand(
       "eval",
       "Evaluate a model over a whole file: MLM/NSP loss and accuracy (sequences file), or a "
-      "fine-tuned model's accuracy (TSV) or SQuAD exact match/F1 (JSON)");
+      "fine-tuned model's accuracy or correlation (TSV) or SQuAD exact match/F1 (JSON)");
   ev->add_option("--task", e->task, "mlm (pre-training metrics) | classify | squad")
       ->capture_default_str()
       ->check(CLI::IsMember({"mlm", "classify", "squad"}));

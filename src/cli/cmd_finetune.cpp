@@ -15,10 +15,12 @@ void register_finetune(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<train::FinetuneOptions>();
   auto task = std::make_shared<std::string>("classify");
   auto no_pack = std::make_shared<bool>(false);
-  CLI::App* cmd = app.add_subcommand("finetune",
-                                     "Fine-tune a classifier on TSV, CSV or JSONL data or a span "
-                                     "extractor on SQuAD v1.1 or v2.0 JSON (packed), "
-                                     "report dev accuracy or exact match / F1");
+  CLI::App* cmd =
+      app.add_subcommand("finetune",
+                         "Fine-tune a classifier or regressor on TSV, CSV or JSONL data "
+                         "or a span "
+                         "extractor on SQuAD v1.1 or v2.0 JSON (packed), "
+                         "report dev accuracy, correlation or exact match / F1");
   cmd->add_option("--task", *task,
                   "classify (sequence or pair classification: TSV, CSV, JSONL) | squad (SQuAD v1.1 "
                   "or v2.0 JSON)")
@@ -43,6 +45,19 @@ void register_finetune(CLI::App& app, int& exit_code) {
                 "classify: train a new classifier, the data's labels sorted, even when --init has "
                 "one (by default a classifier with named labels keeps them: the data's labels are "
                 "matched to its config.json id2label by name)");
+  auto kind = [o](bool regression) {
+    if (o->regression && *o->regression != regression)
+      throw CLI::ValidationError("--regression and --classification contradict each other");
+    o->regression = regression;
+  };
+  cmd->add_flag_callback(
+      "--regression", [kind] { kind(true); },
+      "classify: train a regression head (one output, mean squared error; Pearson and Spearman "
+      "on dev) towards the labels' values. Default: --model's head when it has one, else "
+      "regression when the labels are decimal numbers (STS-B's 3.800), as run_glue decides");
+  cmd->add_flag_callback(
+      "--classification", [kind] { kind(false); },
+      "classify: train a classifier even when the labels are decimal numbers");
   vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
   casing_flags(cmd, o->lower_case);
   column_flags(cmd, o->columns);
@@ -57,7 +72,8 @@ void register_finetune(CLI::App& app, int& exit_code) {
   cmd->add_option("--save-best", o->save_best,
                   "Write the model of the epoch with the best dev METRIC instead of the last one "
                   "(Hugging Face's load_best_model_at_end): accuracy, f1 (two labels) or mcc for "
-                  "classify; exact_match or f1 for squad. Ties keep the earlier epoch")
+                  "classify; pearson or spearman for regression; exact_match or f1 for squad. "
+                  "Ties keep the earlier epoch")
       ->option_text("METRIC");
   cmd->add_flag("--resume", o->resume,
                 "Continue the run that <out>.resume.safetensors holds, bit-exactly (the same data "
@@ -108,6 +124,16 @@ void register_finetune(CLI::App& app, int& exit_code) {
       t.print(std::cout);
       std::cout << r.train_sequences << " training windows in " << r.train_rows << " rows";
       if (r.skipped) std::cout << " (" << r.skipped << " questions skipped: answer not found)";
+    } else if (r.regression) {
+      Table t({"epoch", "dev Pearson", "dev Spearman", "dev MSE"});
+      for (size_t e = 0; e < r.dev_regression.size(); ++e) {
+        const train::RegressionScore& s = r.dev_regression[e];
+        t.add_row(
+            {std::to_string(e + 1), fixed(s.pearson, 4), fixed(s.spearman, 4), fixed(s.mse, 4)});
+      }
+      t.print(std::cout);
+      std::cout << "regression, " << r.train_sequences << " examples in " << r.train_rows
+                << " rows";
     } else {
       const bool binary = r.num_labels == 2;
       std::vector<std::string> head = {"epoch", "dev accuracy"};

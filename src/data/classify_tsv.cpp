@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "data/utf8.h"
 #include "error.h"
@@ -151,7 +152,8 @@ constexpr std::pair<const char*, const char*> kTextColumns[] = {
     {"sentence", "sentence2"},  {"text", "text_b"}, {"sentence", nullptr},  // SST-2, CoLA
     {"text", nullptr},                                                      // most others
     {"sentence1", nullptr},     {"text_a", nullptr}};
-constexpr const char* kLabelColumns[] = {"label", "gold_label", "Quality", "is_duplicate"};
+constexpr const char* kLabelColumns[] = {"label", "gold_label", "Quality", "is_duplicate",
+                                         "score"};  // score: STS-B's similarity (regression)
 // Columns the GLUE files carry that are neither text nor label (ids, genres, parses, the
 // annotators' individual labels).
 bool ignorable(const std::string& name) {
@@ -187,15 +189,10 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
   }
   for (const char* l : kLabelColumns)
     if ((r.label = find(l)) >= 0) break;
-  if (r.label < 0) {
-    if (find("score") >= 0)
-      throw InputError(path +
-                       ":1: a 'score' column is a regression target (STS-B); packbert "
-                       "fine-tunes classifiers only");
+  if (r.label < 0)
     throw InputError(path +
-                     ":1: header needs a label column (label, gold_label, Quality or "
-                     "is_duplicate), or give `label_column`");
-  }
+                     ":1: header needs a label column (label, gold_label, Quality, "
+                     "is_duplicate or score), or give `label_column`");
   for (const auto& [a, b] : kTextColumns) {
     const int ia = find(a), ib = b ? find(b) : -1;
     if (ia >= 0 && (!b || ib >= 0)) {
@@ -267,14 +264,48 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
   return out;
 }
 
+namespace {
+
+// The finite number a label is written as, if it is one.
+std::optional<double> number_of(const std::string& label) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(label.data(), label.data() + label.size(), v);
+  if (label.empty() || ec != std::errc() || end != label.data() + label.size() || !std::isfinite(v))
+    return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+bool decimal_labels(const std::map<std::string, int32_t>& seen) {
+  bool decimal = false;
+  for (const auto& [name, id] : seen) {
+    if (!number_of(name)) return false;
+    decimal = decimal || name.find_first_of(".eE") != std::string::npos;
+  }
+  return decimal;
+}
+
+void set_targets(std::vector<ClassifyExample>& examples, const std::map<std::string, int32_t>& seen,
+                 const std::string& source) {
+  std::vector<float> value(seen.size());
+  for (const auto& [name, id] : seen) {
+    const std::optional<double> v = number_of(name);
+    if (!v)
+      throw InputError(source + ": label '" + name +
+                       "' is not a number (a regression task's labels are its targets)");
+    value[static_cast<size_t>(id)] = static_cast<float>(*v);
+  }
+  for (ClassifyExample& e : examples) e.target = value[static_cast<size_t>(e.label)];
+}
+
 std::map<std::string, int32_t> sorted_label_ids(const std::map<std::string, int32_t>& seen) {
   std::vector<std::pair<double, std::string>> numbers;
   bool numeric = true;
   for (const auto& [name, id] : seen) {
-    double v = 0;
-    const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
-    numeric = numeric && ec == std::errc() && end == name.data() + name.size() && std::isfinite(v);
-    numbers.push_back({v, name});
+    const std::optional<double> v = number_of(name);
+    numeric = numeric && v.has_value();
+    numbers.push_back({v.value_or(0), name});
   }
   std::map<std::string, int32_t> ids;
   if (numeric) {  // (a map is in string order already)

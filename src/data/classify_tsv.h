@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct ClassifyExample {
   std::vector<int32_t> tokens;  // [CLS] a [SEP] (b [SEP])
   int32_t b_start = 0;          // first token of segment 1 (= size when there is no b)
   int32_t label = 0;
+  std::optional<float> target;  // a regression task's value (set_targets), in place of label
 };
 
 // Reads a TSV (or, by extension, a CSV or JSONL file) whose header names the columns: the text
@@ -41,6 +43,15 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
 // every one is a number ("2" before "10"), as Hugging Face's run_glue sorts them. The order the
 // data names them in never matters.
 std::map<std::string, int32_t> sorted_label_ids(const std::map<std::string, int32_t>& seen);
+
+// Whether the labels are a regression target, as Hugging Face's datasets infer a float column
+// (run_glue's is_regression): every label a finite number and at least one written with a
+// decimal point or an exponent ("3.800", "1e-2"); integers ("0", "1") are classes.
+bool decimal_labels(const std::map<std::string, int32_t>& seen);
+// Gives each example the number its label names (`seen` gave it its id) as its regression
+// target. Throws InputError naming `source` and a label that is not a finite number.
+void set_targets(std::vector<ClassifyExample>& examples, const std::map<std::string, int32_t>& seen,
+                 const std::string& source);
 
 // Gives each example the id `to` has for the label that `from` gave it its id by. Throws
 // InputError naming `source` and the label when `to` lacks one.

@@ -43,6 +43,8 @@ enum class BackendKind { cpu, ref };
   X(gather_rows_backward)        \
   X(span_cross_entropy_forward)  \
   X(span_cross_entropy_backward) \
+  X(squared_error_forward)       \
+  X(squared_error_backward)      \
   X(convert)                     \
   X(zero)                        \
   X(adamw_update)                \

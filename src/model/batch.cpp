@@ -202,6 +202,7 @@ BatchShare share_of_whole(const PackedBatch& b) {
     for (int k = 0; k < b.K; ++k) sh.nsp += b.nsp_labels[static_cast<size_t>(p) * b.K + k] >= 0;
   }
   for (int32_t y : b.class_labels) sh.cls += y >= 0;
+  sh.cls += static_cast<int64_t>(b.class_targets.size());
   for (int32_t y : b.span_starts) sh.span += y >= 0;
   return sh;
 }
@@ -228,12 +229,13 @@ PackedBatch take_rows(const PackedBatch& whole, const BatchShare& share,
     // Per-sequence labels: the row's sequences, from its first one's place.
     const int n = sequences_in_row(whole, static_cast<int>(p));
     const size_t first = static_cast<size_t>(share.places[p].sequence);
-    auto take = [&](const std::vector<int32_t>& from, std::vector<int32_t>& to) {
+    auto take = [&](const auto& from, auto& to) {
       if (!from.empty())
         to.insert(to.end(), from.begin() + static_cast<long>(first),
                   from.begin() + static_cast<long>(first) + n);
     };
     take(whole.class_labels, b.class_labels);
+    take(whole.class_targets, b.class_targets);
     take(whole.span_starts, b.span_starts);
     take(whole.span_ends, b.span_ends);
   }

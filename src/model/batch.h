@@ -41,6 +41,7 @@ struct PackedBatch {
   std::vector<int32_t> input_ids, token_type_ids, position_ids, sequence_ids, mlm_labels;  // [B*S]
   std::vector<int32_t> nsp_labels;                                                         // [B*K]
   std::vector<int32_t> class_labels;            // [n_seq] for the classifier head (optional)
+  std::vector<float> class_targets;             // [n_seq] for a regression head (num_labels 1)
   std::vector<int32_t> span_starts, span_ends;  // [n_seq] token index in sequence (optional)
   BatchShare share;                             // set by take_rows
 };

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <type_traits>
@@ -249,6 +250,29 @@ void BertModel<T>::place_rows(const PackedBatch& batch) {
   }
 }
 
+// The classifier's targets from the batch (checked against the head), kept for backward.
+template <typename T>
+ClassTargets<T> BertModel<T>::class_targets(const PackedBatch& batch) {
+  const size_t n_seq = static_cast<size_t>(tl_.sequences());
+  if (config().regression()) {
+    if (batch.class_targets.size() != n_seq)
+      throw InputError("batch: " + std::to_string(batch.class_targets.size()) +
+                       " regression targets for " + std::to_string(n_seq) + " sequences");
+    for (float y : batch.class_targets)
+      if (!std::isfinite(y)) throw InputError("batch: a regression target is not finite");
+    cls_values_.assign(batch.class_targets.begin(), batch.class_targets.end());
+    return {nullptr, cls_values_.data()};
+  }
+  if (batch.class_labels.size() != n_seq)
+    throw InputError("batch: " + std::to_string(batch.class_labels.size()) + " class labels for " +
+                     std::to_string(n_seq) + " sequences");
+  for (int32_t y : batch.class_labels)
+    if (y >= config().num_labels)
+      throw InputError("batch: class label " + std::to_string(y) + " >= num_labels");
+  cls_targets_.assign(batch.class_labels.begin(), batch.class_labels.end());
+  return {cls_targets_.data(), nullptr};
+}
+
 template <typename T>
 Outputs BertModel<T>::forward(const PackedBatch& batch, const StepOptions& options) {
   if (options.recompute.automatic)
@@ -333,14 +357,7 @@ void BertModel<T>::forward_with(const PackedBatch& batch) {
     nsp_forward(s, p_, tl_.nsp_label.data(), out_);
   }
   if (heads.classifier) {
-    if (batch.class_labels.size() != static_cast<size_t>(n_seq))
-      throw InputError("batch: " + std::to_string(batch.class_labels.size()) +
-                       " class labels for " + std::to_string(n_seq) + " sequences");
-    for (int32_t y : batch.class_labels)
-      if (y >= c.num_labels)
-        throw InputError("batch: class label " + std::to_string(y) + " >= num_labels");
-    cls_targets_.assign(batch.class_labels.begin(), batch.class_labels.end());
-    classifier_forward(s, p_, cls_targets_.data(), out_);
+    classifier_forward(s, p_, class_targets(batch), out_);
   }
   if (heads.span) {
     if (batch.span_starts.size() != static_cast<size_t>(n_seq) ||
@@ -392,7 +409,8 @@ void BertModel<T>::backward_with(const std::function<void(size_t begin, size_t e
     mlm_backward(s, p_, g_, out_, dh);
     nsp_backward(s, p_, g_, tl_.nsp_label.data(), out_);
   }
-  if (heads.classifier) classifier_backward(s, p_, g_, cls_targets_.data(), out_);
+  if (heads.classifier)
+    classifier_backward(s, p_, g_, {cls_targets_.data(), cls_values_.data()}, out_);
   if (heads.span) span_backward(s, p_, g_, top, span_targets_.data(), out_, dh);
   pooler_backward(s, p_, g_, dh);
   finished();

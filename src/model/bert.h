@@ -12,6 +12,7 @@
 
 #include "model/batch.h"
 #include "model/encoder_layer.h"
+#include "model/heads.h"
 #include "model/params.h"
 #include "model/sparse.h"
 #include "model/step.h"
@@ -119,6 +120,7 @@ class BertModel {
   template <typename H>
   LayerRecord<T, H> record_of(int l) const;
   void place_rows(const PackedBatch& batch);
+  ClassTargets<T> class_targets(const PackedBatch& batch);
 
   ParamLayout layout_;
   kernels::BackendKind backend_ = kernels::BackendKind::cpu;
@@ -148,6 +150,7 @@ class BertModel {
   BatchShare share_;
   std::vector<std::pair<size_t, size_t>> grad_ranges_;
   std::vector<int32_t> cls_targets_, span_targets_;  // span: (start, end) pairs
+  std::vector<T> cls_values_;                        // a regression head's targets
   Workspace<T> ws_;
   Outputs out_;
 };

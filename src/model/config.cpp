@@ -128,6 +128,18 @@ BertConfig config_from_json(const nlohmann::json& j, const std::string& source) 
   if (j.contains("id2label") && j["id2label"].is_object())
     c.num_labels = static_cast<int>(j["id2label"].size());
   get_int("num_labels", c.num_labels);
+  if (j.contains("problem_type") && !j["problem_type"].is_null()) {
+    const nlohmann::json& pt = j["problem_type"];
+    const bool regression = pt == "regression";
+    if (!regression && pt != "single_label_classification")
+      throw InputError(source + ": problem_type " + pt.dump() +
+                       " is not supported (\"single_label_classification\" or \"regression\")");
+    if (regression != (c.num_labels == 1))
+      throw InputError(source + ": problem_type " + pt.dump() + " with num_labels " +
+                       std::to_string(c.num_labels) +
+                       (regression ? " (a regression head here has one output)"
+                                   : " (one output is a regression head)"));
+  }
   if (j.contains("hidden_act") && j["hidden_act"] != "gelu")
     throw InputError(source + ": hidden_act " + j["hidden_act"].dump() +
                      " is not supported, expected \"gelu\" (exact erf GELU)");
@@ -148,25 +160,28 @@ nlohmann::json config_to_json(const BertConfig& c, const std::string& architectu
     id2label[std::to_string(i)] = name;
     label2id[name] = i;
   }
-  return {{"architectures", {architecture}},
-          {"num_labels", c.num_labels},
-          {"model_type", "bert"},
-          {"vocab_size", c.vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"num_hidden_layers", c.num_hidden_layers},
-          {"num_attention_heads", c.num_attention_heads},
-          {"intermediate_size", c.intermediate_size},
-          {"hidden_act", "gelu"},
-          {"hidden_dropout_prob", c.hidden_dropout_prob},
-          {"attention_probs_dropout_prob", c.attention_probs_dropout_prob},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"type_vocab_size", c.type_vocab_size},
-          {"initializer_range", c.initializer_range},
-          {"layer_norm_eps", c.layer_norm_eps},
-          {"position_embedding_type", "absolute"},
-          {"pad_token_id", 0},
-          {"id2label", id2label},
-          {"label2id", label2id}};
+  nlohmann::json out = {{"architectures", {architecture}},
+                        {"num_labels", c.num_labels},
+                        {"model_type", "bert"},
+                        {"vocab_size", c.vocab_size},
+                        {"hidden_size", c.hidden_size},
+                        {"num_hidden_layers", c.num_hidden_layers},
+                        {"num_attention_heads", c.num_attention_heads},
+                        {"intermediate_size", c.intermediate_size},
+                        {"hidden_act", "gelu"},
+                        {"hidden_dropout_prob", c.hidden_dropout_prob},
+                        {"attention_probs_dropout_prob", c.attention_probs_dropout_prob},
+                        {"max_position_embeddings", c.max_position_embeddings},
+                        {"type_vocab_size", c.type_vocab_size},
+                        {"initializer_range", c.initializer_range},
+                        {"layer_norm_eps", c.layer_norm_eps},
+                        {"position_embedding_type", "absolute"},
+                        {"pad_token_id", 0},
+                        {"id2label", id2label},
+                        {"label2id", label2id}};
+  if (architecture == "BertForSequenceClassification")
+    out["problem_type"] = c.regression() ? "regression" : "single_label_classification";
+  return out;
 }
 
 }  // namespace packbert::model

@@ -18,7 +18,11 @@ struct BertConfig {
   double hidden_dropout_prob = 0.1;
   double attention_probs_dropout_prob = 0.1;
   double initializer_range = 0.02;
-  int num_labels = 2;  // classification head outputs
+  // The classification head's outputs; one output is a regression head (Hugging Face's rule for
+  // BertForSequenceClassification: num_labels 1 is problem_type "regression", MSE loss).
+  int num_labels = 2;
+
+  bool regression() const { return num_labels == 1; }
 
   int head_size() const { return hidden_size / num_attention_heads; }
   // Throws InputError naming `source` and the offending field if the shape is unusable.

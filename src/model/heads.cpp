@@ -197,30 +197,52 @@ void nsp_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Param
 }
 
 template <typename T, typename H>
-void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
-                        Outputs& out) {
+void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p,
+                        const ClassTargets<T>& targets, Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size;
   T* in = s.ws.get(Rec::cls_drop);
   dropout_site(s, in, s.ws.get(Rec::pooled), static_cast<int64_t>(n) * C, kNoLayer, kPooled);
-  out.cls_correct = linear_cross_entropy_forward(s, in, p.cls_w, p.cls_b, Rec::cls_logits,
-                                                 Rec::cls_lse, targets, n, s.config.num_labels);
-  out.cls_count = count_targets(targets, n);
-  out.cls_loss =
-      mean_loss(s.ws.get(Rec::head_losses), n, s.cls_total ? s.cls_total : out.cls_count);
+  T* losses = s.ws.get(Rec::head_losses);
+  if (s.config.regression()) {  // one output, squared error towards each sequence's value
+    const View z(s.ws.get(Rec::cls_logits), n, 1);
+    s.be.linear_forward(z, View(in, n, C), View(p.cls_w, 1, C), View::vector(p.cls_b, 1), nullptr,
+                        View());
+    s.be.squared_error_forward(View::vector(losses, n), View::vector(z.as<T>(), n),
+                               View::vector(targets.values, n));
+    out.cls_count = n;
+  } else {
+    out.cls_correct =
+        linear_cross_entropy_forward(s, in, p.cls_w, p.cls_b, Rec::cls_logits, Rec::cls_lse,
+                                     targets.labels, n, s.config.num_labels);
+    out.cls_count = count_targets(targets.labels, n);
+  }
+  out.cls_loss = mean_loss(losses, n, s.cls_total ? s.cls_total : out.cls_count);
 }
 
 template <typename T, typename H>
 void classifier_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
-                         const int32_t* targets, const Outputs& out) {
+                         const ClassTargets<T>& targets, const Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size;
   if (out.cls_count == 0) return;
   const int64_t nC = static_cast<int64_t>(n) * C;
+  const int64_t count = s.cls_total ? s.cls_total : out.cls_count;
   T *din = s.ws.get(Rec::cls_ddrop), *dpooled = s.ws.get(Rec::dpooled);
+  const T* in = s.ws.get(Rec::cls_drop);
   s.be.zero(View(din, n, C));
-  linear_cross_entropy_backward(s, s.ws.get(Rec::cls_drop), p.cls_w, g.cls_w, g.cls_b,
-                                Rec::cls_logits, Rec::cls_lse, Rec::cls_dlogits, targets, n,
-                                s.config.num_labels, s.cls_total ? s.cls_total : out.cls_count,
-                                din);
+  if (s.config.regression()) {
+    const View dz(s.ws.get(Rec::cls_dlogits), n, 1);
+    s.be.zero(dz);
+    s.be.squared_error_backward(
+        View::vector(dz.as<T>(), n), View(), View::vector(s.ws.get(Rec::cls_logits), n),
+        View::vector(targets.values, n), View::vector(mean_dloss(s, n, count), n));
+    s.be.linear_backward(View(din, n, C), View(g.cls_w, 1, C), View::vector(g.cls_b, 1), dz,
+                         View(in, n, C), View(p.cls_w, 1, C), nullptr, GradWrite::accumulate,
+                         View());
+  } else {
+    linear_cross_entropy_backward(s, in, p.cls_w, g.cls_w, g.cls_b, Rec::cls_logits, Rec::cls_lse,
+                                  Rec::cls_dlogits, targets.labels, n, s.config.num_labels, count,
+                                  din);
+  }
   if (s.p_hidden > 0)
     dropout_site_backward(s, dpooled, din, nC, kNoLayer, kPooled);
   else
@@ -270,9 +292,10 @@ void span_backward(const StepContext<T, H>& s, const ParamView<T>& p, const Para
   template void nsp_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,                  \
                                    const ParamView<T>&, const int32_t*, const Outputs&);           \
   template void classifier_forward<T, H>(const StepContext<T, H>&, const ParamView<T>&,            \
-                                         const int32_t*, Outputs&);                                \
+                                         const ClassTargets<T>&, Outputs&);                        \
   template void classifier_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,           \
-                                          const ParamView<T>&, const int32_t*, const Outputs&);    \
+                                          const ParamView<T>&, const ClassTargets<T>&,             \
+                                          const Outputs&);                                         \
   template void span_forward<T, H>(const StepContext<T, H>&, const ParamView<T>&, const T*,        \
                                    const int32_t*, Outputs&);                                      \
   template void span_backward<T, H>(const StepContext<T, H>&, const ParamView<T>&,                 \

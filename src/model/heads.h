@@ -32,13 +32,19 @@ template <typename T, typename H>
 void nsp_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
                   const int32_t* targets, const Outputs& out);
 
-// targets: [n_seq] class labels (< 0 = none).
+// The classifier's targets: class labels [n_seq] (< 0 = none), or under a regression head
+// (config.regression(): one output, squared error) the values [n_seq] it is trained towards.
+template <typename T>
+struct ClassTargets {
+  const int32_t* labels = nullptr;
+  const T* values = nullptr;
+};
 template <typename T, typename H>
-void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
-                        Outputs& out);
+void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p,
+                        const ClassTargets<T>& targets, Outputs& out);
 template <typename T, typename H>
 void classifier_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
-                         const int32_t* targets, const Outputs& out);
+                         const ClassTargets<T>& targets, const Outputs& out);
 
 // targets: [n_seq, 2] (start, end) within each sequence (< 0 = none; checked < length).
 template <typename T, typename H>

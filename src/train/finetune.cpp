@@ -80,7 +80,10 @@ int32_t segment_b(const data::SquadFeature& f) {
   return f.doc_offset;
 }
 void add_labels(model::PackedBatch& b, const data::ClassifyExample& e) {
-  b.class_labels.push_back(e.label);
+  if (e.target)
+    b.class_targets.push_back(*e.target);
+  else
+    b.class_labels.push_back(e.label);
 }
 void add_labels(model::PackedBatch& b, const data::SquadFeature& f) {
   b.span_starts.push_back(f.start);
@@ -131,6 +134,8 @@ nlohmann::json resume_identity(const FinetuneOptions& o) {
 // The dev results so far (restored with the run's position on --resume).
 nlohmann::json dev_results(const FinetuneResult& r) {
   nlohmann::json out = nlohmann::json::array();
+  for (const RegressionScore& s : r.dev_regression)
+    out.push_back({{"pearson", s.pearson}, {"spearman", s.spearman}, {"mse", s.mse}});
   for (size_t e = 0; e < r.dev_scores.size(); ++e)
     out.push_back({{"accuracy", r.dev_scores[e].accuracy},
                    {"mcc", r.dev_scores[e].mcc},
@@ -150,8 +155,15 @@ nlohmann::json dev_results(const FinetuneResult& r) {
 }
 
 void restore_dev_results(const nlohmann::json& j, FinetuneTask task, FinetuneResult& r) {
+  // (NaN, a constant side's correlation, is written as null)
+  auto number = [](const nlohmann::json& v) {
+    return v.is_null() ? std::nan("") : v.get<double>();
+  };
   for (const nlohmann::json& e : j) {
-    if (task == FinetuneTask::classify) {
+    if (e.contains("pearson")) {
+      r.dev_regression.push_back(
+          {number(e.at("pearson")), number(e.at("spearman")), number(e.at("mse"))});
+    } else if (task == FinetuneTask::classify) {
       ClassifyScore s{e.at("accuracy").get<double>(), e.at("mcc").get<double>(), std::nullopt};
       if (!e.at("f1").is_null()) s.f1 = e.at("f1").get<double>();
       r.dev_scores.push_back(s), r.dev_accuracy.push_back(s.accuracy);
@@ -241,6 +253,8 @@ std::vector<size_t> epoch_order(size_t n, uint64_t seed, int epoch) {
 // The value of the dev metric `name` (FinetuneOptions::save_best) after an epoch; NaN when the
 // epoch's scores lack it.
 double dev_metric(const FinetuneResult& r, const std::string& name, size_t epoch) {
+  if (!r.dev_regression.empty())
+    return name == "pearson" ? r.dev_regression[epoch].pearson : r.dev_regression[epoch].spearman;
   if (!r.dev_squad.empty()) {
     const data::SquadScore& s = r.dev_squad[epoch];
     return name == "exact_match" ? s.exact_match : s.f1;
@@ -252,14 +266,18 @@ double dev_metric(const FinetuneResult& r, const std::string& name, size_t epoch
 }
 
 // Keeps the model's weights in best_path when the last epoch's dev metric beats every earlier
-// one (a tie keeps the earlier), and records it.
+// one (a tie keeps the earlier; a NaN, a constant prediction's correlation, beats nothing and is
+// beaten by any number), and records it.
 void keep_if_best(const FinetuneOptions& o, const model::BertModel<float>& m,
                   const FinetuneResult& res, std::ostream& log) {
-  const size_t n = res.dev_squad.empty() ? res.dev_scores.size() : res.dev_squad.size();
+  const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
   if (o.save_best.empty() || n == 0) return;
   const double value = dev_metric(res, o.save_best, n - 1);
-  for (size_t e = 0; e + 1 < n; ++e)
-    if (!(dev_metric(res, o.save_best, e) < value)) return;
+  if (std::isnan(value) && n > 1) return;
+  for (size_t e = 0; e + 1 < n; ++e) {
+    const double earlier = dev_metric(res, o.save_best, e);
+    if (!std::isnan(earlier) && !(earlier < value)) return;
+  }
   if (!dist::Comm::world().root()) return;
   std::vector<float> widened;
   io::write_safetensors(o.best_path, model::weight_tensors(m.layout(), m.weights_fp32(widened)),
@@ -282,6 +300,15 @@ const model::BertModel<float>& published_model(const FinetuneOptions& o,
   best = std::make_unique<model::BertModel<float>>(m.config(), m.layout().heads());
   model::load_model_weights(*best, io::SafetensorsFile::read(o.best_path));
   return *best;
+}
+
+// Rank 0 writes the model to publish (published_model) to out_dir, with the classifier's label
+// names when it has them.
+void write_published(const FinetuneOptions& o, const model::BertModel<float>& m,
+                     const std::vector<std::string>& names = {}) {
+  if (!dist::Comm::world().root()) return;
+  std::unique_ptr<model::BertModel<float>> best;
+  write_model_files(published_model(o, m, best), o.out_dir, o.vocab, names);
 }
 
 template <typename Seq, typename Evaluate>
@@ -336,6 +363,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
       const double t0 = now_seconds();
       const StepResult r = stepper.step(res.steps, total, next, "no model written", n);
       StepMetrics sm = StepMetrics::of(r, m.layout().heads(), stepper, lo, comm.size());
+      sm.regression = m.config().regression();
       sm.step = ++res.steps, sm.epoch = epoch + 1;
       sm.seconds = now_seconds() - t0;
       sm.elapsed = at.elapsed += sm.seconds;
@@ -408,6 +436,28 @@ std::vector<int32_t> predict(model::BertModel<float>& m,
           throw std::logic_error("classifier predictions out of order with the batch");
       });
   return pred;
+}
+
+// A regression head's prediction (its one output) for every example, by index.
+std::vector<double> predict_values(model::BertModel<float>& m,
+                                   const std::vector<data::ClassifyExample>& ex,
+                                   const std::vector<std::vector<int64_t>>& rows,
+                                   int rows_per_batch, int S, model::Precision precision) {
+  std::vector<double> pred(ex.size(), std::nan(""));
+  for_each_batch(m, ex, rows, rows_per_batch, S, precision,
+                 [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& batch_rows) {
+                   const float* values = m.class_logits();  // [sequences in row order, 1]
+                   int64_t k = 0;
+                   for (const auto& row : batch_rows)
+                     for (const int64_t id : row) pred[static_cast<size_t>(id)] = values[k++];
+                 });
+  return pred;
+}
+
+std::vector<double> targets_of(const std::vector<data::ClassifyExample>& ex) {
+  std::vector<double> out;
+  for (const auto& e : ex) out.push_back(e.target.value());
+  return out;
 }
 
 ClassifyScore score_classifier(model::BertModel<float>& m,
@@ -532,11 +582,86 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
   return out;
 }
 
+// Whether a classify task trains a regression head (FinetuneOptions::regression).
+bool regression_task(const FinetuneOptions& o, const std::map<std::string, int32_t>& seen) {
+  if (o.regression) return *o.regression;
+  const ModelLabels model = model_labels(o.init);
+  if (model.heads.classifier && !o.new_head) return model.regression();
+  return data::decimal_labels(seen);
+}
+
+bool regression_metric(const std::string& name) {
+  return name == "pearson" || name == "spearman";
+}
+
+// Regression (STS-B): one output trained towards each example's value by mean squared error,
+// scored by Pearson's and Spearman's correlation; the model is written with problem_type
+// "regression", as transformers' BertForSequenceClassification with one label.
+FinetuneResult finetune_regressor(const FinetuneOptions& o, const data::Tokenizer& tok,
+                                  const data::Casing& casing, std::ostream& log,
+                                  std::vector<data::ClassifyExample> train,
+                                  const std::map<std::string, int32_t>& seen) {
+  data::set_targets(train, seen, o.train);
+  std::map<std::string, int32_t> dev_seen;
+  std::vector<data::ClassifyExample> dev =
+      data::read_classification_tsv(o.dev, tok, o.max_seq_len, dev_seen, true, o.columns);
+  data::set_targets(dev, dev_seen, o.dev);
+  if (!o.save_best.empty() && !regression_metric(o.save_best))
+    throw OptionError("save_best", "'" + o.save_best +
+                                       "' is a classification metric; this task is a regression "
+                                       "(pearson, spearman)");
+  FinetuneResult res;
+  res.regression = true;
+  res.num_labels = 1;
+  const ModelLabels model = model_labels(o.init);
+  const bool new_head = o.new_head || !model.heads.classifier;
+  if (!new_head && !model.regression())
+    throw InputError(o.init + ": its classifier has " + std::to_string(model.num_labels) +
+                     " outputs, a regression head one; give `new_head` to train a new head");
+  res.label_note = new_head ? "a new regression head (one output, mean squared error)"
+                            : "the model's regression head (" + model.source + ")";
+  model::Heads heads;
+  heads.pretraining = false;
+  heads.classifier = true;
+  auto m = model_from(o.init, heads, 1, o.loop.seed, res.initialized, new_head);
+  check_model(*m, tok.vocab(), o.init, o.vocab, o.max_seq_len);
+  say_casing(casing, "finetune", o.say);
+  say(o.say, "finetune: " + res.label_note);
+  const auto tr = make_rows(lengths_of(train), o.max_seq_len, o.packed, o.loop.seed);
+  const auto dv = make_rows(lengths_of(dev), o.max_seq_len, o.packed, o.loop.seed);
+  res.train_sequences = static_cast<int64_t>(train.size());
+  res.dev_sequences = static_cast<int64_t>(dev.size());
+  res.train_rows = static_cast<int64_t>(tr.size());
+  const std::vector<double> truth = targets_of(dev);
+  train_epochs(*m, o, train, tr, log, res, [&](int epoch) {
+    const RegressionScore sc = regression_score(
+        truth, predict_values(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision));
+    res.dev_regression.push_back(sc);
+    auto number = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
+    log << nlohmann::json{{"type", "eval"},
+                          {"epoch", epoch},
+                          {"step", res.steps},
+                          {"dev_pearson", number(sc.pearson)},
+                          {"dev_spearman", number(sc.spearman)},
+                          {"dev_mse", sc.mse}}
+               .dump()
+        << std::endl;
+  });
+  write_published(o, *m);
+  return res;
+}
+
 FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokenizer& tok,
                                    const data::Casing& casing, std::ostream& log) {
   std::map<std::string, int32_t> seen;  // the training file's labels, by first appearance
   std::vector<data::ClassifyExample> train =
       data::read_classification_tsv(o.train, tok, o.max_seq_len, seen, true, o.columns);
+  if (regression_task(o, seen))
+    return finetune_regressor(o, tok, casing, log, std::move(train), seen);
+  if (regression_metric(o.save_best))
+    throw OptionError("save_best", "'" + o.save_best +
+                                       "' is a regression metric; this task has classes "
+                                       "(accuracy, f1, mcc)");
   FinetuneResult res;
   const ClassLabels chosen = class_labels(o.init, seen, o.new_head, o.train);
   std::map<std::string, int32_t> labels = chosen.ids;
@@ -583,8 +708,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   if (!dist::Comm::world().root()) return res;  // rank 0 alone writes the model
   std::vector<std::string> names(labels.size());
   for (auto& [name, id] : labels) names[static_cast<size_t>(id)] = name;
-  std::unique_ptr<model::BertModel<float>> best;
-  write_model_files(published_model(o, *m, best), o.out_dir, o.vocab, names);
+  write_published(o, *m, names);
   nlohmann::json lj = nlohmann::json::object();
   for (auto& [name, id] : labels) lj[name] = id;
   io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");
@@ -637,10 +761,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
                .dump()
         << std::endl;
   });
-  if (dist::Comm::world().root()) {
-    std::unique_ptr<model::BertModel<float>> best;
-    write_model_files(published_model(o, *m, best), o.out_dir, o.vocab);
-  }
+  write_published(o, *m);
   return res;
 }
 
@@ -674,18 +795,62 @@ ClassifyScore classify_score(const std::vector<int32_t>& truth, const std::vecto
   return s;
 }
 
+namespace {
+
+double pearson(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) mx += x[i] / n, my += y[i] / n;
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (x[i] - mx) * (y[i] - my);
+    sxx += (x[i] - mx) * (x[i] - mx);
+    syy += (y[i] - my) * (y[i] - my);
+  }
+  return sxx > 0 && syy > 0 ? std::clamp(sxy / std::sqrt(sxx * syy), -1.0, 1.0) : std::nan("");
+}
+
+// Ranks 1..n, tied values sharing the mean of the ranks they span.
+std::vector<double> ranks(const std::vector<double>& x) {
+  std::vector<size_t> order(x.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return x[a] < x[b]; });
+  std::vector<double> r(x.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j + 1 < order.size() && x[order[j + 1]] == x[order[i]]) ++j;
+    for (size_t k = i; k <= j; ++k) r[order[k]] = (static_cast<double>(i + j) / 2) + 1;
+    i = j + 1;
+  }
+  return r;
+}
+
+}  // namespace
+
+RegressionScore regression_score(const std::vector<double>& truth,
+                                 const std::vector<double>& pred) {
+  RegressionScore s;
+  if (truth.empty()) return s;
+  for (size_t i = 0; i < truth.size(); ++i)
+    s.mse += (pred[i] - truth[i]) * (pred[i] - truth[i]) / static_cast<double>(truth.size());
+  s.pearson = pearson(truth, pred);
+  s.spearman = pearson(ranks(truth), ranks(pred));
+  return s;
+}
+
 FinetuneResult finetune(const FinetuneOptions& o) {
   check_loop_options(o.loop);
   if (o.epochs < 1) throw OptionError("epochs", "must be at least 1");
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
   if (o.checkpoint_every < 0) throw OptionError("checkpoint_every", "must be at least 0");
   const bool squad = o.task == FinetuneTask::squad;
-  if (!o.save_best.empty() &&
-      !(squad ? o.save_best == "exact_match" || o.save_best == "f1"
-              : o.save_best == "accuracy" || o.save_best == "f1" || o.save_best == "mcc"))
-    throw OptionError("save_best",
-                      "'" + o.save_best + "' is not a dev metric of " +
-                          (squad ? "squad (exact_match, f1)" : "classify (accuracy, f1, mcc)"));
+  if (!o.save_best.empty() && !(squad ? o.save_best == "exact_match" || o.save_best == "f1"
+                                      : o.save_best == "accuracy" || o.save_best == "f1" ||
+                                            o.save_best == "mcc" || regression_metric(o.save_best)))
+    throw OptionError("save_best", "'" + o.save_best + "' is not a dev metric of " +
+                                       (squad ? "squad (exact_match, f1)"
+                                              : "classify (accuracy, f1, mcc; regression: "
+                                                "pearson, spearman)"));
   const std::string resume_path = o.out_dir + ".resume.safetensors";
   const std::string best_path = o.out_dir + ".best.safetensors";
   if (o.resume && !std::filesystem::exists(resume_path))
@@ -783,6 +948,18 @@ std::map<std::string, int32_t> labels_of_model(const std::string& model, std::st
   return labels;
 }
 
+// run_glue's predict_results for a regression task: index and the predicted value (3 decimals,
+// as run_glue writes them), written atomically.
+void write_value_predictions(const std::string& path, const std::vector<double>& pred) {
+  std::string out = "index\tprediction\n";
+  char value[32];
+  for (size_t i = 0; i < pred.size(); ++i) {
+    std::snprintf(value, sizeof value, "%.3f", pred[i]);
+    out += std::to_string(i) + "\t" + value + "\n";
+  }
+  io::write_file_atomic(path, out);
+}
+
 // run_glue's predict_results: index and the predicted label's name, written atomically.
 void write_label_predictions(const std::string& path, const std::map<std::string, int32_t>& labels,
                              const std::vector<int32_t>& pred, int num_labels) {
@@ -809,6 +986,14 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   TaskEvalResult r;
   model::Heads heads;
   heads.pretraining = false;
+  // A loaded model on the chosen backend, checked against the vocabulary, and the casing said
+  // once the inputs are known good.
+  auto prepare = [&](model::BertModel<float>& m) {
+    m.set_backend(o.backend);
+    warn_non_finite(m, o.model, o.say);
+    check_model(m, vocab, o.model, o.vocab, o.max_seq_len);
+    say_casing(casing, "eval", o.say);
+  };
   if (o.task == FinetuneTask::squad) {
     data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
     std::vector<data::SquadExample> ex = data::read_squad(o.data);
@@ -816,10 +1001,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     data::SquadFeatures f = data::squad_features(ex, tok, so, false);
     heads.span = true;
     auto m = load_model(o.model, heads);
-    m->set_backend(o.backend);
-    warn_non_finite(*m, o.model, o.say);
-    check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
-    say_casing(casing, "eval", o.say);
+    prepare(*m);
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
     std::vector<std::string> pred = squad_answers(*m, ex, f.features, rows, o.rows_per_batch,
                                                   o.max_seq_len, o.precision, tok, so);
@@ -829,21 +1011,33 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     if (!o.predictions.empty()) write_predictions(o.predictions, ex, pred);
     return r;
   }
+  heads.classifier = true;
+  if (model_labels(o.model).regression()) {  // a regression head: the labels are its targets
+    std::map<std::string, int32_t> seen;
+    std::vector<data::ClassifyExample> ex =
+        data::read_classification_tsv(o.data, tok, o.max_seq_len, seen, true, o.columns);
+    data::set_targets(ex, seen, o.data);
+    auto m = load_model(o.model, heads);
+    prepare(*m);
+    const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
+    const std::vector<double> pred =
+        predict_values(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
+    r.regression = regression_score(targets_of(ex), pred);
+    r.examples = r.sequences = static_cast<int64_t>(ex.size());
+    if (!o.predictions.empty()) write_value_predictions(o.predictions, pred);
+    return r;
+  }
   // Classification: the label names are the model's (config.json id2label, or labels.json).
   std::string labels_path;
   std::map<std::string, int32_t> labels = labels_of_model(o.model, labels_path);
   std::vector<data::ClassifyExample> ex =
       data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false, o.columns);
-  heads.classifier = true;
   auto m = load_model(o.model, heads);
-  m->set_backend(o.backend);
-  warn_non_finite(*m, o.model, o.say);
   if (m->config().num_labels != static_cast<int>(labels.size()))
     throw InputError(labels_path + ": " + std::to_string(labels.size()) +
                      " labels, the model's classifier has " +
                      std::to_string(m->config().num_labels));
-  check_model(*m, vocab, o.model, o.vocab, o.max_seq_len);
-  say_casing(casing, "eval", o.say);
+  prepare(*m);
   const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
   const std::vector<int32_t> pred =
       predict(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);

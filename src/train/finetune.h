@@ -1,8 +1,8 @@
-// Fine-tuning with packing: sequence (or sentence-pair) classification from TSV and SQuAD v1.1
-// span extraction (data/squad.h). Examples (SQuAD: question + context windows) are packed into
-// rows like pre-training sequences; the classifier reads each sequence's pooled [CLS] and the
-// span head's softmax runs over each sequence's own tokens, so packing changes nothing but the
-// cost.
+// Fine-tuning with packing: sequence (or sentence-pair) classification or regression (STS-B:
+// one output, mean squared error) from TSV, CSV or JSONL, and SQuAD v1.1 / v2.0 span extraction
+// (data/squad.h). Examples (SQuAD: question + context windows) are packed into rows like
+// pre-training sequences; the classifier reads each sequence's pooled [CLS] and the span head's
+// softmax runs over each sequence's own tokens, so packing changes nothing but the cost.
 #pragma once
 
 #include <atomic>
@@ -44,7 +44,8 @@ struct FinetuneOptions {
   const std::atomic<bool>* stop = nullptr;
   std::string resume_path;  // set by finetune(): <out_dir>.resume.safetensors
   // The dev metric whose best epoch becomes the model written to out_dir (Hugging Face's
-  // load_best_model_at_end): classify accuracy | f1 (two labels) | mcc, squad exact_match | f1;
+  // load_best_model_at_end): classify accuracy | f1 (two labels) | mcc, regression pearson |
+  // spearman, squad exact_match | f1;
   // empty: the last epoch's model. The best weights so far wait in <out_dir>.best.safetensors
   // (kept across --resume, removed with the resume file).
   std::string save_best;
@@ -53,6 +54,11 @@ struct FinetuneOptions {
   bool overwrite = false;  // replace a model directory already at out_dir
   // classify: train a new classifier (the data's labels, sorted) even when init has one.
   bool new_head = false;
+  // classify: a regression head (one output trained towards the labels' values by mean squared
+  // error, as Hugging Face's num_labels 1) or a classifier. Unset: init's head when it has one
+  // (and not new_head), else regression when the labels are decimal numbers
+  // (data::decimal_labels, run_glue's rule).
+  std::optional<bool> regression;
   data::TsvColumns columns;  // classify: the text and label columns (empty: from the header)
   // Lowercase when tokenising (--uncased) or not (--cased); unset: data::decide_casing.
   std::optional<bool> lower_case;
@@ -78,9 +84,19 @@ struct ClassifyScore {
 ClassifyScore classify_score(const std::vector<int32_t>& truth, const std::vector<int32_t>& pred,
                              int num_labels);
 
+// Regression metrics over a dev set (GLUE's STS-B): Pearson's and Spearman's correlation (as
+// scipy's pearsonr and spearmanr, tied values ranked by their mean rank) and the mean squared
+// error. A correlation with a constant side is NaN, as scipy's.
+struct RegressionScore {
+  double pearson = 0, spearman = 0, mse = 0;
+};
+RegressionScore regression_score(const std::vector<double>& truth, const std::vector<double>& pred);
+
 struct FinetuneResult {
-  std::vector<double> dev_accuracy;       // classify: after each epoch
-  std::vector<ClassifyScore> dev_scores;  // classify: after each epoch
+  std::vector<double> dev_accuracy;             // classify: after each epoch
+  std::vector<ClassifyScore> dev_scores;        // classify: after each epoch
+  bool regression = false;                      // classify: a regression head (num_labels 1)
+  std::vector<RegressionScore> dev_regression;  // regression: after each epoch
   double majority_baseline = 0;  // accuracy of always predicting the most frequent train label
   std::vector<data::SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
   int64_t steps = 0;
@@ -119,10 +135,11 @@ struct TaskEvalOptions {
 };
 
 struct TaskEvalResult {
-  double accuracy = 0;                  // classify
-  ClassifyScore scores;                 // classify
-  data::SquadScore squad;               // squad (%)
-  int64_t examples = 0, sequences = 0;  // questions/examples and the windows they became
+  double accuracy = 0;                        // classify
+  ClassifyScore scores;                       // classify
+  std::optional<RegressionScore> regression;  // classify with a regression model
+  data::SquadScore squad;                     // squad (%)
+  int64_t examples = 0, sequences = 0;        // questions/examples and the windows they became
 };
 
 // Evaluates a fine-tuned model on a dev file (packed, dropout off): classification accuracy or

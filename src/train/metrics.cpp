@@ -53,7 +53,8 @@ nlohmann::json StepMetrics::to_json() const {
     line["mlm_loss"] = mlm_loss, line["nsp_loss"] = nsp_loss;
     line["mlm_acc"] = mlm_acc, line["nsp_acc"] = nsp_acc;
   }
-  if (heads.classifier) line["cls_loss"] = cls_loss, line["acc"] = cls_acc;
+  if (heads.classifier) line["cls_loss"] = cls_loss;
+  if (heads.classifier && !regression) line["acc"] = cls_acc;
   if (heads.span) line["span_loss"] = span_loss;
   if (loss_scaling) {
     line["loss_scale"] = loss_scale;

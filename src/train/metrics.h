@@ -17,6 +17,7 @@ struct StepMetrics {
   int epoch = 0;  // fine-tuning's epoch, from 1 (0: a run counted in steps, pre-training)
   // The model's heads: which losses and accuracies the step has.
   model::Heads heads;
+  bool regression = false;  // the classifier is a regression head: a loss, no accuracy
   double loss = 0, lr = 0, grad_norm = 0;
   double mlm_loss = 0, nsp_loss = 0, mlm_acc = 0, nsp_acc = 0;  // pre-training
   double cls_loss = 0, cls_acc = 0, span_loss = 0;              // fine-tuning

@@ -160,7 +160,9 @@ ModelLabels model_labels(const std::string& path) {
     const io::SafetensorsFile f = io::SafetensorsFile::read(path);
     out.heads = model::heads_present(f);
     out.source = path + " (its config)";
-    out.names = id2label_of(json::parse(f.metadata().at("config"), nullptr, false), out.source);
+    const json config = json::parse(f.metadata().at("config"), nullptr, false);
+    out.names = id2label_of(config, out.source);
+    if (config.is_object()) out.num_labels = model::config_from_json(config, out.source).num_labels;
     return out;
   }
   const model::ImportedModel hf = model::import_model(path);
@@ -168,6 +170,7 @@ ModelLabels model_labels(const std::string& path) {
   out.masked_lm = out.heads.pretraining && !hf.weights.has("cls.seq_relationship.weight") &&
                   !hf.weights.has("bert.pooler.dense.weight");
   out.source = hf.config_from;
+  out.num_labels = hf.config.num_labels;
   if (!hf.config_json.empty())
     out.names = id2label_of(json::parse(hf.config_json, nullptr, false), out.source);
   return out;

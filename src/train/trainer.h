@@ -199,6 +199,9 @@ struct ModelLabels {
   // A masked-LM model (BertForMaskedLM): the MLM head without the pooler and the NSP head.
   bool masked_lm = false;
   std::string source;  // where the names came from (config.json, a checkpoint's config)
+  // The classifier's outputs (its config's num_labels): 1 is a regression head.
+  int num_labels = 0;
+  bool regression() const { return heads.classifier && num_labels == 1; }
   // Names that say nothing (transformers' defaults LABEL_0, LABEL_1, ...).
   bool generic() const;
 };

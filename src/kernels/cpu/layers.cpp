@@ -664,6 +664,21 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
   }
 }
 
+template <typename T>
+void squared_error_forward(T* losses, const T* pred, const T* target, int N) {
+  for (int n = 0; n < N; ++n) losses[n] = (pred[n] - target[n]) * (pred[n] - target[n]);
+}
+
+template <typename T>
+void squared_error_backward(T* dpred, T* dtarget, const T* pred, const T* target, const T* dlosses,
+                            int N) {
+  for (int n = 0; n < N; ++n) {
+    const T g = 2 * (pred[n] - target[n]) * dlosses[n];
+    dpred[n] += g;
+    if (dtarget) dtarget[n] -= g;
+  }
+}
+
 #define PACKBERT_INSTANTIATE(T)                                                                    \
   template void layernorm_forward<T, bf16>(T*, T*, T*, const T*, const T*, const T*, int, int, T,  \
                                            bf16*);                                                 \
@@ -692,7 +707,9 @@ void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_s
   template void span_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, const int32_t*,    \
                                               int);                                                \
   template void span_cross_entropy_backward<T>(T*, const T*, const int32_t*, const int32_t*,       \
-                                               const T*, int);
+                                               const T*, int);                                     \
+  template void squared_error_forward<T>(T*, const T*, const T*, int);                             \
+  template void squared_error_backward<T>(T*, T*, const T*, const T*, const T*, int);
 PACKBERT_INSTANTIATE(float)
 PACKBERT_INSTANTIATE(double)
 #undef PACKBERT_INSTANTIATE

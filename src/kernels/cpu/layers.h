@@ -194,4 +194,13 @@ template <typename T>
 void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_seqlens,
                                  const int32_t* targets, const T* dlosses, int n_seq);
 
+// Squared error (the regression head's loss, Hugging Face's MSELoss per row): losses[n] =
+// (pred[n] - target[n])^2 over N rows of one output. Backward: dpred[n] += 2 (pred - target)
+// dlosses[n], and dtarget (may be null: targets are data) gets its negation.
+template <typename T>
+void squared_error_forward(T* losses, const T* pred, const T* target, int N);
+template <typename T>
+void squared_error_backward(T* dpred, T* dtarget, const T* pred, const T* target, const T* dlosses,
+                            int N);
+
 }  // namespace packbert::kernels

@@ -464,4 +464,20 @@ void span_cross_entropy_backward(View dlogits, View probs, const int32_t* cu_seq
   });
 }
 
+void squared_error_forward(View losses, View pred, View target) {
+  with_wide_type("squared_error_forward", pred, [&](auto t) {
+    using T = decltype(t);
+    kernels::squared_error_forward(ptr<T>(losses), ptr<const T>(pred), ptr<const T>(target),
+                                   i32(pred.numel()));
+  });
+}
+
+void squared_error_backward(View dpred, View dtarget, View pred, View target, View dlosses) {
+  with_wide_type("squared_error_backward", pred, [&](auto t) {
+    using T = decltype(t);
+    kernels::squared_error_backward(ptr<T>(dpred), ptr<T>(dtarget), ptr<const T>(pred),
+                                    ptr<const T>(target), ptr<const T>(dlosses), i32(pred.numel()));
+  });
+}
+
 }  // namespace packbert::kernels::cpu

@@ -334,4 +334,19 @@ void span_cross_entropy_backward(View dlogits, View probs, const int32_t* cu_seq
   }
 }
 
+void squared_error_forward(View losses, View pred, View target) {
+  for (int64_t n = 0; n < pred.numel(); ++n) {
+    const double e = pred.at(n) - target.at(n);
+    losses.put(n, e * e);
+  }
+}
+
+void squared_error_backward(View dpred, View dtarget, View pred, View target, View dlosses) {
+  for (int64_t n = 0; n < pred.numel(); ++n) {
+    const double g = 2 * (pred.at(n) - target.at(n)) * dlosses.at(n);
+    dpred.put(n, dpred.at(n) + g);
+    if (dtarget) dtarget.put(n, dtarget.at(n) - g);
+  }
+}
+
 }  // namespace packbert::kernels::ref
