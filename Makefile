@@ -5,7 +5,8 @@ TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := -G Ninja
 
-.PHONY: setup build demo test test-fast test-asan test-tsan bench clean format
+.PHONY: setup build demo test test-fast test-fast-run build-asan test-asan test-asan-run test-tsan bench \
+        clean format
 
 setup:
 	@bash scripts/setup.sh
@@ -20,15 +21,27 @@ demo: build
 	./$(BUILD)/packbert demo --workdir out/demo
 
 # The test command: the optimised build, then the same tests under ASan + UBSan, then the
-# interrupted-training tests under ThreadSanitizer.
-test: test-fast test-asan test-tsan
+# interrupted-training tests under ThreadSanitizer; each stage timed, the times printed at the end.
+test:
+	@bash scripts/stages.sh \
+	  "set-up and build" "$(MAKE) --no-print-directory build" \
+	  "tests" "$(MAKE) --no-print-directory test-fast-run" \
+	  "ASan + UBSan build" "$(MAKE) --no-print-directory build-asan" \
+	  "ASan + UBSan tests" "$(MAKE) --no-print-directory test-asan-run" \
+	  "TSan build and crash tests" "$(MAKE) --no-print-directory test-tsan"
 
-test-fast: build
+test-fast: build test-fast-run
+
+test-fast-run:
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-test-asan: setup
+build-asan: setup
 	cmake -S . -B $(ASAN_BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPACKBERT_SANITIZE=ON
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+test-asan: build-asan test-asan-run
+
+test-asan-run:
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
