@@ -910,6 +910,34 @@ TEST_F(Labels, DecimalLabelsTrainARegressionHeadUnlessClassesAreAskedFor) {
   EXPECT_NE(r.err.find("label 'neg' is not a number"), std::string::npos) << r.err;
 }
 
+// #45: each GLUE task's metric leads its scores (MRPC's F1, shown by its header; CoLA's MCC,
+// named with --task-name as run_glue's --task_name), in finetune's table and in eval's.
+TEST_F(Labels, TheGlueTasksMetricLeadsTheScores) {
+  const std::string init = pretrained();
+  std::string mrpc = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n";
+  for (int i = 0; i < 24; ++i)
+    mrpc += std::to_string(i % 2) + "\t" + std::to_string(i) + "\t" + std::to_string(i + 100) +
+            "\tthe king of city " + std::to_string(i) + "\tthe war of " + std::to_string(i) + "\n";
+  const fs::path data = write("mrpc.tsv", mrpc);
+  const std::string out = (dir_ / "mrpc").string();
+  Result r = run("finetune --init " + init + " --train " + data.string() + " --dev " +
+                 data.string() + " --out " + out + " --epochs 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_NE(r.out.find("dev F1"), std::string::npos) << r.out;
+  EXPECT_LT(r.out.find("dev F1"), r.out.find("dev accuracy")) << r.out;
+  EXPECT_NE(r.out.find("GLUE task mrpc, scored by F1"), std::string::npos) << r.out;
+  const fs::path sst = tsv("sst.tsv", {"0", "1"});
+  Result ev =
+      run("eval --task classify --model " + out + " --data " + sst.string() + " --task-name cola");
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  ASSERT_NE(ev.out.find("MCC"), std::string::npos) << ev.out;
+  EXPECT_LT(ev.out.find("MCC"), ev.out.find("accuracy")) << ev.out;
+  EXPECT_NE(ev.out.find("cola (MCC)"), std::string::npos) << ev.out;
+  Result bad =
+      run("eval --task classify --model " + out + " --data " + sst.string() + " --task-name colaa");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+}
+
 // #45: the casing a model was trained with is the casing it is fine-tuned and evaluated with:
 // the flag, else tokenizer_config.json, else the vocabulary; contradictions are warned about.
 class Casing : public testing::CliTest {

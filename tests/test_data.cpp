@@ -424,33 +424,39 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
   };
   const std::vector<int32_t> king = tok.encode("the king"), war = tok.encode("the war");
   // Each layout with "the king" as its first text, "the war" as its second (when it has one).
+  // glue: the task the header shows (its metric leads the scores); "" where layouts are shared.
   struct Layout {
     const char* task;
     std::string header, row;
     bool pair;
+    const char* glue;
   };
   for (const Layout& l : std::vector<Layout>{
-           {"SST-2", "sentence\tlabel", "the king\t1", false},
-           {"CoLA", "sentence\tlabel\tidx", "the king\t1\t0", false},
+           {"SST-2", "sentence\tlabel", "the king\t1", false, ""},
+           {"CoLA", "sentence\tlabel\tidx", "the king\t1\t0", false, ""},
            {"MRPC", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t7\t8\tthe king\tthe war",
-            true},
+            true, "mrpc"},
            {"QQP", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
-            "0\t1\t2\tthe king\tthe war\t0", true},
+            "0\t1\t2\tthe king\tthe war\t0", true, "qqp"},
            {"MNLI",
             "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
             "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label",
             "0\t1\t2\tfiction\t( x )\t( y )\t(ROOT x)\t(ROOT y)\tthe king\tthe war\tneutral\t"
             "neutral",
-            true},
-           {"QNLI", "index\tquestion\tsentence\tlabel", "0\tthe king\tthe war\tentailment", true},
-           {"RTE", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\tentailment", true},
-           {"WNLI", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\t1", true},
+            true, "mnli"},
+           {"QNLI", "index\tquestion\tsentence\tlabel", "0\tthe king\tthe war\tentailment", true,
+            "qnli"},
+           {"RTE", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\tentailment", true,
+            ""},
+           {"WNLI", "index\tsentence1\tsentence2\tlabel", "0\tthe king\tthe war\t1", true, ""},
            {"STS-B",
             "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\t"
             "score",
-            "0\tmain-captions\tMSRvid\t2012test\t1\tnone\tnone\tthe king\tthe war\t3.800", true}}) {
+            "0\tmain-captions\tMSRvid\t2012test\t1\tnone\tnone\tthe king\tthe war\t3.800", true,
+            "stsb"}}) {
     const std::vector<ClassifyExample> ex = read(l.header, l.row);
     ASSERT_EQ(ex.size(), 1u) << l.task;
+    EXPECT_EQ(glue_task(dir + "/glue.tsv", {}), l.glue) << l.task;
     std::vector<int32_t> want = {base_vocab().cls()};
     want.insert(want.end(), king.begin(), king.end());
     want.push_back(base_vocab().sep());
@@ -474,11 +480,20 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
             std::string::npos);
   // Named by the user: any layout, other columns unused.
   const std::vector<ClassifyExample> named =
-      read("notes\tverdict\tsentence", "the war\t1\tthe king", {{"sentence", "notes"}, "verdict"});
+      read("notes\tverdict\tsentence", "the war\t1\tthe king", {{"sentence", "notes"}, "verdict", ""});
   ASSERT_EQ(named.size(), 1u);
   EXPECT_EQ(named[0].b_start, static_cast<int32_t>(king.size() + 2));
-  EXPECT_NE(error_of("a\tb", "x\ty", {{"c"}, "a"}).find("no column 'c' (`text_columns`)"),
+  EXPECT_NE(error_of("a\tb", "x\ty", {{"c"}, "a", ""}).find("no column 'c' (`text_columns`)"),
             std::string::npos);
+  // A task named (run_glue's --task_name) wins over the header; its GLUE metric leads.
+  EXPECT_EQ(glue_task(dir + "/glue.tsv", {{}, "", "cola"}), "cola");
+  EXPECT_THROW(glue_task(dir + "/glue.tsv", {{}, "", "colaa"}), InputError);
+  EXPECT_EQ(glue_metric("cola"), "mcc");
+  EXPECT_EQ(glue_metric("mrpc"), "f1");
+  EXPECT_EQ(glue_metric("qqp"), "f1");
+  EXPECT_EQ(glue_metric("stsb"), "pearson");
+  for (const char* t : {"sst2", "mnli", "qnli", "rte", "wnli", ""})
+    EXPECT_EQ(glue_metric(t), "accuracy");
 }
 
 // #45: a label column is a regression target when Hugging Face's datasets would read it as

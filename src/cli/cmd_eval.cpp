@@ -1,5 +1,6 @@
 // `packbert eval`: pre-training metrics over a sequences file (the same evaluation pretrain runs
 // on its held-out split), or a fine-tuned model's accuracy / SQuAD exact match and F1.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -66,12 +67,18 @@ void run_task_eval(const EvalArgs& a) {
     t.add_row({"Spearman", fixed(r.regression->spearman, 4)});
     t.add_row({"MSE", fixed(r.regression->mse, 4)});
     t.add_row({"examples", with_commas(r.examples)});
-  } else {
-    t.add_row({"accuracy", fixed(r.accuracy, 4)});
-    if (r.scores.f1) t.add_row({"F1 (label 1)", fixed(*r.scores.f1, 4)});
-    t.add_row({"MCC", fixed(r.scores.mcc, 4)});
+  } else {  // the task's GLUE metric first
+    std::vector<std::pair<std::string, std::string>> rows = {{"accuracy", fixed(r.accuracy, 4)}};
+    if (r.scores.f1) rows.push_back({"f1", fixed(*r.scores.f1, 4)});
+    rows.push_back({"mcc", fixed(r.scores.mcc, 4)});
+    std::stable_partition(rows.begin(), rows.end(),
+                          [&](const auto& kv) { return kv.first == r.metric; });
+    for (const auto& [key, value] : rows)
+      t.add_row({key == "f1" ? "F1 (label 1)" : metric_title(key), value});
     t.add_row({"examples", with_commas(r.examples)});
   }
+  if (!r.glue_task.empty())
+    t.add_row({"GLUE task", r.glue_task + " (" + metric_title(r.metric) + ")"});
   t.print(std::cout);
   if (!a.predictions.empty()) std::cout << "predictions in " << a.predictions << '\n';
 }

@@ -1,4 +1,5 @@
 // `packbert finetune`: sequence classification (TSV) or SQuAD span extraction.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 
@@ -135,22 +136,33 @@ void register_finetune(CLI::App& app, int& exit_code) {
       std::cout << "regression, " << r.train_sequences << " examples in " << r.train_rows
                 << " rows";
     } else {
-      const bool binary = r.num_labels == 2;
-      std::vector<std::string> head = {"epoch", "dev accuracy"};
-      if (binary) head.push_back("dev F1");
-      head.insert(head.end(), {"dev MCC", "majority baseline"});
+      // The task's GLUE metric first: accuracy, F1 (two labels) and MCC, led by r.metric.
+      std::vector<std::string> keys = {"accuracy"};
+      if (r.num_labels == 2) keys.push_back("f1");
+      keys.push_back("mcc");
+      std::stable_partition(keys.begin(), keys.end(),
+                            [&](const std::string& k) { return k == r.metric; });
+      std::vector<std::string> head = {"epoch"};
+      for (const std::string& k : keys) head.push_back("dev " + metric_title(k));
+      head.push_back("majority baseline");
       Table t(head);
       for (size_t e = 0; e < r.dev_scores.size(); ++e) {
         const train::ClassifyScore& s = r.dev_scores[e];
-        std::vector<std::string> row = {std::to_string(e + 1), fixed(s.accuracy, 4)};
-        if (binary) row.push_back(fixed(s.f1.value_or(0), 4));
-        row.insert(row.end(), {fixed(s.mcc, 4), fixed(r.majority_baseline, 4)});
+        std::vector<std::string> row = {std::to_string(e + 1)};
+        for (const std::string& k : keys)
+          row.push_back(fixed(k == "accuracy" ? s.accuracy
+                              : k == "f1"     ? s.f1.value_or(0)
+                                              : s.mcc,
+                              4));
+        row.push_back(fixed(r.majority_baseline, 4));
         t.add_row(row);
       }
       t.print(std::cout);
       std::cout << r.num_labels << " labels, " << r.train_sequences << " examples in "
                 << r.train_rows << " rows";
     }
+    if (!r.glue_task.empty())
+      std::cout << "; GLUE task " << r.glue_task << ", scored by " << metric_title(r.metric);
     std::cout << ", " << r.steps << " steps; model in " << opt.out_dir << '\n';
     if (!r.initialized.empty()) {
       std::cout << "initialised from --seed (not in --init):";

@@ -114,8 +114,16 @@ void column_flags(CLI::App* cmd, data::TsvColumns& columns) {
       ->delimiter(',')
       ->expected(1, 2);
   cmd->add_option("--label-column", columns.label,
-                  "classify: the label column (default: label, gold_label, Quality or "
-                  "is_duplicate); with the two flags other columns are ignored");
+                  "classify: the label column (default: label, gold_label, Quality, is_duplicate "
+                  "or score); with the two flags other columns are ignored");
+  cmd->add_option(
+         "--task-name", columns.task_name,
+         "classify: the GLUE task (run_glue's --task_name), whose metric leads the scores: "
+         "cola (MCC), mrpc and qqp (F1), stsb (Pearson; a regression), sst2, mnli, qnli, "
+         "rte, wnli (accuracy). Default: what the header shows (MRPC's, QQP's, STS-B's, "
+         "MNLI's and QNLI's layouts), else accuracy")
+      ->check(
+          CLI::IsMember({"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"}));
 }
 
 void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case) {

@@ -4,14 +4,14 @@
 #include <cmath>
 #include <cstdio>
 
+#include "text.h"
+
 namespace packbert::cli {
 
 namespace {
 
 std::string num(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.4g", v);
-  return b;
+  return general(v, 4);
 }
 
 std::string escape(const std::string& s) {

@@ -36,6 +36,8 @@ constexpr std::pair<const char*, const char*> kForeignFlags[] = {
     {"bf16", "--precision bf16"},
     {"overwrite-output-dir", "--overwrite"},
     {"resume-from-checkpoint", "--resume"},
+    {"metric-for-best-model", "--save-best"},
+    {"load-best-model-at-end", "--save-best METRIC"},
     {"vocab-file", "--vocab"},
     {"input-file", "--data"},
     {"max-predictions-per-seq", "--max-predictions"},
@@ -44,7 +46,8 @@ constexpr std::pair<const char*, const char*> kForeignFlags[] = {
 // "--Learning_Rate" -> "learning-rate": how the tables above and packbert's names compare.
 std::string normal(std::string s) {
   s.erase(0, s.find_first_not_of('-'));
-  for (char& c : s) c = c == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : s)
+    c = c == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
@@ -68,8 +71,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
-                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
         d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }

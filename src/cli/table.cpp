@@ -68,10 +68,12 @@ std::string with_commas(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
-std::string fixed(double v, int decimals) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
+std::string metric_title(const std::string& key) {
+  if (key == "f1") return "F1";
+  if (key == "mcc") return "MCC";
+  if (key == "pearson") return "Pearson";
+  if (key == "spearman") return "Spearman";
+  return key;
 }
 
 std::string seconds_text(double s) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "text.h"
+
 namespace packbert::cli {
 
 class Table {
@@ -22,8 +24,10 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
-std::string with_commas(int64_t n);         // 8135727 -> "8,135,727"
-std::string fixed(double v, int decimals);  // fixed-point text
-std::string seconds_text(double s);         // "0.0123" / "12.3"
+std::string with_commas(int64_t n);  // 8135727 -> "8,135,727"
+using packbert::fixed;               // fixed-point text (text.h)
+// A dev metric's name as tables print it: accuracy, F1, MCC, Pearson, Spearman.
+std::string metric_title(const std::string& key);
+std::string seconds_text(double s);  // "0.0123" / "12.3"
 
 }  // namespace packbert::cli

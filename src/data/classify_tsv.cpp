@@ -264,6 +264,35 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
   return out;
 }
 
+std::string glue_task(const std::string& path, const TsvColumns& columns) {
+  static const char* const kTasks[] = {"cola", "sst2", "mrpc", "qqp", "stsb",
+                                       "mnli", "qnli", "rte",  "wnli"};
+  if (!columns.task_name.empty()) {
+    for (const char* t : kTasks)
+      if (columns.task_name == t) return t;
+    throw InputError("`task_name` '" + columns.task_name +
+                     "' is not a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli)");
+  }
+  const RowReader rows(path);
+  const std::vector<std::string>& head = rows.head();
+  auto has = [&](const char* name) {
+    return std::find(head.begin(), head.end(), name) != head.end();
+  };
+  if (has("Quality") && has("#1 String")) return "mrpc";
+  if (has("is_duplicate")) return "qqp";
+  if (has("score")) return "stsb";
+  if (has("gold_label")) return "mnli";
+  if (has("question") && has("sentence")) return "qnli";
+  return "";
+}
+
+std::string glue_metric(const std::string& task) {
+  if (task == "cola") return "mcc";
+  if (task == "mrpc" || task == "qqp") return "f1";
+  if (task == "stsb") return "pearson";
+  return "accuracy";
+}
+
 namespace {
 
 // The finite number a label is written as, if it is one.

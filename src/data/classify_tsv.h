@@ -17,6 +17,9 @@ namespace packbert::data {
 struct TsvColumns {
   std::vector<std::string> text;
   std::string label;
+  // run_glue's --task_name (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli): the GLUE task
+  // whose metric leads the scores (glue_task). Empty: what the header shows.
+  std::string task_name;
 };
 
 struct ClassifyExample {
@@ -38,6 +41,16 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
                                                      std::map<std::string, int32_t>& labels,
                                                      bool grow_labels,
                                                      const TsvColumns& columns = {});
+
+// The GLUE task of a classification file: columns.task_name when given (InputError for a name
+// run_glue does not know), else the task its header shows unambiguously: "mrpc" (Quality,
+// #1 String), "qqp" (is_duplicate), "stsb" (score), "mnli" (gold_label), "qnli" (question,
+// sentence); "" for a layout tasks share (SST-2's and CoLA's sentence + label, RTE's and WNLI's
+// pair) or none of GLUE's.
+std::string glue_task(const std::string& path, const TsvColumns& columns);
+// The metric GLUE scores a task by: "mcc" (cola), "f1" (mrpc, qqp), "pearson" (stsb), else
+// (other tasks, or "") "accuracy".
+std::string glue_metric(const std::string& task);
 
 // The ids of the labels in `seen` when no model says them: the labels sorted, numerically when
 // every one is a number ("2" before "10"), as Hugging Face's run_glue sorts them. The order the

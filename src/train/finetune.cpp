@@ -582,12 +582,29 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
   return out;
 }
 
-// Whether a classify task trains a regression head (FinetuneOptions::regression).
-bool regression_task(const FinetuneOptions& o, const std::map<std::string, int32_t>& seen) {
-  if (o.regression) return *o.regression;
+// Whether a classify task trains a regression head (FinetuneOptions::regression): as asked, else
+// as a named GLUE task is (stsb), else as the model's head is, else as the labels read.
+bool regression_task(const FinetuneOptions& o, const std::map<std::string, int32_t>& seen,
+                     const std::string& task) {
+  if (o.regression) {
+    if (!o.columns.task_name.empty() && *o.regression != (task == "stsb"))
+      throw OptionError(
+          "task_name",
+          task + (task == "stsb" ? " is a regression task" : " is a classification task") +
+              "; `regression` contradicts it");
+    return *o.regression;
+  }
+  if (!o.columns.task_name.empty()) return task == "stsb";
   const ModelLabels model = model_labels(o.init);
   if (model.heads.classifier && !o.new_head) return model.regression();
   return data::decimal_labels(seen);
+}
+
+// The metric that leads a classifier's scores: its GLUE task's (F1 only where it is defined, for
+// two labels), else accuracy.
+std::string headline_metric(const std::string& task, int num_labels) {
+  const std::string m = data::glue_metric(task);
+  return m == "f1" && num_labels != 2 ? "accuracy" : m;
 }
 
 bool regression_metric(const std::string& name) {
@@ -643,7 +660,8 @@ FinetuneResult finetune_regressor(const FinetuneOptions& o, const data::Tokenize
                           {"step", res.steps},
                           {"dev_pearson", number(sc.pearson)},
                           {"dev_spearman", number(sc.spearman)},
-                          {"dev_mse", sc.mse}}
+                          {"dev_mse", sc.mse},
+                          {"metric", "pearson"}}
                .dump()
         << std::endl;
   });
@@ -656,8 +674,12 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   std::map<std::string, int32_t> seen;  // the training file's labels, by first appearance
   std::vector<data::ClassifyExample> train =
       data::read_classification_tsv(o.train, tok, o.max_seq_len, seen, true, o.columns);
-  if (regression_task(o, seen))
-    return finetune_regressor(o, tok, casing, log, std::move(train), seen);
+  const std::string task = data::glue_task(o.train, o.columns);
+  if (regression_task(o, seen, task)) {
+    FinetuneResult r = finetune_regressor(o, tok, casing, log, std::move(train), seen);
+    r.glue_task = task, r.metric = "pearson";
+    return r;
+  }
   if (regression_metric(o.save_best))
     throw OptionError("save_best", "'" + o.save_best +
                                        "' is a regression metric; this task has classes "
@@ -670,6 +692,8 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
       data::read_classification_tsv(o.dev, tok, o.max_seq_len, labels, false, o.columns);
   res.num_labels = static_cast<int>(labels.size());
   res.label_note = chosen.note;
+  res.glue_task = task;
+  res.metric = headline_metric(task, res.num_labels);
   if (res.num_labels < 2) throw InputError(o.train + ": needs at least two labels");
   if (o.save_best == "f1" && res.num_labels != 2)
     throw OptionError("save_best", "f1 is the positive label's, for two labels; this task has " +
@@ -703,6 +727,8 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
                         {"step", res.steps}, {"dev_acc", sc.accuracy},
                         {"dev_mcc", sc.mcc}, {"majority_baseline", res.majority_baseline}};
     if (sc.f1) line["dev_f1"] = *sc.f1;
+    if (!task.empty()) line["glue_task"] = task;
+    line["metric"] = res.metric;
     log << line.dump() << std::endl;
   });
   if (!dist::Comm::world().root()) return res;  // rank 0 alone writes the model
@@ -1012,7 +1038,9 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     return r;
   }
   heads.classifier = true;
+  r.glue_task = data::glue_task(o.data, o.columns);
   if (model_labels(o.model).regression()) {  // a regression head: the labels are its targets
+    r.metric = "pearson";
     std::map<std::string, int32_t> seen;
     std::vector<data::ClassifyExample> ex =
         data::read_classification_tsv(o.data, tok, o.max_seq_len, seen, true, o.columns);
@@ -1044,6 +1072,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   std::vector<int32_t> truth;
   for (const auto& e : ex) truth.push_back(e.label);
   r.scores = classify_score(truth, pred, m->config().num_labels);
+  r.metric = headline_metric(r.glue_task, m->config().num_labels);
   r.accuracy = r.scores.accuracy;
   r.examples = r.sequences = static_cast<int64_t>(ex.size());
   if (!o.predictions.empty())

@@ -97,6 +97,9 @@ struct FinetuneResult {
   std::vector<ClassifyScore> dev_scores;        // classify: after each epoch
   bool regression = false;                      // classify: a regression head (num_labels 1)
   std::vector<RegressionScore> dev_regression;  // regression: after each epoch
+  // classify: the GLUE task (data::glue_task; "" when neither named nor shown by the header) and
+  // the metric that leads its scores: the task's GLUE metric (accuracy, f1, mcc, pearson).
+  std::string glue_task, metric;
   double majority_baseline = 0;  // accuracy of always predicting the most frequent train label
   std::vector<data::SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
   int64_t steps = 0;
@@ -138,6 +141,7 @@ struct TaskEvalResult {
   double accuracy = 0;                        // classify
   ClassifyScore scores;                       // classify
   std::optional<RegressionScore> regression;  // classify with a regression model
+  std::string glue_task, metric;              // classify: as FinetuneResult's
   data::SquadScore squad;                     // squad (%)
   int64_t examples = 0, sequences = 0;        // questions/examples and the windows they became
 };

@@ -23,6 +23,7 @@
 #include "model/hf_import.h"
 #include "model/weights.h"
 #include "stopwatch.h"
+#include "text.h"
 #include "train/memory_plan.h"
 
 namespace packbert::train {
@@ -31,12 +32,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-std::string fixed_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f", v);
-  return buf;
-}
 
 model::BertConfig config_of(const io::SafetensorsFile& f) {
   auto it = f.metadata().find("config");
@@ -322,7 +317,7 @@ void Trainer::check_disk_space() const {
   const double free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
   // Weights and two moments in fp32, plus the header and patterns (a few per cent).
   const double one = 3.0 * 4.0 * static_cast<double>(model_->layout().total()) * 1.05;
-  auto gib = [](double b) { return fixed_text(b / (1 << 30)) + " GiB"; };
+  auto gib = [](double b) { return fixed(b / (1 << 30), 2) + " GiB"; };
   if (free_bytes < one)
     throw InputError(opt_.out_dir + ": " + gib(free_bytes) + " free, but one checkpoint of this " +
                      "model needs " + gib(one) + "; free space or choose another `out_dir`");
@@ -815,7 +810,7 @@ std::string Trainer::kept_text() const {
 
 void Trainer::diverged(const std::string& what) const {
   throw InputError("step " + std::to_string(step_) + ": the run diverged: " + what +
-                   " (`divergence_factor` " + fixed_text(opt_.divergence_factor) +
+                   " (`divergence_factor` " + fixed(opt_.divergence_factor, 2) +
                    "); no checkpoint written; kept in " + opt_.out_dir + ": " + kept_text());
 }
 
@@ -845,10 +840,9 @@ void Trainer::evaluate_and_record(const std::function<void(const EvalMetrics&)>&
     if (on_eval) on_eval(e);
   }
   if (diverging)
-    diverged("held-out MLM loss " + fixed_text(e.mlm_loss) + " is above " +
-             fixed_text(opt_.divergence_factor) + " x its best, " +
-             fixed_text(divergence_.best_eval) + " at step " +
-             std::to_string(divergence_.best_eval_step));
+    diverged("held-out MLM loss " + fixed(e.mlm_loss, 2) + " is above " +
+             fixed(opt_.divergence_factor, 2) + " x its best, " + fixed(divergence_.best_eval, 2) +
+             " at step " + std::to_string(divergence_.best_eval_step));
   if (best) {
     divergence_.best_eval = e.mlm_loss, divergence_.best_eval_step = step_;
     resave_ |= saved_step_ == step_;  // (the checkpoint of this step must record it)
@@ -934,9 +928,9 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
     }
     io::crash_point("step");
     if (!s.skipped && divergence_.train_diverged(s.loss, opt_.divergence_factor))
-      diverged("the training loss's moving average " + fixed_text(divergence_.train_ema) +
-               " is above " + fixed_text(opt_.divergence_factor) + " x its lowest, " +
-               fixed_text(divergence_.lowest_train_ema));
+      diverged("the training loss's moving average " + fixed(divergence_.train_ema, 2) +
+               " is above " + fixed(opt_.divergence_factor, 2) + " x its lowest, " +
+               fixed(divergence_.lowest_train_ema, 2));
     if (schedule.evaluates_after(step_)) evaluate_and_record(on_eval);
     // (the last step's checkpoint is written after its evaluation, below)
     if (schedule.checkpoints_after(step_)) checkpoint_and_record();

@@ -502,6 +502,26 @@ void backward_strips(bf16* Pv16, bf16* dS16, const bf16* probs, const float* dO,
   }
 }
 
+// What every (sequence, head) block of a call shares: the head size, the scores' scale
+// 1 / sqrt(hs), dropout's mask and keep scale, the working memory, and whether the block
+// products run in bf16 (S: the storage of qkv).
+template <typename T, typename S>
+struct BlockConstants {
+  int hs;
+  T scale, keep_scale;
+  DropoutMask mask;
+  Work<T> w;
+  bool products16;
+  BlockConstants(const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                 const AttentionDropout& dropout, AttentionWork<T> work)
+      : hs(C / NH),
+        scale(T(1) / std::sqrt(static_cast<T>(hs))),
+        keep_scale(static_cast<T>(1.0 / (1.0 - dropout.p))),
+        mask(dropout.seed, dropout.key, dropout.p),
+        w(work, cu_seqlens, n_seq, C, NH),
+        products16(std::is_same_v<S, bf16> && block_gemm_bf16_available()) {}
+};
+
 // S: the storage of qkv (T, or bf16 | f16 widened per block; bf16 products read bf16 as stored).
 // O = T writes each (sequence, head) block of the output in place; O = bf16 | f16 computes it in
 // the thread's scratch and rounds it into the output (its only reader is a GEMM). P: the storage
@@ -510,12 +530,8 @@ void backward_strips(bf16* Pv16, bf16* dS16, const bf16* probs, const float* dO,
 template <typename T, typename O, typename S, typename P_>
 void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seqlens, int n_seq,
                           int C, int NH, AttentionDropout dropout, AttentionWork<T> work) {
-  const int hs = C / NH;
-  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
-  const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
-  const Work<T> w(work, cu_seqlens, n_seq, C, NH);
-  const bool products16 = std::is_same_v<S, bf16> && block_gemm_bf16_available();
+  const BlockConstants<T, S> k(cu_seqlens, n_seq, C, NH, dropout, work);
+  const Work<T>& w = k.w;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {
@@ -524,25 +540,26 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) +
                             static_cast<int64_t>(h) * L * L;  // its place in the dropout stream
       T* mine = w.thread_scratch();
-      const Operands<T> x = block_operands(qkv, a, L, h, hs, C, mine, w.max_len, products16);
+      const Operands<T> x = block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16);
       // out = Pv V through `into(dst, ld)`, in place, or into scratch and rounded.
       auto write_out = [&](auto into) {
         if constexpr (std::is_same_v<O, T>) {
-          into(out + static_cast<int64_t>(a) * C + h * hs, C);
+          into(out + static_cast<int64_t>(a) * C + h * k.hs, C);
         } else {
-          T* block = out_scratch(mine, L, hs);  // [L, hs]
-          into(block, hs);
+          T* block = out_scratch(mine, L, k.hs);  // [L, hs]
+          into(block, k.hs);
           for (int i = 0; i < L; ++i) {
-            O* o = out + static_cast<int64_t>(a + i) * C + h * hs;
-            for (int j = 0; j < hs; ++j) o[j] = to_half<O>(block[static_cast<int64_t>(i) * hs + j]);
+            O* o = out + static_cast<int64_t>(a + i) * C + h * k.hs;
+            for (int j = 0; j < k.hs; ++j)
+              o[j] = to_half<O>(block[static_cast<int64_t>(i) * k.hs + j]);
           }
         }
       };
       if constexpr (std::is_same_v<T, float> && std::is_same_v<S, bf16>)
         if (x.pack) {
           write_out([&](float* dst, int ld) {
-            forward_strips(dst, ld, probs ? probs + first : nullptr, x, mine, mask, drawn,
-                           dropout.p > 0, keep_scale, scale);
+            forward_strips(dst, ld, probs ? probs + first : nullptr, x, mine, k.mask, drawn,
+                           dropout.p > 0, k.keep_scale, k.scale);
           });
           continue;
         }
@@ -550,14 +567,14 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       if constexpr (std::is_same_v<P_, T>)
         if (probs) P = probs + first;
       T* Pd = mine + static_cast<int64_t>(L) * L;  // their dropped copy
-      block_probs(P, x, scale);
+      block_probs(P, x, k.scale);
       if constexpr (!std::is_same_v<P_, T>)
         if (probs) store_rounded_nt(probs + first, P, static_cast<int64_t>(L) * L);
       // Pv = P or its dropped copy.
       if (dropout.p > 0)
         for (int i = 0; i < L; ++i) {
           const int64_t r = static_cast<int64_t>(i) * L;
-          drop_row(Pd + r, P + r, L, mask, drawn + r, keep_scale);
+          drop_row(Pd + r, P + r, L, k.mask, drawn + r, k.keep_scale);
         }
       write_out([&](T* dst, int ld) { block_pv(dst, ld, dropout.p > 0 ? Pd : P, x); });
     }
@@ -589,12 +606,9 @@ template <typename T, typename S, typename P_>
 void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* probs,
                              const int32_t* cu_seqlens, int n_seq, int C, int NH,
                              AttentionDropout dropout, AttentionWork<T> work, GradWrite mode) {
-  const int hs = C / NH, C3 = 3 * C;
-  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
-  const DropoutMask mask(dropout.seed, dropout.key, dropout.p);
-  const Work<T> w(work, cu_seqlens, n_seq, C, NH);
-  const bool products16 = std::is_same_v<S, bf16> && block_gemm_bf16_available();
+  const BlockConstants<T, S> k(cu_seqlens, n_seq, C, NH, dropout, work);
+  const Work<T>& w = k.w;
+  const int C3 = 3 * C;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {
@@ -603,15 +617,15 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
       const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * LL;
       const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) + h * LL;
       T* mine = w.thread_scratch();
-      const Operands<T> x = block_operands(qkv, a, L, h, hs, C, mine, w.max_len, products16);
-      T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * hs;
-      const T* dO = dout + static_cast<int64_t>(a) * C + h * hs;
+      const Operands<T> x = block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16);
+      T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * k.hs;
+      const T* dO = dout + static_cast<int64_t>(a) * C + h * k.hs;
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
       if constexpr (std::is_same_v<T, float> && std::is_same_v<S, bf16>)
         if (x.pack) {  // Pv and dS rounded to bf16 as they are written, into Pd's room
           bf16 *Pv16 = reinterpret_cast<bf16*>(Pd), *dS16 = Pv16 + LL;
-          backward_strips(Pv16, dS16, probs ? probs + first : nullptr, dO, C, x, mine, mask, drawn,
-                          dropout.p > 0, keep_scale, scale);
+          backward_strips(Pv16, dS16, probs ? probs + first : nullptr, dO, C, x, mine, k.mask,
+                          drawn, dropout.p > 0, k.keep_scale, k.scale);
           block_input_grads16(dQ, C3, Pv16, dS16, dO, C, x, mode);  // dV, dQ, dK
           continue;
         }
@@ -621,22 +635,22 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
         if (probs)
           P = probs + first;
         else
-          block_probs(rebuilt, x, scale);
+          block_probs(rebuilt, x, k.scale);
       } else {
         if (probs)
           for (int64_t i = 0; i < LL; ++i) rebuilt[i] = to_float(probs[first + i]);
         else
-          block_probs(rebuilt, x, scale);
+          block_probs(rebuilt, x, k.scale);
         for (int i = 0; i < L; ++i)
           decode_probs_row<P_>(rebuilt + static_cast<int64_t>(i) * L, L, probs == nullptr);
       }
       block_dp(dP, dO, C, x);  // dO Vᵀ
-      // Through the dropout mask, then the softmax: dS = P (dP - rowsum(P dP)) * scale.
+      // Through the dropout k.mask, then the softmax: dS = P (dP - rowsum(P dP)) * k.scale.
       for (int i = 0; i < L; ++i) {
         const int64_t r = static_cast<int64_t>(i) * L;
         if (dropout.p > 0)
-          drop_rows_backward(Pd + r, dP + r, P + r, L, mask, drawn + r, keep_scale);
-        softmax_backward_row(dP + r, P + r, L, scale);
+          drop_rows_backward(Pd + r, dP + r, P + r, L, k.mask, drawn + r, k.keep_scale);
+        softmax_backward_row(dP + r, P + r, L, k.scale);
       }
       block_input_grads(dQ, C3, dropout.p > 0 ? Pd : P, dP, dO, C, x, mode);  // dV, dQ, dK
     }
