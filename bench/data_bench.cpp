@@ -13,6 +13,7 @@
 #include "data/corpus.h"
 #include "data/gcide.h"
 #include "data/sequences.h"
+#include "kernels/cpu/features.h"
 #include "model/bert.h"
 #include "stopwatch.h"
 #include "train/loader.h"
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
   app.add_option("--runs", runs)->capture_default_str();
   cli::vocab_option(&app, vocab_path, "vocab.txt");
   CLI11_PARSE(app, argc, argv);
+  std::cout << "CPU: " << kernels::cpu_features().model << " (" << kernels::cpu_features().isa()
+            << ")\n";
 
   std::string text =
       data::gcide_to_text("/usr/share/dictd/gcide.index", "/usr/share/dictd/gcide.dict.dz");

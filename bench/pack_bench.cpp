@@ -10,6 +10,7 @@
 #include "cli/pack_report.h"
 #include "data/embedded.h"
 #include "io/atomic_file.h"
+#include "kernels/cpu/features.h"
 #include "pack/histogram.h"
 
 using namespace packbert;
@@ -21,6 +22,8 @@ int main(int argc, char** argv) {
   app.add_option("--runs", runs, "Timed runs per packer and case")->capture_default_str();
   app.add_option("--markdown", markdown, "Also write the tables as Markdown to this file");
   CLI11_PARSE(app, argc, argv);
+  std::cout << "CPU: " << kernels::cpu_features().model << " (" << kernels::cpu_features().isa()
+            << ")\n";
 
   struct Case {
     const char* name;
