@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
                                    2.0 * sizeof(float) * static_cast<double>(m.layout().total()) /
                                        1048576.0},
                                   {"cpu", kernels::cpu_features().model},
-                                  {"isa", kernels::cpu_features().isa()}}
+                                  {"isa", kernels::cpu_features().isa()},
+                                  {"kernel_isa", kernels::kernel_isa()}}
                        .dump()
                 << std::endl;
   } catch (const InputError& e) {

@@ -321,6 +321,7 @@ int main(int argc, char** argv) {
   const CpuFeatures& cpu = cpu_features();
   benchmark::AddCustomContext("cpu_model", cpu.model);
   benchmark::AddCustomContext("isa", cpu.isa());
+  benchmark::AddCustomContext("kernel_isa", kernel_isa());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
                            {"runs", runs},
                            {"threads", omp_get_max_threads()},
                            {"cpu", cpu.model},
-                           {"isa", cpu.isa()}};
+                           {"isa", cpu.isa()},
+                           {"kernel_isa", kernel_isa()}};
     std::cout << line.dump() << std::endl;
   }
   return 0;

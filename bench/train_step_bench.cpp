@@ -216,6 +216,7 @@ int main(int argc, char** argv) {
                         {"bf16_matmul_gflops", rate16},
                         {"cpu", kernels::cpu_features().model},
                         {"isa", kernels::cpu_features().isa()},
+                        {"kernel_isa", kernels::kernel_isa()},
                         {"recompute", policy.name()},
                         {"optimizer_step", optimizer_step},
                         {"activation_mib", m.activation_bytes() / 1048576.0},

@@ -51,6 +51,18 @@ std::string CpuFeatures::isa() const {
   return s.empty() ? "sse" : s;
 }
 
+std::string kernel_isa() {
+#if defined(__AVX512F__)
+  std::string isa = "avx512f";
+#elif defined(__AVX2__)
+  std::string isa = "avx2";
+#else
+  std::string isa = "sse2";
+#endif
+  if (const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA")) isa += std::string(", oneDNN ") + cap;
+  return isa;
+}
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;

@@ -15,6 +15,12 @@ struct CpuFeatures {
 };
 const CpuFeatures& cpu_features();
 
+// The instruction set the cpu backend's own kernels were compiled for (the build's -march:
+// "avx512f", "avx2" or "sse2"; a build for an older CPU than this one runs its paths), with
+// oneDNN's cap appended when ONEDNN_MAX_CPU_ISA is set ("avx2, oneDNN AVX2"): what a bench ran,
+// as against what the CPU has (CpuFeatures::isa).
+std::string kernel_isa();
+
 // Empty when bf16 GEMMs run natively (AVX512-BF16 or AMX-BF16); otherwise a one-line reason
 // naming the missing feature. PACKBERT_CPU_NO_BF16=1 makes this CPU look like one without them
 // (tests of the refusal).

@@ -485,7 +485,12 @@ constexpr int kGroup = 16 / B;  // tokens per vector
 // more than L2 keeps while the input gradient reads it (sparse_bench medians with 12: 3.98x and
 // 5.27x the dense GEMMs' speed where 24 gave 3.65x and 5.11x; 12 at B = 16 was slower).
 constexpr int row_tile_vectors(int B) {
+#ifdef __AVX512F__
   return B == 16 ? 24 : 12;
+#else  // 16 ymm registers: a smaller tile at B = 16 (sparse_bench under -march=znver3: 2.7x
+  // against 2.35x with 24; 4 and 8 were as fast with 4, 6, 8 or 12)
+  return B == 16 ? 6 : 12;
+#endif
 }
 template <int B>
 constexpr int kRowTile = row_tile_vectors(B);
@@ -811,7 +816,16 @@ void row_product(const RowProduct<B>& product) {
 template <int B>
 void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_packed,
                      const float* inp_packed, int N) {
-  constexpr int G = kGroup<B>, S = G, R = kRowTile<B>, T = kTileTokens<B>;
+  constexpr int G = kGroup<B>, R = kRowTile<B>, T = kTileTokens<B>;
+#ifdef __AVX512F__
+  constexpr int S = G, IB = B;  // S x B = 16 accumulators: half the register file
+#else
+  // 16 ymm registers hold 8 of these 64-byte accumulators: at B = 16 one slot and 4 input
+  // features a pass (sparse_bench under -march=znver3: the layer 4.5x dense against 2.7x with
+  // the 16 of AVX-512); 4 and 8 keep AVX-512's grouping (fewer slots or features a pass were
+  // not faster: their cost is the cross-lane repeats, not the registers).
+  constexpr int S = B == 16 ? 1 : G, IB = B == 16 ? 4 : B;
+#endif
   constexpr int kAhead = 4;  // tiles
   const int tiles = row_tiles<B>(N);
   const int64_t dy_tile = static_cast<int64_t>(T) * p.rows,
@@ -825,37 +839,39 @@ void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_pa
         xs[j] = inp_packed +
                 static_cast<int64_t>(p.by_row_col[e0 + std::min(j, g - 1)]) * kTileBlock<B>;
       const float* dy0 = dout_packed + static_cast<int64_t>(r) * kTileBlock<B>;
-      V16 acc[S][B] = {};
-      for (int tile = 0; tile < tiles; ++tile) {
-        const float* dy = dy0 + tile * dy_tile;
-        // The next tile's output gradient (the row's, in L2 after its first group) and, further
-        // ahead, the inputs' (other block columns each time: from L3).
-        if (tile + 1 < tiles)
+      for (int i0 = 0; i0 < B; i0 += IB) {  // (one pass where IB = B)
+        V16 acc[S][IB] = {};
+        for (int tile = 0; tile < tiles; ++tile) {
+          const float* dy = dy0 + tile * dy_tile;
+          // The next tile's output gradient (the row's, in L2 after its first group) and, further
+          // ahead, the inputs' (other block columns each time: from L3).
+          if (tile + 1 < tiles)
 #pragma GCC unroll 24
-          for (int l = 0; l < kTileBlock<B>; l += 16) __builtin_prefetch(dy + dy_tile + l);
-        if (tile + kAhead < tiles)
-          for (int j = 0; j < S; ++j)
+            for (int l = 0; l < kTileBlock<B>; l += 16) __builtin_prefetch(dy + dy_tile + l);
+          if (tile + kAhead < tiles)
+            for (int j = 0; j < S; ++j)
 #pragma GCC unroll 24
-            for (int l = 0; l < kTileBlock<B>; l += 16)
-              __builtin_prefetch(xs[j] + (tile + kAhead) * x_tile + l);
-        for (int k = 0; k < R; ++k) {
-          const V16 d = load<float>(dy + k * 16);
+              for (int l = 0; l < kTileBlock<B>; l += 16)
+                __builtin_prefetch(xs[j] + (tile + kAhead) * x_tile + l);
+          for (int k = 0; k < R; ++k) {
+            const V16 d = load<float>(dy + k * 16);
 #pragma GCC unroll 4
-          for (int j = 0; j < S; ++j) {
-            const float* x = xs[j] + tile * x_tile + k * 16;
+            for (int j = 0; j < S; ++j) {
+              const float* x = xs[j] + tile * x_tile + k * 16;
 #pragma GCC unroll 16
-            for (int i = 0; i < B; ++i)
-              if constexpr (G == 1)
-                acc[j][i] += x[i] * d;  // operand broadcast from memory
-              else
-                acc[j][i] += d * repeat_group<G>(x + i * G);
+              for (int i = 0; i < IB; ++i)
+                if constexpr (G == 1)
+                  acc[j][i] += x[i0 + i] * d;  // operand broadcast from memory
+                else
+                  acc[j][i] += d * repeat_group<G>(x + (i0 + i) * G);
+            }
           }
         }
-      }
-      for (int j = 0; j < g; ++j) {
-        float* dv = dvalues + static_cast<int64_t>(p.by_row[e0 + j]) * B * B;
-        for (int i = 0; i < B; ++i)
-          for (int o = 0; o < B; ++o) dv[o * B + i] += group_sum<G>(acc[j][i], o);
+        for (int j = 0; j < g; ++j) {
+          float* dv = dvalues + static_cast<int64_t>(p.by_row[e0 + j]) * B * B;
+          for (int i = 0; i < IB; ++i)
+            for (int o = 0; o < B; ++o) dv[o * B + i0 + i] += group_sum<G>(acc[j][i], o);
+        }
       }
     }
 }
