@@ -49,8 +49,8 @@ inline double exp_of(double x) {
 
 // The largest of init and z[0 .. n). GCC keeps a float max reduction scalar, even under `omp simd`
 // (a chain of dependent vmaxss, one element every few cycles), so with AVX-512 this keeps one
-// running maximum per lane of a vector and takes their largest at the end. Without NaNs in z,
-// the result is the sequential std::max's.
+// running maximum per lane of a vector (AVX2: of 8) and takes their largest at the end. Without
+// NaNs in z, the result is the sequential std::max's.
 template <typename T>
 T max_of(const T* z, int64_t n, T init) {
   T mx = init;
@@ -63,6 +63,14 @@ T max_of(const T* z, int64_t n, T init) {
     for (; j + 16 <= n; j += 16) lanes = _mm512_maskz_max_ps(0xffff, _mm512_loadu_ps(z + j), lanes);
     float lane[16];
     _mm512_storeu_ps(lane, lanes);
+    for (float v : lane) mx = std::max(mx, v);
+  }
+#elif defined(__AVX2__)
+  if constexpr (std::is_same_v<T, float>) {  // the same, 8 lanes
+    __m256 lanes = _mm256_set1_ps(init);
+    for (; j + 8 <= n; j += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(z + j), lanes);
+    float lane[8];
+    _mm256_storeu_ps(lane, lanes);
     for (float v : lane) mx = std::max(mx, v);
   }
 #endif
