@@ -202,7 +202,10 @@ std::string flag_of_field(const std::string& field) {
       {"optimizer", "--optimizer"},
       {"recompute", "--recompute"},
       {"seed", "--seed"},
-      {"save_best", "--save-best"}};
+      {"save_best", "--save-best"},
+      {"task_name", "--task-name"},
+      {"regression", "--regression"},
+      {"classification", "--classification"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;

@@ -590,8 +590,8 @@ bool regression_task(const FinetuneOptions& o, const std::map<std::string, int32
     if (!o.columns.task_name.empty() && *o.regression != (task == "stsb"))
       throw OptionError(
           "task_name",
-          task + (task == "stsb" ? " is a regression task" : " is a classification task") +
-              "; `regression` contradicts it");
+          task + (task == "stsb" ? " is a regression task; `classification` contradicts it"
+                                 : " is a classification task; `regression` contradicts it"));
     return *o.regression;
   }
   if (!o.columns.task_name.empty()) return task == "stsb";
