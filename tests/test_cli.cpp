@@ -902,6 +902,11 @@ TEST_F(Labels, DecimalLabelsTrainARegressionHeadUnlessClassesAreAskedFor) {
   r = run(common + " --out " + (dir_ / "x").string() + " --regression --classification");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--regression and --classification contradict"), std::string::npos) << r.err;
+  r = run(common + " --out " + (dir_ / "x").string() + " --task-name stsb --classification");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--task-name stsb is a regression task; --classification contradicts it"),
+            std::string::npos)
+      << r.err;
   // Labels that are not numbers cannot be a regression's targets.
   const fs::path words = tsv("w.tsv", {"pos", "neg"});
   r = run("finetune --init " + init + " --train " + words.string() + " --dev " + words.string() +
