@@ -540,7 +540,7 @@ TEST(Finetune, RegressionHeadLearnsAScoreAndExportsAsARegressionModel) {
   o.loop.lr = 1e-2;
   o.save_best = "pearson";
   const FinetuneResult r = finetune(o);
-  ASSERT_TRUE(r.regression);
+  ASSERT_TRUE(r.regression());
   EXPECT_EQ(r.num_labels, 1);
   ASSERT_EQ(r.dev_regression.size(), 3u);
   double best = -1;
@@ -606,7 +606,7 @@ TEST(Finetune, RegressionHeadLearnsAScoreAndExportsAsARegressionModel) {
   again.epochs = 1;
   again.save_best.clear();
   const FinetuneResult r2 = finetune(again);
-  EXPECT_TRUE(r2.regression);
+  EXPECT_TRUE(r2.regression());
   EXPECT_TRUE(r2.initialized.empty());  // the head came from the model
 }
 

@@ -125,7 +125,7 @@ void register_finetune(CLI::App& app, int& exit_code) {
       t.print(std::cout);
       std::cout << r.train_sequences << " training windows in " << r.train_rows << " rows";
       if (r.skipped) std::cout << " (" << r.skipped << " questions skipped: answer not found)";
-    } else if (r.regression) {
+    } else if (r.regression()) {
       Table t({"epoch", "dev Pearson", "dev Spearman", "dev MSE"});
       for (size_t e = 0; e < r.dev_regression.size(); ++e) {
         const train::RegressionScore& s = r.dev_regression[e];

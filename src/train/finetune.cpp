@@ -25,6 +25,7 @@
 #include "pack/plan.h"
 #include "rng.h"
 #include "stopwatch.h"
+#include "text.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
@@ -539,9 +540,8 @@ struct ClassLabels {
   std::string note;  // the choice, in a line for the user
 };
 
-ClassLabels class_labels(const std::string& init, const std::map<std::string, int32_t>& seen,
+ClassLabels class_labels(const ModelLabels& model, const std::map<std::string, int32_t>& seen,
                          bool new_head, const std::string& data) {
-  const ModelLabels model = model_labels(init);
   ClassLabels out;
   auto listed = [](const std::map<std::string, int32_t>& ids) {
     std::vector<std::string> names(ids.size());
@@ -584,8 +584,8 @@ ClassLabels class_labels(const std::string& init, const std::map<std::string, in
 
 // Whether a classify task trains a regression head (FinetuneOptions::regression): as asked, else
 // as a named GLUE task is (stsb), else as the model's head is, else as the labels read.
-bool regression_task(const FinetuneOptions& o, const std::map<std::string, int32_t>& seen,
-                     const std::string& task) {
+bool regression_task(const FinetuneOptions& o, const ModelLabels& model,
+                     const std::map<std::string, int32_t>& seen, const std::string& task) {
   if (o.regression) {
     if (!o.columns.task_name.empty() && *o.regression != (task == "stsb"))
       throw OptionError(
@@ -595,7 +595,6 @@ bool regression_task(const FinetuneOptions& o, const std::map<std::string, int32
     return *o.regression;
   }
   if (!o.columns.task_name.empty()) return task == "stsb";
-  const ModelLabels model = model_labels(o.init);
   if (model.heads.classifier && !o.new_head) return model.regression();
   return data::decimal_labels(seen);
 }
@@ -616,6 +615,7 @@ bool regression_metric(const std::string& name) {
 // "regression", as transformers' BertForSequenceClassification with one label.
 FinetuneResult finetune_regressor(const FinetuneOptions& o, const data::Tokenizer& tok,
                                   const data::Casing& casing, std::ostream& log,
+                                  const ModelLabels& model,
                                   std::vector<data::ClassifyExample> train,
                                   const std::map<std::string, int32_t>& seen) {
   data::set_targets(train, seen, o.train);
@@ -628,9 +628,7 @@ FinetuneResult finetune_regressor(const FinetuneOptions& o, const data::Tokenize
                                        "' is a classification metric; this task is a regression "
                                        "(pearson, spearman)");
   FinetuneResult res;
-  res.regression = true;
   res.num_labels = 1;
-  const ModelLabels model = model_labels(o.init);
   const bool new_head = o.new_head || !model.heads.classifier;
   if (!new_head && !model.regression())
     throw InputError(o.init + ": its classifier has " + std::to_string(model.num_labels) +
@@ -675,8 +673,9 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   std::vector<data::ClassifyExample> train =
       data::read_classification_tsv(o.train, tok, o.max_seq_len, seen, true, o.columns);
   const std::string task = data::glue_task(o.train, o.columns);
-  if (regression_task(o, seen, task)) {
-    FinetuneResult r = finetune_regressor(o, tok, casing, log, std::move(train), seen);
+  const ModelLabels model = model_labels(o.init);  // (the head --init has, if any)
+  if (regression_task(o, model, seen, task)) {
+    FinetuneResult r = finetune_regressor(o, tok, casing, log, model, std::move(train), seen);
     r.glue_task = task, r.metric = "pearson";
     return r;
   }
@@ -685,7 +684,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
                                        "' is a regression metric; this task has classes "
                                        "(accuracy, f1, mcc)");
   FinetuneResult res;
-  const ClassLabels chosen = class_labels(o.init, seen, o.new_head, o.train);
+  const ClassLabels chosen = class_labels(model, seen, o.new_head, o.train);
   std::map<std::string, int32_t> labels = chosen.ids;
   data::relabel(train, seen, labels, o.train);
   std::vector<data::ClassifyExample> dev =
@@ -943,8 +942,8 @@ namespace {
 
 // A classifier's label names by id: its config.json id2label (any Hugging Face classifier, and
 // packbert's fine-tuned models), or labels.json beside it (older packbert); `path` says which.
-std::map<std::string, int32_t> labels_of_model(const std::string& model, std::string& path) {
-  const ModelLabels named = model_labels(model);
+std::map<std::string, int32_t> labels_of_model(const std::string& model, const ModelLabels& named,
+                                               std::string& path) {
   std::map<std::string, int32_t> labels;
   path = named.source;
   for (size_t i = 0; i < named.names.size(); ++i)
@@ -978,11 +977,8 @@ std::map<std::string, int32_t> labels_of_model(const std::string& model, std::st
 // as run_glue writes them), written atomically.
 void write_value_predictions(const std::string& path, const std::vector<double>& pred) {
   std::string out = "index\tprediction\n";
-  char value[32];
-  for (size_t i = 0; i < pred.size(); ++i) {
-    std::snprintf(value, sizeof value, "%.3f", pred[i]);
-    out += std::to_string(i) + "\t" + value + "\n";
-  }
+  for (size_t i = 0; i < pred.size(); ++i)
+    out += std::to_string(i) + "\t" + fixed(pred[i], 3) + "\n";
   io::write_file_atomic(path, out);
 }
 
@@ -1039,7 +1035,8 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   }
   heads.classifier = true;
   r.glue_task = data::glue_task(o.data, o.columns);
-  if (model_labels(o.model).regression()) {  // a regression head: the labels are its targets
+  const ModelLabels named = model_labels(o.model);
+  if (named.regression()) {  // a regression head: the labels are its targets
     r.metric = "pearson";
     std::map<std::string, int32_t> seen;
     std::vector<data::ClassifyExample> ex =
@@ -1057,7 +1054,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   }
   // Classification: the label names are the model's (config.json id2label, or labels.json).
   std::string labels_path;
-  std::map<std::string, int32_t> labels = labels_of_model(o.model, labels_path);
+  std::map<std::string, int32_t> labels = labels_of_model(o.model, named, labels_path);
   std::vector<data::ClassifyExample> ex =
       data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false, o.columns);
   auto m = load_model(o.model, heads);

@@ -95,7 +95,6 @@ RegressionScore regression_score(const std::vector<double>& truth, const std::ve
 struct FinetuneResult {
   std::vector<double> dev_accuracy;             // classify: after each epoch
   std::vector<ClassifyScore> dev_scores;        // classify: after each epoch
-  bool regression = false;                      // classify: a regression head (num_labels 1)
   std::vector<RegressionScore> dev_regression;  // regression: after each epoch
   // classify: the GLUE task (data::glue_task; "" when neither named nor shown by the header) and
   // the metric that leads its scores: the task's GLUE metric (accuracy, f1, mcc, pearson).
@@ -103,7 +102,8 @@ struct FinetuneResult {
   double majority_baseline = 0;  // accuracy of always predicting the most frequent train label
   std::vector<data::SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
   int64_t steps = 0;
-  int num_labels = 0;
+  int num_labels = 0;  // classify: the classifier's outputs; 1 is a regression head
+  bool regression() const { return num_labels == 1; }
   int64_t train_sequences = 0, dev_sequences = 0;  // examples (classify) or windows (squad)
   int64_t train_rows = 0;                          // rows after packing
   int64_t skipped = 0;  // squad training questions whose answer is not in the context
