@@ -17,6 +17,7 @@
 #include "dist/comm.h"
 #include "error.h"
 #include "kernels/cpu/features.h"
+#include "kernels/ops.h"
 #include "model/bert.h"
 #include "stopwatch.h"
 #include "train/loop.h"

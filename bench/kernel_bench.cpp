@@ -7,6 +7,7 @@
 // lines name the CPU and the instruction sets it has.
 #include <benchmark/benchmark.h>
 
+#include <iostream>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -17,6 +18,7 @@
 #include "kernels/cpu/layers.h"
 #include "kernels/cpu/sparse.h"
 #include "kernels/dropout.h"
+#include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "train/optimizer.h"
 
@@ -318,7 +320,17 @@ BENCHMARK(BM_attention_fp16)->Arg(512)->Arg(128)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_lamb_update)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
+  // These benchmarks call the kernels of the build's own flags directly, not through the
+  // backend that PACKBERT_MAX_ISA chooses: under a cap they would time code the cap hides.
   const CpuFeatures& cpu = cpu_features();
+  if (cpu.capped) {
+    std::cerr << "kernel_bench: runs the kernels built for this build's flags only, not the "
+                 "capped ones ("
+              << cpu.isa()
+              << "); use sparse_bench or train_step_bench with "
+                 "--max-isa\n";
+    return 2;
+  }
   benchmark::AddCustomContext("cpu_model", cpu.model);
   benchmark::AddCustomContext("isa", cpu.isa());
   benchmark::AddCustomContext("kernel_isa", kernel_isa());

@@ -4,7 +4,10 @@
 // block size, the dense layer and the sparse one run alternately, --runs times each; one JSON
 // line per block size gives the medians:
 //   {"block":16,"sparsity":0.9,"dense_ms":...,"sparse_ms":...,"speedup":...,...}
-// `build/sparse_bench [--tokens N] [--in C] [--out OC] [--sparsity s] [--runs R] [--blocks 1,4]`
+// Both layers run through the cpu backend (kernels/ops.h), so --max-isa avx2 (or
+// PACKBERT_MAX_ISA=avx2) measures its AVX2 build and oneDNN's AVX2 kernels on any newer CPU.
+// `build/sparse_bench [--tokens N] [--in C] [--out OC] [--sparsity s] [--runs R] [--blocks 1,4]
+//   [--max-isa avx2]`
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -15,9 +18,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/features.h"
-#include "kernels/cpu/layers.h"
 #include "kernels/cpu/sparse.h"
+#include "kernels/ops.h"
 #include "stopwatch.h"
 
 using namespace packbert;
@@ -70,7 +72,17 @@ int main(int argc, char** argv) {
   app.add_option("--runs", runs, "timed runs of each layer (the median is reported)")
       ->check(CLI::PositiveNumber);
   app.add_option("--blocks", blocks, "block sizes (1, 4, 8, 16)")->delimiter(',');
+  std::string isa_cap;
+  app.add_option("--max-isa", isa_cap,
+                 "cap the kernels' instruction set (avx2, avx512, avx512_bf16)");
   CLI11_PARSE(app, argc, argv);
+  try {
+    if (!isa_cap.empty()) set_max_isa(parse_isa(isa_cap));
+    (void)max_isa();
+  } catch (const std::exception& e) {
+    std::cerr << "sparse_bench: " << e.what() << "\n";
+    return 2;
+  }
   for (int b : blocks)
     if (!supported_block(b) || C % b || OC % b) {
       std::cerr << "sparse_bench: --blocks " << b << " does not divide " << C << " x " << OC
@@ -86,9 +98,14 @@ int main(int argc, char** argv) {
   Buffer y(static_cast<size_t>(N) * OC), dx(static_cast<size_t>(N) * C),
       dw(static_cast<size_t>(OC) * C), db(OC);
 
+  const Backend& cpu_backend = backend(BackendKind::cpu);
   auto dense_step = [&] {
-    linear_forward(y.data(), x.data(), w.data(), bias.data(), N, C, OC);
-    linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
+    cpu_backend.linear_forward(View(y.data(), N, OC), View(x.data(), N, C), View(w.data(), OC, C),
+                               View::vector(bias.data(), OC), nullptr, View());
+    cpu_backend.linear_backward(View(dx.data(), N, C), View(dw.data(), OC, C),
+                                View::vector(db.data(), OC), View(dy.data(), N, OC),
+                                View(x.data(), N, C), View(w.data(), OC, C), nullptr,
+                                GradWrite::accumulate, View());
   };
   for (int B : blocks) {
     const BlockPattern p =
@@ -96,10 +113,17 @@ int main(int argc, char** argv) {
     Buffer values(p.values_size()), dvalues(p.values_size());
     gather_blocks(values.data(), p, w.data());
     Buffer scratch(sparse_linear_scratch(p, N));
+    const auto nv = static_cast<int64_t>(values.size());
     auto sparse_step = [&] {
-      sparse_linear_forward(y.data(), x.data(), p, values.data(), bias.data(), N, scratch.data());
-      sparse_linear_backward(dx.data(), dvalues.data(), db.data(), dy.data(), x.data(), p,
-                             values.data(), N, scratch.data());
+      cpu_backend.linear_forward(
+          View(y.data(), N, OC), View(x.data(), N, C), View::vector(values.data(), nv),
+          View::vector(bias.data(), OC), &p,
+          View::vector(scratch.data(), static_cast<int64_t>(scratch.size())));
+      cpu_backend.linear_backward(
+          View(dx.data(), N, C), View::vector(dvalues.data(), nv), View::vector(db.data(), OC),
+          View(dy.data(), N, OC), View(x.data(), N, C), View::vector(values.data(), nv), &p,
+          GradWrite::accumulate,
+          View::vector(scratch.data(), static_cast<int64_t>(scratch.size())));
     };
     dense_step();  // warm-up: first-touch pages, oneDNN's kernels generated
     sparse_step();

@@ -18,6 +18,7 @@
 #include "error.h"
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/ops.h"
 #include "model/bert.h"
 #include "stopwatch.h"
 #include "train/memory_plan.h"
@@ -95,6 +96,10 @@ int main(int argc, char** argv) {
   app.add_option("--block", block, "Block size of the sparse weights")
       ->check(CLI::IsMember({1, 4, 8, 16}))
       ->capture_default_str();
+  std::string max_isa;
+  app.add_option(
+      "--max-isa", max_isa,
+      "Cap the kernels' instruction set (avx2, avx512, avx512_bf16; as PACKBERT_MAX_ISA)");
   CLI11_PARSE(app, argc, argv);
   if (sparsity.sparsity > 0) sparsity.block = block;
 
@@ -108,6 +113,12 @@ int main(int argc, char** argv) {
   model::Precision precision = model::Precision::fp32;
   kernels::BackendKind backend = kernels::BackendKind::cpu;
   try {
+    try {
+      if (!max_isa.empty()) kernels::set_max_isa(kernels::parse_isa(max_isa));
+      (void)kernels::max_isa();
+    } catch (const std::invalid_argument& e) {
+      throw InputError(std::string(max_isa.empty() ? "" : "--max-isa: ") + e.what());
+    }
     try {
       backend = kernels::parse_backend(backend_text);
     } catch (const std::invalid_argument& e) {

@@ -2,14 +2,14 @@
 """packbert vs PyTorch, one BERT training step (forward + backward), side by side.
 
     /usr/bin/python3 bench/train_step_bench.py [--sequences 8] [--rounds 3] [--layers 0]
-        [--cases wiki,full,173,251,512,181] [--cap avx2 --build /tmp/build-avx2]
+        [--cases wiki,full,173,251,512,181] [--cap avx2]
 
 Cases: `wiki` draws the step's sequence lengths from data/wikipedia_512.hist (seeded; the same
 sequences for both sides): packbert packs them into rows of 512, PyTorch pads each to 512.
 `full` uses sequences of exactly 512 tokens (no padding anywhere); a case of numbers is those
-lengths. `--cap avx2` measures both sides on their AVX2 code: packbert with oneDNN capped
-(ONEDNN_MAX_CPU_ISA=AVX2; give a --build compiled without AVX-512, e.g. -march=znver3, for its
-own kernels) and PyTorch's OpenBLAS on its Haswell (AVX2) kernels. Runs are interleaved
+lengths. `--cap avx2` measures both sides on their AVX2 code: packbert under PACKBERT_MAX_ISA=avx2
+(its kernels' AVX2 build and oneDNN capped at AVX2) and PyTorch's OpenBLAS on its Haswell (AVX2)
+kernels. Runs are interleaved
 (packbert, PyTorch, packbert, ...), each a fresh process with a warm-up step; the table reports
 medians. PyTorch's thread count is probed (1 and 2 threads, OMP_NUM_THREADS = OPENBLAS_NUM_THREADS =
 torch.set_num_threads) and the faster one is used.
@@ -54,7 +54,7 @@ def main():
     print(f"CPU: {model} ({os.cpu_count()} threads), ISA {isa}")
     common = ["--steps", str(a.steps), "--warmup", "1"] + (["--layers", str(a.layers)] if a.layers else [])
     rows = []
-    ours_env = {"ONEDNN_MAX_CPU_ISA": "AVX2"} if a.cap == "avx2" else {}
+    ours_env = {"PACKBERT_MAX_ISA": "avx2"} if a.cap == "avx2" else {}
     cases = a.cases.split(",")
     if all(c.isdigit() for c in cases):  # one case of these lengths
         cases = [",".join(cases)]

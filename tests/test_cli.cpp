@@ -437,6 +437,32 @@ TEST_F(Cli, Bf16IsRefusedOnACpuWithoutItsInstructions) {
       << bad.err;
 }
 
+// PACKBERT_MAX_ISA=avx2 runs the AVX2 build of the kernels and oneDNN's AVX2 code on any newer
+// CPU: they pass the PyTorch goldens, the run says what it ran, bf16 is refused where the cap
+// hides its instructions, and a cap that names no instruction set is one line, exit 2.
+TEST_F(Cli, MaxIsaCapRunsTheAvx2KernelsAndRefusesWhatItHides) {
+  const std::string golden =
+      std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h64.safetensors";
+  Result capped = run("check-golden " + golden + " --recompute layer", "PACKBERT_MAX_ISA=avx2");
+  EXPECT_EQ(capped.code, 0) << capped.out << capped.err;
+  EXPECT_NE(capped.out.find("46 gradient tensors (0 outside tolerance)"), std::string::npos)
+      << capped.out;
+  EXPECT_NE(capped.out.find("backend cpu (kernels avx2, oneDNN avx2)"), std::string::npos)
+      << capped.out;
+  Result bf16 = run("check-golden " + golden + " --precision bf16", "PACKBERT_MAX_ISA=avx2");
+  EXPECT_EQ(bf16.code, 2) << bf16.err;
+  EXPECT_NE(bf16.err.find("needs a CPU with AVX512-BF16 or AMX-BF16"), std::string::npos)
+      << bf16.err;
+  if (packbert::kernels::cpu_features().avx512_bf16) {
+    EXPECT_NE(bf16.err.find("PACKBERT_MAX_ISA=avx2"), std::string::npos) << bf16.err;
+  }
+  Result bad = run("check-golden " + golden, "PACKBERT_MAX_ISA=avx3");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(bad.err,
+            "packbert: error: PACKBERT_MAX_ISA: unknown instruction set 'avx3' (expected avx2, "
+            "avx512, avx512_bf16 or amx)\n");
+}
+
 // fp16 passes the goldens at its documented tolerances (losses 2e-3, gradients 1e-2 normwise,
 // backward under GradScaler's first scale, 2^16) under recompute too, and really runs in fp16:
 // it fails fp32's gradient tolerance. The scale is divided out: 2^12 gives the same table; 2^20

@@ -352,14 +352,16 @@ void check_golden(const KernelCase& c, const std::function<void(Env<float>&)>& f
 // elementwise in f32; in 16 bits within `tol` normwise, and (exact16) with no more than 3% of the
 // elements apart by more than fp32 noise (a backend that rounded elsewhere, or not at all,
 // differs in nearly all of them).
-void check_backends_agree(const KernelCase& c, DType h) {
+void check_backends_agree(const KernelCase& c, const Backend& cpu, DType h) {
+  SCOPED_TRACE(std::string("the cpu backend built for ") + isa_name(cpu.isa) + ", " +
+               dtype_name(h));
   std::mt19937 rng(12);
   Env<float> ref_env = make_env<float>(c, rng);
   Env<float> cpu_env = ref_env;
   c.ops_forward_f(backend(BackendKind::ref), h, ref_env);
   c.ops_backward_f(backend(BackendKind::ref), h, ref_env);
-  c.ops_forward_f(backend(BackendKind::cpu), h, cpu_env);
-  c.ops_backward_f(backend(BackendKind::cpu), h, cpu_env);
+  c.ops_forward_f(cpu, h, cpu_env);
+  c.ops_backward_f(cpu, h, cpu_env);
   const bool half = traits(h).is_16bit;
   const double tol = h == DType::bf16 ? 1e-2 : h == DType::f16 ? 2e-3 : 0.0;
   auto agree = [&](const std::vector<float>& got, const std::vector<float>& want,
@@ -955,18 +957,21 @@ TEST_P(KernelHarness, RefBackendMatchesFiniteDifferencesAndGolden) {
         c, [&](Env<float>& e) { c.ops_forward_f(ref_backend(), DType::f32, e); },
         [&](Env<float>& e) { c.ops_backward_f(ref_backend(), DType::f32, e); });
 }
-// The cpu backend against the reference in f32 and, for an op with 16-bit forms, in bf16 and
-// f16 (bf16 linear layers need the CPU's bf16 products: said, not skipped silently).
+// Each build of the cpu backend this CPU runs (its own instruction set's and, on an AVX-512 CPU,
+// the AVX2 one: cpu/isa.h) against the reference in f32 and, for an op with 16-bit forms, in
+// bf16 and f16 (bf16 linear layers need the CPU's bf16 products: said, not skipped silently).
 TEST_P(KernelHarness, CpuBackendMatchesRefInEachDType) {
   const KernelCase& c = GetParam();
-  check_backends_agree(c, DType::f32);
-  if (!c.halves) return;
-  check_backends_agree(c, DType::f16);
-  if (c.name.rfind("linear", 0) == 0 && !bf16_unavailable_reason().empty()) {
-    std::cout << "  bf16 not compared: " << bf16_unavailable_reason() << "\n";
-    return;
+  for (const Backend* cpu : cpu_backends()) {
+    check_backends_agree(c, *cpu, DType::f32);
+    if (!c.halves) continue;
+    check_backends_agree(c, *cpu, DType::f16);
+    if (c.name.rfind("linear", 0) == 0 && !bf16_unavailable_reason().empty()) {
+      std::cout << "  bf16 not compared: " << bf16_unavailable_reason() << "\n";
+      continue;
+    }
+    check_backends_agree(c, *cpu, DType::bf16);
   }
-  check_backends_agree(c, DType::bf16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, KernelHarness, ::testing::ValuesIn(kernel_cases()),
@@ -1029,12 +1034,45 @@ TEST(KernelTypes, BackendsAreChosenByNameInOnePlace) {
   }
   EXPECT_NE(backend(BackendKind::cpu).linear_forward, backend(BackendKind::ref).linear_forward);
   EXPECT_THROW(parse_backend("cuda"), std::invalid_argument);
+  // The cpu rows: the chosen one first, each a different build, none beyond what the CPU has.
+  const std::vector<const Backend*> builds = cpu_backends();
+  ASSERT_FALSE(builds.empty());
+  EXPECT_EQ(builds.front(), &backend(BackendKind::cpu));
+  for (size_t i = 0; i < builds.size(); ++i) {
+    EXPECT_EQ(builds[i]->kind, BackendKind::cpu);
+    EXPECT_LE(builds[i]->isa, cpu_features().level());
+    if (i > 0) {
+      EXPECT_LT(builds[i]->isa, builds[i - 1]->isa);
+      EXPECT_NE(builds[i]->linear_forward, builds[i - 1]->linear_forward);
+    }
+  }
+  // An AVX-512 CPU runs the AVX2 build too (CMakeLists.txt builds it beside the AVX-512 one).
+  if (cpu_features().avx512f) {
+    EXPECT_EQ(builds.back()->isa, Isa::avx2);
+  }
+  EXPECT_NE(kernel_isa().find(isa_name(builds.front()->isa)), std::string::npos) << kernel_isa();
 }
 
-// The seam's ops outside the harness's table (no gradient of their own): the cpu backend against
-// the reference, in f32 and each 16-bit type where the op takes one.
-TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
-  const Backend &cpu = backend(BackendKind::cpu), &ref = backend(BackendKind::ref);
+// PACKBERT_MAX_ISA's names; a bad one refused naming what is accepted.
+TEST(KernelTypes, InstructionSetCapsParseByName) {
+  for (const Isa i : {Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::amx})
+    EXPECT_EQ(parse_isa(isa_name(i)), i);
+  try {
+    parse_isa("avx3");
+    ADD_FAILURE() << "avx3 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'avx3' (expected avx2, avx512, avx512_bf16 or amx)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_isa("sse2"), std::invalid_argument);  // not a cap: nothing runs below AVX2
+}
+
+// The seam's ops outside the harness's table (no gradient of their own): a build of the cpu
+// backend against the reference, in f32 and each 16-bit type where the op takes one.
+void check_ops_without_gradients(const Backend& cpu) {
+  SCOPED_TRACE(std::string("the cpu backend built for ") + isa_name(cpu.isa));
+  const Backend& ref = backend(BackendKind::ref);
   std::mt19937 rng(31);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   auto randoms = [&](size_t n) {
@@ -1095,6 +1133,9 @@ TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
   EXPECT_EQ(z, std::vector<float>(N * C, 0.0f));
   EXPECT_EQ(z2, z);
 }
+TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
+  for (const Backend* cpu : cpu_backends()) check_ops_without_gradients(*cpu);
+}
 
 // The optimizer ops: three AdamW and LAMB updates on each backend from the same state, with fp32
 // weights (and their bf16 copy) and with bf16 masters rounded to nearest or stochastically:
@@ -1143,21 +1184,24 @@ TEST(KernelBackends, OptimizerUpdatesAgreeWithTheReference) {
         }
         return out;
       };
-      const std::vector<float> c = run(backend(BackendKind::cpu)),
-                               r = run(backend(BackendKind::ref));
-      int64_t apart = 0, moved = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const double d = std::abs(static_cast<double>(c[i]) - r[i]);
-        moved += c[i] != w0[i];
-        if (masters == 0) {
-          EXPECT_LE(d, 2e-6 * (1 + std::abs(r[i]))) << i;
-        } else {
-          EXPECT_LE(d, std::ldexp(std::abs(r[i]), -7) + 1e-30) << i;  // a bf16 ulp at most
-          apart += d > 0;
+      const std::vector<float> r = run(backend(BackendKind::ref));
+      for (const Backend* cpu : cpu_backends()) {
+        SCOPED_TRACE(std::string("the cpu backend built for ") + isa_name(cpu->isa));
+        const std::vector<float> c = run(*cpu);
+        int64_t apart = 0, moved = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double d = std::abs(static_cast<double>(c[i]) - r[i]);
+          moved += c[i] != w0[i];
+          if (masters == 0) {
+            EXPECT_LE(d, 2e-6 * (1 + std::abs(r[i]))) << i;
+          } else {
+            EXPECT_LE(d, std::ldexp(std::abs(r[i]), -7) + 1e-30) << i;  // a bf16 ulp at most
+            apart += d > 0;
+          }
         }
+        EXPECT_GT(moved, n / 2);
+        EXPECT_LE(apart, n / 50) << apart << " of " << n << " bf16 weights apart";
       }
-      EXPECT_GT(moved, n / 2);
-      EXPECT_LE(apart, n / 50) << apart << " of " << n << " bf16 weights apart";
     }
 }
 

@@ -134,8 +134,9 @@ TEST(ModelBackend, RefWholeTinyModelMatchesFiniteDifferences) {
   check_whole_tiny_model(kernels::BackendKind::ref, 11);
 }
 
-// One training step (forward and backward, dropout on, every head, packed rows) on the cpu and
-// the ref backend: the losses and every gradient tensor agree (normwise per tensor), at fp32
+// One training step (forward and backward, dropout on, every head, packed rows) on the ref
+// backend and on each build of the cpu backend this CPU runs (AVX-512 and AVX2 on an AVX-512
+// machine): the losses and every gradient tensor agree (normwise per tensor), at fp32
 // within 1e-6 and 1e-5; under 16 bits, where both round what the step stores in 16 bits but
 // accumulate differently (a rounding can flip), within the 16-bit type's few ulps.
 struct BackendCase {
@@ -148,28 +149,12 @@ void PrintTo(const BackendCase& c, std::ostream* os) {
   *os << c.preset << " " << precision_name(c.precision);
 }
 
-class ModelBackendStep : public ::testing::TestWithParam<BackendCase> {};
-
-TEST_P(ModelBackendStep, RefAndCpuAgreeOnTheLossAndEveryGradient) {
-  const BackendCase& bc = GetParam();
-  if (bc.precision == Precision::bf16 && !kernels::bf16_unavailable_reason().empty())
-    GTEST_SKIP() << kernels::bf16_unavailable_reason();
-  BertConfig c = bert_preset(bc.preset);
-  c.num_labels = 3;
-  Heads heads;
-  heads.classifier = heads.span = true;
-  BertModel<float> m(c, heads);
-  init_params(m.layout(), m.params().data(), 21);
-  const PackedBatch b = make_batch({{40, 17, 9}, {66}, {12, 30, 8, 5}}, 72, c.vocab_size, 8);
-  auto step = [&](kernels::BackendKind kind) {
-    m.set_backend(kind);
-    m.zero_grads();
-    const Outputs out = m.forward(b, {true, 5, 2, parse_recompute("none"), bc.precision});
-    m.backward();
-    return std::pair{out, m.grads()};
-  };
-  const auto [out_cpu, g_cpu] = step(kernels::BackendKind::cpu);
-  const auto [out_ref, g_ref] = step(kernels::BackendKind::ref);
+// One cpu build's step (compiled for `isa`) against the reference's.
+void compare_to_ref(const BackendCase& bc, const BertModel<float>& m, const Outputs& out_ref,
+                    const std::vector<float>& g_ref,
+                    const std::pair<Outputs, std::vector<float>>& cpu_step, const char* isa) {
+  SCOPED_TRACE(std::string("the cpu backend built for ") + isa);
+  const auto& [out_cpu, g_cpu] = cpu_step;
   ASSERT_GT(out_ref.mlm_count, 0);
   for (auto [what, cpu, ref] : {std::tuple{"mlm", out_cpu.mlm_loss, out_ref.mlm_loss},
                                 {"nsp", out_cpu.nsp_loss, out_ref.nsp_loss},
@@ -203,7 +188,33 @@ TEST_P(ModelBackendStep, RefAndCpuAgreeOnTheLossAndEveryGradient) {
     EXPECT_LE(rel, bc.grad_tol) << t.name;
     if (rel > worst) worst = rel, worst_name = t.name;
   }
-  std::cout << "  worst gradient tensor: " << worst_name << " at " << worst << " relative\n";
+  std::cout << "  cpu (" << isa << "): worst gradient tensor: " << worst_name << " at " << worst
+            << " relative\n";
+}
+
+class ModelBackendStep : public ::testing::TestWithParam<BackendCase> {};
+
+TEST_P(ModelBackendStep, RefAndCpuAgreeOnTheLossAndEveryGradient) {
+  const BackendCase& bc = GetParam();
+  if (bc.precision == Precision::bf16 && !kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+  BertConfig c = bert_preset(bc.preset);
+  c.num_labels = 3;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel<float> m(c, heads);
+  init_params(m.layout(), m.params().data(), 21);
+  const PackedBatch b = make_batch({{40, 17, 9}, {66}, {12, 30, 8, 5}}, 72, c.vocab_size, 8);
+  auto step = [&](const kernels::Backend& be) {
+    m.set_backend(be);
+    m.zero_grads();
+    const Outputs out = m.forward(b, {true, 5, 2, parse_recompute("none"), bc.precision});
+    m.backward();
+    return std::pair{out, m.grads()};
+  };
+  const auto [out_ref, g_ref] = step(kernels::backend(kernels::BackendKind::ref));
+  for (const kernels::Backend* cpu_build : kernels::cpu_backends())
+    compare_to_ref(bc, m, out_ref, g_ref, step(*cpu_build), kernels::isa_name(cpu_build->isa));
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, ModelBackendStep,

@@ -15,6 +15,7 @@
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/layers.h"
 #include "kernels/cpu/sparse.h"
+#include "kernels/ops.h"
 #include "model/bert.h"
 #include "model_batches.h"
 #include "train/sparsity.h"
@@ -171,6 +172,49 @@ TEST(SparseLinear, EqualsTheDenseLayerOnTheMaskedWeight) {
       expect_normwise(sdv, dvalues_dense, 1e-6, what + " dvalues");
       expect_normwise(sdb, db, 1e-6, what + " dbias");
     }
+}
+
+// The caller sizes a sparse layer's scratch once (the workspace, with sparse_linear_scratch of
+// the build's own flags) and whichever build of the cpu backend the CPU runs then uses it: every
+// build stays inside that room (a guard after it stays untouched) and computes what it computes
+// with room of its own. The AVX2 build tiles B = 16 by 6 vectors against AVX-512's 24, so it
+// needs more of the per-tile room than the AVX-512 build's tiles would ask for.
+TEST(SparseLinear, EveryCpuBuildStaysInsideTheScratchTheCallerSized) {
+  std::mt19937 rng(19);
+  const float guard = -12345.0f;
+  for (const Backend* cpu : cpu_backends())
+    for (const int B : {1, 4, 8, 16})
+      for (const int N : {7, 300, 384}) {  // 384: whole token tiles, where row tiles ask most
+        const int C = 4 * 16, OC = 6 * 16;
+        const BlockPattern p = random_block_pattern(OC, C, B, blocks_kept(OC, C, B, 0.7), 3 + N);
+        const std::string what =
+            std::string(isa_name(cpu->isa)) + " B=" + std::to_string(B) + " N=" + std::to_string(N);
+        const auto x = randn(static_cast<size_t>(N) * C, rng);
+        const auto dy = randn(static_cast<size_t>(N) * OC, rng);
+        const auto values = randn(p.values_size(), rng, 0.3f);
+        const auto bias = randn(OC, rng);
+        const int64_t room = sparse_linear_scratch(p, N), nv = p.values_size();
+        auto step = [&](std::vector<float>* scratch) {
+          std::vector<float> y(static_cast<size_t>(N) * OC), dx(static_cast<size_t>(N) * C, 0.0f),
+              dv(nv, 0.0f), db(OC, 0.0f);
+          const View s = scratch ? View::vector(scratch->data(), room) : View();
+          cpu->linear_forward(View(y.data(), N, OC), View(x.data(), N, C),
+                              View::vector(values.data(), nv), View::vector(bias.data(), OC), &p,
+                              s);
+          cpu->linear_backward(View(dx.data(), N, C), View::vector(dv.data(), nv),
+                               View::vector(db.data(), OC), View(dy.data(), N, OC),
+                               View(x.data(), N, C), View::vector(values.data(), nv), &p,
+                               GradWrite::accumulate, s);
+          y.insert(y.end(), dx.begin(), dx.end());
+          y.insert(y.end(), dv.begin(), dv.end());
+          y.insert(y.end(), db.begin(), db.end());
+          return y;
+        };
+        std::vector<float> scratch(2 * room, guard);  // a guard as long as the room
+        const std::vector<float> in_room = step(&scratch), own = step(nullptr);
+        EXPECT_EQ(in_room, own) << what;
+        EXPECT_EQ(std::count(scratch.begin() + room, scratch.end(), guard), room) << what;
+      }
 }
 
 // A large forward output (>= 8 MB), 64-byte aligned rows, is written a cache line of each token

@@ -58,7 +58,11 @@ int run_check_golden(const GoldenArgs& a) {
               << '\n';
   std::cout << a.file << ": " << losses << " losses (" << failing_losses << " outside tolerance), "
             << grads << " gradient tensors (" << failing_grads << " outside tolerance)"
-            << (a.all ? "" : "; worst gradient shown, --all lists every tensor") << '\n';
+            << (a.all ? "" : "; worst gradient shown, --all lists every tensor") << '\n'
+            << "backend " << kernels::backend(a.backend).name
+            << (a.backend == kernels::BackendKind::cpu ? " (kernels " + kernels::kernel_isa() + ")"
+                                                       : std::string())
+            << '\n';
   return report.ok() ? 0 : 1;
 }
 

@@ -12,6 +12,7 @@
 #include "error.h"
 #include "io/json_error.h"
 #include "io/memory.h"
+#include "kernels/cpu/features.h"
 
 namespace packbert::cli {
 
@@ -38,6 +39,12 @@ int run_command(int argc, char** argv) {
   register_plan(app);
   register_plot(app);
   register_check_golden(app, exit_code);
+  try {
+    (void)kernels::max_isa();  // a bad PACKBERT_MAX_ISA is refused before any work
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "packbert: error: " << e.what() << '\n';
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

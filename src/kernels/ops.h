@@ -3,14 +3,20 @@
 // model and training code call ops through a Backend they are handed, never a backend's
 // namespace; the ops read their Views' dtypes and pick the kernel themselves.
 //
+// The cpu backend has one row per instruction set the build compiled it for (cpu/isa.h):
+// backend(BackendKind::cpu) is the most capable one this CPU runs under PACKBERT_MAX_ISA
+// (cpu/features.h), chosen once.
+//
 // A new backend (a GPU's) is a folder kernels/NAME/ whose NAME.h includes backend_ops.inc into
 // namespace kernels::NAME and whose files define those functions, one BackendKind, and one row in
 // ops.cpp's table.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/features.h"
 #include "kernels/ref/ref.h"
 
 namespace packbert::kernels {
@@ -56,13 +62,21 @@ enum class BackendKind { cpu, ref };
 struct Backend {
   BackendKind kind;
   const char* name;  // "cpu", "ref": the names parse_backend takes
+  Isa isa;           // what this build of the kernels needs (ref: sse2, plain loops)
 #define PACKBERT_OP_MEMBER(op) decltype(&cpu::op) op;
   PACKBERT_OPS(PACKBERT_OP_MEMBER)
 #undef PACKBERT_OP_MEMBER
 };
 
-// The backend of a kind (a static table: its address is stable).
+// The backend of a kind (a static table: its address is stable). The first call for cpu reads
+// the CPU's features, which caps oneDNN where PACKBERT_MAX_ISA asks.
 const Backend& backend(BackendKind kind);
+// Every build of the cpu backend this CPU can run (under the cap), most capable first: the first
+// is backend(BackendKind::cpu). The kernel harness runs each against the reference.
+std::vector<const Backend*> cpu_backends();
+// What the cpu kernels in use were compiled for and what oneDNN's run on, e.g. "avx2, oneDNN
+// avx2": what a bench ran, as against what the CPU has (CpuFeatures::isa).
+std::string kernel_isa();
 // The kind a name ("cpu", "ref") stands for; std::invalid_argument listing the names otherwise.
 BackendKind parse_backend(const std::string& name);
 // Every kind, in table order.

@@ -133,8 +133,7 @@ template <typename T>
 template <typename H>
 StepContext<T, H> BertModel<T>::context() {
   const BertConfig& c = config();
-  StepContext<T, H> s{
-      c, tl_, probs_offsets_.data(), ws_, opt_.recompute, kernels::backend(backend_)};
+  StepContext<T, H> s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute, *backend_};
   if constexpr (std::is_same_v<H, kernels::bf16>) {
     if (opt_.precision == Precision::bf16) s.p16 = p16_.get();
   } else {

@@ -71,8 +71,10 @@ class BertModel {
   // The backend every op of a step runs on (kernels/ops.h): cpu, or ref, the reference loops the
   // tests hold cpu to (orders of magnitude slower). A model's weights would live where its
   // backend computes, so it is the model's, not a step's.
-  void set_backend(kernels::BackendKind kind) { backend_ = kind; }
-  kernels::BackendKind backend() const { return backend_; }
+  void set_backend(kernels::BackendKind kind) { backend_ = &kernels::backend(kind); }
+  // One build of a backend (kernels::cpu_backends(): the tests run each build of cpu).
+  void set_backend(const kernels::Backend& b) { backend_ = &b; }
+  kernels::BackendKind backend() const { return backend_->kind; }
 
   void zero_grads();
   Outputs forward(const PackedBatch& batch, const StepOptions& options);
@@ -123,7 +125,7 @@ class BertModel {
   ClassTargets<T> class_targets(const PackedBatch& batch);
 
   ParamLayout layout_;
-  kernels::BackendKind backend_ = kernels::BackendKind::cpu;
+  const kernels::Backend* backend_ = &kernels::backend(kernels::BackendKind::cpu);
   std::vector<LayerPatterns> patterns_;
   std::vector<LayerBlockGrads> block_grads_;  // empty unless collecting
   std::vector<T> dense_grad_scratch_;

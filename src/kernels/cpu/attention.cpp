@@ -13,7 +13,7 @@
 #include "kernels/cpu/transpose16.h"
 #include "kernels/dropout.h"
 
-namespace packbert::kernels {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 // Each (sequence, head) block is two GEMMs forward (Q·Kᵀ, P·V) and four backward (five when the
 // probabilities are recomputed) over strided views of qkv (row stride 3C), run in parallel over
@@ -687,4 +687,4 @@ template void attention_backward<double>(double*, const double*, const double*, 
                                          const int32_t*, int, int, int, AttentionDropout,
                                          AttentionWork<double>, GradWrite);
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

@@ -7,10 +7,11 @@
 #include <vector>
 
 #include "kernels/attention_layout.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/grad_write.h"
 #include "kernels/tensor.h"
 
-namespace packbert::kernels {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 // Working memory of one call, owned by the caller so a training step allocates nothing:
 // offsets = attention_probs_offsets(...) ([n_seq + 1]); scratch = attention_scratch_elems(...)
@@ -60,4 +61,4 @@ void attention_backward(float* dqkv, const float* dout, const f16* qkv, const f1
                         AttentionDropout dropout = {}, AttentionWork<float> work = {},
                         GradWrite mode = GradWrite::accumulate);
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

@@ -21,7 +21,7 @@
 // accumulators, 2 loads of B and R broadcasts of A per pair of k.
 #define PACKBERT_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-namespace packbert::kernels {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 namespace {
 
@@ -277,4 +277,4 @@ template void block_gemm_bf16<bf16, float>(int, int, int, float, MatView<bf16>, 
 template void block_gemm_bf16<bf16, bf16>(int, int, int, float, MatView<bf16>, MatView<bf16>,
                                           OutView, bf16*);
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

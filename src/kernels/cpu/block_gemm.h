@@ -7,9 +7,10 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/tensor.h"
 
-namespace packbert::kernels {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 // A row-major matrix view, read as its transpose when `trans`: element (i, j) of the operand is
 // p[i * ld + j], or p[j * ld + i] when trans.
@@ -63,4 +64,4 @@ PackedB block_gemm_pack_b(int K, int N, MatView<SB> B, bf16* room);
 template <typename SA>
 void block_gemm_bf16(int M, float alpha, MatView<SA> A, const PackedB& B, OutView C, bf16* pack);
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

@@ -7,10 +7,11 @@
 
 #include "kernels/attention_layout.h"
 #include "kernels/block_pattern.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/grad_write.h"
 #include "kernels/optim.h"
 #include "kernels/tensor.h"
 
-namespace packbert::kernels::cpu {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA::cpu {
 #include "kernels/backend_ops.inc"
-}  // namespace packbert::kernels::cpu
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA::cpu

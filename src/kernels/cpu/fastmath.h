@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace packbert::kernels {
+#include "kernels/cpu/isa.h"
+
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 // exp: Cody-Waite reduction by ln 2 and a degree-6 polynomial, ~2 ulp on [-87, 88]; inputs
 // below -87 give ~1e-38 instead of a denormal or 0. n = round(x / ln 2) by the 1.5 * 2^23 trick:
@@ -99,4 +101,4 @@ SoftmaxStats<T> softmax_row(T* p, const T* z, int n) {
   return {mx, sum};
 }
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

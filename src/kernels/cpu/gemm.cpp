@@ -16,29 +16,32 @@
 #include <unordered_map>
 #include <vector>
 
-namespace packbert::kernels {
+#include "kernels/cpu/features.h"
+
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 namespace {
 
-// Profiling only (see gemm.h); off unless a benchmark turns it on.
-std::atomic<bool> counting{false};
-std::atomic<uint64_t> flop_count{0}, nanos{0};
+// PACKBERT_MAX_ISA caps oneDNN when the CPU's features are first read, which must come before
+// oneDNN's first kernel: every call into oneDNN below comes after this.
+void apply_isa_cap() {
+  static const bool read = (cpu_features(), true);
+  (void)read;
+}
 
 struct Timer {
   bool on;
   double flops;
   std::chrono::steady_clock::time_point start;
   Timer(int M, int N, int K)
-      : on(counting.load(std::memory_order_relaxed) && !omp_in_parallel()), flops(2.0 * M * N * K) {
+      : on(gemm_counters_enabled() && !omp_in_parallel()), flops(2.0 * M * N * K) {
     if (on) start = std::chrono::steady_clock::now();
   }
   ~Timer() {
     if (!on) return;
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::steady_clock::now() - start)
-                  .count();
-    flop_count += static_cast<uint64_t>(flops);
-    nanos += static_cast<uint64_t>(ns);
+    count_gemm(flops, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - start)
+                                                .count()));
   }
 };
 
@@ -51,19 +54,10 @@ bool use_onednn() {
   return true;
 }
 
-GemmCounters gemm_counters() {
-  return {static_cast<double>(flop_count), nanos * 1e-9};
-}
-void reset_gemm_counters() {
-  flop_count = 0, nanos = 0;
-}
-void enable_gemm_counters(bool on) {
-  counting = on;
-}
-
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   Timer timer(M, N, K);
+  apply_isa_cap();
   dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
              ldc);
 }
@@ -93,6 +87,7 @@ struct Bf16Backend {
 };
 
 Bf16Backend& bf16_backend() {
+  apply_isa_cap();
   static Bf16Backend b;
   return b;
 }
@@ -297,4 +292,4 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const d
   }
 }
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

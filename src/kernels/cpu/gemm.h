@@ -4,9 +4,29 @@
 // nest. No BLAS library is loaded.
 #pragma once
 
+#include "kernels/cpu/isa.h"
 #include "kernels/tensor.h"
 
 namespace packbert::kernels {
+
+// Profiling counters of the seam (benchmarks only), shared by the builds of the cpu kernels:
+// floating-point operations (2*M*N*K) and wall-clock nanoseconds spent inside gemm() since the last
+// reset. Updated atomically; calls made inside parallel regions add their own durations, so time
+// can exceed wall time there.
+struct GemmCounters {
+  double flops = 0;
+  double seconds = 0;
+};
+GemmCounters gemm_counters();
+void reset_gemm_counters();
+void enable_gemm_counters(bool on);
+// What gemm() adds to them (every build of the cpu kernels counts into the one set).
+bool gemm_counters_enabled();
+void count_gemm(double flops, uint64_t nanos);
+
+}  // namespace packbert::kernels
+
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 // C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C; row-major; op = transpose if trans_*.
 // lda/ldb/ldc are the row strides of A, B, C as stored.
@@ -45,18 +65,7 @@ void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const f16* A, in
 void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, const f16* A, int lda, const f16* B,
                int ldb, const float* bias, float* C, int ldc);
 
-// Profiling counters of the seam (benchmarks only): floating-point operations (2*M*N*K) and
-// wall-clock nanoseconds spent inside gemm() since the last reset. Updated atomically; calls
-// made inside parallel regions add their own durations, so time can exceed wall time there.
-struct GemmCounters {
-  double flops = 0;
-  double seconds = 0;
-};
-GemmCounters gemm_counters();
-void reset_gemm_counters();
-void enable_gemm_counters(bool on);
-
 // True when fp32 GEMMs go to oneDNN (always, today; benchmarks print it).
 bool use_onednn();
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

@@ -9,7 +9,7 @@
 #include "kernels/cpu/fastmath.h"
 #include "kernels/cpu/gemm.h"
 
-namespace packbert::kernels {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 namespace {
 
@@ -718,4 +718,4 @@ template void layernorm_forward<float, f16>(float*, float*, float*, const float*
 template void layernorm_apply<float, f16>(float*, const float*, const float*, const float*,
                                           const float*, const float*, int, int, f16*);
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

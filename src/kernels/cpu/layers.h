@@ -7,10 +7,11 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/grad_write.h"
 #include "kernels/tensor.h"
 
-namespace packbert::kernels {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 // Under `--precision bf16|fp16` the kernels below take the 16-bit storage type H (bf16 or f16,
 // kernels/tensor.h) where a tensor is stored in it; each such form has an overload per type.
@@ -203,4 +204,4 @@ template <typename T>
 void squared_error_backward(T* dpred, T* dtarget, const T* pred, const T* target, const T* dlosses,
                             int N);
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

@@ -14,7 +14,7 @@
 #include "kernels/cpu/sparse.h"
 #include "kernels/dropout.h"
 
-namespace packbert::kernels::cpu {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA::cpu {
 
 namespace {
 
@@ -480,4 +480,4 @@ void squared_error_backward(View dpred, View dtarget, View pred, View target, Vi
   });
 }
 
-}  // namespace packbert::kernels::cpu
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA::cpu

@@ -8,7 +8,7 @@
 #include "kernels/cpu/cpu.h"
 #include "rng.h"
 
-namespace packbert::kernels::cpu {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA::cpu {
 
 namespace {
 
@@ -290,4 +290,4 @@ void scale(View x, float factor) {
   for (size_t i = 0; i < n; ++i) g[i] *= factor;
 }
 
-}  // namespace packbert::kernels::cpu
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA::cpu

@@ -22,7 +22,7 @@
 #include "rng.h"
 #include "stopwatch.h"
 
-namespace packbert::kernels {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 namespace {
 
@@ -484,12 +484,16 @@ constexpr int kGroup = 16 / B;  // tokens per vector
 // (96 and 48 tokens) made the output gradient's packed tile 1.2 and 0.6 MB at BERT-base's FFN,
 // more than L2 keeps while the input gradient reads it (sparse_bench medians with 12: 3.98x and
 // 5.27x the dense GEMMs' speed where 24 gave 3.65x and 5.11x; 12 at B = 16 was slower).
+constexpr int row_tile_vectors(int B, bool avx512) {
+  // 16 ymm registers: a smaller tile at B = 16 (sparse_bench under -march=znver3: 2.7x against
+  // 2.35x with 24; 4 and 8 were as fast with 4, 6, 8 or 12).
+  return B == 16 ? (avx512 ? 24 : 6) : 12;
+}
 constexpr int row_tile_vectors(int B) {
 #ifdef __AVX512F__
-  return B == 16 ? 24 : 12;
-#else  // 16 ymm registers: a smaller tile at B = 16 (sparse_bench under -march=znver3: 2.7x
-  // against 2.35x with 24; 4 and 8 were as fast with 4, 6, 8 or 12)
-  return B == 16 ? 6 : 12;
+  return row_tile_vectors(B, true);
+#else
+  return row_tile_vectors(B, false);
 #endif
 }
 template <int B>
@@ -499,9 +503,12 @@ constexpr int kTileTokens = kRowTile<B>* kGroup<B>;
 template <int B>
 constexpr int kTileBlock = kRowTile<B> * 16;  // floats of one block column of a tile
 
-int row_tiles(int N, int B) {
-  const int tokens = row_tile_vectors(B) * (16 / B);
+int row_tiles(int N, int B, int vectors) {
+  const int tokens = vectors * (16 / B);
   return (N + tokens - 1) / tokens;
+}
+int row_tiles(int N, int B) {
+  return row_tiles(N, B, row_tile_vectors(B));
 }
 template <int B>
 int row_tiles(int N) {
@@ -933,10 +940,16 @@ int64_t sparse_linear_scratch(int rows, int cols, int block, int64_t nnz, int N)
                         static_cast<int64_t>(token_tiles(N)) * rows + (block == 1 ? nnz : 0);
   if (!row_major(block)) return token;
   // Row-major (4, 8 and 16 in float): both sides packed, then the blocks transposed or the
-  // bias's sums.
-  const int64_t tiles = row_tiles(N, block),
-                packed = sides * tiles * row_tile_vectors(block) * (16 / block);
-  return std::max(token, packed + std::max(nnz * block * block, tiles * rows));
+  // bias's sums. Sized for the tiles of the AVX-512 and the AVX2 builds both (cpu/isa.h): the
+  // caller sizes its scratch once, whichever build then runs.
+  int64_t room = token;
+  for (const bool avx512 : {true, false}) {
+    const int vectors = row_tile_vectors(block, avx512);
+    const int64_t tiles = row_tiles(N, block, vectors),
+                  packed = sides * tiles * vectors * (16 / block);
+    room = std::max(room, packed + std::max(nnz * block * block, tiles * rows));
+  }
+  return room;
 }
 
 int64_t sparse_linear_scratch(const BlockPattern& p, int N) {
@@ -1070,4 +1083,4 @@ PACKBERT_SPARSE(float)
 PACKBERT_SPARSE(double)
 #undef PACKBERT_SPARSE
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

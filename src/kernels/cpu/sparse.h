@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "kernels/block_pattern.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/tensor.h"
 
-namespace packbert::kernels {
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
-// Elements of scratch the kernels need for N tokens (about (rows + cols) * N: both sides packed).
+// Elements of scratch the kernels need for N tokens (about (rows + cols) * N: both sides packed),
+// in every build of them (cpu/isa.h): a caller sizes once, whichever build then runs.
 int64_t sparse_linear_scratch(const BlockPattern& p, int N);
 int64_t sparse_linear_scratch(int rows, int cols, int block, int64_t nnz, int N);
 
@@ -52,4 +54,4 @@ void sparse_linear_backward(float* dinp, float* dvalues, float* dbias, const flo
                             const f16* inp, const BlockPattern& p, const float* values, int N,
                             float* scratch);
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

@@ -11,7 +11,9 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
-namespace packbert::kernels {
+#include "kernels/cpu/isa.h"
+
+namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 // Transposes 16 x 16 dwords in registers: afterwards r[j] lane i holds what r[i] lane j held.
 __attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
@@ -40,6 +42,6 @@ __attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
   }
 }
 
-}  // namespace packbert::kernels
+}  // namespace packbert::kernels::inline PACKBERT_CPU_ISA
 
 #pragma GCC diagnostic pop
