@@ -320,6 +320,26 @@ TEST_F(Cli, DemoRunsBothLayoutsToTheTargetOrCapAndWritesTheSummary) {
   EXPECT_EQ(summary.at("packed_steps_to_target"), summary.at("padded_steps_to_target"));
   EXPECT_LT(summary.at("packed_steps_to_target").get<int>(), 60);
   EXPECT_GT(summary.at("ratio").get<double>(), 0);
+  // A target given is kept whatever the calibration measured, and the run says what it measured.
+  EXPECT_NE(r.out.find("Calibration ("), std::string::npos) << r.out;
+  EXPECT_EQ(summary.at("target_accuracy").get<double>(), 0.05);
+  EXPECT_FALSE(fs::exists(work + "/calibration"));
+}
+
+// At the defaults, a CPU too slow for 0.20 within --budget-minutes gets the highest of the
+// targets past the plateau that fits (here none does: the last, 0.17), and the run says why.
+TEST_F(Cli, DemoLowersTheDefaultTargetWhereTheCalibrationSaysItMust) {
+  if (!fs::exists("/usr/share/dictd/gcide.index")) GTEST_SKIP() << "dict-gcide not installed";
+  const std::string work = (dir_ / "demo").string();
+  Result r = run("demo --workdir " + work + " --max-steps 1 --eval-every 1 --budget-minutes 0.1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("over the 0.1-minute budget: the target is 0.17 (700 steps"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("to 0.17 held-out MLM accuracy"), std::string::npos) << r.out;
+  const auto summary = nlohmann::json::parse(slurp(work + "/summary.json"));
+  EXPECT_EQ(summary.at("target_accuracy").get<double>(), 0.17);
+  EXPECT_NE(summary.at("kernel_isa").get<std::string>(), "");
 }
 
 TEST_F(Cli, SquadBadInputIsOneLineErrorExit2) {
