@@ -25,12 +25,24 @@ namespace fs = std::filesystem;
 // in the processes under the sanitizer build: Open MPI leaves its own allocations (in plugins it
 // has unloaded by then, so they cannot even be attributed) at exit. Leak checking of the same
 // training code runs in one process in test_train. Shared memory copies through a buffer, not
-// cross-memory attach, which containers without ptrace permission refuse.
+// cross-memory attach, which containers without ptrace permission refuse. Each test process
+// gives Open MPI a session directory of its own: two mpiruns that start at the same moment
+// (ctest -j runs two tests at once) otherwise race to create the same one under /tmp, and one
+// fails with "ORTE_ERROR_LOG ... session_dir.c: File exists" (seen on a fresh clone's make test).
+fs::path mpi_session_base() {
+  return fs::temp_directory_path() / ("pbmpi" + std::to_string(::getpid()));
+}
 const std::string kMpiEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
-const std::string kMpirun =
-    kMpiEnv + PACKBERT_MPIRUN +
+const std::string kMpiArgs =
+    std::string(PACKBERT_MPIRUN) +
     " --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none"
     " -x OMP_NUM_THREADS=1 -x LSAN_OPTIONS=detect_leaks=0";
+std::string mpi_env() {
+  return kMpiEnv + "OMPI_MCA_orte_tmpdir_base=" + mpi_session_base().string() + " ";
+}
+std::string mpirun() {
+  return mpi_env() + kMpiArgs;
+}
 
 // A corpus, prepared once for the suite: sequences of up to 32 tokens and their packs.
 class Dist : public testing::CliTest {
@@ -38,6 +50,7 @@ class Dist : public testing::CliTest {
   void SetUp() override {
     if (std::string(PACKBERT_MPIRUN).empty()) GTEST_SKIP() << "built without MPI";
     CliTest::SetUp();
+    fs::create_directories(mpi_session_base());
     std::string text;
     for (int d = 0; d < 60; ++d) {
       for (int s = 0; s < 3 + d % 4; ++s)
@@ -53,12 +66,17 @@ class Dist : public testing::CliTest {
         run("prepare " + corpus.string() + " --out " + seqs_ + " --max-seq-len 32 --pack lpfhp");
     ASSERT_EQ(prep.code, 0) << prep.err;
   }
+  void TearDown() override {
+    CliTest::TearDown();
+    std::error_code ignored;
+    fs::remove_all(mpi_session_base(), ignored);
+  }
 
   // `np` processes of pretrain into dir_/out (1: still under mpirun), one OpenMP thread each.
   Result pretrain(int np, const std::string& out, const std::string& args,
                   const std::string& mpi_args = "", const std::string& env = "") {
     const std::string cmd =
-        kMpirun + " " + mpi_args + " -np " + std::to_string(np) + " " + env + " " +
+        mpirun() + " " + mpi_args + " -np " + std::to_string(np) + " " + env + " " +
         PACKBERT_BINARY + " pretrain --data " + seqs_ + " --packs " + packs_ + " --out " +
         (dir_ / out).string() + " --preset tiny --seed 3 --eval-fraction 0.1 " + args + " >" +
         (dir_ / "out").string() + " 2>" + (dir_ / "err").string() + " </dev/null";
@@ -239,7 +257,7 @@ TEST_F(Dist, TcpTransportGivesTheSameResult) {
 // Processes given different flags or files fail together with one message naming what differs;
 // a process that fails alone (its own bad input) takes the run down with exit 2.
 TEST_F(Dist, MismatchedProcessesFailTogetherWithOneMessage) {
-  const std::string common = kMpirun + " -np 1 " + PACKBERT_BINARY + " pretrain --data " + seqs_ +
+  const std::string common = mpirun() + " -np 1 " + PACKBERT_BINARY + " pretrain --data " + seqs_ +
                              " --packs " + packs_ + " --preset tiny --steps 2 --out " +
                              (dir_ / "mixed").string();
   const std::string cmd = common + " --batch-rows 4 : -np 1 " + PACKBERT_BINARY +
@@ -270,7 +288,7 @@ TEST_F(Dist, FinetuneOnTwoProcessesEqualsOne) {
                               std::to_string(i) + (i % 2 ? " jumps" : " sleeps all day") + "\n";
   const fs::path tr = write("train.tsv", train), dv = write("dev.tsv", dev);
   auto finetune = [&](int np, const std::string& out, int rows) {
-    const std::string cmd = kMpirun + " -np " + std::to_string(np) + " " + PACKBERT_BINARY +
+    const std::string cmd = mpirun() + " -np " + std::to_string(np) + " " + PACKBERT_BINARY +
                             " finetune --train " + tr.string() + " --dev " + dv.string() +
                             " --init " + (dir_ / "base" / "checkpoint.safetensors").string() +
                             " --out " + (dir_ / out).string() + " --max-seq-len 16 --epochs 2" +
@@ -296,9 +314,9 @@ TEST_F(Dist, AKilledProcessEndsTheRunAndKeepsTheCheckpoint) {
                            " --preset tiny --seed 3 --steps 20 --checkpoint-every 5 --batch-rows 4"
                            " --out " +
                            (dir_ / "lost").string();
-  const std::string cmd = kMpiEnv + "timeout 120 " + kMpirun.substr(kMpiEnv.size()) + " -np 1 " +
-                          PACKBERT_BINARY + args + " : -np 1 env PACKBERT_CRASH_AT=step:8 " +
-                          PACKBERT_BINARY + args + " >/dev/null 2>" + (dir_ / "err").string();
+  const std::string cmd = mpi_env() + "timeout 120 " + kMpiArgs + " -np 1 " + PACKBERT_BINARY +
+                          args + " : -np 1 env PACKBERT_CRASH_AT=step:8 " + PACKBERT_BINARY + args +
+                          " >/dev/null 2>" + (dir_ / "err").string();
   const int status = std::system(cmd.c_str());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
