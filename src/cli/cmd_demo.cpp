@@ -199,42 +199,40 @@ std::pair<double, double> step_seconds(const DemoArgs& a, const std::string& seq
 void calibrate(DemoArgs& a, const std::string& seqs, const std::string& packs) {
   const kernels::CpuFeatures& cpu = kernels::cpu_features();
   const auto [padded, packed] = step_seconds(a, seqs, packs);
-  const double both = padded + packed;
-  auto minutes = [&](const Reached& r) { return static_cast<double>(r.step) * both / 60; };
-  const Reached* chosen = &kReached[0];
-  for (const Reached& r : kReached)
-    if (std::abs(r.accuracy - a.target) < 1e-9) chosen = &r;
-  const bool known = std::abs(chosen->accuracy - a.target) < 1e-9;
+  auto minutes = [&](const Reached& r) {
+    return static_cast<double>(r.step) * (padded + packed) / 60;
+  };
   std::cout << "Calibration (" << cpu.model << ", " << cpu.isa() << "; kernels "
             << kernels::kernel_isa() << "): a step takes " << fixed(padded, 3) << " s padded, "
             << fixed(packed, 3) << " s packed";
-  if (!known || !a.calibrated_target) {
-    if (known)
-      std::cout << "; the " << chosen->step << " steps that seeds 1-3 took to "
-                << fixed(a.target, 2) << " at the defaults would take both runs ~"
-                << fixed(minutes(*chosen), 1) << " min";
+  const Reached* chosen =
+      std::find_if(std::begin(kReached), std::end(kReached),
+                   [&](const Reached& r) { return std::abs(r.accuracy - a.target) < 1e-9; });
+  if (chosen == std::end(kReached)) {
     std::cout << ".\n";
     return;
   }
-  if (minutes(*chosen) > a.budget_minutes) {
-    const Reached* fit = &std::end(kReached)[-1];
-    for (const Reached& r : kReached)
-      if (minutes(r) <= a.budget_minutes) {
-        fit = &r;
-        break;
-      }
-    std::cout << "; the " << chosen->step << " steps that seeds 1-3 took to " << fixed(a.target, 2)
-              << " would take both runs ~" << fixed(minutes(*chosen), 1) << " min, over the "
-              << general(a.budget_minutes, 3) << "-minute budget: the target is "
-              << fixed(fit->accuracy, 2) << " (" << fit->step << " steps, ~"
-              << fixed(minutes(*fit), 1) << " min), still past the plateau (--target overrides)"
-              << ".\n";
-    a.target = fit->accuracy;
+  std::cout << "; the " << chosen->step << " steps that seeds 1-3 took to " << fixed(a.target, 2)
+            << (a.calibrated_target ? "" : " at the defaults") << " would take both runs ~"
+            << fixed(minutes(*chosen), 1) << " min";
+  if (!a.calibrated_target) {
+    std::cout << ".\n";
     return;
   }
-  std::cout << "; the " << chosen->step << " steps that seeds 1-3 took to " << fixed(a.target, 2)
-            << " would take both runs ~" << fixed(minutes(*chosen), 1) << " min, within the "
-            << general(a.budget_minutes, 3) << "-minute budget.\n";
+  const std::string budget = general(a.budget_minutes, 3) + "-minute budget";
+  if (minutes(*chosen) <= a.budget_minutes) {
+    std::cout << ", within the " << budget << ".\n";
+    return;
+  }
+  // The highest target that fits, else the lowest.
+  const Reached* fit =
+      std::find_if(std::begin(kReached), std::end(kReached),
+                   [&](const Reached& r) { return minutes(r) <= a.budget_minutes; });
+  if (fit == std::end(kReached)) fit = &std::end(kReached)[-1];
+  std::cout << ", over the " << budget << ": the target is " << fixed(fit->accuracy, 2) << " ("
+            << fit->step << " steps, ~" << fixed(minutes(*fit), 1)
+            << " min), still past the plateau (--target overrides).\n";
+  a.target = fit->accuracy;
 }
 
 void pretrain_comparison(DemoArgs a, const std::string& seqs, const std::string& packs) {

@@ -85,13 +85,12 @@ CpuFeatures detect() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) f.amx_bf16 = (d >> 22) & 1u;
   f.detected = names_of(f);
-  const Isa cap = read_cap();
-  const CpuFeatures whole = f;
+  const Isa cap = f.cap = read_cap();
   f.avx2 = f.avx2 && cap >= Isa::avx2;
   f.avx512f = f.avx512f && cap >= Isa::avx512;
   f.avx512_bf16 = f.avx512_bf16 && cap >= Isa::avx512_bf16;
   f.amx_bf16 = f.amx_bf16 && cap >= Isa::amx;
-  f.capped = names_of(f) != whole.detected;
+  f.capped = names_of(f) != f.detected;
   // oneDNN reads its cap once, before its first kernel: this runs before packbert calls it.
   if (cap != Isa::amx && dnnl_set_max_cpu_isa(onednn_isa(cap)) != dnnl_success)
     throw std::logic_error("PACKBERT_MAX_ISA: oneDNN ran before its cap could be set");
@@ -124,7 +123,7 @@ void set_max_isa(Isa isa) {
 std::string CpuFeatures::isa() const {
   const std::string used = names_of(*this);
   if (!capped) return used;
-  return used + " (PACKBERT_MAX_ISA=" + isa_name(max_isa()) + " on a CPU with " + detected + ")";
+  return used + " (PACKBERT_MAX_ISA=" + isa_name(cap) + " on a CPU with " + detected + ")";
 }
 
 Isa CpuFeatures::level() const {
@@ -153,8 +152,7 @@ std::string bf16_unavailable_reason() {
       "`precision` bf16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this " + f.model +
       " has neither";
   if (hidden) why += " (PACKBERT_CPU_NO_BF16=1)";
-  if (f.capped)
-    why += " that PACKBERT_MAX_ISA=" + std::string(isa_name(max_isa())) + " leaves in use";
+  if (f.capped) why += " that PACKBERT_MAX_ISA=" + std::string(isa_name(f.cap)) + " leaves in use";
   return why + " (bf16 emulation would be slower than fp32)";
 }
 

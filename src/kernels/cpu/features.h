@@ -30,6 +30,7 @@ struct CpuFeatures {
   // What the CPU has, less what the cap hides.
   bool avx2 = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false;
   std::string detected;  // the instruction sets the CPU has, uncapped ("avx2 avx512f ...")
+  Isa cap = Isa::amx;    // the cap applied (max_isa() when these were read)
   bool capped = false;   // the cap hides something this CPU has
   // The instruction sets in use, most capable last, e.g. "avx2 avx512f avx512_bf16"; capped,
   // "avx2 (PACKBERT_MAX_ISA=avx2 on a CPU with avx2 avx512f avx512_bf16)".
