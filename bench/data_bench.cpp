@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   lo.rows_per_batch = 32;
   train::BatchLoader loader(f, 1, &p, &vocab, lo, {});
   model::BertConfig c = model::bert_preset("mini");
-  model::BertModel<float> m(c, model::Heads{});
+  model::BertModel m(c, model::Heads{});
   model::init_params(m.layout(), m.params().data(), 1);
   std::vector<double> build, step, wait;
   train::Cursor after;

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     model::BertConfig c = model::resolve_shape(shape);
     c.max_position_embeddings = std::max(512, max_len);
     const model::PackedBatch whole = bench::bench_batch(lengths, max_len, c.vocab_size);
-    model::BertModel<float> m(c, model::Heads{});
+    model::BertModel m(c, model::Heads{});
     model::init_params(m.layout(), m.params().data(), 1);
     train::LoopOptions lo;
     lo.zero = zero;

@@ -41,12 +41,12 @@ struct Aligned {
   void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
   bool operator==(const Aligned&) const { return true; }
 };
-using Buffer = std::vector<float, Aligned<float>>;
+using Floats = std::vector<float, Aligned<float>>;
 
-Buffer randn(size_t n, float scale, uint32_t seed) {
+Floats randn(size_t n, float scale, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, scale);
-  Buffer v(n);
+  Floats v(n);
   for (float& x : v) x = d(rng);
   return v;
 }
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   const auto dy = randn(static_cast<size_t>(N) * OC, 1.0f, 2);
   const auto w = randn(static_cast<size_t>(OC) * C, 0.02f, 3);
   const auto bias = randn(OC, 0.02f, 4);
-  Buffer y(static_cast<size_t>(N) * OC), dx(static_cast<size_t>(N) * C),
+  Floats y(static_cast<size_t>(N) * OC), dx(static_cast<size_t>(N) * C),
       dw(static_cast<size_t>(OC) * C), db(OC);
 
   const Backend& cpu_backend = backend(BackendKind::cpu);
@@ -110,9 +110,9 @@ int main(int argc, char** argv) {
   for (int B : blocks) {
     const BlockPattern p =
         random_block_pattern(OC, C, B, blocks_kept(OC, C, B, sparsity), 1234 + B);
-    Buffer values(p.values_size()), dvalues(p.values_size());
+    Floats values(p.values_size()), dvalues(p.values_size());
     gather_blocks(values.data(), p, w.data());
-    Buffer scratch(sparse_linear_scratch(p, N));
+    Floats scratch(sparse_linear_scratch(p, N));
     const auto nv = static_cast<int64_t>(values.size());
     auto sparse_step = [&] {
       cpu_backend.linear_forward(

@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
     masked += b.mlm_labels[s] != -100;
   }
 
-  model::BertModel<float> m(c, model::Heads{}, sparsity);
+  model::BertModel m(c, model::Heads{}, sparsity);
   model::init_params(m.layout(), m.params().data(), 1);
   m.init_patterns(1);
   m.set_backend(backend);

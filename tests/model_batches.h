@@ -4,11 +4,18 @@
 
 #include <algorithm>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "model/batch.h"
 
 namespace packbert::model {
+
+// A copy of a model's weights or gradients (BertModel::params(), grads()), to compare or keep.
+template <typename T>
+std::vector<std::remove_const_t<T>> as_vector(std::span<T> s) {
+  return {s.begin(), s.end()};
+}
 
 inline PackedBatch make_batch(const std::vector<std::vector<int>>& packs, int S, int vocab,
                               uint32_t seed) {

@@ -30,7 +30,7 @@ TEST_P(SteadyState, TrainingStepsMakeNoHeapAllocation) {
   BertConfig c = bert_preset("tiny");
   c.vocab_size = 500;
   c.max_position_embeddings = 64;
-  BertModel<float> m(c, Heads{});
+  BertModel m(c, Heads{});
   init_params(m.layout(), m.params().data(), 2);
   train::OptimizerConfig lamb, adamw;
   adamw.kind = train::OptimizerKind::adamw;

@@ -76,12 +76,12 @@ void check_whole_tiny_model(kernels::BackendKind backend, size_t stride, int num
   c.attention_probs_dropout_prob = 0.1;
   Heads heads;
   heads.classifier = heads.span = true;
-  BertModel<double> m(c, heads);
+  BertModel m(c, heads, {}, kernels::DType::f64);
   m.set_backend(backend);
-  init_params(m.layout(), m.params().data(), 3);
+  init_params(m.layout(), m.params<double>().data(), 3);
   std::mt19937 rng(4);
   std::normal_distribution<double> noise(0, 0.1);
-  for (double& v : m.params()) v += noise(rng);  // break symmetries of the fresh init
+  for (double& v : m.params<double>()) v += noise(rng);  // break symmetries of the fresh init
   PackedBatch b = make_batch({{5, 3, 4}, {9}, {2, 6}}, 13, c.vocab_size, 5);
   if (c.regression())
     for (int32_t y : b.class_labels) b.class_targets.push_back(0.7f * static_cast<float>(y) - 0.4f);
@@ -92,19 +92,20 @@ void check_whole_tiny_model(kernels::BackendKind backend, size_t stride, int num
   if (c.regression()) {  // the loss is the mean squared error of the head's one output
     double se = 0;
     for (size_t i = 0; i < b.class_targets.size(); ++i)
-      se += std::pow(m.class_logits()[i] - b.class_targets[i], 2);
+      se += std::pow(m.class_logits<double>()[i] - b.class_targets[i], 2);
     ASSERT_EQ(out.cls_count, 6);
     EXPECT_NEAR(out.cls_loss, se / 6, 1e-12);
     EXPECT_GT(out.cls_loss, 0.01);
   }
   m.zero_grads();
   m.backward();
-  std::vector<double> analytic = m.grads();
+  const std::span<const double> grads = m.grads<double>();
+  const std::vector<double> analytic(grads.begin(), grads.end());
   const double h = 1e-5;
   size_t checked = 0;
   for (const TensorSpec& t : m.layout().tensors()) {
     for (size_t i = 0; i<t.numel; i += t.numel> 64 ? stride : 1) {
-      double& w = m.params()[t.offset + i];
+      double& w = m.params<double>()[t.offset + i];
       double keep = w;
       w = keep + h;
       double up = m.forward(b, opt).loss();
@@ -150,7 +151,7 @@ void PrintTo(const BackendCase& c, std::ostream* os) {
 }
 
 // One cpu build's step (compiled for `isa`) against the reference's.
-void compare_to_ref(const BackendCase& bc, const BertModel<float>& m, const Outputs& out_ref,
+void compare_to_ref(const BackendCase& bc, const BertModel& m, const Outputs& out_ref,
                     const std::vector<float>& g_ref,
                     const std::pair<Outputs, std::vector<float>>& cpu_step, const char* isa) {
   SCOPED_TRACE(std::string("the cpu backend built for ") + isa);
@@ -202,7 +203,7 @@ TEST_P(ModelBackendStep, RefAndCpuAgreeOnTheLossAndEveryGradient) {
   c.num_labels = 3;
   Heads heads;
   heads.classifier = heads.span = true;
-  BertModel<float> m(c, heads);
+  BertModel m(c, heads);
   init_params(m.layout(), m.params().data(), 21);
   const PackedBatch b = make_batch({{40, 17, 9}, {66}, {12, 30, 8, 5}}, 72, c.vocab_size, 8);
   auto step = [&](const kernels::Backend& be) {
@@ -210,7 +211,7 @@ TEST_P(ModelBackendStep, RefAndCpuAgreeOnTheLossAndEveryGradient) {
     m.zero_grads();
     const Outputs out = m.forward(b, {true, 5, 2, parse_recompute("none"), bc.precision});
     m.backward();
-    return std::pair{out, m.grads()};
+    return std::pair{out, as_vector(m.grads())};
   };
   const auto [out_ref, g_ref] = step(kernels::backend(kernels::BackendKind::ref));
   for (const kernels::Backend* cpu_build : kernels::cpu_backends())
@@ -239,7 +240,7 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
   c.attention_probs_dropout_prob = 0.1;
   Heads heads;
   heads.classifier = heads.span = true;
-  BertModel<float> m(c, heads);
+  BertModel m(c, heads);
   init_params(m.layout(), m.params().data(), 8);
   PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
   std::vector<Precision> precisions = {Precision::fp32, Precision::fp16};
@@ -250,7 +251,7 @@ TEST(ModelRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicy) {
       m.zero_grads();
       Outputs out = m.forward(b, {true, 41, 3, parse_recompute(policy), precision});
       m.backward();
-      return std::pair{out.loss(), m.grads()};
+      return std::pair{out.loss(), as_vector(m.grads())};
     };
     const auto [loss0, grads0] = run("none");
     const size_t bytes0 = m.activation_bytes();
@@ -283,7 +284,7 @@ void check_tracks_fp32(Precision precision, double loss_tol, double grad_tol, do
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.1;
   Heads heads;
   heads.classifier = heads.span = true;
-  BertModel<float> m(c, heads);
+  BertModel m(c, heads);
   init_params(m.layout(), m.params().data(), 8);
   PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
   auto run = [&](Precision p, double scale) {
@@ -292,7 +293,7 @@ void check_tracks_fp32(Precision precision, double loss_tol, double grad_tol, do
     o.loss_scale = scale;
     Outputs out = m.forward(b, o);
     m.backward();
-    std::vector<float> g = m.grads();
+    std::vector<float> g = as_vector(m.grads());
     for (float& x : g) x = static_cast<float>(x / scale);
     return std::pair{out, g};
   };
@@ -349,7 +350,7 @@ TEST(ModelFp16, GradientsUnderflowWithoutALossScaleAndOverflowPastTheRange) {
   c.intermediate_size = 64;
   c.max_position_embeddings = 64;
   c.initializer_range = 0.02;
-  BertModel<float> m(c, Heads{});
+  BertModel m(c, Heads{});
   init_params(m.layout(), m.params().data(), 8);
   const std::vector<std::vector<int>> packs(16, std::vector<int>{64});
   PackedBatch b = make_batch(packs, 64, c.vocab_size, 6);
@@ -402,10 +403,10 @@ TEST(ModelBf16, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.1;
   Heads heads;
   heads.classifier = heads.span = true;
-  BertModel<float> a(c, heads), b(c, heads);
+  BertModel a(c, heads), b(c, heads);
   init_params(a.layout(), a.params().data(), 8);
   for (float& w : a.params()) w = kernels::to_float(kernels::to_bf16(w));  // bf16 values
-  b.params() = std::as_const(a).params();
+  std::ranges::copy(std::as_const(a).params(), b.params().begin());
   b.keep_masters_in_bf16();
   ASSERT_TRUE(b.masters_in_bf16());
   EXPECT_EQ(b.params().size(), fp32_kept_arena(b.layout()).total);
@@ -413,11 +414,11 @@ TEST(ModelBf16, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
   const float* widened = b.weights_fp32(whole);
   EXPECT_TRUE(std::equal(widened, widened + b.layout().total(), std::as_const(a).params().begin()));
   PackedBatch batch = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
-  auto run = [&](BertModel<float>& m) {
+  auto run = [&](BertModel& m) {
     m.zero_grads();
     Outputs out = m.forward(batch, {true, 41, 3, Recompute{}, Precision::bf16});
     m.backward();
-    return std::pair{out.loss(), m.grads()};
+    return std::pair{out.loss(), as_vector(m.grads())};
   };
   const auto [loss_a, grads_a] = run(a);
   const auto [loss_b, grads_b] = run(b);
@@ -442,7 +443,7 @@ TEST(ModelRecompute, PlanBytesAreTheEnginesBytes) {
   c.max_position_embeddings = 32;
   Heads heads;
   heads.classifier = heads.span = true;
-  BertModel<float> m(c, heads);
+  BertModel m(c, heads);
   init_params(m.layout(), m.params().data(), 8);
   PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
   std::vector<Precision> precisions = {Precision::fp32, Precision::fp16};
@@ -467,7 +468,7 @@ TEST(ModelRecompute, LnDropsLn1OutputsAndInnerLayerInputs) {
   BertConfig c = tiny_config();
   c.num_hidden_layers = 5;
   c.max_position_embeddings = 32;
-  BertModel<float> m(c, Heads{});
+  BertModel m(c, Heads{});
   init_params(m.layout(), m.params().data(), 8);
   PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
   m.forward(b, {true, 1, 1, parse_recompute("gelu")});
@@ -541,12 +542,12 @@ PackedBatch one_per_row(const PackedBatch& packed, const std::vector<std::vector
 // model right after the one-per-row forward.
 void expect_packed_equals_one_per_row(
     double dropout, int row_len, bool computed_padding,
-    const std::function<void(const BertModel<float>&)>& check_rows = {}) {
+    const std::function<void(const BertModel&)>& check_rows = {}) {
   BertConfig c = tiny_config();
   c.hidden_size = 16;
   c.intermediate_size = 24;
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
-  BertModel<float> m(c, Heads{});
+  BertModel m(c, Heads{});
   init_params(m.layout(), m.params().data(), 11);
   const std::vector<std::vector<int>> packs = {{5, 3, 7}, {2, 6, 4}};
   PackedBatch packed = make_batch(packs, 16, c.vocab_size, 21);
@@ -555,7 +556,7 @@ void expect_packed_equals_one_per_row(
   Outputs a = m.forward(packed, step);
   m.zero_grads();
   m.backward();
-  std::vector<float> ga = m.grads();
+  std::vector<float> ga = as_vector(m.grads());
   Outputs b = m.forward(rows, step);
   if (check_rows) check_rows(m);
   m.zero_grads();
@@ -577,7 +578,7 @@ TEST(ModelPacking, PackedEqualsOnePerRow) {
 // computed padding is laid out after the real tokens and every dropout draw is keyed by a real
 // token's place in the step, not by its slot.
 TEST(ModelPacking, ComputedPaddingOnePerRowEqualsPackedWithDropout) {
-  expect_packed_equals_one_per_row(0.2, 9, true, [](const BertModel<float>& m) {
+  expect_packed_equals_one_per_row(0.2, 9, true, [](const BertModel& m) {
     EXPECT_EQ(m.tokens().tokens(), 6 * 9);     // every slot computed
     EXPECT_EQ(m.tokens().sequences(), 6 + 6);  // 6 sequences and 6 runs of padding
   });
@@ -595,14 +596,14 @@ TEST(ModelShare, SharesOfABatchSumToTheWholeBatchWithDropout) {
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.2;
   Heads heads;
   heads.classifier = heads.span = true;
-  BertModel<float> m(c, heads);
+  BertModel m(c, heads);
   init_params(m.layout(), m.params().data(), 4);
   const PackedBatch whole = make_batch({{5, 3, 7}, {9, 2}, {2, 6, 4}, {12}}, 16, c.vocab_size, 8);
   const StepOptions step{true, 7, 3, {}};
   m.zero_grads();
   const Outputs w = m.forward(whole, step);
   m.backward();
-  const std::vector<float> gw = m.grads();
+  const std::vector<float> gw = as_vector(m.grads());
 
   const BatchShare share = share_of_whole(whole);
   EXPECT_EQ(share.places[2], (RowPlace{15 + 11, 5, 25 + 9 + 49 + 81 + 4}));
@@ -633,7 +634,7 @@ TEST(ModelShare, SharesOfABatchSumToTheWholeBatchWithDropout) {
 
 TEST(ModelDropout, SameSeedAndStepSameLossOtherStepDifferent) {
   BertConfig c = tiny_config();
-  BertModel<float> m(c, Heads{});
+  BertModel m(c, Heads{});
   init_params(m.layout(), m.params().data(), 1);
   PackedBatch b = make_batch({{6, 5}, {8}}, 12, c.vocab_size, 2);
   double l1 = m.forward(b, {true, 5, 1, {}}).loss();
@@ -647,7 +648,7 @@ TEST(ModelDropout, SameSeedAndStepSameLossOtherStepDifferent) {
 
 TEST(ModelMemory, ActivationBytesScaleWithRealTokensNotSlots) {
   BertConfig c = tiny_config();
-  BertModel<float> m(c, Heads{});
+  BertModel m(c, Heads{});
   init_params(m.layout(), m.params().data(), 1);
   m.forward(make_batch({{4}, {4}}, 16, c.vocab_size, 3), StepOptions{});
   size_t small = m.activation_bytes();
@@ -659,7 +660,7 @@ TEST(ModelMemory, ActivationBytesScaleWithRealTokensNotSlots) {
 
 TEST(ModelBatch, BadBatchesAreInputErrors) {
   BertConfig c = tiny_config();
-  BertModel<float> m(c, Heads{});
+  BertModel m(c, Heads{});
   PackedBatch good = make_batch({{4, 3}}, 9, c.vocab_size, 1);
   auto expect_error = [&](PackedBatch b, const std::string& fragment) {
     try {
@@ -789,26 +790,26 @@ TEST(ModelConfig, ShapeRequestOverridesAPresetOrAConfigFile) {
 
 TEST(Safetensors, RoundTripThroughModelWeights) {
   BertConfig c = tiny_config();
-  BertModel<float> a(c, Heads{}), b(c, Heads{});
+  BertModel a(c, Heads{}), b(c, Heads{});
   init_params(a.layout(), a.params().data(), 9);
   std::string bytes = io::serialize_safetensors(weight_tensors(a.layout(), a.params().data()),
                                                 {{"config", config_to_json(c).dump()}});
   io::SafetensorsFile f = io::SafetensorsFile::parse(bytes, "mem");
   load_weights(b.layout(), b.params().data(), f);
-  EXPECT_EQ(a.params(), b.params());
+  EXPECT_EQ(as_vector(a.params()), as_vector(b.params()));
   EXPECT_EQ(f.metadata().at("config"), config_to_json(c).dump());
 }
 
 std::string valid_file() {
   BertConfig c = tiny_config();
-  BertModel<float> a(c, Heads{});
+  BertModel a(c, Heads{});
   init_params(a.layout(), a.params().data(), 9);
   return io::serialize_safetensors(weight_tensors(a.layout(), a.params().data()), {});
 }
 
 TEST(Safetensors, BadCheckpointsNameTheProblem) {
   BertConfig c = tiny_config();
-  BertModel<float> m(c, Heads{});
+  BertModel m(c, Heads{});
   std::string good = valid_file();
   auto load = [&](const std::string& bytes) {
     load_weights(m.layout(), m.params().data(), io::SafetensorsFile::parse(bytes, "ckpt"));
@@ -827,7 +828,7 @@ TEST(Safetensors, BadCheckpointsNameTheProblem) {
   BertConfig other = c;
   other.hidden_size = 12;
   other.intermediate_size = 12;
-  BertModel<float> o(other, Heads{});
+  BertModel o(other, Heads{});
   std::string wrong = io::serialize_safetensors(weight_tensors(o.layout(), o.params().data()), {});
   expect_error(wrong,
                "tensor 'bert.embeddings.word_embeddings.weight' has shape [23, 12], the config "

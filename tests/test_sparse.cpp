@@ -342,12 +342,12 @@ Heads all_heads() {
 // A dense model holding the sparse one's weights: its own tensors as they are, the sparse ones
 // densified (zeros outside the pattern).
 template <typename T>
-void copy_to_dense(BertModel<T>& sparse, BertModel<T>& dense) {
+void copy_to_dense(BertModel& sparse, BertModel& dense) {
   std::vector<T> w(dense.layout().total(), T(0));
   auto tensors = sparse.sparse_tensors();
   for (const TensorSpec& t : sparse.layout().tensors()) {
     const TensorSpec* d = dense.layout().find(t.name);
-    const T* v = sparse.params().data() + t.offset;
+    const T* v = sparse.params<T>().data() + t.offset;
     if (!t.block) {
       std::copy_n(v, t.numel, w.begin() + d->offset);
       continue;
@@ -359,7 +359,7 @@ void copy_to_dense(BertModel<T>& sparse, BertModel<T>& dense) {
         std::copy(dw.begin(), dw.end(), w.begin() + d->offset);
       }
   }
-  dense.params() = w;
+  std::copy(w.begin(), w.end(), dense.params<T>().begin());
 }
 
 // The precisions a step can run here: fp32, fp16, and bf16 where the CPU has it.
@@ -383,11 +383,11 @@ TEST(SparseModel, EqualsTheDenseModelOnTheMaskedWeights) {
       const bool wide = precision == Precision::fp32;
       const double loss_tol = wide ? 1e-5 : 1e-2, grad_tol = wide ? 1e-5 : 5e-2;
       const std::string where = precision_name(precision) + " B=" + std::to_string(B);
-      BertModel<float> sparse(c, all_heads(), Sparsity{B, 0.6});
-      BertModel<float> dense(c, all_heads());
+      BertModel sparse(c, all_heads(), Sparsity{B, 0.6});
+      BertModel dense(c, all_heads());
       init_params(sparse.layout(), sparse.params().data(), 8);
       sparse.init_patterns(3);
-      copy_to_dense(sparse, dense);
+      copy_to_dense<float>(sparse, dense);
       const StepOptions opt{true, 41, 3, {}, precision};
       sparse.zero_grads(), dense.zero_grads();
       const Outputs so = sparse.forward(b, opt), dout = dense.forward(b, opt);
@@ -434,21 +434,22 @@ TEST(SparseModel, EqualsTheDenseModelOnTheMaskedWeights) {
 TEST(SparseModel, WholeModelFiniteDifferences) {
   BertConfig c = small_config();
   c.hidden_size = 8, c.intermediate_size = 16;
-  BertModel<double> m(c, all_heads(), Sparsity{4, 0.5});
-  init_params(m.layout(), m.params().data(), 3);
+  BertModel m(c, all_heads(), Sparsity{4, 0.5}, kernels::DType::f64);
+  init_params(m.layout(), m.params<double>().data(), 3);
   m.init_patterns(5);
   const PackedBatch b = make_batch({{5, 3, 4}, {9}, {2, 6}}, 13, c.vocab_size, 5);
   const StepOptions opt{true, 77, 9, {}};
   m.forward(b, opt);
   m.zero_grads();
   m.backward();
-  const std::vector<double> analytic = m.grads();
+  const std::span<const double> grads = m.grads<double>();
+  const std::vector<double> analytic(grads.begin(), grads.end());
   const double h = 1e-5;
   int checked = 0;
   for (const TensorSpec& t : m.layout().tensors()) {
     const size_t stride = t.block ? 5 : (t.numel > 64 ? 7 : 1);
     for (size_t i = 0; i < t.numel; i += stride) {
-      double& w = m.params()[t.offset + i];
+      double& w = m.params<double>()[t.offset + i];
       const double keep = w;
       w = keep + h;
       const double up = m.forward(b, opt).loss();
@@ -468,7 +469,7 @@ TEST(SparseModel, WholeModelFiniteDifferences) {
 // precision.
 TEST(SparseModel, GradientsAreBitwiseIdenticalUnderEveryRecomputePolicy) {
   const BertConfig c = small_config();
-  BertModel<float> m(c, all_heads(), Sparsity{8, 0.5});
+  BertModel m(c, all_heads(), Sparsity{8, 0.5});
   init_params(m.layout(), m.params().data(), 8);
   m.init_patterns(2);
   const PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
@@ -477,7 +478,7 @@ TEST(SparseModel, GradientsAreBitwiseIdenticalUnderEveryRecomputePolicy) {
       m.zero_grads();
       const Outputs out = m.forward(b, {true, 41, 3, parse_recompute(policy), precision});
       m.backward();
-      return std::pair{out.loss(), m.grads()};
+      return std::pair{out.loss(), as_vector(m.grads())};
     };
     const auto [loss0, grads0] = run("none");
     for (const std::string policy : {"gelu,ln,residual", "attention", "layer", "every:2"}) {
@@ -495,7 +496,7 @@ TEST(SparseModel, GradientsAreBitwiseIdenticalUnderEveryRecomputePolicy) {
 TEST(SparseModel, FanInInitScalesOnlyTheSparseWeightsToTheDenseVariance) {
   const BertConfig c = small_config();
   for (const int B : {1, 4}) {
-    BertModel<float> dense_init(c, Heads{}, Sparsity{B, 0.9}), fan_in(c, Heads{}, Sparsity{B, 0.9});
+    BertModel dense_init(c, Heads{}, Sparsity{B, 0.9}), fan_in(c, Heads{}, Sparsity{B, 0.9});
     init_params(dense_init.layout(), dense_init.params().data(), 5);
     init_params(fan_in.layout(), fan_in.params().data(), 5, SparseInit::fan_in);
     int sparse_tensors = 0;
@@ -533,13 +534,13 @@ TEST(SparseModel, FanInInitScalesOnlyTheSparseWeightsToTheDenseVariance) {
 // A model with bf16 master weights keeps its encoder weights in bf16 only, which the block-sparse
 // kernels (fp32 values) cannot read: refused, not silently widened each step.
 TEST(SparseModel, RefusesBf16MasterWeights) {
-  BertModel<float> m(small_config(), Heads{}, Sparsity{4, 0.5});
+  BertModel m(small_config(), Heads{}, Sparsity{4, 0.5});
   EXPECT_THROW(m.keep_masters_in_bf16(), std::logic_error);
 }
 
 // A model with random values in every weight and an AdamW optimizer whose moments are all 1.
 struct UpdateFixture {
-  BertModel<float> m;
+  BertModel m;
   train::Optimizer opt;
   explicit UpdateFixture(int block)
       : m(small_config(), Heads{}, Sparsity{block, 0.5}),
@@ -553,7 +554,7 @@ struct UpdateFixture {
   }
 };
 
-std::vector<std::vector<int32_t>> all_slots(BertModel<float>& m) {
+std::vector<std::vector<int32_t>> all_slots(BertModel& m) {
   std::vector<std::vector<int32_t>> out;
   for (const SparseTensor& t : m.sparse_tensors()) {
     std::vector<int32_t> r, c;
@@ -608,7 +609,7 @@ TEST(SparseSchedule, UpdatesEveryTotalOverNStepsAndSaysSo) {
 TEST(SparseUpdate, PrunesTheSmallestRegrowsOnlyInactiveBlocksAndZeroesThem) {
   for (const int B : {1, 4, 8}) {
     UpdateFixture f(B);
-    const std::vector<float> before = f.m.params();
+    const std::vector<float> before = as_vector(f.m.params());
     const auto slots_before = all_slots(f.m);
     train::SparseOptions o;
     o.sparsity = {B, 0.5};

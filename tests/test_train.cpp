@@ -246,7 +246,7 @@ TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
   r.config.vocab_size = 2000;
   r.shape = uniform_shape(64, 2, 1);
   const StepPlan plan = plan_step(r, model::Recompute{});
-  model::BertModel<float> m(r.config, r.heads);
+  model::BertModel m(r.config, r.heads);
   m.keep_masters_in_bf16();
   OptimizerConfig c;
   c.masters = Masters::bf16;

@@ -17,6 +17,7 @@
 #include "error.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/features.h"
+#include "model_batches.h"
 #include "model/weights.h"
 #include "rng.h"
 #include "train/memory_plan.h"
@@ -74,7 +75,7 @@ void check_killed_run_resumes_bit_exactly(model::Precision precision,
   ASSERT_EQ(after.size(), 5u);
   for (size_t i = 0; i < after.size(); ++i)
     EXPECT_EQ(after[i], reference[3 + i]) << "step " << 3 + i;
-  EXPECT_EQ(resumed.model().params(), full.model().params());
+  EXPECT_EQ(model::as_vector(resumed.model().params()), model::as_vector(full.model().params()));
   const size_t n = full.model().layout().total();
   std::vector<float> a, b;
   const float* weights = resumed.model().weights_fp32(a);
@@ -145,8 +146,8 @@ TEST(Trainer, FanInSparseInitScalesTheNewSparseWeights) {
   };
   auto dense = start("init_dense", model::SparseInit::dense);
   auto fan_in = start("init_fan_in", model::SparseInit::fan_in);
-  const std::vector<float>& a = dense->model().params();
-  const std::vector<float>& f = fan_in->model().params();
+  const std::vector<float> a = model::as_vector(dense->model().params());
+  const std::vector<float> f = model::as_vector(fan_in->model().params());
   ASSERT_EQ(a.size(), f.size());
   int scaled = 0;
   for (const model::TensorSpec& t : fan_in->model().layout().tensors()) {
@@ -217,7 +218,7 @@ TEST(Trainer, SparseRunPrunesItsDenseInitAndExportsDense) {
   export_model(t.model(), out, w.vocab);
   auto exported = load_model(out, model::Heads{});
   auto from_checkpoint = load_model(t.checkpoint_path(), model::Heads{});
-  EXPECT_EQ(exported->params(), from_checkpoint->params());
+  EXPECT_EQ(model::as_vector(exported->params()), model::as_vector(from_checkpoint->params()));
   for (const model::SparseTensor& st : t.model().sparse_tensors()) {
     const std::vector<float> dense =
         model::dense_weight(st, t.model().params().data() + st.spec->offset);
@@ -375,13 +376,13 @@ TEST(LossScaling, OverflowSkipsStepsAndHalvesTheScaleUntilTrainingProceeds) {
   o.loop.loss_scaling.initial = std::ldexp(1.0, 140);
   o.loop.nan_abort = 2;
   Trainer t(o, false);
-  std::vector<float> before = t.model().params();
+  std::vector<float> before = model::as_vector(t.model().params());
   int64_t skipped = 0, applied = 0, first_applied = 0;
   double scale = o.loop.loss_scaling.initial;
   std::atomic<bool> stop{false};
   t.run(stop,
         [&](const StepMetrics& s) {
-          const std::vector<float>& after = t.model().params();
+          const std::vector<float> after = model::as_vector(t.model().params());
           EXPECT_EQ(s.loss_scale, scale) << "step " << s.step;
           if (s.skipped) {
             EXPECT_EQ(s.skip_reason, "loss-scale overflow") << "step " << s.step;
@@ -446,12 +447,12 @@ TEST(LossScaling, Fp16OverflowsWhereFp32DoesNotAndTheScalerRecovers) {
     o.loop.nan_abort = 2;
     o.loop.precision = precision;
     Trainer t(o, false);
-    std::vector<float> before = t.model().params();
+    std::vector<float> before = model::as_vector(t.model().params());
     int64_t skipped = 0, applied = 0;
     std::atomic<bool> stop{false};
     t.run(stop,
           [&](const StepMetrics& s) {
-            const std::vector<float>& after = t.model().params();
+            const std::vector<float> after = model::as_vector(t.model().params());
             if (s.skipped) {
               EXPECT_EQ(s.skip_reason, "loss-scale overflow") << "step " << s.step;
               EXPECT_TRUE(after == before) << "a skipped step moved the weights, step " << s.step;
@@ -588,7 +589,7 @@ TEST(Trainer, TwoPhasePretrainingCarriesOrResetsTheOptimizer) {
     Trainer t(p1, false);
     EXPECT_EQ(t.config().max_position_embeddings, 512);
     losses_of(t, 4);
-    m1 = t.optimizer().m();
+    m1 = model::as_vector(t.optimizer().m());
   }
   for (bool carry : {true, false}) {
     PretrainOptions p2 = w.options(carry ? "phase2_carry" : "phase2_reset");
@@ -602,7 +603,7 @@ TEST(Trainer, TwoPhasePretrainingCarriesOrResetsTheOptimizer) {
     EXPECT_EQ(t.step(), 0);
     EXPECT_EQ(t.optimizer().steps(), carry ? 4 : 0);
     if (carry)
-      EXPECT_EQ(t.optimizer().m(), m1);
+      EXPECT_EQ(model::as_vector(t.optimizer().m()), m1);
     else
       EXPECT_TRUE(std::all_of(t.optimizer().m().begin(), t.optimizer().m().end(),
                               [](float x) { return x == 0; }));
@@ -664,7 +665,7 @@ TEST(Export, RoundTripsThroughTheHuggingFaceLayout) {
   std::string again = (w.dir / "again").string();
   export_model(*m, again, "");
   auto n = load_model(again, model::Heads{});
-  EXPECT_EQ(m->params(), n->params());
+  EXPECT_EQ(model::as_vector(m->params()), model::as_vector(n->params()));
   EXPECT_EQ(n->config().hidden_size, 16);
 }
 
@@ -686,8 +687,8 @@ TEST(Export, Bf16StoresEachWeightRoundedToNearestInHalfTheBytes) {
   std::ifstream cf(narrow + "/config.json");
   EXPECT_EQ(nlohmann::json::parse(cf).at("torch_dtype"), "bfloat16");
   auto n = load_model(narrow, model::Heads{});
-  const std::vector<float>& before = std::as_const(*m).params();
-  const std::vector<float> after = std::as_const(*n).params();
+  const std::vector<float> before = model::as_vector(std::as_const(*m).params());
+  const std::vector<float> after = model::as_vector(std::as_const(*n).params());
   ASSERT_EQ(before.size(), after.size());
   for (size_t i = 0; i < before.size(); ++i)
     ASSERT_EQ(after[i], kernels::to_float(kernels::to_bf16(before[i]))) << i;
@@ -696,7 +697,7 @@ TEST(Export, Bf16StoresEachWeightRoundedToNearestInHalfTheBytes) {
   const std::string masters = (w.dir / "masters").string();
   export_model(*n, masters, "");
   auto back = load_model(masters, model::Heads{});
-  EXPECT_EQ(std::as_const(*back).params(), after);
+  EXPECT_EQ(model::as_vector(std::as_const(*back).params()), after);
 }
 
 }  // namespace

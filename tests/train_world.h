@@ -73,7 +73,7 @@ struct World {
     c.num_attention_heads = 2;
     c.intermediate_size = 32;
     c.max_position_embeddings = 32;
-    model::BertModel<float> m(c, model::Heads{});
+    model::BertModel m(c, model::Heads{});
     model::init_params(m.layout(), m.params().data(), 7);
     init = (dir / "init").string();
     export_model(m, init, vocab);

@@ -8,8 +8,8 @@
 // (cpu/features.h), chosen once.
 //
 // A new backend (a GPU's) is a folder kernels/NAME/ whose NAME.h includes backend_ops.inc into
-// namespace kernels::NAME and whose files define those functions, one BackendKind, and one row in
-// ops.cpp's table.
+// namespace kernels::NAME and whose files define those functions, a Device for its memory
+// (kernels/device.h), one BackendKind, and one row in ops.cpp's table.
 #pragma once
 
 #include <string>
@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/features.h"
+#include "kernels/device.h"
 #include "kernels/ref/ref.h"
 
 namespace packbert::kernels {
@@ -63,6 +64,7 @@ struct Backend {
   BackendKind kind;
   const char* name;  // "cpu", "ref": the names parse_backend takes
   Isa isa;           // what this build of the kernels needs (ref: sse2, plain loops)
+  Device& (*device)();  // where its tensors live (cpu and ref: the host's memory)
 #define PACKBERT_OP_MEMBER(op) decltype(&cpu::op) op;
   PACKBERT_OPS(PACKBERT_OP_MEMBER)
 #undef PACKBERT_OP_MEMBER

@@ -210,6 +210,23 @@ struct View {
   }
 
   explicit operator bool() const { return data != nullptr; }
+  // The first rows_ x cols_ elements of a contiguous View, as that matrix (a workspace record or
+  // a parameter as the op at hand reads it). An empty View stays empty.
+  View shaped(int64_t rows_, int64_t cols_) const {
+    assert(!data || (contiguous() && rows_ * cols_ <= numel()));
+    View v = *this;
+    v.rows = rows_, v.cols = cols_, v.ld = cols_, v.batch = 1, v.batch_stride = 0;
+    return v;
+  }
+  // Elements [first, first + n) of a contiguous View, as a vector.
+  View slice(int64_t first, int64_t n) const {
+    assert(!data || (contiguous() && first + n <= numel()));
+    View v = shaped(1, 0);
+    if (data) v.data = static_cast<std::byte*>(data) + first * static_cast<int64_t>(size_of());
+    v.cols = v.ld = n;
+    return v;
+  }
+  bool is_16bit() const { return dtype == DType::bf16 || dtype == DType::f16; }
   int64_t numel() const { return batch * rows * cols; }
   bool contiguous() const { return ld == cols && (batch == 1 || batch_stride == rows * cols); }
   // The typed pointer; the caller names the type it expects, checked in debug builds.
@@ -228,6 +245,9 @@ struct View {
     store(b * batch_stride + r * ld + c, x);
   }
   double at(int64_t i) const { return load(i); }
+  size_t size_of() const {
+    return dtype == DType::f64 ? 8 : dtype == DType::f32 ? 4 : 2;
+  }
   void put(int64_t i, double x) const { store(i, x); }
 
  private:

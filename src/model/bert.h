@@ -2,12 +2,13 @@
 // heads, as a loop over the paired layer functions (model/encoder_layer.h, model/heads.h).
 // Forward fills the step's workspace (model/workspace.h) with what backward needs, as the step's
 // recompute policy decides; backward accumulates into the gradient arena, whose layout matches
-// the parameters'. Templated on the scalar so whole-model gradients can be checked in double.
+// the parameters'. The scalar is a DType (f32, or f64 so whole-model gradients can be checked in
+// double).
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <memory>
+#include <span>
 #include <vector>
 
 #include "model/batch.h"
@@ -20,42 +21,55 @@
 
 namespace packbert::model {
 
-template <typename T>
 class BertModel {
  public:
   // With sparsity on, the encoder's linear weights are block-sparse (model/sparse.h), on
-  // uniformly random patterns until init_patterns or a load sets them.
-  BertModel(const BertConfig& config, Heads heads, Sparsity sparsity = {});
+  // uniformly random patterns until init_patterns or a load sets them. dtype: the scalar of the
+  // weights, gradients and steps, f32 (training) or f64 (the finite-difference tests).
+  BertModel(const BertConfig& config, Heads heads, Sparsity sparsity = {},
+            kernels::DType dtype = kernels::DType::f32);
 
   const ParamLayout& layout() const { return layout_; }
   const BertConfig& config() const { return layout_.config(); }
-  // Handing out the weights for writing marks their bf16 copy stale; read through the const
-  // overload to keep it.
-  std::vector<T>& params() {
+  kernels::DType dtype() const { return params_.dtype(); }
+  // The weight and gradient arenas (layout()'s layout) as the model's scalar T (std::logic_error
+  // when T is not dtype()). Handing out the weights for writing marks their 16-bit copy stale;
+  // read through the const overload to keep it.
+  template <typename T = float>
+  std::span<T> params() {
     ++params_version_;
-    return params_;
+    return params_.span<T>();
   }
-  const std::vector<T>& params() const { return params_; }
-  std::vector<T>& grads() { return grads_; }
-  // The bf16 copy of the weights that Precision::bf16 steps multiply with (allocated on first
-  // use, same layout as params()). A forward under bf16 refreshes it when params() has been
-  // handed out since it was last written; an optimizer that rewrites it in its own pass calls
-  // weights16_written() afterwards instead.
+  template <typename T = float>
+  std::span<const T> params() const {
+    return params_.span<const T>();
+  }
+  template <typename T = float>
+  std::span<T> grads() {
+    return grads_.span<T>();
+  }
+  template <typename T = float>
+  std::span<const T> grads() const {
+    return grads_.span<const T>();
+  }
+  // The one 16-bit copy of the weights that the steps of a 16-bit precision multiply with (same
+  // layout as params()), as bf16: allocated on first use, and refreshed by a bf16 forward when
+  // params() has been handed out since it was last written. An optimizer that rewrites it in its
+  // own pass calls weights16_written() afterwards instead.
   kernels::bf16* weights16();
-  void weights16_written() { params16_version_ = params_version_; }
-  // Master weights in bf16 (`--master-weights bf16`; T = float, Precision::bf16 steps only): the
-  // bf16 copy, rounded to nearest from params() now, becomes the weights themselves, and params()
-  // shrinks to the tensors kernels also read in fp32 (read_only_in_bf16 in model/params.h: about
-  // 1% of BERT's), widened from the masters after each update. The weights then take 2 bytes per
-  // parameter instead of 6. For good: call it after the weights are loaded.
+  void weights16_written() { copy16_version_ = params_version_; }
+  // Master weights in bf16 (`--master-weights bf16`; an f32 model, Precision::bf16 steps only):
+  // the bf16 copy, rounded to nearest from params() now, becomes the weights themselves, and
+  // params() shrinks to the tensors kernels also read in fp32 (read_only_in_bf16 in
+  // model/params.h: about 1% of BERT's), widened from the masters after each update. The weights
+  // then take 2 bytes per parameter instead of 6. For good: call it after the weights are loaded.
   void keep_masters_in_bf16();
   bool masters_in_bf16() const { return masters16_; }
   // After the optimizer rewrote the bf16 masters (weights16()): widens them into params().
   void masters16_written();
-  // The whole weight arena in fp32 (params()' layout): params() itself, or under bf16 masters
-  // their values widened into `scratch`.
-  const T* weights_fp32(std::vector<T>& scratch) const;
-  const ParamView<T>& p() const { return p_; }
+  // The whole weight arena in fp32 (params()' layout) of an f32 model: params() itself, or under
+  // bf16 masters their values widened into `scratch`.
+  const float* weights_fp32(std::vector<float>& scratch) const;
   // The block-sparse patterns, one set per layer (empty when dense). Whoever moves slots
   // (prune and regrow, a checkpoint load) calls index_patterns on them afterwards.
   std::vector<LayerPatterns>& patterns() { return patterns_; }
@@ -71,9 +85,11 @@ class BertModel {
   // The backend every op of a step runs on (kernels/ops.h): cpu, or ref, the reference loops the
   // tests hold cpu to (orders of magnitude slower). A model's weights would live where its
   // backend computes, so it is the model's, not a step's.
-  void set_backend(kernels::BackendKind kind) { backend_ = &kernels::backend(kind); }
+  // Its tensors stay where they are: the new backend must compute in the same Device's memory
+  // (std::logic_error otherwise; cpu and ref share the host's).
+  void set_backend(kernels::BackendKind kind) { set_backend(kernels::backend(kind)); }
   // One build of a backend (kernels::cpu_backends(): the tests run each build of cpu).
-  void set_backend(const kernels::Backend& b) { backend_ = &b; }
+  void set_backend(const kernels::Backend& b);
   kernels::BackendKind backend() const { return backend_->kind; }
 
   void zero_grads();
@@ -89,55 +105,48 @@ class BertModel {
   // Bytes of activations the last forward kept for backward, and of its scratch.
   size_t activation_bytes() const { return ws_.activation_bytes(); }
   size_t scratch_bytes() const { return ws_.scratch_bytes(); }
-  // Per-sequence classifier / span logits from the last forward ([n_seq, num_labels], [T, 2]).
-  const T* class_logits() const { return ws_.get(Rec::cls_logits); }
-  const T* span_logits() const { return ws_.get(Rec::span_logits); }
+  // Per-sequence classifier / span logits from the last forward ([n_seq, num_labels], [T, 2]),
+  // in the model's scalar T.
+  template <typename T = float>
+  const T* class_logits() const {
+    return ws_.get(Rec::cls_logits).as<const T>();
+  }
+  template <typename T = float>
+  const T* span_logits() const {
+    return ws_.get(Rec::span_logits).as<const T>();
+  }
   const TokenLayout& tokens() const { return tl_; }
 
  private:
-  template <typename H>
-  StepContext<T, H> context();  // (non-const: backward writes block_grads_ through it)
-  // forward and backward past their set-up, with H the step's 16-bit type (bf16 under fp32,
-  // where no 16-bit tensor is held).
-  template <typename H>
-  void forward_with(const PackedBatch& batch);
-  template <typename H>
-  void backward_with(const std::function<void(size_t begin, size_t end)>& ready);
+  StepContext context();  // (non-const: backward writes block_grads_ through it)
+  // The 16-bit copy as `t` (bf16 or f16): reallocated and marked stale when it holds the other.
+  void hold_copy16(kernels::DType t);
   bool kept(int l) const;  // is layer l's input a kept checkpoint (always, unless every:K)
   struct Slot {
     Rec rec;
     int64_t copy;
   };
   Slot input_slot(int l) const;   // the input of layer l (l = L: the encoder's output)
-  Slot output_slot(int l) const;  // where layer l writes its output
-  // The layer input / output in T, and in 16 bits (H). Under fp32 the 16-bit form is null; under
-  // a 16-bit precision the T form is null but for the encoder's output (l = L), which the heads
-  // also read in T.
-  T* input_of(int l) const;
-  T* output_of(int l) const;
-  template <typename H>
-  H* input16_of(int l) const;
-  template <typename H>
-  H* output16_of(int l) const;
-  template <typename H>
-  LayerRecord<T, H> record_of(int l) const;
+  // The input / output of layer l as the layers hold it (16 bits under a 16-bit precision).
+  kernels::View input_of(int l) const;
+  kernels::View output_of(int l) const;
+  // The encoder's output in the step's scalar, which the heads read (under a 16-bit precision a
+  // wide copy beside the layers' 16-bit one).
+  kernels::View top() const;
+  LayerRecord record_of(int l) const;
   void place_rows(const PackedBatch& batch);
-  ClassTargets<T> class_targets(const PackedBatch& batch);
+  ClassTargets class_targets(const PackedBatch& batch);
 
   ParamLayout layout_;
   const kernels::Backend* backend_ = &kernels::backend(kernels::BackendKind::cpu);
   std::vector<LayerPatterns> patterns_;
   std::vector<LayerBlockGrads> block_grads_;  // empty unless collecting
-  std::vector<T> dense_grad_scratch_;
-  std::vector<T> params_, grads_;
-  ParamView<T> p_, g_;
-  std::vector<kernels::bf16> params16_;
-  std::unique_ptr<ParamView<kernels::bf16>> p16_;
-  uint64_t params_version_ = 0, params16_version_ = ~uint64_t{0};
-  // Under fp16: the weights rounded to fp16, refreshed by the forward after params() changed.
-  std::vector<kernels::f16> params_f16_;
-  std::unique_ptr<ParamView<kernels::f16>> p_f16_;
-  uint64_t params_f16_version_ = ~uint64_t{0};
+  kernels::Buffer dense_grad_scratch_;
+  kernels::Buffer params_, grads_;
+  ParamView p_, g_;
+  kernels::Buffer copy16_;  // the 16-bit copy of the weights (bf16 or f16), or the bf16 masters
+  ParamView p16_;
+  uint64_t params_version_ = 0, copy16_version_ = ~uint64_t{0};
   bool masters16_ = false;
   std::vector<KeptPlace> kept_fp32_;  // under bf16 masters: what params() keeps, and where
 
@@ -152,8 +161,8 @@ class BertModel {
   BatchShare share_;
   std::vector<std::pair<size_t, size_t>> grad_ranges_;
   std::vector<int32_t> cls_targets_, span_targets_;  // span: (start, end) pairs
-  std::vector<T> cls_values_;                        // a regression head's targets
-  Workspace<T> ws_;
+  kernels::Buffer cls_values_;                       // a regression head's targets
+  Workspace ws_;
   Outputs out_;
 };
 

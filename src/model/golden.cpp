@@ -69,7 +69,7 @@ GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol
                           const Recompute& recompute, Precision precision, double loss_scale,
                           kernels::BackendKind backend) {
   io::SafetensorsFile f = io::SafetensorsFile::read(path);
-  BertModel<float> model(golden_config(f, path), Heads{});
+  BertModel model(golden_config(f, path), Heads{});
   model.set_backend(backend);
   load_weights(model.layout(), model.params().data(), f);
   const PackedBatch b = golden_batch(f, path);

@@ -10,48 +10,38 @@
 
 namespace packbert::model {
 
-template <typename T, typename H>
-void pooler_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top);
-template <typename T, typename H>
-void pooler_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
-                     T* dtop);
+// top: the encoder's output [T, C] in the step's scalar; dtop [T, C] likewise.
+void pooler_forward(const StepContext& s, const ParamView& p, kernels::View top);
+void pooler_backward(const StepContext& s, const ParamView& p, const ParamView& g,
+                     kernels::View dtop);
 
-template <typename T, typename H>
-// top16: the 16-bit twin of top under a 16-bit precision (null under fp32).
-void mlm_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top, const H* top16,
-                 Outputs& out);
-template <typename T, typename H>
-void mlm_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
-                  const Outputs& out, T* dtop);
+// top_held: the encoder's output as the layers hold it (16 bits under a 16-bit precision: the
+// transform's GEMM operand; the scalar top under fp32).
+void mlm_forward(const StepContext& s, const ParamView& p, kernels::View top_held, Outputs& out);
+void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, const Outputs& out,
+                  kernels::View dtop);
 
 // targets: [n_seq] NSP labels (< 0 = none).
-template <typename T, typename H>
-void nsp_forward(const StepContext<T, H>& s, const ParamView<T>& p, const int32_t* targets,
-                 Outputs& out);
-template <typename T, typename H>
-void nsp_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
+void nsp_forward(const StepContext& s, const ParamView& p, const int32_t* targets, Outputs& out);
+void nsp_backward(const StepContext& s, const ParamView& p, const ParamView& g,
                   const int32_t* targets, const Outputs& out);
 
 // The classifier's targets: class labels [n_seq] (< 0 = none), or under a regression head
-// (config.regression(): one output, squared error) the values [n_seq] it is trained towards.
-template <typename T>
+// (config.regression(): one output, squared error) the values [n_seq] it is trained towards, in
+// the step's scalar.
 struct ClassTargets {
   const int32_t* labels = nullptr;
-  const T* values = nullptr;
+  kernels::View values;
 };
-template <typename T, typename H>
-void classifier_forward(const StepContext<T, H>& s, const ParamView<T>& p,
-                        const ClassTargets<T>& targets, Outputs& out);
-template <typename T, typename H>
-void classifier_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
-                         const ClassTargets<T>& targets, const Outputs& out);
+void classifier_forward(const StepContext& s, const ParamView& p, const ClassTargets& targets,
+                        Outputs& out);
+void classifier_backward(const StepContext& s, const ParamView& p, const ParamView& g,
+                         const ClassTargets& targets, const Outputs& out);
 
 // targets: [n_seq, 2] (start, end) within each sequence (< 0 = none; checked < length).
-template <typename T, typename H>
-void span_forward(const StepContext<T, H>& s, const ParamView<T>& p, const T* top,
+void span_forward(const StepContext& s, const ParamView& p, kernels::View top,
                   const int32_t* targets, Outputs& out);
-template <typename T, typename H>
-void span_backward(const StepContext<T, H>& s, const ParamView<T>& p, const ParamView<T>& g,
-                   const T* top, const int32_t* targets, const Outputs& out, T* dtop);
+void span_backward(const StepContext& s, const ParamView& p, const ParamView& g, kernels::View top,
+                   const int32_t* targets, const Outputs& out, kernels::View dtop);
 
 }  // namespace packbert::model

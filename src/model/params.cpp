@@ -137,16 +137,22 @@ KeptArena fp32_kept_arena(const ParamLayout& layout) {
   return a;
 }
 
-template <typename T>
-ParamView<T>::ParamView(const ParamLayout& layout, T* base)
-    : ParamView(layout, [base](const TensorSpec& t) { return base + t.offset; }) {}
+ParamView::ParamView(const ParamLayout& layout, const kernels::View& arena)
+    : ParamView(layout, [&arena](const TensorSpec& t) {
+        return arena.slice(static_cast<int64_t>(t.offset), static_cast<int64_t>(t.numel));
+      }) {}
 
-template <typename T>
-ParamView<T>::ParamView(const ParamLayout& layout,
-                        const std::function<T*(const TensorSpec&)>& place) {
-  auto at = [&](const std::string& name) -> T* {
+ParamView::ParamView(const ParamLayout& layout,
+                     const std::function<kernels::View(const TensorSpec&)>& place) {
+  auto at = [&](const std::string& name) -> kernels::View {
     const TensorSpec* t = layout.find(name);
-    return t ? place(*t) : nullptr;
+    return t ? place(*t) : kernels::View();
+  };
+  // query | key | value, adjacent in every arena (ParamLayout's fused groups).
+  auto fused = [&](const std::string& query) {
+    kernels::View v = at(query);
+    v.cols = v.ld = 3 * v.cols;
+    return v;
   };
   word = at("bert.embeddings.word_embeddings.weight");
   position = at("bert.embeddings.position_embeddings.weight");
@@ -156,7 +162,7 @@ ParamView<T>::ParamView(const ParamLayout& layout,
   for (int l = 0; l < layout.config().num_hidden_layers; ++l) {
     std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
     layers.push_back(
-        {at(p + "attention.self.query.weight"), at(p + "attention.self.query.bias"),
+        {fused(p + "attention.self.query.weight"), fused(p + "attention.self.query.bias"),
          at(p + "attention.output.dense.weight"), at(p + "attention.output.dense.bias"),
          at(p + "attention.output.LayerNorm.weight"), at(p + "attention.output.LayerNorm.bias"),
          at(p + "intermediate.dense.weight"), at(p + "intermediate.dense.bias"),
@@ -216,10 +222,6 @@ void init_params(const ParamLayout& layout, T* params, uint64_t seed, SparseInit
   std::fill(params + word->offset, params + word->offset + word->shape[1], T(0));
 }
 
-template struct ParamView<float>;
-template struct ParamView<double>;
-template struct ParamView<kernels::bf16>;
-template struct ParamView<kernels::f16>;
 template void init_params<float>(const ParamLayout&, float*, uint64_t, SparseInit);
 template void init_params<double>(const ParamLayout&, double*, uint64_t, SparseInit);
 

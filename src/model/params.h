@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/tensor.h"
 #include "model/config.h"
 
 namespace packbert::model {
@@ -65,29 +66,31 @@ class ParamLayout {
   size_t total_ = 0;
 };
 
-// Named views into an arena laid out by ParamLayout (weights, or gradients of the same shape).
+// Named views into an arena laid out by ParamLayout (weights, gradients, or the 16-bit copy of
+// the weights: the arena's DType is theirs). Each is a vector View of the elements the arena
+// holds for the tensor, which an op shapes as it reads it; empty where the arena lacks it.
 // qkv_w is the [3C, C] concatenation of query, key and value weights (adjacent in the arena),
 // qkv_b the matching [3C] biases, so one GEMM produces q | k | v per token.
-template <typename T>
 struct LayerView {
-  T *qkv_w, *qkv_b, *attn_out_w, *attn_out_b, *ln1_w, *ln1_b;
-  T *inter_w, *inter_b, *out_w, *out_b, *ln2_w, *ln2_b;
+  kernels::View qkv_w, qkv_b, attn_out_w, attn_out_b, ln1_w, ln1_b;
+  kernels::View inter_w, inter_b, out_w, out_b, ln2_w, ln2_b;
 };
 
-template <typename T>
 struct ParamView {
-  T *word, *position, *token_type, *emb_ln_w, *emb_ln_b;
-  std::vector<LayerView<T>> layers;
-  T *pool_w = nullptr, *pool_b = nullptr;
-  T *mlm_w = nullptr, *mlm_b = nullptr, *mlm_ln_w = nullptr, *mlm_ln_b = nullptr,
-    *mlm_bias = nullptr;
-  T *nsp_w = nullptr, *nsp_b = nullptr;
-  T *cls_w = nullptr, *cls_b = nullptr;
-  T *span_w = nullptr, *span_b = nullptr;
+  kernels::View word, position, token_type, emb_ln_w, emb_ln_b;
+  std::vector<LayerView> layers;
+  kernels::View pool_w, pool_b;
+  kernels::View mlm_w, mlm_b, mlm_ln_w, mlm_ln_b, mlm_bias;
+  kernels::View nsp_w, nsp_b;
+  kernels::View cls_w, cls_b;
+  kernels::View span_w, span_b;
 
-  ParamView(const ParamLayout& layout, T* base);
-  // Each tensor where `at` places it (null: nowhere in this view).
-  ParamView(const ParamLayout& layout, const std::function<T*(const TensorSpec&)>& at);
+  ParamView() = default;
+  // Each tensor at its layout offset in `arena` (a vector of layout.total() elements).
+  ParamView(const ParamLayout& layout, const kernels::View& arena);
+  // Each tensor where `at` places it (an empty View: nowhere in this view).
+  ParamView(const ParamLayout& layout,
+            const std::function<kernels::View(const TensorSpec&)>& at);
 };
 
 // Elements one encoder layer's linear weights hold (query, key, value, attention output, FFN up

@@ -18,7 +18,7 @@ std::string pattern_name(const std::string& tensor, const char* part) {
   return "sparse." + std::string(part) + "." + tensor;
 }
 
-void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file,
+void load_model_weights(BertModel& m, const io::SafetensorsFile& file,
                         std::vector<std::string>* fresh, bool new_heads) {
   float* params = m.params().data();
   std::vector<SparseTensor> sparse = m.sparse_tensors();
@@ -66,7 +66,7 @@ std::vector<io::TensorToWrite> weight_tensors(const ParamLayout& layout, const f
   return out;
 }
 
-OwnedTensors dense_weight_tensors(const BertModel<float>& m, const float* params) {
+OwnedTensors dense_weight_tensors(const BertModel& m, const float* params) {
   OwnedTensors o;
   o.tensors = weight_tensors(m.layout(), params);
   const std::vector<SparseTensor> sparse = sparse_tensors(m.layout(), m.patterns());
@@ -81,7 +81,7 @@ OwnedTensors dense_weight_tensors(const BertModel<float>& m, const float* params
   return o;
 }
 
-OwnedTensors pattern_tensors(const BertModel<float>& m) {
+OwnedTensors pattern_tensors(const BertModel& m) {
   OwnedTensors o;
   const std::vector<SparseTensor> sparse = sparse_tensors(m.layout(), m.patterns());
   o.ints.reserve(2 * sparse.size());

@@ -26,7 +26,7 @@ void load_weights(const ParamLayout& layout, float* params, const io::Safetensor
 // value the model holds (the caller initialised it) and its name is appended to `fresh`, as
 // transformers does for newly initialised weights; without, it is an error. `new_heads`: the task
 // heads (classifier, qa_outputs) are taken as absent even when the file has them.
-void load_model_weights(BertModel<float>& m, const io::SafetensorsFile& file,
+void load_model_weights(BertModel& m, const io::SafetensorsFile& file,
                         std::vector<std::string>* fresh = nullptr, bool new_heads = false);
 
 // The checkpoint names of a sparse weight's pattern: its blocks' rows and columns (I32, [kept]).
@@ -45,8 +45,8 @@ struct OwnedTensors {
 };
 // The weights in Hugging Face's dense layout: weight_tensors, with every sparse weight expanded
 // to its full shape (zeros outside the pattern): what an export writes.
-OwnedTensors dense_weight_tensors(const BertModel<float>& m, const float* params);
+OwnedTensors dense_weight_tensors(const BertModel& m, const float* params);
 // Each sparse weight's pattern (pattern_name's rows and cols): what a checkpoint adds.
-OwnedTensors pattern_tensors(const BertModel<float>& m);
+OwnedTensors pattern_tensors(const BertModel& m);
 
 }  // namespace packbert::model

@@ -1,7 +1,6 @@
 #include "model/workspace.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <new>
 #include <sstream>
 
@@ -347,64 +346,46 @@ std::vector<RecordSize> workspace_records(const BertConfig& c, const Heads& head
   return out;
 }
 
-template <typename T>
-void Workspace<T>::Freer::operator()(std::byte* p) const {
-  std::free(p);
-}
-
-template <typename T>
-void Workspace<T>::prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
-                           const StepShape& shape, Precision precision) {
+void Workspace::prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
+                        const StepShape& shape, Precision precision, kernels::DType scalar,
+                        kernels::Device& device) {
+  const kernels::DType half =
+      precision == Precision::fp16 ? kernels::DType::f16 : kernels::DType::bf16;
   size_t total = 0;
   activation_bytes_ = scratch_bytes_ = 0;
-  precision_ = precision;
   for_each_record(c, heads, policy, shape, precision,
-                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool half) {
+                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool is16) {
                     const int i = static_cast<int>(r.id);
-                    const size_t scalar = half ? 2 : sizeof(T);
+                    dtype_[i] = is16 ? half : scalar;
+                    const size_t bytes = kernels::traits(dtype_[i]).bytes;
                     copies_[i] = copies;
-                    half_[i] = half;
-                    stride_[i] = aligned(static_cast<size_t>(n), scalar) * scalar;
+                    elements_[i] = n;
+                    stride_[i] = aligned(static_cast<size_t>(n), bytes) * bytes;
                     offset_[i] = total;
                     total += stride_[i] * static_cast<size_t>(copies);
                     (storage == Storage::activation ? activation_bytes_ : scratch_bytes_) +=
-                        static_cast<size_t>(n * copies) * scalar;
+                        static_cast<size_t>(n * copies) * bytes;
                   });
   if (total > capacity_) {
-    void* p = std::aligned_alloc(64, aligned(total, 1));
-    if (!p) {  // (not operator new: say what and how much here)
-      io::AllocationScope scope("the step's activations and scratch (the workspace arena of " +
-                                std::to_string(shape.tokens) + " tokens)");
-      io::note_failed_allocation(aligned(total, 1));
-      throw std::bad_alloc();
-    }
-    arena_.reset(static_cast<std::byte*>(p));
+    arena_.reset();
+    arena_.get_deleter().device = &device;
+    io::AllocationScope scope("the step's activations and scratch (the workspace arena of " +
+                              std::to_string(shape.tokens) + " tokens)");
+    arena_.reset(device.allocate(total));
     capacity_ = total;
   }
 }
 
-template <typename T>
-std::byte* Workspace<T>::address(Rec r, int64_t copy) const {
+kernels::View Workspace::get(Rec r, int64_t copy) const {
   const int i = static_cast<int>(r);
-  return arena_.get() + offset_[i] +
-         stride_[i] * static_cast<size_t>(std::min(copy, copies_[i] - 1));
+  kernels::View v;
+  v.dtype = dtype_[i];
+  v.rows = 1;
+  if (copies_[i] == 0) return v;
+  v.data = static_cast<std::byte*>(arena_.get()) + offset_[i] +
+           stride_[i] * static_cast<size_t>(std::min(copy, copies_[i] - 1));
+  v.cols = v.ld = elements_[i];
+  return v;
 }
-
-template <typename T>
-T* Workspace<T>::get(Rec r, int64_t copy) const {
-  const int i = static_cast<int>(r);
-  if (copies_[i] == 0 || half_[i]) return nullptr;
-  return reinterpret_cast<T*>(address(r, copy));
-}
-
-template <typename T>
-void* Workspace<T>::half_address(Rec r, int64_t copy) const {
-  const int i = static_cast<int>(r);
-  if (copies_[i] == 0 || !half_[i]) return nullptr;
-  return address(r, copy);
-}
-
-template class Workspace<float>;
-template class Workspace<double>;
 
 }  // namespace packbert::model

@@ -6,14 +6,13 @@
 // one shared slot rebuilt in backward, or in the scratch of a re-run segment.
 #pragma once
 
-#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/tensor.h"
 #include "model/batch.h"
 #include "model/params.h"
@@ -166,63 +165,52 @@ enum class Rec : uint8_t {
 };
 
 // One layer's records (a record a policy does not keep points to the shared slot the backward
-// rebuilds it into; probs is null when the attention probabilities are recomputed). Under a
-// 16-bit precision every record but the LayerNorm statistics is held in its 16-bit type H, in the
-// *16 field (the T field is null); under fp32 the *16 fields are null.
-template <typename T, typename H = kernels::bf16>
+// rebuilds it into; probs is empty when the attention probabilities are recomputed), each a
+// vector View in the DType the workspace holds it in: the step's scalar, or under a 16-bit
+// precision every record but the LayerNorm statistics in that 16-bit type.
 struct LayerRecord {
-  T *qkv, *probs, *att, *r1, *ln1_mean, *ln1_rstd, *h1, *inter, *gelu, *r2, *ln2_mean, *ln2_rstd;
-  H *qkv16, *probs16, *att16, *r1_16, *h1_16, *inter16, *gelu16, *r2_16;
+  kernels::View qkv, probs, att, r1, ln1_mean, ln1_rstd, h1, inter, gelu, r2, ln2_mean, ln2_rstd;
 };
 
-// The arena: one 64-byte-aligned allocation, grown to the largest step seen and never shrunk, so
-// a steady-state step allocates nothing. Records hold T, or the 16-bit type of a 16-bit
-// precision (the table says which).
-template <typename T>
+// The arena: one 64-byte-aligned allocation from the backend's Device, grown to the largest step
+// seen and never shrunk, so a steady-state step allocates nothing. Each record holds the step's
+// scalar DType (f32, or f64 in the finite-difference tests) or the 16-bit type of a 16-bit
+// precision, as the table says.
 class Workspace {
  public:
-  // Lays the records out for this step; reallocates only when the step needs more than the arena
-  // holds.
+  // Lays the records out for this step, holding `scalar` elements (f32 or f64) and, under a
+  // 16-bit precision, its 16-bit type; reallocates (on `device`) only when the step needs more
+  // than the arena holds.
   void prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
-               const StepShape& shape, Precision precision = Precision::fp32);
-  // Record id, copy (a layer index, a segment slot, or 0); null when the record is not held (or,
-  // for get, is held in 16 bits; for get16, in T). H: the prepared precision's 16-bit type.
-  T* get(Rec r, int64_t copy = 0) const;
-  template <typename H = kernels::bf16>
-  H* get16(Rec r, int64_t copy = 0) const {
-    static_assert(kernels::is_half_v<H>);
-    assert(!half_address(r, copy) ||
-           (std::is_same_v<H, kernels::f16> == (precision_ == Precision::fp16)));
-    return static_cast<H*>(half_address(r, copy));
-  }
+               const StepShape& shape, Precision precision = Precision::fp32,
+               kernels::DType scalar = kernels::DType::f32,
+               kernels::Device& device = kernels::host_device());
+  // Record id, copy (a layer index, a segment slot, or 0), as a vector of one copy's elements in
+  // the DType it is held in; empty when the record is not held.
+  kernels::View get(Rec r, int64_t copy = 0) const;
   int64_t copies(Rec r) const { return copies_[static_cast<int>(r)]; }
-  template <typename H = kernels::bf16>
-  LayerRecord<T, H> layer(int64_t copy) const {
-    return {get(Rec::qkv, copy),       get(Rec::probs, copy),      get(Rec::att, copy),
-            get(Rec::r1, copy),        get(Rec::ln1_mean, copy),   get(Rec::ln1_rstd, copy),
-            get(Rec::h1, copy),        get(Rec::inter, copy),      get(Rec::gelu, copy),
-            get(Rec::r2, copy),        get(Rec::ln2_mean, copy),   get(Rec::ln2_rstd, copy),
-            get16<H>(Rec::qkv, copy),  get16<H>(Rec::probs, copy), get16<H>(Rec::att, copy),
-            get16<H>(Rec::r1, copy),   get16<H>(Rec::h1, copy),    get16<H>(Rec::inter, copy),
-            get16<H>(Rec::gelu, copy), get16<H>(Rec::r2, copy)};
+  LayerRecord layer(int64_t copy) const {
+    return {get(Rec::qkv, copy),   get(Rec::probs, copy),    get(Rec::att, copy),
+            get(Rec::r1, copy),    get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
+            get(Rec::h1, copy),    get(Rec::inter, copy),    get(Rec::gelu, copy),
+            get(Rec::r2, copy),    get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy)};
   }
   size_t activation_bytes() const { return activation_bytes_; }
   size_t scratch_bytes() const { return scratch_bytes_; }
   size_t capacity_bytes() const { return capacity_; }
 
  private:
-  struct Freer {
-    void operator()(std::byte* p) const;
+  struct Release {
+    kernels::Device* device;
+    void operator()(void* p) const { device->release(p); }
   };
-  std::byte* address(Rec r, int64_t copy) const;
-  void* half_address(Rec r, int64_t copy) const;  // null unless held in 16 bits
-  Precision precision_ = Precision::fp32;
-  std::unique_ptr<std::byte[], Freer> arena_;
+  std::unique_ptr<void, Release> arena_{nullptr, Release{&kernels::host_device()}};
   size_t capacity_ = 0;                               // bytes
   size_t offset_[static_cast<int>(Rec::count)] = {};  // bytes
   size_t stride_[static_cast<int>(Rec::count)] = {};  // bytes between copies
   int64_t copies_[static_cast<int>(Rec::count)] = {};
-  bool half_[static_cast<int>(Rec::count)] = {};  // held in 16 bits
+  int64_t elements_[static_cast<int>(Rec::count)] = {};  // per copy
+  kernels::DType dtype_[static_cast<int>(Rec::count)] = {};
   size_t activation_bytes_ = 0, scratch_bytes_ = 0;
 };
 

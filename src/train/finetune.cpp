@@ -38,7 +38,7 @@ namespace {
 // The model to fine-tune from --init (any form load_model reads), its head (and any other
 // tensor outside the encoder that --init lacks) initialised from the seed and named in
 // `initialized`.
-std::unique_ptr<model::BertModel<float>> model_from(const std::string& init, model::Heads heads,
+std::unique_ptr<model::BertModel> model_from(const std::string& init, model::Heads heads,
                                                     int num_labels, uint64_t seed,
                                                     std::vector<std::string>& initialized,
                                                     bool new_heads = false) {
@@ -207,7 +207,7 @@ struct FinetunePlace {
 
 // Writes the resume file: weights, moments, the optimizer's state and the place to go on from;
 // atomically, rank 0 alone (the moments gathered under ZeRO-1).
-void save_resume(const FinetuneOptions& o, model::BertModel<float>& m, Stepper& stepper,
+void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper,
                  const nlohmann::json& identity, const FinetuneResult& res,
                  const FinetunePlace& at) {
   std::vector<float> m_all, v_all, widened;
@@ -226,7 +226,7 @@ void save_resume(const FinetuneOptions& o, model::BertModel<float>& m, Stepper& 
 }
 
 // The recompute policy a fine-tuning step of full rows fits memory with (`auto` resolved).
-model::Recompute step_policy(const model::BertModel<float>& m, const FinetuneOptions& o) {
+model::Recompute step_policy(const model::BertModel& m, const FinetuneOptions& o) {
   const LoopOptions& lo = o.loop;
   PlanRequest plan{m.config(),   m.layout().heads(),   lo.optimizer.kind,    {},
                    lo.precision, lo.optimizer.masters, m.layout().sparsity()};
@@ -269,7 +269,7 @@ double dev_metric(const FinetuneResult& r, const std::string& name, size_t epoch
 // Keeps the model's weights in best_path when the last epoch's dev metric beats every earlier
 // one (a tie keeps the earlier; a NaN, a constant prediction's correlation, beats nothing and is
 // beaten by any number), and records it.
-void keep_if_best(const FinetuneOptions& o, const model::BertModel<float>& m,
+void keep_if_best(const FinetuneOptions& o, const model::BertModel& m,
                   const FinetuneResult& res, std::ostream& log) {
   const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
   if (o.save_best.empty() || n == 0) return;
@@ -294,26 +294,26 @@ void keep_if_best(const FinetuneOptions& o, const model::BertModel<float>& m,
 
 // The model to write to out_dir under save_best: the best epoch's weights, in a model of m's
 // shape and heads; m itself otherwise.
-const model::BertModel<float>& published_model(const FinetuneOptions& o,
-                                               const model::BertModel<float>& m,
-                                               std::unique_ptr<model::BertModel<float>>& best) {
+const model::BertModel& published_model(const FinetuneOptions& o,
+                                               const model::BertModel& m,
+                                               std::unique_ptr<model::BertModel>& best) {
   if (o.save_best.empty() || !std::filesystem::exists(o.best_path)) return m;
-  best = std::make_unique<model::BertModel<float>>(m.config(), m.layout().heads());
+  best = std::make_unique<model::BertModel>(m.config(), m.layout().heads());
   model::load_model_weights(*best, io::SafetensorsFile::read(o.best_path));
   return *best;
 }
 
 // Rank 0 writes the model to publish (published_model) to out_dir, with the classifier's label
 // names when it has them.
-void write_published(const FinetuneOptions& o, const model::BertModel<float>& m,
+void write_published(const FinetuneOptions& o, const model::BertModel& m,
                      const std::vector<std::string>& names = {}) {
   if (!dist::Comm::world().root()) return;
-  std::unique_ptr<model::BertModel<float>> best;
+  std::unique_ptr<model::BertModel> best;
   write_model_files(published_model(o, m, best), o.out_dir, o.vocab, names);
 }
 
 template <typename Seq, typename Evaluate>
-void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
+void train_epochs(model::BertModel& m, const FinetuneOptions& o,
                   const std::vector<Seq>& seqs, const std::vector<std::vector<int64_t>>& rows,
                   std::ostream& log, FinetuneResult& res, Evaluate evaluate) {
   dist::Comm& comm = dist::Comm::world();
@@ -398,7 +398,7 @@ void train_epochs(model::BertModel<float>& m, const FinetuneOptions& o,
 // Runs the model over rows of sequences without dropout, `rows_per_batch` rows at a time, and
 // hands each forward's outputs with its rows to `visit`.
 template <typename Seq, typename Visit>
-void for_each_batch(model::BertModel<float>& m, const std::vector<Seq>& seqs,
+void for_each_batch(model::BertModel& m, const std::vector<Seq>& seqs,
                     const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S,
                     model::Precision precision, Visit visit) {
   for (size_t b = 0; b < rows.size(); b += static_cast<size_t>(rows_per_batch)) {
@@ -414,7 +414,7 @@ void for_each_batch(model::BertModel<float>& m, const std::vector<Seq>& seqs,
 
 // Classification accuracy over rows of examples.
 // The classifier's prediction (argmax of its logits) for every example, by index.
-std::vector<int32_t> predict(model::BertModel<float>& m,
+std::vector<int32_t> predict(model::BertModel& m,
                              const std::vector<data::ClassifyExample>& ex,
                              const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
                              int S, model::Precision precision) {
@@ -440,7 +440,7 @@ std::vector<int32_t> predict(model::BertModel<float>& m,
 }
 
 // A regression head's prediction (its one output) for every example, by index.
-std::vector<double> predict_values(model::BertModel<float>& m,
+std::vector<double> predict_values(model::BertModel& m,
                                    const std::vector<data::ClassifyExample>& ex,
                                    const std::vector<std::vector<int64_t>>& rows,
                                    int rows_per_batch, int S, model::Precision precision) {
@@ -461,7 +461,7 @@ std::vector<double> targets_of(const std::vector<data::ClassifyExample>& ex) {
   return out;
 }
 
-ClassifyScore score_classifier(model::BertModel<float>& m,
+ClassifyScore score_classifier(model::BertModel& m,
                                const std::vector<data::ClassifyExample>& ex,
                                const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
                                int S, model::Precision precision) {
@@ -472,7 +472,7 @@ ClassifyScore score_classifier(model::BertModel<float>& m,
 }
 
 // Each SQuAD example's predicted answer: span logits of every window, then n-best decoding.
-std::vector<std::string> squad_answers(model::BertModel<float>& m,
+std::vector<std::string> squad_answers(model::BertModel& m,
                                        const std::vector<data::SquadExample>& examples,
                                        const std::vector<data::SquadFeature>& features,
                                        const std::vector<std::vector<int64_t>>& rows,
@@ -509,7 +509,7 @@ void say_casing(const data::Casing& c, const char* command, const Say& to) {
   if (!c.warning.empty()) say(to, std::string(command) + ": warning: " + c.warning);
 }
 
-void warn_non_finite(const model::BertModel<float>& m, const std::string& path, const Say& to) {
+void warn_non_finite(const model::BertModel& m, const std::string& path, const Say& to) {
   if (const std::string bad = non_finite_weights(m); !bad.empty())
     say(to, "eval: warning: " + path + ": " + bad + "; its metrics will be NaN");
 }
@@ -521,7 +521,7 @@ void write_predictions(const std::string& path, const std::vector<data::SquadExa
   io::write_file_atomic(path, pj.dump(1) + "\n");
 }
 
-void check_model(const model::BertModel<float>& m, const data::Vocab& vocab,
+void check_model(const model::BertModel& m, const data::Vocab& vocab,
                  const std::string& model_path, const std::string& vocab_path, int max_seq_len) {
   if (m.config().vocab_size != vocab.size())
     throw InputError(model_path + ": vocab_size " + std::to_string(m.config().vocab_size) +
@@ -1010,7 +1010,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   heads.pretraining = false;
   // A loaded model on the chosen backend, checked against the vocabulary, and the casing said
   // once the inputs are known good.
-  auto prepare = [&](model::BertModel<float>& m) {
+  auto prepare = [&](model::BertModel& m) {
     m.set_backend(o.backend);
     warn_non_finite(m, o.model, o.say);
     check_model(m, vocab, o.model, o.vocab, o.max_seq_len);

@@ -117,7 +117,7 @@ std::vector<int> Stepper::rows_of_rank(const std::vector<int64_t>& tokens, int r
   return mine;
 }
 
-Stepper::Stepper(model::BertModel<float>& m, const LoopOptions& o, const OptimizerConfig& oc,
+Stepper::Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
                  int accumulation, model::Recompute recompute, dist::Comm& comm)
     : m_(m),
       o_(o),
@@ -200,7 +200,7 @@ struct StepSums {
 void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
                                 const std::function<model::PackedBatch()>& next, double scale) {
   const int N = comm_.size(), rank = comm_.rank();
-  std::vector<float>& g = m_.grads();
+  const std::span<float> g = m_.grads();
   for (int micro = 0; micro < micros; ++micro) {
     const bool last = micro + 1 == micros;
     model::PackedBatch whole = next();
@@ -270,7 +270,7 @@ bool Stepper::update(StepResult& r, float grad_scale) {
   if (!sync_.sharded()) return apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
   const Optimizer::Reduce reduce = sync_.shard_sum();
   const bool masters16 = m_.masters_in_bf16();
-  std::vector<float>& w = m_.params();
+  const std::span<float> w = m_.params();
   kernels::bf16* w16 = masters16 ? m_.weights16() : nullptr;
   double bad =
       opt_->step(masters16 ? nullptr : w.data(), m_.grads().data(), r.lr, w16, reduce, grad_scale)
@@ -300,7 +300,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
   run_micro_batches(index, micros, sums, next, r.loss_scale);
   // The gradients summed over ranks (each share divided by the whole batch's counts), the step's
   // numbers summed too.
-  std::vector<float>& g = m_.grads();
+  const std::span<float> g = m_.grads();
   const double t0 = now_seconds();
   sync_.finish(g.data());
   if (comm_.distributed()) sums.allreduce(comm_);

@@ -129,7 +129,7 @@ class Stepper {
   // oc: the optimizer after any packing adjustment; recompute: resolved (not `auto`). Under
   // bf16 master weights (o.optimizer.masters) it turns the model's weights into them
   // (BertModel::keep_masters_in_bf16): load the weights first.
-  Stepper(model::BertModel<float>& m, const LoopOptions& o, const OptimizerConfig& oc,
+  Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
           int accumulation, model::Recompute recompute, dist::Comm& comm);
 
   // Step `index` (from 0) of `total`: `next` hands out the step's micro-batches, each the whole
@@ -163,7 +163,7 @@ class Stepper {
   bool skips(StepResult& r, int64_t index, const std::string& kept);
   bool update(StepResult& r, float grad_scale);
 
-  model::BertModel<float>& m_;
+  model::BertModel& m_;
   LoopOptions o_;
   int accumulation_;
   model::Recompute recompute_;

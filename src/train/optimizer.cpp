@@ -58,67 +58,58 @@ Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config, s
       begin_(std::min(begin, layout.total())),
       end_(std::min(end, layout.total())),
       bf16_(config.masters != Masters::fp32) {
-  if (bf16_)
-    m16_.resize(end_ - begin_), v16_.resize(end_ - begin_);
-  else
-    m_.resize(end_ - begin_, 0.0f), v_.resize(end_ - begin_, 0.0f);
+  const kernels::DType dtype = bf16_ ? kernels::DType::bf16 : kernels::DType::f32;
+  const int64_t n = static_cast<int64_t>(end_ - begin_);
+  kernels::Device& device = kernels::backend(cfg_.backend).device();
+  m_ = kernels::Buffer(device, dtype, n);
+  v_ = kernels::Buffer(device, dtype, n);
   if (cfg_.kind == OptimizerKind::lamb) norms_.resize(2 * layout.tensors().size());
 }
 
 void Optimizer::set_moments(const model::TensorSpec& t, const float* m, const float* v) {
   const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
   if (a >= b) return;
-  const float *ms = m + (a - t.offset), *vs = v + (a - t.offset);
-  const int64_t n = static_cast<int64_t>(b - a);
-  if (bf16_) {  // (values a checkpoint widened from bf16 round back exactly)
-    kernels::to_bf16(m16_.data() + (a - begin_), ms, n);
-    kernels::to_bf16(v16_.data() + (a - begin_), vs, n);
-    return;
-  }
-  std::copy_n(ms, n, m_.begin() + static_cast<long>(a - begin_));
-  std::copy_n(vs, n, v_.begin() + static_cast<long>(a - begin_));
+  const int64_t n = static_cast<int64_t>(b - a), at = static_cast<int64_t>(a - begin_);
+  // (under bf16 masters, values a checkpoint widened from bf16 round back exactly)
+  const kernels::Backend& be = kernels::backend(cfg_.backend);
+  be.convert(m_.view().slice(at, n), kernels::View::vector(m + (a - t.offset), n));
+  be.convert(v_.view().slice(at, n), kernels::View::vector(v + (a - t.offset), n));
 }
 
 void Optimizer::zero_moments(size_t first, size_t n) {
   const size_t a = std::max(first, begin_), b = std::min(first + n, end_);
   if (a >= b) return;
-  if (bf16_) {
-    std::fill(m16_.begin() + static_cast<long>(a - begin_),
-              m16_.begin() + static_cast<long>(b - begin_), kernels::bf16{});
-    std::fill(v16_.begin() + static_cast<long>(a - begin_),
-              v16_.begin() + static_cast<long>(b - begin_), kernels::bf16{});
-    return;
+  const int64_t at = static_cast<int64_t>(a - begin_), count = static_cast<int64_t>(b - a);
+  for (const kernels::Buffer* moment : {&m_, &v_}) {
+    const kernels::View v = moment->view();
+    for (int64_t i = 0; i < count; ++i) v.put(at + i, 0.0);
   }
-  std::fill(m_.begin() + static_cast<long>(a - begin_), m_.begin() + static_cast<long>(b - begin_),
-            0.0f);
-  std::fill(v_.begin() + static_cast<long>(a - begin_), v_.begin() + static_cast<long>(b - begin_),
-            0.0f);
 }
 
 namespace {
 
-// A moment in fp32: `wide` itself, or `narrow` widened into `scratch`.
-const float* fp32_of(bool bf16, const std::vector<float>& wide,
-                     const std::vector<kernels::bf16>& narrow, std::vector<float>& scratch) {
-  if (!bf16) return wide.data();
-  scratch.resize(narrow.size());
-  kernels::to_float(scratch.data(), narrow.data(), static_cast<int64_t>(narrow.size()));
+// A moment in fp32: itself, or widened into `scratch`.
+const float* fp32_of(const kernels::Buffer& moment, std::vector<float>& scratch,
+                     kernels::BackendKind backend) {
+  if (moment.dtype() == kernels::DType::f32) return moment.span<const float>().data();
+  scratch.resize(static_cast<size_t>(moment.size()));
+  kernels::backend(backend).convert(kernels::View::vector(scratch.data(), moment.size()),
+                                    moment.view());
   return scratch.data();
 }
 
 }  // namespace
 
 const float* Optimizer::m_fp32(std::vector<float>& scratch) const {
-  return fp32_of(bf16_, m_, m16_, scratch);
+  return fp32_of(m_, scratch, cfg_.backend);
 }
 
 const float* Optimizer::v_fp32(std::vector<float>& scratch) const {
-  return fp32_of(bf16_, v_, v16_, scratch);
+  return fp32_of(v_, scratch, cfg_.backend);
 }
 
 size_t Optimizer::state_bytes() const {
-  return (bf16_ ? 2 * m16_.size() * sizeof(kernels::bf16) : 2 * m_.size() * sizeof(float)) +
-         norms_.size() * sizeof(double);
+  return m_.bytes() + v_.bytes() + norms_.size() * sizeof(double);
 }
 
 bool Optimizer::step(float* params, float* grads, double lr, kernels::bf16* params16,
@@ -136,9 +127,8 @@ bool Optimizer::step(float* params, float* grads, double lr, kernels::bf16* para
     return !bf16_ && params16 ? View::vector(params16 + a, n) : View();
   };
   auto moments = [&](size_t a, int64_t n) {
-    const size_t at = a - begin_;
-    return bf16_ ? std::pair{View::vector(m16_.data() + at, n), View::vector(v16_.data() + at, n)}
-                 : std::pair{View::vector(m_.data() + at, n), View::vector(v_.data() + at, n)};
+    const int64_t at = static_cast<int64_t>(a - begin_);
+    return std::pair{m_.view().slice(at, n), v_.view().slice(at, n)};
   };
   auto constants = [&](const model::TensorSpec& t) {
     return kernels::AdamStep{
@@ -184,7 +174,7 @@ std::pair<double, double> Optimizer::bias_corrections() const {
           1.0 - std::pow(cfg_.beta2, static_cast<double>(t_))};
 }
 
-bool apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
+bool apply_update(Optimizer& optimizer, model::BertModel& m, double lr,
                   model::Precision precision, float grad_scale) {
   if (m.masters_in_bf16()) {
     const bool finite =

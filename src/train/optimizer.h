@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "model/bert.h"
@@ -88,11 +90,12 @@ class Optimizer {
   // regrown block of a sparse weight starts afresh).
   void zero_moments(size_t first, size_t n);
   int64_t steps() const { return t_; }
-  // The moments of [begin(), end()) as held under fp32 masters (empty under bf16 masters).
-  std::vector<float>& m() { return m_; }
-  std::vector<float>& v() { return v_; }
-  const std::vector<float>& m() const { return m_; }
-  const std::vector<float>& v() const { return v_; }
+  // The moments of [begin(), end()) as held under fp32 masters (std::logic_error under bf16
+  // masters).
+  std::span<float> m() { return m_.span<float>(); }
+  std::span<float> v() { return v_.span<float>(); }
+  std::span<const float> m() const { return m_.span<const float>(); }
+  std::span<const float> v() const { return v_.span<const float>(); }
   // The moments of [begin(), end()) in fp32 under any masters: the optimizer's own, or under
   // bf16 masters their values widened into `scratch`.
   const float* m_fp32(std::vector<float>& scratch) const;
@@ -119,9 +122,8 @@ class Optimizer {
   const model::ParamLayout& layout_;
   OptimizerConfig cfg_;
   size_t begin_, end_;
-  bool bf16_ = false;                     // masters (and so moments) in bf16
-  std::vector<float> m_, v_;              // of [begin_, end_), fp32 masters
-  std::vector<kernels::bf16> m16_, v16_;  // of [begin_, end_), bf16 masters
+  bool bf16_ = false;     // masters (and so moments) in bf16
+  kernels::Buffer m_, v_;  // of [begin_, end_), in the masters' DType (the backend's Device)
   std::vector<double> norms_;  // LAMB: per tensor, the squared norms of the weights and update
   int64_t t_ = 0;
 };
@@ -131,7 +133,7 @@ class Optimizer {
 // Under bf16 masters the optimizer writes the masters themselves and the model then widens
 // the tensors it also reads in fp32 (BertModel::keep_masters_in_bf16). The gradient is the
 // model's times grad_scale (Optimizer::step); returns whether the weights stayed finite.
-bool apply_update(Optimizer& optimizer, model::BertModel<float>& m, double lr,
+bool apply_update(Optimizer& optimizer, model::BertModel& m, double lr,
                   model::Precision precision, float grad_scale = 1.0f);
 
 // The global L2 norm of grads (squares summed in double). With `reduce`, grads are one shard of

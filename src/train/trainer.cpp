@@ -45,7 +45,7 @@ model::BertConfig config_of(const io::SafetensorsFile& f) {
 
 }  // namespace
 
-std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
+std::unique_ptr<model::BertModel> load_model(const std::string& path, model::Heads heads,
                                                     model::Sparsity sparsity, FreshTensors* fresh) {
   model::BertConfig config;
   io::SafetensorsFile f;
@@ -58,7 +58,7 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
     config = config_of(f);
     const model::Sparsity was = sparsity_of(f);
     if (was.on() && !sparsity.on()) {  // a sparse checkpoint, wanted dense: its dense equivalent
-      model::BertModel<float> sparse(config, model::heads_present(f), was);
+      model::BertModel sparse(config, model::heads_present(f), was);
       model::load_model_weights(sparse, f);
       const model::OwnedTensors dense = model::dense_weight_tensors(sparse, sparse.params().data());
       f = io::SafetensorsFile::parse(io::serialize_safetensors(dense.tensors, f.metadata()), path);
@@ -68,7 +68,7 @@ std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, mod
     }
   }
   if (fresh && fresh->num_labels > 0) config.num_labels = fresh->num_labels;
-  auto m = std::make_unique<model::BertModel<float>>(config, heads, sparsity);
+  auto m = std::make_unique<model::BertModel>(config, heads, sparsity);
   if (fresh) model::init_params(m->layout(), m->params().data(), fresh->seed);
   model::load_model_weights(*m, f, fresh ? &fresh->initialized : nullptr,
                             fresh && fresh->new_heads);
@@ -171,7 +171,7 @@ ModelLabels model_labels(const std::string& path) {
   return out;
 }
 
-void write_model_files(const model::BertModel<float>& m, const std::string& dir,
+void write_model_files(const model::BertModel& m, const std::string& dir,
                        const std::string& vocab_path, const std::vector<std::string>& label_names,
                        model::Precision dtype, bool masked_lm) {
   const model::Heads& h = m.layout().heads();
@@ -206,7 +206,7 @@ void write_model_files(const model::BertModel<float>& m, const std::string& dir,
   if (!vocab_path.empty()) io::write_file_atomic(dir + "/vocab.txt", io::read_file(vocab_path));
 }
 
-std::string non_finite_weights(const model::BertModel<float>& m) {
+std::string non_finite_weights(const model::BertModel& m) {
   std::vector<float> widened;
   const float* w = m.weights_fp32(widened);
   size_t bad = 0;
@@ -220,7 +220,7 @@ std::string non_finite_weights(const model::BertModel<float>& m) {
   return bad ? std::to_string(bad) + " weights are not finite (the first in " + first + ")" : "";
 }
 
-void export_model(const model::BertModel<float>& m, const std::string& dir,
+void export_model(const model::BertModel& m, const std::string& dir,
                   const std::string& vocab_path, bool overwrite, model::Precision dtype,
                   const std::vector<std::string>& label_names, bool masked_lm) {
   const std::string bad = non_finite_weights(m);
@@ -518,7 +518,7 @@ void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* s
   model::Heads heads;
   if (ckpt) {
     model_ =
-        std::make_unique<model::BertModel<float>>(config_of(*ckpt), heads, state->block_sparsity());
+        std::make_unique<model::BertModel>(config_of(*ckpt), heads, state->block_sparsity());
     model::load_model_weights(*model_, *ckpt);
     train_flops_ = state->train_flops;
   } else if (!opt_.init.empty()) {
@@ -533,7 +533,7 @@ void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* s
       c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
     }
     io::AllocationScope scope("the parameters and gradients of " + opt_.shape.name());
-    model_ = std::make_unique<model::BertModel<float>>(c, heads, opt_.sparse.sparsity);
+    model_ = std::make_unique<model::BertModel>(c, heads, opt_.sparse.sparsity);
     model::init_params(model_->layout(), model_->params().data(), lo.seed, opt_.sparse.init);
     model_->init_patterns(lo.seed);
   }
@@ -759,7 +759,7 @@ void Trainer::save_best(const EvalMetrics& e) {
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
 }
 
-EvalMetrics evaluate_mlm(model::BertModel<float>& m, BatchLoader& loader,
+EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader,
                          model::Precision precision,
                          const std::function<void(int64_t, double)>& progress) {
   EvalMetrics e;

@@ -69,7 +69,7 @@ struct PretrainOptions {
 // held-out split and `packbert eval` over a whole file. step, elapsed and eval_seconds are left 0.
 // `progress`, when given, is called after each batch with the sequences it held and its seconds.
 EvalMetrics evaluate_mlm(
-    model::BertModel<float>& m, BatchLoader& loader,
+    model::BertModel& m, BatchLoader& loader,
     model::Precision precision = model::Precision::fp32,
     const std::function<void(int64_t sequences, double seconds)>& progress = {});
 
@@ -99,7 +99,7 @@ class Trainer {
   // moment is not finite.
   void save_checkpoint();
   int64_t step() const { return step_; }
-  model::BertModel<float>& model() { return *model_; }
+  model::BertModel& model() { return *model_; }
   const Optimizer& optimizer() const { return stepper_->optimizer(); }
   const model::BertConfig& config() const { return model_->config(); }
   std::string checkpoint_path() const;
@@ -151,7 +151,7 @@ class Trainer {
   uint64_t seqs_checksum_ = 0;
   std::optional<data::PacksFile> packs_;
   std::optional<data::Vocab> vocab_;
-  std::unique_ptr<model::BertModel<float>> model_;
+  std::unique_ptr<model::BertModel> model_;
   std::vector<std::string> initialized_;
   std::unique_ptr<Stepper> stepper_;
   std::unique_ptr<BatchLoader> loader_;
@@ -206,7 +206,7 @@ struct ModelLabels {
   bool generic() const;
 };
 ModelLabels model_labels(const std::string& path);
-std::unique_ptr<model::BertModel<float>> load_model(const std::string& path, model::Heads heads,
+std::unique_ptr<model::BertModel> load_model(const std::string& path, model::Heads heads,
                                                     model::Sparsity sparsity = {},
                                                     FreshTensors* fresh = nullptr);
 
@@ -230,7 +230,7 @@ void load_stepper_state(Stepper& stepper, const model::ParamLayout& layout,
                         const io::SafetensorsFile& file, const nlohmann::json& state);
 
 // "" when every weight of `m` is finite; else how many are not and the first tensor holding one.
-std::string non_finite_weights(const model::BertModel<float>& m);
+std::string non_finite_weights(const model::BertModel& m);
 
 // Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
 // into an existing directory (each file atomically). The architecture follows the model's head:
@@ -239,14 +239,14 @@ std::string non_finite_weights(const model::BertModel<float>& m);
 // NSP head left out, as that class has none), else BertForPreTraining. The weights are stored as
 // `dtype`: fp32 (F32), or bf16 (BF16, rounded to nearest; half the bytes) with config.json's
 // torch_dtype saying which.
-void write_model_files(const model::BertModel<float>& m, const std::string& dir,
+void write_model_files(const model::BertModel& m, const std::string& dir,
                        const std::string& vocab_path,
                        const std::vector<std::string>& label_names = {},
                        model::Precision dtype = model::Precision::fp32, bool masked_lm = false);
 // The same as a whole: `dir` appears complete or not at all; an earlier model directory there
 // is replaced only with `overwrite` (io::StagedDirectory). Refused (InputError, nothing
 // written) when a weight is not finite or vocab_path's size is not the model's vocab_size.
-void export_model(const model::BertModel<float>& m, const std::string& dir,
+void export_model(const model::BertModel& m, const std::string& dir,
                   const std::string& vocab_path, bool overwrite = false,
                   model::Precision dtype = model::Precision::fp32,
                   const std::vector<std::string>& label_names = {}, bool masked_lm = false);
