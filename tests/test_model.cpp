@@ -632,6 +632,61 @@ TEST(ModelShare, SharesOfABatchSumToTheWholeBatchWithDropout) {
   EXPECT_EQ(covered, m.layout().total());
 }
 
+// Deferring the embeddings' share of the word table (BertModel::defer_word_rows, what a
+// data-parallel step does so the table's all-reduce overlaps the layers' backward): backward
+// reports the word table finished right after the heads and never writes it again, the
+// embeddings' share lands in word_rows_grads() at the rows' places, and add_word_rows() gives the
+// plain backward's gradients (summed in another order: within float rounding).
+TEST(ModelShare, DeferredWordRowsLeaveTheWordTableFinishedAfterTheHeads) {
+  BertConfig c = tiny_config();
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.1;
+  BertModel m(c, Heads{});
+  init_params(m.layout(), m.params().data(), 5);
+  const PackedBatch b = make_batch({{5, 3, 7}, {9, 2}, {12}}, 16, c.vocab_size, 4);
+  const StepOptions step{true, 3, 1, {}};
+  m.zero_grads();
+  m.forward(b, step);
+  m.backward();
+  const std::vector<float> plain = as_vector(m.grads());
+
+  std::vector<int32_t> rows(b.input_ids.begin(), b.input_ids.end());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const size_t word_end = static_cast<size_t>(c.vocab_size) * c.hidden_size;
+  m.zero_grads();
+  m.defer_word_rows(rows);
+  ASSERT_EQ(m.grad_ranges().size(), static_cast<size_t>(c.num_hidden_layers) + 3);
+  EXPECT_EQ(m.grad_ranges()[1], (std::pair<size_t, size_t>{0, word_end}));
+  m.forward(b, step);
+  std::vector<float> word_when_finished;
+  std::vector<std::pair<size_t, size_t>> finished;
+  int progress = 0;
+  m.backward(
+      [&](size_t a, size_t e) {
+        finished.push_back({a, e});
+        if (a == 0) word_when_finished.assign(m.grads().begin(), m.grads().begin() + e);
+      },
+      [&] { ++progress; });
+  EXPECT_EQ(finished, m.grad_ranges());
+  EXPECT_EQ(progress, 4 * c.num_hidden_layers) << "MPI progress between each layer's ops";
+  size_t covered = 0;
+  for (auto [a, e] : finished) covered += e - a;
+  EXPECT_EQ(covered, m.layout().total());
+  ASSERT_EQ(word_when_finished.size(), word_end);
+  EXPECT_EQ(std::memcmp(word_when_finished.data(), m.grads().data(), word_end * sizeof(float)), 0)
+      << "backward wrote the word table after reporting it finished";
+  EXPECT_EQ(m.word_rows_grads().rows, static_cast<int64_t>(rows.size()));
+  m.add_word_rows();
+  EXPECT_EQ(m.grad_ranges().size(), static_cast<size_t>(c.num_hidden_layers) + 2) << "deferral ended";
+  float scale = 0;
+  for (float g : plain) scale = std::max(scale, std::abs(g));
+  double worst = 0;
+  for (size_t i = 0; i < plain.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(m.grads()[i] - plain[i])));
+  EXPECT_LT(worst, 1e-6 * scale);
+  EXPECT_GT(std::abs(m.grads()[static_cast<size_t>(rows[1]) * c.hidden_size]), 0.0f);
+}
+
 TEST(ModelDropout, SameSeedAndStepSameLossOtherStepDifferent) {
   BertConfig c = tiny_config();
   BertModel m(c, Heads{});

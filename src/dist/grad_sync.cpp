@@ -23,6 +23,10 @@ std::function<void(size_t, size_t)> GradientSync::on_ready(float* grads) {
   };
 }
 
+void GradientSync::start(float* x, size_t n) {
+  if (kind_ == Kind::allreduce) comm_.start_allreduce(x, n);
+}
+
 void GradientSync::finish(float* grads) {
   if (kind_ == Kind::allreduce) comm_.wait_all();
   if (kind_ == Kind::zero1) comm_.reduce_scatter_sum(grads, bounds_);

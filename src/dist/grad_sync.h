@@ -35,6 +35,14 @@ class GradientSync {
   // What backward calls with each range [a, e) of `grads` it finishes on the step's last
   // micro-batch: starts the range's all-reduce (empty unless all-reduce).
   std::function<void(size_t, size_t)> on_ready(float* grads);
+  // Whether ranges are reduced as backward finishes them (all-reduce), so that backward should
+  // finish the largest early (BertModel::defer_word_rows) and let MPI progress between its ops.
+  bool overlaps() const { return kind_ == Kind::allreduce; }
+  // Starts the sum over processes of a gradient buffer outside the arena, n floats in place
+  // (all-reduce only); finish() completes it with the ranges.
+  void start(float* x, size_t n);
+  // Lets started reductions move on (between backward's ops).
+  void progress() { comm_.progress(); }
   // After the last backward: the sums complete in `grads` (this process's shard under ZeRO-1).
   void finish(float* grads);
   // Adds up n partial sums that each process computed over its shard (ZeRO-1: a gradient norm,

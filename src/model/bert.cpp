@@ -48,6 +48,31 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
     end = begin;
   }
   grad_ranges_.push_back({0, end});
+  // Deferring the embeddings' word-table share: the word table right after the heads, the rest of
+  // the embeddings last.
+  const size_t word_end = static_cast<size_t>(p_.word.numel());
+  deferred_ranges_ = grad_ranges_;
+  deferred_ranges_.insert(deferred_ranges_.begin() + 1, {0, word_end});
+  deferred_ranges_.back().first = word_end;
+}
+
+void BertModel::defer_word_rows(const std::vector<int32_t>& rows) {
+  word_rows_.assign(rows.begin(), rows.end());
+  const int64_t n = static_cast<int64_t>(rows.size()) * config().hidden_size;
+  if (word_rows_grads_.size() < n) word_rows_grads_ = Buffer(backend_->device(), dtype(), n);
+  backend_->zero(word_rows_grads());
+}
+
+View BertModel::word_rows_grads() const {
+  return word_rows_grads_.view().shaped(static_cast<int64_t>(word_rows_.size()),
+                                        config().hidden_size);
+}
+
+void BertModel::add_word_rows() {
+  if (word_rows_.empty()) return;
+  backend_->gather_rows_backward(g_.word.shaped(config().vocab_size, config().hidden_size),
+                                 word_rows_grads(), word_rows_.data());
+  word_rows_.clear();
 }
 
 void BertModel::set_backend(const kernels::Backend& b) {
@@ -337,17 +362,20 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options)
   return out_;
 }
 
-void BertModel::backward(const std::function<void(size_t begin, size_t end)>& ready) {
-  size_t range = 0;  // the next of grad_ranges_ to report
+void BertModel::backward(const std::function<void(size_t begin, size_t end)>& ready,
+                         const std::function<void()>& progress) {
+  const std::vector<std::pair<size_t, size_t>>& ranges = grad_ranges();
+  size_t range = 0;  // the next of ranges to report
   auto finished = [&] {
-    if (ready) ready(grad_ranges_[range].first, grad_ranges_[range].second);
+    if (ready) ready(ranges[range].first, ranges[range].second);
     ++range;
   };
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
   const int Tn = tl_.tokens(), n_seq = tl_.sequences(), L = c.num_hidden_layers;
   const int64_t TC = static_cast<int64_t>(Tn) * c.hidden_size;
-  const StepContext s = context();
+  StepContext s = context();
+  if (progress) s.progress = &progress;
   // d loss / d layer output, / d layer input
   View dh = ws_.get(Rec::dh), dx = ws_.get(Rec::dx);
   s.be.zero(dh.shaped(1, TC));
@@ -366,6 +394,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   if (heads.span) span_backward(s, p_, g_, encoded, span_targets_.data(), out_, dh);
   pooler_backward(s, p_, g_, dh);
   finished();
+  if (!word_rows_.empty()) finished();  // the word table: the decoder's share is all it gets
 
   auto layer_backward = [&](int l) {
     if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
@@ -390,7 +419,19 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
       for (int l = b - 1; l >= a; --l) layer_backward(l);
     }
   }
-  embeddings_backward(s, p_, g_, ids_.data(), pos_.data(), types_.data(), dh);
+  if (word_rows_.empty()) {
+    embeddings_backward(s, p_, g_, ids_.data(), pos_.data(), types_.data(), dh);
+  } else {  // the word table's share into word_rows_grads(), at each id's place among the rows
+    word_ids_.resize(ids_.size());
+    for (size_t t = 0; t < ids_.size(); ++t) {
+      const auto at = std::lower_bound(word_rows_.begin(), word_rows_.end(), ids_[t]);
+      if (at == word_rows_.end() || *at != ids_[t])
+        throw std::logic_error("a token id outside the deferred word rows");
+      word_ids_[t] = static_cast<int32_t>(at - word_rows_.begin());
+    }
+    embeddings_backward(s, p_, g_, word_ids_.data(), pos_.data(), types_.data(), dh,
+                        word_rows_grads());
+  }
   finished();
 }
 

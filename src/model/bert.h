@@ -98,10 +98,25 @@ class BertModel {
   // given, is called with each range [begin, end) of grads() as backward finishes it, heads
   // first, then layers from the top, then the embeddings (param_ranges below): what a
   // data-parallel step starts reducing while backward goes on.
-  void backward(const std::function<void(size_t begin, size_t end)>& ready = {});
-  // The ranges of the parameter arena that backward finishes one at a time, in that order; they
-  // tile [0, layout().total()).
-  const std::vector<std::pair<size_t, size_t>>& grad_ranges() const { return grad_ranges_; }
+  // `progress`, when given, is called between the ops of each layer's backward (a data-parallel
+  // step moves its in-flight reductions along there).
+  void backward(const std::function<void(size_t begin, size_t end)>& ready = {},
+                const std::function<void()>& progress = {});
+  // The ranges of the parameter arena that the next backward finishes one at a time, in that
+  // order; they tile [0, layout().total()).
+  const std::vector<std::pair<size_t, size_t>>& grad_ranges() const {
+    return word_rows_.empty() ? grad_ranges_ : deferred_ranges_;
+  }
+  // Data parallelism that hides its reduction (train/loop.cpp): the word table is the largest
+  // tensor, and its gradient (the MLM decoder's share and the embeddings') is final only at the
+  // end of backward, where nothing is left to overlap its all-reduce with. With `rows` set (the
+  // word-table rows the next backward can touch, sorted and unique: the ids of the whole batch),
+  // that backward reports the word table finished right after the heads, and the embeddings'
+  // share goes to word_rows_grads() ([rows, C], zeroed here) instead, for the caller to sum over
+  // processes and then add with add_word_rows(), which ends the deferral.
+  void defer_word_rows(const std::vector<int32_t>& rows);
+  kernels::View word_rows_grads() const;
+  void add_word_rows();
   // Bytes of activations the last forward kept for backward, and of its scratch.
   size_t activation_bytes() const { return ws_.activation_bytes(); }
   size_t scratch_bytes() const { return ws_.scratch_bytes(); }
@@ -159,7 +174,9 @@ class BertModel {
   std::vector<int64_t> probs_offsets_;
   DropoutPlaces places_;  // of a batch that is a share of a whole (empty otherwise)
   BatchShare share_;
-  std::vector<std::pair<size_t, size_t>> grad_ranges_;
+  std::vector<std::pair<size_t, size_t>> grad_ranges_, deferred_ranges_;
+  std::vector<int32_t> word_rows_, word_ids_;  // deferral: the rows, the batch's ids among them
+  kernels::Buffer word_rows_grads_;
   std::vector<int32_t> cls_targets_, span_targets_;  // span: (start, end) pairs
   kernels::Buffer cls_values_;                       // a regression head's targets
   Workspace ws_;

@@ -251,7 +251,8 @@ void embeddings_forward(const StepContext& s, const ParamView& p, const int32_t*
 }
 
 void embeddings_backward(const StepContext& s, const ParamView& p, const ParamView& g,
-                         const int32_t* ids, const int32_t* pos, const int32_t* types, View dout) {
+                         const int32_t* ids, const int32_t* pos, const int32_t* types, View dout,
+                         View dword) {
   const int Tn = s.T_(), C = s.config.hidden_size;
   const int64_t TC = static_cast<int64_t>(Tn) * C;
   const View dln = through_dropout(s, s.ws.get(Rec::dtmp), dout, TC, kNoLayer, kEmbeddings);
@@ -260,8 +261,8 @@ void embeddings_backward(const StepContext& s, const ParamView& p, const ParamVi
                           s.ws.get(Rec::emb_sum).shaped(Tn, C), p.emb_ln_w.shaped(1, C),
                           s.ws.get(Rec::emb_mean).shaped(1, Tn),
                           s.ws.get(Rec::emb_rstd).shaped(1, Tn), GradWrite::overwrite);
-  const auto [dword, dposition, dtoken_type] = embedding_tables(s, g);
-  s.be.embedding_backward(dword, dposition, dtoken_type, dsum, ids, pos, types);
+  const auto [dtable, dposition, dtoken_type] = embedding_tables(s, g);
+  s.be.embedding_backward(dword ? dword : dtable, dposition, dtoken_type, dsum, ids, pos, types);
 }
 
 namespace {
@@ -335,6 +336,7 @@ void encoder_layer_backward(const StepContext& s, int layer, const LayerView& w,
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::out), dgelu, g.out_w, g.out_b, dffn, a.gelu,
               w.out_w, W16(&LayerView::out_w), Tn, I, C,
               block_grads_of(s, layer, &LayerBlockGrads::out), over);
+  s.tick();
   const BlockPattern* inter_pattern = pattern_of(s, layer, &LayerPatterns::inter);
   std::vector<float>* inter_blocks = block_grads_of(s, layer, &LayerBlockGrads::inter);
   if (!ffn_up_backward_16(s, a, g, dh1, dgelu, W16(&LayerView::inter_w), inter_pattern,
@@ -346,6 +348,7 @@ void encoder_layer_backward(const StepContext& s, int layer, const LayerView& w,
     linear_grad(s, inter_pattern, dh1, g.inter_w, g.inter_b, dinter, a.h1, w.inter_w,
                 W16(&LayerView::inter_w), Tn, C, I, inter_blocks, add);
   }
+  s.tick();
 
   // h1 = LN1(r1), r1 = dropout(att . Wao) + in.
   ln_backward(s, dres, g.ln1_w, g.ln1_b, dh1, a.r1, w.ln1_w, a.ln1_mean, a.ln1_rstd, Tn, C);
@@ -354,7 +357,9 @@ void encoder_layer_backward(const StepContext& s, int layer, const LayerView& w,
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::attn_out), datt, g.attn_out_w, g.attn_out_b,
               dproj, a.att, w.attn_out_w, W16(&LayerView::attn_out_w), Tn, C, C,
               block_grads_of(s, layer, &LayerBlockGrads::attn_out), over);
+  s.tick();
   attention_grad(s, layer, a, dqkv, datt);
+  s.tick();
   linear_grad(s, pattern_of(s, layer, &LayerPatterns::qkv), dinp, g.qkv_w, g.qkv_b, dqkv, in,
               w.qkv_w, W16(&LayerView::qkv_w), Tn, C, 3 * C,
               block_grads_of(s, layer, &LayerBlockGrads::qkv), add);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -50,6 +51,11 @@ struct StepContext {
   // The counts the loss means divide by: the whole batch's when this one is a share (0: own).
   int64_t mlm_total = 0, nsp_total = 0, cls_total = 0, span_total = 0;
   double loss_scale = 1;  // the factor backward's loss gradients start from (StepOptions)
+  // Called between the ops of a layer's backward when set (BertModel::backward's `progress`).
+  const std::function<void()>* progress = nullptr;
+  void tick() const {
+    if (progress) (*progress)();
+  }
   int T_() const { return tokens.tokens(); }
   int n_seq() const { return tokens.sequences(); }
 };
@@ -70,9 +76,10 @@ void dropout_site_backward(const StepContext& s, kernels::View dinp, kernels::Vi
 // scalar; keeps the sum and its LayerNorm statistics (Rec::emb_*).
 void embeddings_forward(const StepContext& s, const ParamView& p, const int32_t* ids,
                         const int32_t* pos, const int32_t* types, kernels::View out);
+// dword, when given, takes the word table's gradient in place of g.word (ids then index it).
 void embeddings_backward(const StepContext& s, const ParamView& p, const ParamView& g,
                          const int32_t* ids, const int32_t* pos, const int32_t* types,
-                         kernels::View dout);
+                         kernels::View dout, kernels::View dword = {});
 
 // LayerNorm's output [N, C] rebuilt from its input as held (the step's scalar, or 16 bits) and
 // the saved statistics (recompute policy `ln`), into out as held.

@@ -197,6 +197,18 @@ struct StepSums {
   }
 };
 
+namespace {
+
+// The word-table rows a batch's tokens use, sorted and unique.
+std::vector<int32_t> word_rows_of(const model::PackedBatch& b) {
+  std::vector<int32_t> rows(b.input_ids.begin(), b.input_ids.end());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+}  // namespace
+
 void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
                                 const std::function<model::PackedBatch()>& next, double scale) {
   const int N = comm_.size(), rank = comm_.rank();
@@ -214,9 +226,22 @@ void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
     // backward finishes it.
     const std::function<void(size_t, size_t)> ready =
         last ? sync_.on_ready(g.data()) : std::function<void(size_t, size_t)>();
+    // Reduced as backward finishes it, the word table goes early (the decoder's share) and the
+    // embeddings' share of its rows the whole batch uses last, on its own (a few thousand rows
+    // instead of the table); MPI moves the reductions on between backward's ops.
+    const bool overlap = last && sync_.overlaps();
+    if (overlap) m_.defer_word_rows(word_rows_of(whole));
+    const std::function<void()> progress =
+        overlap ? std::function<void()>([this] { sync_.progress(); }) : std::function<void()>();
+    auto reduce_word_rows = [&] {
+      if (!overlap) return;
+      const kernels::View rows = m_.word_rows_grads();
+      sync_.start(rows.as<float>(), static_cast<size_t>(rows.numel()));
+    };
     if (b.B == 0) {  // more ranks than rows: nothing to compute, still a part of every reduction
       if (ready)
         for (auto [a, e] : m_.grad_ranges()) ready(a, e);
+      reduce_word_rows();
       continue;
     }
     io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
@@ -225,7 +250,8 @@ void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
         static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
         static_cast<uint64_t>(micro);
     sums.add(m_.forward(b, {true, o_.seed, dropout_step, recompute_, o_.precision, scale}));
-    m_.backward(ready);
+    m_.backward(ready, progress);
+    reduce_word_rows();
     sums.add_tokens(m_.tokens(), b, rank);
   }
 }
@@ -303,6 +329,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
   const std::span<float> g = m_.grads();
   const double t0 = now_seconds();
   sync_.finish(g.data());
+  m_.add_word_rows();  // (deferred word-table rows, now summed over processes)
   if (comm_.distributed()) sums.allreduce(comm_);
   const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
   // The gradient is the micro-batches' mean, unscaled (loss scaling) and clipped to the global
