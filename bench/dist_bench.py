@@ -44,15 +44,18 @@ def main():
     ap.add_argument("--parts", default="dp,memory,allreduce")
     ap.add_argument("--sequences", type=int, default=16, help="Wikipedia lengths in a step")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--layers", type=int, default=0, help="encoder layers (0: BERT-base's 12)")
     a = ap.parse_args()
     bench = os.path.join(a.build, "dist_step_bench")
     model, isa = cpu()
-    print(f"CPU: {model}, {os.cpu_count()} cores, ISA {isa}. BERT-base, fp32.\n")
+    layers = ["--layers", str(a.layers)] if a.layers else []
+    print(f"CPU: {model}, {os.cpu_count()} cores, ISA {isa}. BERT-base"
+          f"{f' with {a.layers} layers' if a.layers else ''}, fp32.\n")
     parts = a.parts.split(",")
 
     if "dp" in parts:
         lengths = ",".join(map(str, wiki_lengths(a.sequences, 5)))
-        step = [bench, "--lengths", lengths, "--steps", str(a.steps), "--warmup", "1"]
+        step = [bench, "--lengths", lengths, "--steps", str(a.steps), "--warmup", "1"] + layers
         configs = {"1 process x 2 threads": lambda: run(step, 2)[0],
                    "2 processes x 1 thread": lambda: run(mpirun(2, 1, step), 1)[0],
                    "2 processes x 1 thread, --zero 1": lambda: run(

@@ -632,6 +632,50 @@ TEST(ModelShare, SharesOfABatchSumToTheWholeBatchWithDropout) {
   EXPECT_EQ(covered, m.layout().total());
 }
 
+// take_sequences splits a batch finer than rows (one sequence a row, at its place in the whole):
+// all of them are the whole batch bit for bit, and any split sums to it.
+TEST(ModelShare, SharesBySequenceSumToTheWholeBatchWithDropout) {
+  BertConfig c = tiny_config();
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.2;
+  Heads heads;
+  heads.classifier = heads.span = true;
+  BertModel m(c, heads);
+  init_params(m.layout(), m.params().data(), 4);
+  const PackedBatch whole = make_batch({{5, 3, 7}, {9, 2}, {2, 6, 4}, {12}}, 16, c.vocab_size, 8);
+  const StepOptions step{true, 7, 3, {}};
+  m.zero_grads();
+  const Outputs w = m.forward(whole, step);
+  m.backward();
+  const std::vector<float> gw = as_vector(m.grads());
+
+  const BatchShare share = share_of_whole(whole);
+  const std::vector<SequenceSpan> spans = sequences_of(whole);
+  ASSERT_EQ(spans.size(), 9u);
+  EXPECT_EQ(spans[6].row, 2);
+  EXPECT_EQ(spans[6].start, 2);
+  EXPECT_EQ(spans[6].length, 6);
+  const PackedBatch all = take_sequences(whole, share, spans, {0, 1, 2, 3, 4, 5, 6, 7, 8});
+  EXPECT_EQ(all.B, 9);
+  EXPECT_EQ(all.share.places[6], (RowPlace{15 + 11 + 2, 6, 25 + 9 + 49 + 81 + 4 + 4}));
+  m.zero_grads();
+  EXPECT_EQ(m.forward(all, step).loss(), w.loss());
+  m.backward();
+  EXPECT_EQ(std::memcmp(m.grads().data(), gw.data(), gw.size() * sizeof(float)), 0);
+
+  m.zero_grads();
+  double loss = 0;
+  for (const std::vector<int>& seqs : {std::vector<int>{0, 4, 5, 8}, std::vector<int>{1, 2, 3, 6, 7}}) {
+    loss += m.forward(take_sequences(whole, share, spans, seqs), step).loss();
+    m.backward();
+  }
+  EXPECT_NEAR(loss, w.loss(), 1e-6 * w.loss());
+  float scale = 0;
+  for (float g : gw) scale = std::max(scale, std::abs(g));
+  for (size_t i = 0; i < gw.size(); ++i) ASSERT_NEAR(m.grads()[i], gw[i], 1e-5f * scale) << i;
+}
+
 // Deferring the embeddings' share of the word table (BertModel::defer_word_rows, what a
 // data-parallel step does so the table's all-reduce overlaps the layers' backward): backward
 // reports the word table finished right after the heads and never writes it again, the

@@ -43,6 +43,17 @@ void note_failed_allocation(size_t bytes) noexcept {
   t_failed_what[n] = '\0';
 }
 
+FailedAllocation last_failed_allocation() {
+  return {t_failed_bytes, t_failed_what[0] ? std::string(t_failed_what) : t_what ? *t_what : ""};
+}
+
+void set_failed_allocation(const FailedAllocation& f) {
+  t_failed_bytes = f.bytes;
+  const size_t n = std::min(f.what.size(), sizeof t_failed_what - 1);
+  std::memcpy(t_failed_what, f.what.data(), n);
+  t_failed_what[n] = '\0';
+}
+
 std::string describe_failed_allocation() {
   std::string out = t_failed_bytes ? "could not allocate " + human_bytes(t_failed_bytes)
                                    : std::string("an allocation failed");

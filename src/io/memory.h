@@ -27,4 +27,13 @@ void note_failed_allocation(size_t bytes) noexcept;
 // "<bytes> bytes for <what>" for the last failure on this thread (parts unknown are left out).
 std::string describe_failed_allocation();
 
+// The last failure on this thread, to hand to the thread that reports it (a worker's failed
+// allocation surfaces as std::bad_alloc on the thread it passes its exception to).
+struct FailedAllocation {
+  size_t bytes = 0;
+  std::string what;
+};
+FailedAllocation last_failed_allocation();
+void set_failed_allocation(const FailedAllocation& f);
+
 }  // namespace packbert::io

@@ -242,6 +242,69 @@ PackedBatch take_rows(const PackedBatch& whole, const BatchShare& share,
   return b;
 }
 
+std::vector<SequenceSpan> sequences_of(const PackedBatch& b) {
+  std::vector<SequenceSpan> out;
+  for (int p = 0; p < b.B; ++p) {
+    int current = 0;
+    for (int s = 0; s < b.S; ++s) {
+      const size_t i = static_cast<size_t>(p) * b.S + s;
+      const int seq = b.sequence_ids[i];
+      if (seq <= 0) {
+        current = 0;
+        continue;
+      }
+      if (seq != current) out.push_back({p, s, 0, 0}), current = seq;
+      ++out.back().length;
+      out.back().masked += b.mlm_labels[i] != -100;
+    }
+  }
+  return out;
+}
+
+PackedBatch take_sequences(const PackedBatch& whole, const BatchShare& share,
+                           const std::vector<SequenceSpan>& spans, const std::vector<int>& seqs) {
+  PackedBatch b = empty_batch(static_cast<int>(seqs.size()), whole.S, whole.K);
+  b.share.mlm = share.mlm, b.share.nsp = share.nsp, b.share.cls = share.cls,
+  b.share.span = share.span;
+  const size_t S = static_cast<size_t>(whole.S), K = static_cast<size_t>(whole.K);
+  // Each sequence's place: its row's, advanced over the row's sequences before it.
+  std::vector<RowPlace> places;
+  places.reserve(spans.size());
+  for (size_t q = 0; q < spans.size(); ++q) {
+    const SequenceSpan& at = spans[q];
+    RowPlace place = share.places[static_cast<size_t>(at.row)];
+    if (q > 0 && spans[q - 1].row == at.row) {
+      const RowPlace& before = places.back();
+      const int64_t len = spans[q - 1].length;
+      place = {before.token + len, before.sequence + 1, before.attention + len * len};
+    }
+    places.push_back(place);
+  }
+  for (size_t r = 0; r < seqs.size(); ++r) {
+    const size_t q = static_cast<size_t>(seqs[r]);
+    const SequenceSpan& at = spans[q];
+    const size_t from = static_cast<size_t>(at.row) * S + static_cast<size_t>(at.start);
+    const size_t n = static_cast<size_t>(at.length);
+    for (auto field : {&PackedBatch::input_ids, &PackedBatch::token_type_ids,
+                       &PackedBatch::position_ids, &PackedBatch::mlm_labels})
+      std::copy_n((whole.*field).begin() + static_cast<long>(from), n,
+                  (b.*field).begin() + static_cast<long>(r * S));
+    std::fill_n(b.sequence_ids.begin() + static_cast<long>(r * S), n, 1);
+    const int k = whole.sequence_ids[from] - 1;  // the sequence's index in its row
+    b.nsp_labels[r * K] = whole.nsp_labels[static_cast<size_t>(at.row) * K + static_cast<size_t>(k)];
+    b.share.places.push_back(places[q]);
+    const size_t global = static_cast<size_t>(places[q].sequence);
+    auto take = [&](const auto& from_labels, auto& to) {
+      if (!from_labels.empty()) to.push_back(from_labels[global]);
+    };
+    take(whole.class_labels, b.class_labels);
+    take(whole.class_targets, b.class_targets);
+    take(whole.span_starts, b.span_starts);
+    take(whole.span_ends, b.span_ends);
+  }
+  return b;
+}
+
 TokenLayout token_layout(const PackedBatch& b, const BertConfig& c) {
   TokenLayout t;
   token_layout(b, c, t);

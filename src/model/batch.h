@@ -57,6 +57,18 @@ PackedBatch take_rows(const PackedBatch& whole, const BatchShare& share,
 // Real tokens of each row.
 std::vector<int64_t> row_tokens(const PackedBatch& b);
 
+// One sequence of a batch, in batch order: its row, its first slot in the row, its tokens and
+// its masked tokens.
+struct SequenceSpan {
+  int row = 0, start = 0, length = 0, masked = 0;
+};
+std::vector<SequenceSpan> sequences_of(const PackedBatch& b);
+// The sequences `seqs` (ascending indices into sequences_of(whole)) of a whole batch as a batch of
+// their own, one sequence a row, each row carrying its sequence's place and the batch the whole's
+// counts: a finer share than take_rows', for balancing processes by their work.
+PackedBatch take_sequences(const PackedBatch& whole, const BatchShare& share,
+                           const std::vector<SequenceSpan>& spans, const std::vector<int>& seqs);
+
 // B rows of S padding slots (ids 0, no labels) with room for K sequences per row: the start
 // every producer of batches fills in.
 PackedBatch empty_batch(int B, int S, int K, int32_t pad_id = 0);

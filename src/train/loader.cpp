@@ -129,6 +129,7 @@ model::PackedBatch BatchLoader::build(Cursor at, Cursor* after) const {
 
 void BatchLoader::produce() {
   try {
+    io::AllocationScope scope("the batches the loader prefetches");
     Cursor at = produce_at_;
     for (;;) {
       {
@@ -148,6 +149,10 @@ void BatchLoader::produce() {
   } catch (...) {
     std::lock_guard<std::mutex> lock(mu_);
     error_ = std::current_exception();
+    try {
+      failed_ = io::last_failed_allocation();
+    } catch (...) {  // (no memory even for its name: the report says less)
+    }
     cv_.notify_all();
   }
 }
@@ -155,7 +160,10 @@ void BatchLoader::produce() {
 model::PackedBatch BatchLoader::next() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !queue_.empty() || error_; });
-  if (queue_.empty()) std::rethrow_exception(error_);
+  if (queue_.empty()) {
+    io::set_failed_allocation(failed_);  // (the report of a bad_alloc is per thread)
+    std::rethrow_exception(error_);
+  }
   Item item = std::move(queue_.front());
   queue_.pop_front();
   lock.unlock();

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "data/pretraining.h"
+#include "io/memory.h"
 #include "data/sequences.h"
 #include "model/batch.h"
 
@@ -88,6 +89,7 @@ class BatchLoader {
   std::deque<Item> queue_;
   bool stop_ = false;
   std::exception_ptr error_;
+  io::FailedAllocation failed_;  // what the worker could not allocate (error_ a bad_alloc)
   std::thread worker_;
 };
 

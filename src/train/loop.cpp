@@ -102,20 +102,34 @@ bool GradNormGuard::is_outlier(double norm, double z) const {
   return norm > mean + z * sd;
 }
 
-std::vector<int> Stepper::rows_of_rank(const std::vector<int64_t>& tokens, int ranks, int rank) {
-  std::vector<int> order(tokens.size());
+std::vector<int> Stepper::pieces_of_rank(const std::vector<double>& work, int ranks, int rank) {
+  std::vector<int> order(work.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tokens[a] > tokens[b]; });
-  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return work[a] > work[b]; });
+  std::vector<double> load(static_cast<size_t>(ranks), 0);
   std::vector<int> mine;
   for (int r : order) {
     const int to = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[static_cast<size_t>(to)] += tokens[r];
+    load[static_cast<size_t>(to)] += work[r];
     if (to == rank) mine.push_back(r);
   }
   std::sort(mine.begin(), mine.end());
   return mine;
 }
+
+namespace {
+
+// Forward FLOPs of one sequence of `length` tokens, `masked` of them masked: the encoder's linear
+// layers per token, attention's two products per token pair, the MLM head per masked token
+// (backward's are proportional).
+double sequence_work(const model::BertConfig& c, int64_t length, int64_t masked) {
+  const double C = c.hidden_size, I = c.intermediate_size, L = c.num_hidden_layers;
+  const double n = static_cast<double>(length);
+  return 2 * L * (4 * C * C + 2 * C * I) * n + 4 * L * C * n * n +
+         2 * (C * C + C * c.vocab_size) * static_cast<double>(masked);
+}
+
+}  // namespace
 
 Stepper::Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
                  int accumulation, model::Recompute recompute, dist::Comm& comm)
@@ -219,7 +233,11 @@ void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
     model::PackedBatch mine;
     if (N > 1) {
       const model::BatchShare share = model::share_of_whole(whole);
-      mine = model::take_rows(whole, share, rows_of_rank(model::row_tokens(whole), N, rank));
+      const std::vector<model::SequenceSpan> spans = model::sequences_of(whole);
+      std::vector<double> work;
+      for (const model::SequenceSpan& q : spans)
+        work.push_back(sequence_work(m_.config(), q.length, q.masked));
+      mine = model::take_sequences(whole, share, spans, pieces_of_rank(work, N, rank));
     }
     const model::PackedBatch& b = N > 1 ? mine : whole;
     // The last micro-batch's gradients are final layer by layer: the sync may reduce each as
@@ -238,7 +256,7 @@ void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
       const kernels::View rows = m_.word_rows_grads();
       sync_.start(rows.as<float>(), static_cast<size_t>(rows.numel()));
     };
-    if (b.B == 0) {  // more ranks than rows: nothing to compute, still a part of every reduction
+    if (b.B == 0) {  // more ranks than sequences: nothing to compute, still in every reduction
       if (ready)
         for (auto [a, e] : m_.grad_ranges()) ready(a, e);
       reduce_word_rows();

@@ -3,10 +3,10 @@
 // gradients summed across processes, averaged over micro-batches, clipped, checked and applied.
 //
 // A step's whole batch is what one process with ranks × rows_per_batch rows would use; each rank
-// computes a share of its rows, balanced by real tokens, that divides its losses by the whole
-// batch's counts and draws its dropout at its rows' places in the whole (model/batch.h). So the
-// shares' gradients sum to the whole batch's, and the rank count does not change results beyond
-// float summation order.
+// computes a share of its sequences, balanced by their FLOPs (a row is too coarse a piece: 9 rows
+// of 512 split 5 and 4 ways), that divides its losses by the whole batch's counts and draws its
+// dropout at its sequences' places in the whole (model/batch.h). So the shares' gradients sum to
+// the whole batch's, and the rank count does not change results beyond float summation order.
 #pragma once
 
 #include <cstdint>
@@ -151,9 +151,10 @@ class Stepper {
   // gathered into m_all and v_all on the root, and null elsewhere.
   std::pair<const float*, const float*> whole_moments(std::vector<float>& m_all,
                                                       std::vector<float>& v_all);
-  // The rows of a whole batch that `rank` of `ranks` computes: balanced by real tokens (the
-  // largest first, each to the rank with the fewest so far), in ascending order.
-  static std::vector<int> rows_of_rank(const std::vector<int64_t>& tokens, int ranks, int rank);
+  // The pieces of a whole batch (its sequences) that `rank` of `ranks` computes, given each
+  // piece's work: balanced by it (the largest first, each to the rank with the least so far), in
+  // ascending order.
+  static std::vector<int> pieces_of_rank(const std::vector<double>& work, int ranks, int rank);
 
  private:
   // The micro-batches of step `index` forward and backward (loss scale `scale`), their losses,
