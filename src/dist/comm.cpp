@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 
@@ -49,6 +50,13 @@ std::vector<size_t> shard_bounds(size_t n, int ranks, size_t align) {
 namespace {
 
 std::vector<MPI_Request> pending;  // the started all-reduces, in order
+// A started reduce-scatter leaves this rank's sum at its range's start: n floats to move from
+// `from` to `to` (within the range) once it completes.
+struct Move {
+  float *from, *to;
+  size_t n;
+};
+std::vector<Move> moves;
 
 // MPI counts are int: a range longer than that is sent in pieces by the callers below.
 constexpr size_t kMaxCount = static_cast<size_t>(std::numeric_limits<int>::max()) / 2;
@@ -130,6 +138,25 @@ void Comm::start_allreduce(float* x, size_t n) {
   }
 }
 
+void Comm::start_reduce_scatter(float* x, size_t a, size_t e, const std::vector<size_t>& bounds) {
+  if (size_ == 1) return;
+  std::vector<int> counts;
+  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+    const size_t lo = std::max(a, bounds[r]), hi = std::min(e, bounds[r + 1]);
+    counts.push_back(static_cast<int>(hi > lo ? hi - lo : 0));
+  }
+  if (e - a > kMaxCount)
+    throw std::length_error("a gradient range of " + std::to_string(e - a) +
+                            " elements exceeds what one MPI call carries");
+  pending.emplace_back();
+  // In place: the input is the whole range, and this rank's sum lands at the range's start.
+  MPI_Ireduce_scatter(MPI_IN_PLACE, x + a, counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                      &pending.back());
+  const size_t mine = static_cast<size_t>(counts[static_cast<size_t>(rank_)]);
+  const size_t to = std::max(a, bounds[static_cast<size_t>(rank_)]);
+  if (mine > 0 && to != a) moves.push_back({x + a, x + to, mine});
+}
+
 void Comm::progress() {
   if (pending.empty()) return;
   int done = 0;
@@ -138,22 +165,13 @@ void Comm::progress() {
 }
 
 double Comm::wait_all() {
-  if (pending.empty()) return 0;
+  if (pending.empty() && moves.empty()) return 0;
   const double t0 = now_seconds();
   MPI_Waitall(static_cast<int>(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
   pending.clear();
+  for (const Move& m : moves) std::memmove(m.to, m.from, m.n * sizeof(float));
+  moves.clear();
   return now_seconds() - t0;
-}
-
-void Comm::reduce_scatter_sum(float* x, const std::vector<size_t>& bounds) {
-  if (size_ == 1) return;
-  std::vector<int> counts = counts_of(bounds, nullptr);
-  // In place: MPI_IN_PLACE takes the input from x and leaves this rank's block at x's start.
-  MPI_Reduce_scatter(MPI_IN_PLACE, x, counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  const size_t mine = bounds[static_cast<size_t>(rank_)];
-  if (mine > 0)
-    std::copy_backward(x, x + counts[static_cast<size_t>(rank_)],
-                       x + mine + counts[static_cast<size_t>(rank_)]);
 }
 
 namespace {
@@ -208,12 +226,12 @@ std::vector<std::string> Comm::allgather(const std::string& s) {
 }
 void Comm::broadcast(std::string&, int) {}
 void Comm::start_allreduce(float*, size_t) {}
+void Comm::start_reduce_scatter(float*, size_t, size_t, const std::vector<size_t>&) {}
 void Comm::allgather(uint16_t*, const std::vector<size_t>&) {}
 void Comm::progress() {}
 double Comm::wait_all() {
   return 0;
 }
-void Comm::reduce_scatter_sum(float*, const std::vector<size_t>&) {}
 void Comm::allgather(float*, const std::vector<size_t>&) {}
 void Comm::gather(const float* mine, float* all, const std::vector<size_t>& bounds, int) {
   std::copy(mine, mine + bounds[1], all);

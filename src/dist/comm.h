@@ -44,15 +44,16 @@ class Comm {
   // started, by wait_all(), which returns the seconds it waited. progress() lets MPI move the
   // started ones along without waiting.
   void start_allreduce(float* x, size_t n);
+  // The same for the range [a, e) of a sharded arena x (bounds as below): after wait_all(), this
+  // rank's part of the range holds the sum over ranks, in place (the rest is left undefined).
+  void start_reduce_scatter(float* x, size_t a, size_t e, const std::vector<size_t>& bounds);
   void progress();
   double wait_all();
 
   // Gradient sharding (ZeRO-1). bounds: [size + 1] element offsets, rank r owning
-  // [bounds[r], bounds[r + 1]). reduce_scatter: x (full length, every rank's own values) becomes
-  // the sum over ranks on this rank's range (the rest is left undefined). allgather: every
-  // rank's range of x is copied to every other rank. gather: every rank's `mine` (its range's
-  // values) lands in its range of `all` on root (`all` is not used elsewhere).
-  void reduce_scatter_sum(float* x, const std::vector<size_t>& bounds);
+  // [bounds[r], bounds[r + 1]) (start_reduce_scatter above sums each rank's part). allgather:
+  // every rank's range of x is copied to every other rank. gather: every rank's `mine` (its
+  // range's values) lands in its range of `all` on root (`all` is not used elsewhere).
   void allgather(float* x, const std::vector<size_t>& bounds);
   // The same for 16-bit elements (bf16 master weights, as their bits).
   void allgather(uint16_t* x, const std::vector<size_t>& bounds);

@@ -16,20 +16,25 @@ std::pair<size_t, size_t> GradientSync::shard() const {
 }
 
 std::function<void(size_t, size_t)> GradientSync::on_ready(float* grads) {
-  if (kind_ != Kind::allreduce) return {};
-  return [this, grads](size_t a, size_t e) {
-    comm_.start_allreduce(grads + a, e - a);
-    comm_.progress();
-  };
+  if (kind_ == Kind::allreduce)
+    return [this, grads](size_t a, size_t e) {
+      comm_.start_allreduce(grads + a, e - a);
+      comm_.progress();
+    };
+  if (kind_ == Kind::zero1)
+    return [this, grads](size_t a, size_t e) {
+      comm_.start_reduce_scatter(grads, a, e, bounds_);
+      comm_.progress();
+    };
+  return {};
 }
 
 void GradientSync::start(float* x, size_t n) {
-  if (kind_ == Kind::allreduce) comm_.start_allreduce(x, n);
+  if (kind_ != Kind::none) comm_.start_allreduce(x, n);
 }
 
-void GradientSync::finish(float* grads) {
-  if (kind_ == Kind::allreduce) comm_.wait_all();
-  if (kind_ == Kind::zero1) comm_.reduce_scatter_sum(grads, bounds_);
+void GradientSync::finish(float*) {
+  comm_.wait_all();
 }
 
 std::function<void(double*, size_t)> GradientSync::shard_sum() {

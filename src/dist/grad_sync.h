@@ -3,9 +3,12 @@
 // - none: one process; nothing to do.
 // - allreduce: each range of the gradient arena is all-reduced as backward finishes it on the
 //   last micro-batch (overlapping communication with backward); every process updates all.
-// - zero1 (ZeRO stage 1): after backward the arena is reduce-scattered, each process updates
-//   its shard (holding that shard's optimizer moments only), and the weights are all-gathered.
-// Later: the pipeline's tied embedding sum between the first and last stage.
+// - zero1 (ZeRO stage 1): each range is reduce-scattered as backward finishes it (each process
+//   receiving the sum of its shard's part), each process updates its shard (holding that
+//   shard's optimizer moments only), and the weights are all-gathered.
+// Under all-reduce the word table's embeddings share is reduced on its own (start()), so the
+// table's range goes early (model::BertModel::defer_word_rows). Later: the pipeline's tied
+// embedding sum between the first and last stage.
 #pragma once
 
 #include <cstddef>
@@ -33,17 +36,19 @@ class GradientSync {
   const std::vector<size_t>& bounds() const { return bounds_; }
 
   // What backward calls with each range [a, e) of `grads` it finishes on the step's last
-  // micro-batch: starts the range's all-reduce (empty unless all-reduce).
+  // micro-batch: starts the range's all-reduce, or its reduce-scatter (empty in one process).
   std::function<void(size_t, size_t)> on_ready(float* grads);
-  // Whether ranges are reduced as backward finishes them (all-reduce), so that backward should
-  // finish the largest early (BertModel::defer_word_rows) and let MPI progress between its ops.
-  bool overlaps() const { return kind_ == Kind::allreduce; }
+  // Whether ranges are reduced as backward finishes them (several processes), so that backward
+  // should finish the largest early (BertModel::defer_word_rows) and let MPI progress between
+  // its ops.
+  bool overlaps() const { return kind_ != Kind::none; }
   // Starts the sum over processes of a gradient buffer outside the arena, n floats in place
-  // (all-reduce only); finish() completes it with the ranges.
+  // (the whole of it on every process); finish() completes it with the ranges.
   void start(float* x, size_t n);
   // Lets started reductions move on (between backward's ops).
   void progress() { comm_.progress(); }
-  // After the last backward: the sums complete in `grads` (this process's shard under ZeRO-1).
+  // After the last backward: the sums complete in the gradients (this process's shard under
+  // ZeRO-1).
   void finish(float* grads);
   // Adds up n partial sums that each process computed over its shard (ZeRO-1: a gradient norm,
   // LAMB's per-tensor norms); empty when every process holds the whole arena.
