@@ -43,6 +43,16 @@ struct Writer {
     buf.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
   void pad8() { buf.append((8 - buf.size() % 8) % 8, '\0'); }
+  // A file's header starts: its magic, the format version, the header's size, then `counts`.
+  static Writer header(const char* magic, size_t header_bytes,
+                       std::initializer_list<uint64_t> counts) {
+    Writer h;
+    h.buf.append(magic, 8);
+    h.put(kVersion);
+    h.put(static_cast<uint32_t>(header_bytes));
+    for (uint64_t n : counts) h.put(n);
+    return h;
+  }
 };
 
 struct Reader {
@@ -130,13 +140,8 @@ void write_sequences(const std::string& path, const SequencesFile& f) {
   p.put_array(f.mlm_offsets);
   p.put_array(f.mlm_positions);
   p.put_array(f.mlm_inputs);
-  Writer h;
-  h.buf.append(kSeqMagic, 8);
-  h.put(kVersion);
-  h.put(static_cast<uint32_t>(kSeqHeader));
-  h.put(static_cast<uint64_t>(f.size()));
-  h.put(static_cast<uint64_t>(f.tokens.size()));
-  h.put(static_cast<uint64_t>(f.mlm_positions.size()));
+  Writer h = Writer::header(kSeqMagic, kSeqHeader,
+                            {f.size(), f.tokens.size(), f.mlm_positions.size()});
   h.put(f.max_seq_len);
   h.put(f.vocab_size);
   h.put(f.vocab_fingerprint);
@@ -259,12 +264,7 @@ void write_packs(const std::string& path, const PacksFile& f) {
   Writer p;
   p.put_array(f.offsets);
   p.put_array(f.ids);
-  Writer h;
-  h.buf.append(kPackMagic, 8);
-  h.put(kVersion);
-  h.put(static_cast<uint32_t>(kPackHeader));
-  h.put(static_cast<uint64_t>(f.packs()));
-  h.put(static_cast<uint64_t>(f.ids.size()));
+  Writer h = Writer::header(kPackMagic, kPackHeader, {f.packs(), f.ids.size()});
   h.put(f.max_seq_len);
   h.put(f.max_per_pack);
   h.put(f.sequences_checksum);

@@ -119,6 +119,18 @@ inline H to_half(float x) {
     return static_cast<H>(x);
 }
 
+// x as element type O: itself when O is its type, else widened (a 16-bit x to fp32 or double)
+// or rounded to nearest even (a float to a 16-bit O).
+template <typename O, typename T>
+inline O convert_to(T x) {
+  if constexpr (std::is_same_v<O, T>)
+    return x;
+  else if constexpr (is_half_v<T>)
+    return static_cast<O>(to_float(x));
+  else
+    return to_half<O>(static_cast<float>(x));
+}
+
 // out[i] = to_bf16(in[i]) / to_f16(in[i]), [n]; in parallel over chunks for large n.
 void to_bf16(bf16* out, const float* in, int64_t n);
 void to_f16(f16* out, const float* in, int64_t n);

@@ -142,46 +142,65 @@ ParamView::ParamView(const ParamLayout& layout, const kernels::View& arena)
         return arena.slice(static_cast<int64_t>(t.offset), static_cast<int64_t>(t.numel));
       }) {}
 
+namespace {
+
+using kernels::View;
+
+// Where each named view of ParamView / LayerView lies: its Hugging Face name (a layer's after
+// "bert.encoder.layer.<l>."). qkv_w and qkv_b start at the query's tensor and span query, key
+// and value.
+const std::pair<View ParamView::*, const char*> kModelTensors[] = {
+    {&ParamView::word, "bert.embeddings.word_embeddings.weight"},
+    {&ParamView::position, "bert.embeddings.position_embeddings.weight"},
+    {&ParamView::token_type, "bert.embeddings.token_type_embeddings.weight"},
+    {&ParamView::emb_ln_w, "bert.embeddings.LayerNorm.weight"},
+    {&ParamView::emb_ln_b, "bert.embeddings.LayerNorm.bias"},
+    {&ParamView::pool_w, "bert.pooler.dense.weight"},
+    {&ParamView::pool_b, "bert.pooler.dense.bias"},
+    {&ParamView::mlm_w, "cls.predictions.transform.dense.weight"},
+    {&ParamView::mlm_b, "cls.predictions.transform.dense.bias"},
+    {&ParamView::mlm_ln_w, "cls.predictions.transform.LayerNorm.weight"},
+    {&ParamView::mlm_ln_b, "cls.predictions.transform.LayerNorm.bias"},
+    {&ParamView::mlm_bias, "cls.predictions.bias"},
+    {&ParamView::nsp_w, "cls.seq_relationship.weight"},
+    {&ParamView::nsp_b, "cls.seq_relationship.bias"},
+    {&ParamView::cls_w, "classifier.weight"},
+    {&ParamView::cls_b, "classifier.bias"},
+    {&ParamView::span_w, "qa_outputs.weight"},
+    {&ParamView::span_b, "qa_outputs.bias"},
+};
+const std::pair<View LayerView::*, const char*> kLayerTensors[] = {
+    {&LayerView::qkv_w, "attention.self.query.weight"},
+    {&LayerView::qkv_b, "attention.self.query.bias"},
+    {&LayerView::attn_out_w, "attention.output.dense.weight"},
+    {&LayerView::attn_out_b, "attention.output.dense.bias"},
+    {&LayerView::ln1_w, "attention.output.LayerNorm.weight"},
+    {&LayerView::ln1_b, "attention.output.LayerNorm.bias"},
+    {&LayerView::inter_w, "intermediate.dense.weight"},
+    {&LayerView::inter_b, "intermediate.dense.bias"},
+    {&LayerView::out_w, "output.dense.weight"},
+    {&LayerView::out_b, "output.dense.bias"},
+    {&LayerView::ln2_w, "output.LayerNorm.weight"},
+    {&LayerView::ln2_b, "output.LayerNorm.bias"},
+};
+
+}  // namespace
+
 ParamView::ParamView(const ParamLayout& layout,
                      const std::function<kernels::View(const TensorSpec&)>& place) {
-  auto at = [&](const std::string& name) -> kernels::View {
+  auto at = [&](const std::string& name) -> View {
     const TensorSpec* t = layout.find(name);
-    return t ? place(*t) : kernels::View();
+    return t ? place(*t) : View();
   };
-  // query | key | value, adjacent in every arena (ParamLayout's fused groups).
-  auto fused = [&](const std::string& query) {
-    kernels::View v = at(query);
-    v.cols = v.ld = 3 * v.cols;
-    return v;
-  };
-  word = at("bert.embeddings.word_embeddings.weight");
-  position = at("bert.embeddings.position_embeddings.weight");
-  token_type = at("bert.embeddings.token_type_embeddings.weight");
-  emb_ln_w = at("bert.embeddings.LayerNorm.weight");
-  emb_ln_b = at("bert.embeddings.LayerNorm.bias");
+  for (const auto& [field, name] : kModelTensors) this->*field = at(name);
   for (int l = 0; l < layout.config().num_hidden_layers; ++l) {
-    std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
-    layers.push_back(
-        {fused(p + "attention.self.query.weight"), fused(p + "attention.self.query.bias"),
-         at(p + "attention.output.dense.weight"), at(p + "attention.output.dense.bias"),
-         at(p + "attention.output.LayerNorm.weight"), at(p + "attention.output.LayerNorm.bias"),
-         at(p + "intermediate.dense.weight"), at(p + "intermediate.dense.bias"),
-         at(p + "output.dense.weight"), at(p + "output.dense.bias"),
-         at(p + "output.LayerNorm.weight"), at(p + "output.LayerNorm.bias")});
+    const std::string prefix = "bert.encoder.layer." + std::to_string(l) + ".";
+    LayerView& v = layers.emplace_back();
+    for (const auto& [field, name] : kLayerTensors) v.*field = at(prefix + name);
+    // query | key | value, adjacent in every arena (ParamLayout's fused groups).
+    for (View LayerView::*fused : {&LayerView::qkv_w, &LayerView::qkv_b})
+      (v.*fused).cols = (v.*fused).ld = 3 * (v.*fused).cols;
   }
-  pool_w = at("bert.pooler.dense.weight");
-  pool_b = at("bert.pooler.dense.bias");
-  mlm_w = at("cls.predictions.transform.dense.weight");
-  mlm_b = at("cls.predictions.transform.dense.bias");
-  mlm_ln_w = at("cls.predictions.transform.LayerNorm.weight");
-  mlm_ln_b = at("cls.predictions.transform.LayerNorm.bias");
-  mlm_bias = at("cls.predictions.bias");
-  nsp_w = at("cls.seq_relationship.weight");
-  nsp_b = at("cls.seq_relationship.bias");
-  cls_w = at("classifier.weight");
-  cls_b = at("classifier.bias");
-  span_w = at("qa_outputs.weight");
-  span_b = at("qa_outputs.bias");
 }
 
 const char* sparse_init_name(SparseInit init) {

@@ -27,22 +27,13 @@ namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
 namespace {
 
-// v stored as O: itself, or rounded to bf16 (a bf16 block product's operand, written by its
-// producer instead of packed from fp32).
-template <typename O, typename T>
-inline O stored_as(T v) {
-  if constexpr (std::is_same_v<O, T>)
-    return v;
-  else
-    return to_bf16(v);
-}
-
-// out[j] = keep(first + j) ? x[j] * scale : 0.
+// out[j] = keep(first + j) ? x[j] * scale : 0, stored as O (rounded to bf16 where it is a bf16
+// block product's operand, written by its producer instead of packed from fp32).
 template <typename O, typename T>
 void drop_row(O* __restrict out, const T* __restrict x, int L, const DropoutMask& mask,
               uint64_t first, T scale) {
 #pragma omp simd
-  for (int j = 0; j < L; ++j) out[j] = stored_as<O>(mask.keep(first + j) ? x[j] * scale : T(0));
+  for (int j = 0; j < L; ++j) out[j] = convert_to<O>(mask.keep(first + j) ? x[j] * scale : T(0));
 }
 
 // Backward through the mask, evaluating it once for both uses: pd = p * mask / keep (the dropped
@@ -53,7 +44,7 @@ void drop_rows_backward(O* __restrict pd, T* __restrict d, const T* __restrict p
 #pragma omp simd
   for (int j = 0; j < L; ++j) {
     const bool keep = mask.keep(first + j);
-    pd[j] = stored_as<O>(keep ? p[j] * scale : T(0));
+    pd[j] = convert_to<O>(keep ? p[j] * scale : T(0));
     d[j] = keep ? d[j] * scale : T(0);
   }
 }

@@ -84,19 +84,12 @@ inline void transpose_tile(const T* src, int64_t lds, T* dst, int64_t ldd, int r
 }
 
 // The activations' element types the kernels take: T itself, or (T = float) the 16-bit
-// activations of a bf16 / fp16 step, widened (exactly) as they are packed.
-template <typename T, typename S>
-inline T widen(S x) {
-  if constexpr (std::is_same_v<S, T>)
-    return x;
-  else
-    return to_float(x);
-}
+// activations of a bf16 / fp16 step, widened (exactly, convert_to) as they are packed.
 // dst[i][j] = src[i][j] widened, for i < rows, j < cols (rows of src lds apart, of dst 16).
 template <typename T, typename S>
 inline void widen_block(T (*dst)[16], const S* src, int64_t lds, int rows, int cols) {
   for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < cols; ++j) dst[i][j] = widen<T>(src[i * lds + j]);
+    for (int j = 0; j < cols; ++j) dst[i][j] = convert_to<T>(src[i * lds + j]);
 }
 
 int token_tiles(int N) {
