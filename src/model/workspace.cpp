@@ -114,12 +114,13 @@ enum class Role {
 // Which heads a record belongs to (encoder records: all).
 enum class Need { encoder, pooler, pretraining, classifier, span };
 
-// A record's number format: the engine's scalar T; T under fp32 and 16 bits under a 16-bit
-// precision (every activation kept between layers); a 16-bit twin held only under a 16-bit
-// precision (the rounded GEMM operand of a tensor that stays T); or a T twin held only under a
-// 16-bit precision (the encoder's output, which the heads read in T while the layers' copy of it
-// is 16-bit); or T held only under fp32 (under a 16-bit precision its kernel writes the 16-bit
-// form straight into scratch.grad_bf16). bf16 and fp16 hold the same records.
+// A record's number format, which Workspace::get's View carries: the step's scalar (f32, or f64
+// in the finite-difference tests); the scalar under fp32 and 16 bits under a 16-bit precision
+// (every activation kept between layers); a 16-bit twin held only under a 16-bit precision (the
+// rounded GEMM operand of a tensor that stays in the scalar); or a scalar twin held only under a
+// 16-bit precision (the encoder's output, which the heads read in the scalar while the layers'
+// copy of it is 16-bit); or the scalar held only under fp32 (under a 16-bit precision its kernel
+// writes the 16-bit form straight into scratch.grad_bf16). bf16 and fp16 hold the same records.
 enum class Dtype { scalar, narrowed, twin, wide_twin, fp32_only };
 
 struct RecordSpec {
