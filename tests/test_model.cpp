@@ -584,47 +584,75 @@ TEST(ModelPacking, ComputedPaddingOnePerRowEqualsPackedWithDropout) {
   });
 }
 
+// The step the share tests split: a small model with all four heads and dropout on, a batch of
+// 9 sequences in 4 rows, and that whole batch's loss and gradients.
+struct WholeStep {
+  static BertConfig config() {
+    BertConfig c = tiny_config();
+    c.hidden_size = 16;
+    c.intermediate_size = 24;
+    c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.2;
+    return c;
+  }
+  static Heads heads() {
+    Heads h;
+    h.classifier = h.span = true;
+    return h;
+  }
+  BertConfig c = config();
+  BertModel m{c, heads()};
+  PackedBatch whole;
+  StepOptions step{true, 7, 3, {}};
+  double loss = 0;
+  std::vector<float> grads;
+
+  WholeStep() {
+    init_params(m.layout(), m.params().data(), 4);
+    whole = make_batch({{5, 3, 7}, {9, 2}, {2, 6, 4}, {12}}, 16, c.vocab_size, 8);
+    m.zero_grads();
+    loss = m.forward(whole, step).loss();
+    m.backward();
+    grads = as_vector(m.grads());
+  }
+  // The model's gradients, summed over shares, against the whole batch's: within 1e-5 of the
+  // largest.
+  void expect_grads_sum_to_whole() {
+    float scale = 0;
+    for (float g : grads) scale = std::max(scale, std::abs(g));
+    for (size_t i = 0; i < grads.size(); ++i)
+      ASSERT_NEAR(m.grads()[i], grads[i], 1e-5f * scale) << i;
+  }
+  bool grads_equal_whole() {
+    return std::memcmp(m.grads().data(), grads.data(), grads.size() * sizeof(float)) == 0;
+  }
+};
+
 // A step split across processes: the shares of a batch (rows {0, 2} and {1, 3}, not contiguous)
 // give losses that sum to the whole batch's and gradients that sum to its gradients, with
 // dropout on and all four heads, because each share divides by the whole batch's counts and
 // draws every dropout mask at its rows' places in the whole. A share of all rows is the whole
 // batch bit for bit.
 TEST(ModelShare, SharesOfABatchSumToTheWholeBatchWithDropout) {
-  BertConfig c = tiny_config();
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.2;
-  Heads heads;
-  heads.classifier = heads.span = true;
-  BertModel m(c, heads);
-  init_params(m.layout(), m.params().data(), 4);
-  const PackedBatch whole = make_batch({{5, 3, 7}, {9, 2}, {2, 6, 4}, {12}}, 16, c.vocab_size, 8);
-  const StepOptions step{true, 7, 3, {}};
-  m.zero_grads();
-  const Outputs w = m.forward(whole, step);
-  m.backward();
-  const std::vector<float> gw = as_vector(m.grads());
-
-  const BatchShare share = share_of_whole(whole);
+  WholeStep w;
+  BertModel& m = w.m;
+  const BatchShare share = share_of_whole(w.whole);
   EXPECT_EQ(share.places[2], (RowPlace{15 + 11, 5, 25 + 9 + 49 + 81 + 4}));
   m.zero_grads();
-  const Outputs all = m.forward(take_rows(whole, share, {0, 1, 2, 3}), step);
+  const Outputs all = m.forward(take_rows(w.whole, share, {0, 1, 2, 3}), w.step);
   m.backward();
-  EXPECT_EQ(all.loss(), w.loss());
-  EXPECT_EQ(std::memcmp(m.grads().data(), gw.data(), gw.size() * sizeof(float)), 0);
+  EXPECT_EQ(all.loss(), w.loss);
+  EXPECT_TRUE(w.grads_equal_whole());
 
   m.zero_grads();
   double loss = 0;
   std::vector<std::pair<size_t, size_t>> finished;
   for (const std::vector<int>& rows : {std::vector<int>{0, 2}, std::vector<int>{1, 3}}) {
-    loss += m.forward(take_rows(whole, share, rows), step).loss();
+    loss += m.forward(take_rows(w.whole, share, rows), w.step).loss();
     finished.clear();
     m.backward([&](size_t a, size_t b) { finished.push_back({a, b}); });
   }
-  EXPECT_NEAR(loss, w.loss(), 1e-6 * w.loss());
-  float scale = 0;
-  for (float g : gw) scale = std::max(scale, std::abs(g));
-  for (size_t i = 0; i < gw.size(); ++i) ASSERT_NEAR(m.grads()[i], gw[i], 1e-5f * scale) << i;
+  EXPECT_NEAR(loss, w.loss, 1e-6 * w.loss);
+  w.expect_grads_sum_to_whole();
   // backward reported every range of the gradients once, in the order grad_ranges() gives.
   EXPECT_EQ(finished, m.grad_ranges());
   size_t covered = 0;
@@ -635,45 +663,30 @@ TEST(ModelShare, SharesOfABatchSumToTheWholeBatchWithDropout) {
 // take_sequences splits a batch finer than rows (one sequence a row, at its place in the whole):
 // all of them are the whole batch bit for bit, and any split sums to it.
 TEST(ModelShare, SharesBySequenceSumToTheWholeBatchWithDropout) {
-  BertConfig c = tiny_config();
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.2;
-  Heads heads;
-  heads.classifier = heads.span = true;
-  BertModel m(c, heads);
-  init_params(m.layout(), m.params().data(), 4);
-  const PackedBatch whole = make_batch({{5, 3, 7}, {9, 2}, {2, 6, 4}, {12}}, 16, c.vocab_size, 8);
-  const StepOptions step{true, 7, 3, {}};
-  m.zero_grads();
-  const Outputs w = m.forward(whole, step);
-  m.backward();
-  const std::vector<float> gw = as_vector(m.grads());
-
-  const BatchShare share = share_of_whole(whole);
-  const std::vector<SequenceSpan> spans = sequences_of(whole);
+  WholeStep w;
+  BertModel& m = w.m;
+  const BatchShare share = share_of_whole(w.whole);
+  const std::vector<SequenceSpan> spans = sequences_of(w.whole);
   ASSERT_EQ(spans.size(), 9u);
   EXPECT_EQ(spans[6].row, 2);
   EXPECT_EQ(spans[6].start, 2);
   EXPECT_EQ(spans[6].length, 6);
-  const PackedBatch all = take_sequences(whole, share, spans, {0, 1, 2, 3, 4, 5, 6, 7, 8});
+  const PackedBatch all = take_sequences(w.whole, share, spans, {0, 1, 2, 3, 4, 5, 6, 7, 8});
   EXPECT_EQ(all.B, 9);
   EXPECT_EQ(all.share.places[6], (RowPlace{15 + 11 + 2, 6, 25 + 9 + 49 + 81 + 4 + 4}));
   m.zero_grads();
-  EXPECT_EQ(m.forward(all, step).loss(), w.loss());
+  EXPECT_EQ(m.forward(all, w.step).loss(), w.loss);
   m.backward();
-  EXPECT_EQ(std::memcmp(m.grads().data(), gw.data(), gw.size() * sizeof(float)), 0);
+  EXPECT_TRUE(w.grads_equal_whole());
 
   m.zero_grads();
   double loss = 0;
   for (const std::vector<int>& seqs : {std::vector<int>{0, 4, 5, 8}, std::vector<int>{1, 2, 3, 6, 7}}) {
-    loss += m.forward(take_sequences(whole, share, spans, seqs), step).loss();
+    loss += m.forward(take_sequences(w.whole, share, spans, seqs), w.step).loss();
     m.backward();
   }
-  EXPECT_NEAR(loss, w.loss(), 1e-6 * w.loss());
-  float scale = 0;
-  for (float g : gw) scale = std::max(scale, std::abs(g));
-  for (size_t i = 0; i < gw.size(); ++i) ASSERT_NEAR(m.grads()[i], gw[i], 1e-5f * scale) << i;
+  EXPECT_NEAR(loss, w.loss, 1e-6 * w.loss);
+  w.expect_grads_sum_to_whole();
 }
 
 // Deferring the embeddings' share of the word table (BertModel::defer_word_rows, what a

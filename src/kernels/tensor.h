@@ -234,11 +234,11 @@ struct View {
   View slice(int64_t first, int64_t n) const {
     assert(!data || (contiguous() && first + n <= numel()));
     View v = shaped(1, 0);
-    if (data) v.data = static_cast<std::byte*>(data) + first * static_cast<int64_t>(size_of());
+    if (data) v.data = static_cast<std::byte*>(data) + first * static_cast<int64_t>(traits(dtype).bytes);
     v.cols = v.ld = n;
     return v;
   }
-  bool is_16bit() const { return dtype == DType::bf16 || dtype == DType::f16; }
+  bool is_16bit() const { return traits(dtype).is_16bit; }
   int64_t numel() const { return batch * rows * cols; }
   bool contiguous() const { return ld == cols && (batch == 1 || batch_stride == rows * cols); }
   // The typed pointer; the caller names the type it expects, checked in debug builds.
@@ -257,9 +257,6 @@ struct View {
     store(b * batch_stride + r * ld + c, x);
   }
   double at(int64_t i) const { return load(i); }
-  size_t size_of() const {
-    return dtype == DType::f64 ? 8 : dtype == DType::f32 ? 4 : 2;
-  }
   void put(int64_t i, double x) const { store(i, x); }
 
  private:

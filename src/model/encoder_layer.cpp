@@ -39,12 +39,6 @@ View sparse_output(const StepContext& s) {
   return out;
 }
 
-// A layer's output written as held, with the LayerNorm-style ops that take the scalar output and
-// its 16-bit form as two Views: (the scalar one, the 16-bit one), either empty.
-std::pair<View, View> wide_and_16(View out, View wide = {}) {
-  return out.is_16bit() ? std::pair{wide, out} : std::pair{out, View()};
-}
-
 // The step's linear layers: out = in . W^T + b, [N, OC] from [N, C], out as held (16 bits under
 // a 16-bit precision for an output only 16-bit readers take: q | k | v, GELU's input). Dense
 // under a 16-bit precision: the 16-bit operands in and W16 (a 16-bit out is rounded once, inside

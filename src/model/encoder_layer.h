@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -59,6 +60,14 @@ struct StepContext {
   int T_() const { return tokens.tokens(); }
   int n_seq() const { return tokens.sequences(); }
 };
+
+// An output written as held, for the ops that take a scalar output and its 16-bit form as two
+// Views (LayerNorm's): (the scalar one, the 16-bit one), either empty. `wide`: the scalar View to
+// fill as well when out is 16-bit.
+inline std::pair<kernels::View, kernels::View> wide_and_16(kernels::View out,
+                                                           kernels::View wide = {}) {
+  return out.is_16bit() ? std::pair{wide, out} : std::pair{out, kernels::View()};
+}
 
 // Dropout sites: (layer, site) name every dropout so masks are reproducible per step.
 enum Site : uint32_t { kAttnProbs = 0, kAttnOut = 1, kFfnOut = 2, kEmbeddings = 3, kPooled = 4 };

@@ -70,8 +70,7 @@ void mlm_forward(const StepContext& s, const ParamView& p, View top_held, Output
   be.gather_rows_forward(in, top_held.shaped(Tn, C), s.tokens.mlm_token.data());
   be.linear_forward(t1, in, w.mlm_w.shaped(C, C), p.mlm_b.shaped(1, C), nullptr, View());
   be.gelu_forward(t2, t1);
-  const auto [wide, t3_16] = t3.is_16bit() ? std::pair{ws.get(Rec::tmp).shaped(M, C), t3}
-                                           : std::pair{t3, View()};
+  const auto [wide, t3_16] = wide_and_16(t3, ws.get(Rec::tmp).shaped(M, C));
   be.layernorm_forward(wide, mean, rstd, t2, p.mlm_ln_w.shaped(1, C), p.mlm_ln_b.shaped(1, C),
                        s.config.layer_norm_eps, t3_16);
   be.linear_forward(logits, t3, w.word.shaped(V, C), p.mlm_bias.shaped(1, V), nullptr, View());
