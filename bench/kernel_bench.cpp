@@ -288,10 +288,11 @@ void BM_lamb_update(benchmark::State& s) {
   auto w = randn(layout.total(), 0.02f), g = randn(layout.total(), 1e-3f);
   auto w16 = narrow(w);
   for (auto _ : s) {
+    const View copy = View::vector(w16.data(), static_cast<int64_t>(w16.size()));
     if (masters == tr::Masters::fp32)
-      opt.step(w.data(), g.data(), 1e-3, w16.data());
+      opt.step(View::vector(w.data(), static_cast<int64_t>(w.size())), g.data(), 1e-3, copy);
     else
-      opt.step(nullptr, g.data(), 1e-3, w16.data());
+      opt.step(copy, g.data(), 1e-3);
   }
   s.SetLabel(tr::masters_name(masters));
   s.SetItemsProcessed(s.iterations() * static_cast<int64_t>(layout.total()));

@@ -184,10 +184,7 @@ int main(int argc, char** argv) {
     m.backward();
     if (optimizer) {
       train::clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
-      float* params = m.params().data();
-      optimizer->step(params, m.grads().data(), 1e-4,
-                      precision == model::Precision::bf16 ? m.weights16() : nullptr);
-      if (precision == model::Precision::bf16) m.weights16_written();
+      train::apply_update(*optimizer, m, 1e-4, precision);
     }
     double dt = now_seconds() - t0;
     kernels::enable_gemm_counters(false);

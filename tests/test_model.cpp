@@ -393,7 +393,7 @@ TEST(ModelFp16, GradientsUnderflowWithoutALossScaleAndOverflowPastTheRange) {
 // With bf16 master weights the model reads every weight from the bf16 masters (word embeddings
 // included) or from their fp32 widening: for weights that are bf16 values already, the step is
 // bit for bit the one with fp32 masters. A write to the masters reaches the fp32 tensors after
-// masters16_written().
+// masters_written().
 TEST(ModelBf16, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
   if (!kernels::bf16_unavailable_reason().empty())
     GTEST_SKIP() << kernels::bf16_unavailable_reason();
@@ -407,8 +407,8 @@ TEST(ModelBf16, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
   init_params(a.layout(), a.params().data(), 8);
   for (float& w : a.params()) w = kernels::to_float(kernels::to_bf16(w));  // bf16 values
   std::ranges::copy(std::as_const(a).params(), b.params().begin());
-  b.keep_masters_in_bf16();
-  ASSERT_TRUE(b.masters_in_bf16());
+  b.keep_masters16(model::Masters::bf16);
+  ASSERT_TRUE(b.masters16());
   EXPECT_EQ(b.params().size(), fp32_kept_arena(b.layout()).total);
   std::vector<float> whole;
   const float* widened = b.weights_fp32(whole);
@@ -425,10 +425,10 @@ TEST(ModelBf16, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
   EXPECT_EQ(loss_a, loss_b);
   EXPECT_EQ(grads_a, grads_b);
   // Halve every master: the fp32 tensors follow once told.
-  kernels::bf16* w16 = b.weights16();
+  kernels::bf16* w16 = b.masters().as<kernels::bf16>();
   for (size_t i = 0; i < b.layout().total(); ++i)
     w16[i] = kernels::to_bf16(0.5f * kernels::to_float(w16[i]));
-  b.masters16_written();
+  b.masters_written();
   for (float& w : a.params()) w *= 0.5f;
   EXPECT_EQ(run(a).first, run(b).first);
   // fp32 steps need the fp32 weights, which bf16 masters do not keep.

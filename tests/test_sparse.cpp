@@ -535,7 +535,7 @@ TEST(SparseModel, FanInInitScalesOnlyTheSparseWeightsToTheDenseVariance) {
 // kernels (fp32 values) cannot read: refused, not silently widened each step.
 TEST(SparseModel, RefusesBf16MasterWeights) {
   BertModel m(small_config(), Heads{}, Sparsity{4, 0.5});
-  EXPECT_THROW(m.keep_masters_in_bf16(), std::logic_error);
+  EXPECT_THROW(m.keep_masters16(model::Masters::bf16), std::logic_error);
 }
 
 // A model with random values in every weight and an AdamW optimizer whose moments are all 1.

@@ -87,15 +87,14 @@ TEST(Optimizer, GradScaleEqualsScalingTheGradientsFirstAndNonFiniteWeightsAreRep
     for (int s = 0; s < 3; ++s) {
       std::vector<float> ga = g, gb = g;
       for (float& x : gb) x *= scale;
-      EXPECT_TRUE(folded.step(wa.data(), ga.data(), 1e-2, nullptr, {}, scale));
+      EXPECT_TRUE(folded.step(wa.data(), ga.data(), 1e-2, {}, scale));
       EXPECT_TRUE(first.step(wb.data(), gb.data(), 1e-2));
     }
     EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0)
         << optimizer_name(kind);
     EXPECT_NE(wa, w);
     std::vector<float> ga = g;
-    EXPECT_FALSE(folded.step(wa.data(), ga.data(), 1e39, nullptr, {}, 1.0f))
-        << optimizer_name(kind);
+    EXPECT_FALSE(folded.step(wa.data(), ga.data(), 1e39, {}, 1.0f)) << optimizer_name(kind);
   }
 }
 
@@ -148,7 +147,7 @@ struct Bf16MasterState {
     omp_set_num_threads(threads);
     for (int s = 0; s < n; ++s) {
       std::vector<float> g = grads;  // a step consumes its gradient
-      opt.step(nullptr, g.data(), lr, w.data());
+      opt.step(kernels::View::vector(w.data(), static_cast<int64_t>(w.size())), g.data(), lr);
     }
     omp_set_num_threads(before);
     return w;
@@ -247,7 +246,7 @@ TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
   r.shape = uniform_shape(64, 2, 1);
   const StepPlan plan = plan_step(r, model::Recompute{});
   model::BertModel m(r.config, r.heads);
-  m.keep_masters_in_bf16();
+  m.keep_masters16(model::Masters::bf16);
   OptimizerConfig c;
   c.masters = Masters::bf16;
   Optimizer opt(m.layout(), c);

@@ -274,7 +274,7 @@ TEST(Trainer, KilledBf16MastersRunResumesBitExactly) {
     Trainer t(o, false);
     losses_of(t, 2);
     // The masters are bf16 values and the model keeps only the small tensors in fp32.
-    EXPECT_TRUE(t.model().masters_in_bf16());
+    EXPECT_TRUE(t.model().masters16());
     EXPECT_EQ(t.model().params().size(), model::fp32_kept_arena(t.model().layout()).total);
     EXPECT_LT(t.model().params().size() * 4, t.model().layout().total());
   }
@@ -693,11 +693,34 @@ TEST(Export, Bf16StoresEachWeightRoundedToNearestInHalfTheBytes) {
   for (size_t i = 0; i < before.size(); ++i)
     ASSERT_EQ(after[i], kernels::to_float(kernels::to_bf16(before[i]))) << i;
   // bf16 masters: exported in fp32 they load back as the same bf16 values, bit for bit.
-  n->keep_masters_in_bf16();
+  n->keep_masters16(model::Masters::bf16);
   const std::string masters = (w.dir / "masters").string();
   export_model(*n, masters, "");
   auto back = load_model(masters, model::Heads{});
   EXPECT_EQ(model::as_vector(std::as_const(*back).params()), after);
+}
+
+// --dtype fp16: F16 tensors, torch_dtype float16, each weight rounded to nearest IEEE binary16
+// (11 significant bits: not the bf16 values, which keep 8).
+TEST(Export, Fp16StoresEachWeightRoundedToNearest) {
+  World w;
+  auto m = load_model(w.init, model::Heads{});
+  const std::string dir = (w.dir / "f16").string();
+  export_model(*m, dir, "", false, model::Precision::fp16);
+  std::ifstream cf(dir + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(cf).at("torch_dtype"), "float16");
+  const io::SafetensorsFile file = io::SafetensorsFile::read(dir + "/model.safetensors");
+  EXPECT_EQ(file.tensors().begin()->second.dtype, "F16");
+  auto n = load_model(dir, model::Heads{});
+  const std::vector<float> before = model::as_vector(std::as_const(*m).params());
+  const std::vector<float> after = model::as_vector(std::as_const(*n).params());
+  ASSERT_EQ(before.size(), after.size());
+  size_t unlike_bf16 = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    ASSERT_EQ(after[i], kernels::to_float(kernels::to_f16(before[i]))) << i;
+    unlike_bf16 += after[i] != kernels::to_float(kernels::to_bf16(before[i]));
+  }
+  EXPECT_GT(unlike_bf16, before.size() / 2);
 }
 
 }  // namespace

@@ -24,9 +24,10 @@ void register_export(CLI::App& app) {
   ex->add_flag("--overwrite", *xo, "Replace a model directory already at --out");
   auto dtype = std::make_shared<std::string>("fp32");
   ex->add_option("--dtype", *dtype,
-                 "fp32 | bf16: how model.safetensors stores the weights (bf16: rounded to "
-                 "nearest, half the bytes, torch_dtype bfloat16 in config.json)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+                 "fp32 | bf16 | fp16: how model.safetensors stores the weights (bf16, fp16: "
+                 "rounded to nearest, half the bytes, torch_dtype bfloat16 or float16 in "
+                 "config.json)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   ex->callback([x, xv, xo, dtype] {
     io::refuse_directory_over_inputs({x->second, "--out"},

@@ -52,10 +52,10 @@ void narrow_plain(void* out, const float* in, int64_t n) {
 
 // Indexed by DType.
 constexpr DTypeTraits kTraits[] = {
-    {"f32", sizeof(float), false, widen_plain<float>, narrow_plain<float>},
-    {"f64", sizeof(double), false, widen_plain<double>, narrow_plain<double>},
-    {"bf16", sizeof(bf16), true, widen16<bf16>, narrow16<bf16>},
-    {"f16", sizeof(f16), true, widen16<f16>, narrow16<f16>},
+    {"f32", "F32", "float32", sizeof(float), false, widen_plain<float>, narrow_plain<float>},
+    {"f64", "F64", "float64", sizeof(double), false, widen_plain<double>, narrow_plain<double>},
+    {"bf16", "BF16", "bfloat16", sizeof(bf16), true, widen16<bf16>, narrow16<bf16>},
+    {"f16", "F16", "float16", sizeof(f16), true, widen16<f16>, narrow16<f16>},
 };
 
 }  // namespace

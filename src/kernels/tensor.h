@@ -154,7 +154,9 @@ inline constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::
 // rounds to nearest even; f64 narrows to the fp32 value widened, so a round trip through f64 is
 // exact); both run in parallel over chunks for large n.
 struct DTypeTraits {
-  const char* name;  // "f32", "f64", "bf16", "f16"
+  const char* name;         // "f32", "f64", "bf16", "f16"
+  const char* safetensors;  // the type's name in a safetensors header: "F32", ...
+  const char* torch;  // its torch dtype, as config.json's torch_dtype names it: "float32", ...
   size_t bytes;
   bool is_16bit;
   void (*widen)(float* out, const void* in, int64_t n);

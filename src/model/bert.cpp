@@ -115,17 +115,25 @@ void BertModel::hold_copy16(DType t) {
   copy16_version_ = ~uint64_t{0};
 }
 
-kernels::bf16* BertModel::weights16() {
-  hold_copy16(DType::bf16);
-  return copy16_.span<kernels::bf16>().data();
+View BertModel::masters() {
+  if (masters16_) return copy16_.view();
+  ++params_version_;
+  return params_.view();
 }
 
-void BertModel::keep_masters_in_bf16() {
-  if (dtype() != DType::f32) throw std::logic_error("bf16 master weights need an f32 model");
+View BertModel::copy16_for_optimizer(Precision p) {
+  if (masters16_ || !optimizer_writes_copy(p)) return View();
+  hold_copy16(storage_dtype(p));
+  return copy16_.view();
+}
+
+void BertModel::keep_masters16(Masters masters) {
+  if (dtype() != DType::f32) throw std::logic_error("16-bit master weights need an f32 model");
   if (masters16_) return;
   if (!patterns_.empty())  // the block-sparse kernels read their values in fp32
     throw std::logic_error("block-sparse layers need fp32 master weights");
-  backend_->convert(View(weights16(), 1, params_.size()), params_.view());
+  hold_copy16(masters_dtype(masters));
+  backend_->convert(copy16_.view(), params_.view());
   const KeptArena arena = fp32_kept_arena(layout_);
   kept_fp32_ = arena.places;
   Buffer kept(backend_->device(), DType::f32, static_cast<int64_t>(arena.total));
@@ -146,7 +154,8 @@ void BertModel::keep_masters_in_bf16() {
   weights16_written();
 }
 
-void BertModel::masters16_written() {
+void BertModel::masters_written() {
+  if (!masters16_) return;
   const View whole = copy16_.view(), kept = params_.view();
   for (const KeptPlace& k : kept_fp32_) {
     const int64_t n = static_cast<int64_t>(k.numel);
@@ -286,11 +295,11 @@ ClassTargets BertModel::class_targets(const PackedBatch& batch) {
 Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options) {
   if (options.recompute.automatic)
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
-  if (masters16_ && options.precision != Precision::bf16)
-    throw std::logic_error("a model with bf16 master weights runs Precision::bf16 steps only");
+  if (masters16_ && storage_dtype(options.precision) != copy16_.dtype())
+    throw std::logic_error("a model with 16-bit master weights runs steps of their type only");
   if (is_16bit(options.precision)) {
     if (dtype() != DType::f32) throw std::logic_error("16-bit precisions need an f32 model");
-    hold_copy16(options.precision == Precision::fp16 ? DType::f16 : DType::bf16);
+    hold_copy16(storage_dtype(options.precision));
     if (!masters16_ && copy16_version_ != params_version_) {  // changed since their copy
       backend_->convert(copy16_.view(), params_.view());
       copy16_version_ = params_version_;

@@ -52,23 +52,30 @@ class BertModel {
   std::span<const T> grads() const {
     return grads_.span<const T>();
   }
-  // The one 16-bit copy of the weights that the steps of a 16-bit precision multiply with (same
-  // layout as params()), as bf16: allocated on first use, and refreshed by a bf16 forward when
-  // params() has been handed out since it was last written. An optimizer that rewrites it in its
-  // own pass calls weights16_written() afterwards instead.
-  kernels::bf16* weights16();
+  // The one 16-bit copy of the weights (same layout as params()) that the steps of a 16-bit
+  // precision multiply with: allocated in the step's type on first use, and rounded afresh by a
+  // forward when params() has been handed out since it was last written.
+  // The weights as an optimizer updates them (the whole arena): params(), or under 16-bit master
+  // weights the masters themselves. Handing them out marks the 16-bit copy stale, as params()
+  // does; the optimizer then calls masters_written().
+  kernels::View masters();
+  // The 16-bit copy that an optimizer pass over fp32 weights rewrites for steps of precision p
+  // (model::optimizer_writes_copy), or an empty View when p's forward rounds its own; after the
+  // pass, weights16_written().
+  kernels::View copy16_for_optimizer(Precision p);
   void weights16_written() { copy16_version_ = params_version_; }
-  // Master weights in bf16 (`--master-weights bf16`; an f32 model, Precision::bf16 steps only):
-  // the bf16 copy, rounded to nearest from params() now, becomes the weights themselves, and
-  // params() shrinks to the tensors kernels also read in fp32 (read_only_in_bf16 in
-  // model/params.h: about 1% of BERT's), widened from the masters after each update. The weights
-  // then take 2 bytes per parameter instead of 6. For good: call it after the weights are loaded.
-  void keep_masters_in_bf16();
-  bool masters_in_bf16() const { return masters16_; }
-  // After the optimizer rewrote the bf16 masters (weights16()): widens them into params().
-  void masters16_written();
+  // Master weights in 16 bits (`--master-weights`; an f32 model, steps of the masters' own
+  // precision only): the 16-bit copy, rounded to nearest from params() now, becomes the weights
+  // themselves, and params() shrinks to the tensors kernels also read in fp32
+  // (read_only_in_16bit in model/params.h: about 1% of BERT's), widened from the masters after
+  // each update. The weights then take 2 bytes per parameter instead of 6. For good: call it
+  // after the weights are loaded.
+  void keep_masters16(Masters masters);
+  bool masters16() const { return masters16_; }
+  // After the optimizer rewrote masters(): under 16-bit masters widens them into params().
+  void masters_written();
   // The whole weight arena in fp32 (params()' layout) of an f32 model: params() itself, or under
-  // bf16 masters their values widened into `scratch`.
+  // 16-bit masters their values widened into `scratch`.
   const float* weights_fp32(std::vector<float>& scratch) const;
   // The block-sparse patterns, one set per layer (empty when dense). Whoever moves slots
   // (prune and regrow, a checkpoint load) calls index_patterns on them afterwards.
@@ -134,7 +141,7 @@ class BertModel {
 
  private:
   StepContext context();  // (non-const: backward writes block_grads_ through it)
-  // The 16-bit copy as `t` (bf16 or f16): reallocated and marked stale when it holds the other.
+  // The 16-bit copy as `t`: reallocated and marked stale when it holds another type.
   void hold_copy16(kernels::DType t);
   bool kept(int l) const;  // is layer l's input a kept checkpoint (always, unless every:K)
   struct Slot {
@@ -159,11 +166,11 @@ class BertModel {
   kernels::Buffer dense_grad_scratch_;
   kernels::Buffer params_, grads_;
   ParamView p_, g_;
-  kernels::Buffer copy16_;  // the 16-bit copy of the weights (bf16 or f16), or the bf16 masters
+  kernels::Buffer copy16_;  // the 16-bit copy of the weights, or the 16-bit masters
   ParamView p16_;
   uint64_t params_version_ = 0, copy16_version_ = ~uint64_t{0};
   bool masters16_ = false;
-  std::vector<KeptPlace> kept_fp32_;  // under bf16 masters: what params() keeps, and where
+  std::vector<KeptPlace> kept_fp32_;  // under 16-bit masters: what params() keeps, and where
 
   // State of the last forward (everything backward needs is copied: the batch may be gone).
   // Vectors keep their capacity, and the workspace its arena, so steady-state steps allocate

@@ -219,7 +219,7 @@ View through_dropout(const StepContext& s, View scratch, View dout, int64_t n, u
   return scratch;
 }
 
-// The three embedding tables of p (the word table in 16 bits under bf16 master weights, where
+// The three embedding tables of p (the word table in 16 bits under 16-bit master weights, where
 // p.word is empty).
 std::array<View, 3> embedding_tables(const StepContext& s, const ParamView& p) {
   const BertConfig& c = s.config;

@@ -28,11 +28,11 @@ struct GoldenReport {
 // |expected|. Gradient error per tensor under fp32, max-norm: max_i |ours_i - expected_i| /
 // max(max_i |expected_i|, 1e-3 * largest expected gradient of the model) (element-wise relative
 // error is meaningless for entries near zero, and so is a tensor-relative one for a tensor whose
-// true gradient is zero); under bf16 and fp16, L2-normwise: ||ours - expected|| /
-// max(||expected||, the same floor), since 16-bit rounding (relative 2^-9 per operand in bf16,
-// 2^-12 in fp16) perturbs every entry a little. Backward starts from the losses times
-// loss_scale (fp16's gradients underflow without one) and the gradients are divided by it.
-// The model runs on `backend`. Throws InputError for a malformed or inconsistent golden file.
+// true gradient is zero); under a 16-bit precision, L2-normwise: ||ours - expected|| /
+// max(||expected||, the same floor), since 16-bit rounding (relative 2^-9 per operand with 8
+// significant bits, 2^-12 with 11) perturbs every entry a little. Backward starts from the
+// losses times loss_scale (fp16's gradients underflow without one) and the gradients are
+// divided by it. The model runs on `backend`. Throws InputError for a malformed or inconsistent golden file.
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
                           const Recompute& recompute = {}, Precision precision = Precision::fp32,
                           double loss_scale = 1,

@@ -111,7 +111,7 @@ size_t layer_linear_numel(const ParamLayout& layout) {
   return n;
 }
 
-bool read_only_in_bf16(const TensorSpec& t) {
+bool read_only_in_16bit(const TensorSpec& t) {
   auto ends_with = [&](const std::string& tail) {
     return t.name.size() >= tail.size() &&
            t.name.compare(t.name.size() - tail.size(), tail.size(), tail) == 0;
@@ -128,7 +128,7 @@ KeptArena fp32_kept_arena(const ParamLayout& layout) {
   KeptArena a;
   size_t prev_end = SIZE_MAX;
   for (const TensorSpec& t : layout.tensors()) {
-    if (read_only_in_bf16(t)) continue;
+    if (read_only_in_16bit(t)) continue;
     if (t.offset != prev_end) a.total = (a.total + 15) / 16 * 16;
     a.places.push_back({t.offset, a.total, t.numel});
     a.total += t.numel;

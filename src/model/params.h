@@ -102,14 +102,14 @@ size_t layer_linear_numel(const ParamLayout& layout);
 // every model needs from its source, where heads and the pooler may start fresh.
 bool is_encoder_tensor(const std::string& name);
 
-// Whether the bf16 engine (Precision::bf16) reads tensor t only in bf16: the encoder layers'
-// and the MLM transform's matrices (GEMM operands) and the word embeddings (the MLM decoder's
-// operand, and the embedding gather under bf16 master weights). Every other tensor (biases,
+// Whether a 16-bit step reads tensor t only in 16 bits: the encoder layers' and the MLM
+// transform's matrices (GEMM operands) and the word embeddings (the MLM decoder's operand, and
+// the embedding gather under 16-bit master weights). Every other tensor (biases,
 // LayerNorm, position and token-type embeddings, the pooler and the small heads) is also read
 // in fp32.
-bool read_only_in_bf16(const TensorSpec& t);
+bool read_only_in_16bit(const TensorSpec& t);
 
-// Under bf16 master weights the fp32 arena keeps only the tensors not read_only_in_bf16, in
+// Under 16-bit master weights the fp32 arena keeps only the tensors not read_only_in_16bit, in
 // arena order: where each lies in the whole arena and in the kept one. A tensor that follows the
 // previous kept one directly in the arena (the key and value biases after the query's) follows
 // it in the kept arena too; the others start on a 64-byte boundary, as in the arena.

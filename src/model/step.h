@@ -13,7 +13,7 @@ struct StepOptions {
   uint64_t seed = 0;      // dropout stream seed
   uint64_t step = 0;      // dropout stream step: masks differ per step, repeat per (seed, step)
   Recompute recompute;    // what backward rebuilds instead of keeping (never `auto` here)
-  Precision precision = Precision::fp32;  // bf16, fp16: float models only
+  Precision precision = Precision::fp32;  // 16-bit: f32 models only
   // Backward starts from the losses times this (loss scaling): every gradient backward writes is
   // scaled by it too. The losses forward reports are not.
   double loss_scale = 1;

@@ -10,25 +10,6 @@
 
 namespace packbert::model {
 
-std::string precision_name(Precision p) {
-  switch (p) {
-    case Precision::bf16:
-      return "bf16";
-    case Precision::fp16:
-      return "fp16";
-    case Precision::fp32:
-      break;
-  }
-  return "fp32";
-}
-
-Precision parse_precision(const std::string& text) {
-  if (text == "fp32") return Precision::fp32;
-  if (text == "bf16") return Precision::bf16;
-  if (text == "fp16") return Precision::fp16;
-  throw InputError("`precision` " + text + ": expected fp32, bf16 or fp16");
-}
-
 std::string Recompute::name() const {
   if (automatic) return "auto";
   std::string s;
@@ -120,7 +101,7 @@ enum class Need { encoder, pooler, pretraining, classifier, span };
 // rounded GEMM operand of a tensor that stays in the scalar); or a scalar twin held only under a
 // 16-bit precision (the encoder's output, which the heads read in the scalar while the layers'
 // copy of it is 16-bit); or the scalar held only under fp32 (under a 16-bit precision its kernel
-// writes the 16-bit form straight into scratch.grad_bf16). bf16 and fp16 hold the same records.
+// writes the 16-bit form straight into scratch.grad16). Every 16-bit type holds the same records.
 enum class Dtype { scalar, narrowed, twin, wide_twin, fp32_only };
 
 struct RecordSpec {
@@ -205,8 +186,9 @@ const RecordSpec kRecords[] = {
                                                c.hidden_size / c.num_attention_heads);
      }},
     {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC, Dtype::narrowed},
-    // A linear layer's output gradient rounded to bf16 for its two GEMMs (the widest: MLM logits).
-    {Rec::dout16, "scratch.grad_bf16", Role::scratch, Need::encoder,
+    // A linear layer's output gradient rounded to 16 bits for its two GEMMs (the widest: MLM
+    // logits).
+    {Rec::dout16, "scratch.grad16", Role::scratch, Need::encoder,
      [](S s, B c) {
        return std::max({3 * TC(s, c), TI(s, c), s.masked * static_cast<int64_t>(c.vocab_size)});
      },
@@ -231,7 +213,7 @@ const RecordSpec kRecords[] = {
     {Rec::datt, "grad.attention_out", Role::scratch, Need::encoder, TC},
     {Rec::dqkv, "grad.qkv", Role::scratch, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
     // Under 16 bits GELU's backward writes the FFN up-projection's 16-bit operand straight into
-    // scratch.grad_bf16 (ffn_up_backward_16; a sparse up-projection takes it in fp32 from
+    // scratch.grad16 (ffn_up_backward_16; a sparse up-projection takes it in fp32 from
     // scratch.sparse_output).
     {Rec::dinter, "grad.gelu_in", Role::scratch, Need::encoder, TI, Dtype::fp32_only},
     {Rec::dgelu, "grad.gelu_out", Role::scratch, Need::encoder, TI},
@@ -322,8 +304,8 @@ void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& p
     const bool only_16 = r.dtype == Dtype::twin || r.dtype == Dtype::wide_twin;
     if (!needed(r.need, heads) || (only_16 && !b16) || (r.dtype == Dtype::fp32_only && b16))
       copies = 0;
-    const bool half = b16 && (r.dtype == Dtype::narrowed || r.dtype == Dtype::twin);
-    visit(r, copies, storage, copies ? r.elements(shape, c) : 0, half);
+    const bool in16 = b16 && (r.dtype == Dtype::narrowed || r.dtype == Dtype::twin);
+    visit(r, copies, storage, copies ? r.elements(shape, c) : 0, in16);
   }
 }
 
@@ -339,25 +321,27 @@ std::vector<RecordSize> workspace_records(const BertConfig& c, const Heads& head
                                           const Recompute& policy, const StepShape& shape,
                                           Precision precision) {
   std::vector<RecordSize> out;
-  for_each_record(c, heads, policy, shape, precision,
-                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool half) {
-                    if (copies > 0)
-                      out.push_back({r.name, storage, copies, n, half ? 2 : sizeof(float)});
-                  });
+  for_each_record(
+      c, heads, policy, shape, precision,
+      [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool in16) {
+        if (copies > 0)
+          out.push_back(
+              {r.name, storage, copies, n,
+               kernels::traits(in16 ? storage_dtype(precision) : kernels::DType::f32).bytes});
+      });
   return out;
 }
 
 void Workspace::prepare(const BertConfig& c, const Heads& heads, const Recompute& policy,
                         const StepShape& shape, Precision precision, kernels::DType scalar,
                         kernels::Device& device) {
-  const kernels::DType half =
-      precision == Precision::fp16 ? kernels::DType::f16 : kernels::DType::bf16;
+  const kernels::DType narrow = storage_dtype(precision);
   size_t total = 0;
   activation_bytes_ = scratch_bytes_ = 0;
   for_each_record(c, heads, policy, shape, precision,
                   [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool is16) {
                     const int i = static_cast<int>(r.id);
-                    dtype_[i] = is16 ? half : scalar;
+                    dtype_[i] = is16 ? narrow : scalar;
                     const size_t bytes = kernels::traits(dtype_[i]).bytes;
                     copies_[i] = copies;
                     elements_[i] = n;

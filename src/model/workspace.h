@@ -16,6 +16,7 @@
 #include "kernels/tensor.h"
 #include "model/batch.h"
 #include "model/params.h"
+#include "model/precision.h"
 
 namespace packbert::model {
 
@@ -33,21 +34,6 @@ struct Recompute {
   std::string name() const;
   bool operator==(const Recompute&) const = default;
 };
-
-// The number format of a step's GEMMs and of the activations it keeps. fp32: everything fp32.
-// bf16: GEMM operands (weights, and the activations they multiply) and the kept activations in
-// bf16, with fp32 accumulation; LayerNorm statistics, softmax, losses, gradients, master weights
-// and optimizer moments stay fp32 (docs/DESIGN.md §7). fp16: the same tensors in IEEE binary16,
-// the GEMMs widening them to fp32 (CPUs without AVX512-FP16 have no fp16 product): GPU fp16
-// training's numbers (and its need for loss scaling), not its speed.
-enum class Precision : uint8_t { fp32, bf16, fp16 };
-std::string precision_name(Precision p);
-// "fp32", "bf16" or "fp16"; throws InputError naming the text.
-Precision parse_precision(const std::string& text);
-// Whether the precision stores tensors in 16 bits (bf16 or fp16).
-inline bool is_16bit(Precision p) {
-  return p != Precision::fp32;
-}
 
 // Whether the inner layers' inputs (LN2's outputs of the layer below) are rebuilt rather than
 // kept: under `ln` when whole layers are not re-run (every:K keeps its checkpoints as they are).
@@ -77,7 +63,7 @@ StepShape shape_of(const TokenLayout& tl, int threads);
 enum class Storage { activation, scratch };
 
 // One declared tensor at its size for a shape, policy and precision: copies x elements each, of
-// `scalar` bytes (4 for fp32, 2 for bf16).
+// `scalar` bytes (4 for fp32, 2 under a 16-bit precision).
 struct RecordSize {
   const char* name;
   Storage storage;

@@ -323,7 +323,7 @@ void train_epochs(model::BertModel& m, const FinetuneOptions& o,
   const int64_t per_epoch = (micros + lo.accumulation - 1) / lo.accumulation;
   const int64_t total = per_epoch * o.epochs;
   const model::Recompute recompute = step_policy(m, o);
-  // --resume: the weights before the Stepper is made (it may turn them into bf16 masters), then
+  // --resume: the weights before the Stepper is made (it may turn them into 16-bit masters), then
   // the optimizer's state and the place.
   FinetunePlace at;
   std::optional<io::SafetensorsFile> resumed;
@@ -900,7 +900,7 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   std::ofstream log;
   dist::fail_together(comm, [&] {
     if (!comm.root()) return;
-    {  // a killed run's staging directory and half-written resume and best files
+    {  // a killed run's staging directory and partly written resume and best files
       const std::filesystem::path out_path = std::filesystem::absolute(o.out_dir);
       if (std::filesystem::is_directory(out_path.parent_path()))
         io::remove_stale_temporaries(

@@ -65,23 +65,16 @@ void check_loop_options(const LoopOptions& o) {
       !(o.loss_scaling.initial > 0 && o.loss_scaling.initial <= kMaxLossScale))
     throw OptionError("loss_scale_init", "must be in (0, 1e300]");
   if (o.loss_scaling.window < 1) throw OptionError("loss_scale_window", "must be at least 1");
-  if (o.optimizer.masters != Masters::fp32) {
-    const std::string name = masters_name(o.optimizer.masters);
-    if (o.precision != model::Precision::bf16)
-      throw OptionError("masters", name +
-                                       " needs `precision` bf16: bf16 master weights are the bf16 "
-                                       "GEMMs' operands");
+  const Masters masters = o.optimizer.masters;
+  if (model::is_16bit(masters) && o.precision != model::precision_of(masters)) {
+    const std::string wanted = model::precision_name(model::precision_of(masters));
+    throw OptionError("masters", std::string(masters_name(masters)) + " needs `precision` " +
+                                     wanted + ": 16-bit master weights are the " + wanted +
+                                     " GEMMs' operands");
   }
 }
 
 bool all_finite(const float* x, size_t n) {
-  int64_t bad = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : bad)
-  for (size_t i = 0; i < n; ++i) bad += !kernels::is_finite(x[i]);
-  return bad == 0;
-}
-
-bool all_finite(const kernels::bf16* x, size_t n) {
   int64_t bad = 0;
 #pragma omp parallel for simd schedule(static) reduction(+ : bad)
   for (size_t i = 0; i < n; ++i) bad += !kernels::is_finite(x[i]);
@@ -143,7 +136,7 @@ Stepper::Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfi
   const auto [begin, end] = sync_.shard();
   OptimizerConfig c = oc;
   c.masters = o.optimizer.masters, c.seed = o.seed, c.backend = o.backend;
-  if (c.masters != Masters::fp32) m.keep_masters_in_bf16();
+  if (model::is_16bit(c.masters)) m.keep_masters16(c.masters);
   scaler_ = LossScaler(o.loss_scaling);
   io::AllocationScope scope("the optimizer's moments");
   opt_ = std::make_unique<Optimizer>(m.layout(), c, begin, end);
@@ -307,28 +300,21 @@ bool Stepper::skips(StepResult& r, int64_t index, const std::string& kept) {
 
 // The update with the step's learning rate and gradient factor; whether every weight stayed
 // finite. Under ZeRO-1 this rank's shard moves (LAMB's per-tensor norms summed over the shards
-// first) and the weights are gathered: fp32, or the bf16 masters (their stochastic rounding bits
-// follow the arena index, so sharding does not change them). The weights' bf16 copy under bf16
-// is rebuilt by the next forward from the gathered weights.
+// first) and the weights are gathered: fp32, or the 16-bit masters (their stochastic rounding
+// bits follow the arena index, so sharding does not change them). The weights' 16-bit copy is
+// rebuilt by the next forward from the gathered weights.
 bool Stepper::update(StepResult& r, float grad_scale) {
   if (!sync_.sharded()) return apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
   const Optimizer::Reduce reduce = sync_.shard_sum();
-  const bool masters16 = m_.masters_in_bf16();
-  const std::span<float> w = m_.params();
-  kernels::bf16* w16 = masters16 ? m_.weights16() : nullptr;
-  double bad =
-      opt_->step(masters16 ? nullptr : w.data(), m_.grads().data(), r.lr, w16, reduce, grad_scale)
-          ? 0.0
-          : 1.0;
+  const kernels::View w = m_.masters();
+  double bad = opt_->step(w, m_.grads().data(), r.lr, {}, reduce, grad_scale) ? 0.0 : 1.0;
   const double t1 = now_seconds();
   comm_.allreduce_sum(&bad, 1);
-  if (masters16) {
-    static_assert(sizeof(kernels::bf16) == sizeof(uint16_t));
-    sync_.gather(reinterpret_cast<uint16_t*>(w16));
-    m_.masters16_written();
-  } else {
-    sync_.gather(w.data());
-  }
+  if (kernels::traits(w.dtype).bytes == sizeof(uint16_t))
+    sync_.gather(w.as<uint16_t>());
+  else
+    sync_.gather(w.as<float>());
+  m_.masters_written();
   r.comm_seconds += now_seconds() - t1;
   return bad == 0;
 }
@@ -374,7 +360,7 @@ std::pair<const float*, const float*> Stepper::whole_moments(std::vector<float>&
   if (!sync_.sharded()) return {opt_->m_fp32(m_all), opt_->v_fp32(v_all)};
   const size_t total = comm_.root() ? m_.layout().total() : 0;
   m_all.assign(total, 0.0f), v_all.assign(total, 0.0f);
-  std::vector<float> widened;  // this shard's moments in fp32, under bf16 masters
+  std::vector<float> widened;  // this shard's moments in fp32, under 16-bit masters
   comm_.gather(opt_->m_fp32(widened), m_all.data(), sync_.bounds());
   comm_.gather(opt_->v_fp32(widened), v_all.data(), sync_.bounds());
   if (!comm_.root()) return {nullptr, nullptr};

@@ -120,15 +120,14 @@ struct StepResult {
 
 // True when no element is NaN or infinite.
 bool all_finite(const float* x, size_t n);
-bool all_finite(const kernels::bf16* x, size_t n);
 
 struct StepSums;  // what a step's micro-batches add up (loop.cpp)
 
 class Stepper {
  public:
   // oc: the optimizer after any packing adjustment; recompute: resolved (not `auto`). Under
-  // bf16 master weights (o.optimizer.masters) it turns the model's weights into them
-  // (BertModel::keep_masters_in_bf16): load the weights first.
+  // 16-bit master weights (o.optimizer.masters) it turns the model's weights into them
+  // (BertModel::keep_masters16): load the weights first.
   Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
           int accumulation, model::Recompute recompute, dist::Comm& comm);
 
@@ -147,7 +146,7 @@ class Stepper {
   void set_outlier_skips(int64_t n) { outlier_skips_ = n; }
   LossScaler& scaler() { return scaler_; }
   // The moments of the whole arena (m, v) in fp32, for a checkpoint: the optimizer's own when it
-  // holds them all in fp32 (widened into m_all and v_all under bf16 masters); under ZeRO-1
+  // holds them all in fp32 (widened into m_all and v_all under 16-bit masters); under ZeRO-1
   // gathered into m_all and v_all on the root, and null elsewhere.
   std::pair<const float*, const float*> whole_moments(std::vector<float>& m_all,
                                                       std::vector<float>& v_all);

@@ -76,13 +76,14 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   const size_t lamb =
       r.optimizer == OptimizerKind::lamb ? 2 * layout.tensors().size() * sizeof(double) : 0;
   p.optimizer_bytes = 2 * n * sizeof(float) + lamb;
-  // Under bf16 or fp16 the weights also have their 16-bit copy; bf16 masters are that copy, with
-  // the tensors also read in fp32 beside it, and bf16 moments.
-  if (model::is_16bit(r.precision)) p.params_bytes += n * sizeof(kernels::bf16);
-  if (r.masters != Masters::fp32) {
-    p.params_bytes =
-        n * sizeof(kernels::bf16) + model::fp32_kept_arena(layout).total * sizeof(float);
-    p.optimizer_bytes = 2 * n * sizeof(kernels::bf16) + lamb;
+  // Under a 16-bit precision the weights also have their 16-bit copy; 16-bit masters are that
+  // copy, with the tensors also read in fp32 beside it, and 16-bit moments.
+  const size_t copy = kernels::traits(model::storage_dtype(r.precision)).bytes;
+  if (model::is_16bit(r.precision)) p.params_bytes += n * copy;
+  if (model::is_16bit(r.masters)) {
+    const size_t master = kernels::traits(model::masters_dtype(r.masters)).bytes;
+    p.params_bytes = n * master + model::fp32_kept_arena(layout).total * sizeof(float);
+    p.optimizer_bytes = 2 * n * master + lamb;
   }
   // A sparse weight's pattern: each slot's block row and column, and the two indexes over them
   // (slot, and the other coordinate, per entry), plus their start arrays.

@@ -18,24 +18,6 @@ OptimizerKind parse_optimizer(const std::string& name, const std::string& flag) 
   throw InputError(flag + ": expected adamw|lamb, got '" + name + "'");
 }
 
-const char* masters_name(Masters masters) {
-  switch (masters) {
-    case Masters::fp32:
-      return "fp32";
-    case Masters::bf16:
-      return "bf16";
-    case Masters::bf16_rn:
-      return "bf16-rn";
-  }
-  return "?";
-}
-
-Masters parse_masters(const std::string& name, const std::string& flag) {
-  for (Masters m : {Masters::fp32, Masters::bf16, Masters::bf16_rn})
-    if (name == masters_name(m)) return m;
-  throw InputError(flag + ": expected fp32|bf16|bf16-rn, got '" + name + "'");
-}
-
 namespace {
 
 // The key of tensor `tensor`'s stochastic-rounding stream at `step`.
@@ -56,9 +38,8 @@ Optimizer::Optimizer(const model::ParamLayout& layout, OptimizerConfig config, s
     : layout_(layout),
       cfg_(config),
       begin_(std::min(begin, layout.total())),
-      end_(std::min(end, layout.total())),
-      bf16_(config.masters != Masters::fp32) {
-  const kernels::DType dtype = bf16_ ? kernels::DType::bf16 : kernels::DType::f32;
+      end_(std::min(end, layout.total())) {
+  const kernels::DType dtype = model::masters_dtype(cfg_.masters);
   const int64_t n = static_cast<int64_t>(end_ - begin_);
   kernels::Device& device = kernels::backend(cfg_.backend).device();
   m_ = kernels::Buffer(device, dtype, n);
@@ -70,7 +51,7 @@ void Optimizer::set_moments(const model::TensorSpec& t, const float* m, const fl
   const size_t a = std::max(t.offset, begin_), b = std::min(t.offset + t.numel, end_);
   if (a >= b) return;
   const int64_t n = static_cast<int64_t>(b - a), at = static_cast<int64_t>(a - begin_);
-  // (under bf16 masters, values a checkpoint widened from bf16 round back exactly)
+  // (under 16-bit masters, values a checkpoint widened from them round back exactly)
   const kernels::Backend& be = kernels::backend(cfg_.backend);
   be.convert(m_.view().slice(at, n), kernels::View::vector(m + (a - t.offset), n));
   be.convert(v_.view().slice(at, n), kernels::View::vector(v + (a - t.offset), n));
@@ -112,19 +93,20 @@ size_t Optimizer::state_bytes() const {
   return m_.bytes() + v_.bytes() + norms_.size() * sizeof(double);
 }
 
-bool Optimizer::step(float* params, float* grads, double lr, kernels::bf16* params16,
+bool Optimizer::step(kernels::View whole, float* grads, double lr, kernels::View copy16,
                      const Reduce& reduce, float grad_scale) {
   ++t_;
   using kernels::View;
+  if (whole.dtype != m_.dtype() || whole.numel() != static_cast<int64_t>(layout_.total()) ||
+      (copy16 && (model::is_16bit(cfg_.masters) || copy16.numel() != whole.numel())))
+    throw std::logic_error("Optimizer::step: weights or copy do not match the masters or arena");
   const kernels::Backend& be = kernels::backend(cfg_.backend);
   const auto [c1, c2] = bias_corrections();
-  // Part [a, a + n) of the arena: the weights (the bf16 masters themselves under bf16 masters),
-  // their bf16 copy (under a bf16 step with fp32 masters), the moments and the constants.
-  auto weights = [&](size_t a, int64_t n) {
-    return bf16_ ? View::vector(params16 + a, n) : View::vector(params + a, n);
-  };
+  // Part [a, a + n) of the arena: the weights (the masters), their 16-bit copy (under a 16-bit
+  // step with fp32 masters), the moments and the constants.
+  auto weights = [&](size_t a, int64_t n) { return whole.slice(static_cast<int64_t>(a), n); };
   auto copy = [&](size_t a, int64_t n) {
-    return !bf16_ && params16 ? View::vector(params16 + a, n) : View();
+    return copy16 ? copy16.slice(static_cast<int64_t>(a), n) : View();
   };
   auto moments = [&](size_t a, int64_t n) {
     const int64_t at = static_cast<int64_t>(a - begin_);
@@ -137,7 +119,7 @@ bool Optimizer::step(float* params, float* grads, double lr, kernels::bf16* para
   };
   auto rounding = [&](size_t tensor, size_t a) {
     kernels::MasterRounding r;
-    r.stochastic = cfg_.masters == Masters::bf16;
+    r.stochastic = model::rounds_stochastically(cfg_.masters);
     r.seed = cfg_.seed, r.key = rounding_key(t_, tensor), r.first = a;
     return r;
   };
@@ -176,16 +158,10 @@ std::pair<double, double> Optimizer::bias_corrections() const {
 
 bool apply_update(Optimizer& optimizer, model::BertModel& m, double lr,
                   model::Precision precision, float grad_scale) {
-  if (m.masters_in_bf16()) {
-    const bool finite =
-        optimizer.step(nullptr, m.grads().data(), lr, m.weights16(), {}, grad_scale);
-    m.masters16_written();
-    return finite;
-  }
-  const bool bf16 = precision == model::Precision::bf16;
-  kernels::bf16* copy = bf16 ? m.weights16() : nullptr;
-  const bool finite = optimizer.step(m.params().data(), m.grads().data(), lr, copy, {}, grad_scale);
-  if (bf16) m.weights16_written();
+  const kernels::View copy = m.copy16_for_optimizer(precision);
+  const bool finite = optimizer.step(m.masters(), m.grads().data(), lr, copy, {}, grad_scale);
+  if (copy) m.weights16_written();
+  m.masters_written();
   return finite;
 }
 

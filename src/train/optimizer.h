@@ -16,6 +16,7 @@
 #include "kernels/tensor.h"
 #include "model/bert.h"
 #include "model/params.h"
+#include "model/precision.h"
 
 namespace packbert::train {
 
@@ -26,15 +27,10 @@ const char* optimizer_name(OptimizerKind kind);
 // The kind a name stands for; InputError naming `flag` for any other name.
 OptimizerKind parse_optimizer(const std::string& name, const std::string& flag);
 
-// Where the weights and the moments live and how updates are written to them
-// (`--master-weights`): fp32; bf16 written with stochastic rounding; bf16 rounded to nearest
-// (the comparison that shows what stochastic rounding is for).
-enum class Masters { fp32, bf16, bf16_rn };
-
-// "fp32", "bf16" or "bf16-rn": the names flags and checkpoints use.
-const char* masters_name(Masters masters);
-// The setting a name stands for; InputError naming `flag` for any other name.
-Masters parse_masters(const std::string& name, const std::string& flag);
+// Where the weights and the moments live (`--master-weights`, model/precision.h).
+using model::Masters;
+using model::masters_name;
+using model::parse_masters;
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::lamb;
@@ -46,7 +42,7 @@ struct OptimizerConfig {
   kernels::BackendKind backend = kernels::BackendKind::cpu;  // where the updates run
 };
 
-// The rounding of the bf16 masters at `step` (from 1) of element `index` of tensor `tensor`
+// The rounding of the 16-bit masters at `step` (from 1) of element `index` of tensor `tensor`
 // (its offset in the arena): 16 random bits each for the weight, the first and the second
 // moment.
 struct RoundingBits {
@@ -69,19 +65,25 @@ class Optimizer {
   using Reduce = std::function<void(double* sums, size_t n)>;
   Optimizer(const model::ParamLayout& layout, OptimizerConfig config, size_t begin = 0,
             size_t end = SIZE_MAX);
-  // One update with learning rate lr; `step` counts from 1 (bias correction). params, grads and
-  // params16 span the whole arena. params16, when given, is the bf16 copy of the weights
-  // (`--precision bf16`), rewritten from each updated element in the same pass. The gradient
-  // used is grads * grad_scale, the factor applied as each element is read (clipping, the
-  // average over micro-batches), so no pass over the gradients scales them first. grads is
-  // consumed: LAMB leaves its update direction there. Returns whether every weight written is
-  // finite (checked in the same pass).
+  // One update with learning rate lr; `step` counts from 1 (bias correction). weights, grads
+  // and copy16 span the whole arena; weights are in the masters' DType (config().masters).
+  // copy16, when not empty (fp32 masters only), is the 16-bit copy of the weights a 16-bit step
+  // multiplies with, rewritten from each updated element in the same pass. The gradient used is
+  // grads * grad_scale, the factor applied as each element is read (clipping, the average over
+  // micro-batches), so no pass over the gradients scales them first. grads is consumed: LAMB
+  // leaves its update direction there. Returns whether every weight written is finite (checked
+  // in the same pass).
   //
-  // Under bf16 masters (config().masters) params is null and params16 the weights themselves;
-  // the moments are bf16 too. Each element is widened, updated in float as above, and written
-  // back rounded: stochastically (Masters::bf16) or to nearest (Masters::bf16_rn).
-  bool step(float* params, float* grads, double lr, kernels::bf16* params16 = nullptr,
+  // Under 16-bit masters the moments are 16-bit too. Each element is widened, updated in float as
+  // above, and written back rounded: stochastically or to nearest (model::rounds_stochastically).
+  bool step(kernels::View weights, float* grads, double lr, kernels::View copy16 = {},
             const Reduce& reduce = {}, float grad_scale = 1.0f);
+  // The same over fp32 weights with no 16-bit copy.
+  bool step(float* params, float* grads, double lr, const Reduce& reduce = {},
+            float grad_scale = 1.0f) {
+    return step(kernels::View::vector(params, static_cast<int64_t>(layout_.total())), grads, lr, {},
+                reduce, grad_scale);
+  }
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
   // Sets the moments of tensor t (m, v: the whole tensor's) where it lies in this shard.
@@ -90,14 +92,14 @@ class Optimizer {
   // regrown block of a sparse weight starts afresh).
   void zero_moments(size_t first, size_t n);
   int64_t steps() const { return t_; }
-  // The moments of [begin(), end()) as held under fp32 masters (std::logic_error under bf16
+  // The moments of [begin(), end()) as held under fp32 masters (std::logic_error under 16-bit
   // masters).
   std::span<float> m() { return m_.span<float>(); }
   std::span<float> v() { return v_.span<float>(); }
   std::span<const float> m() const { return m_.span<const float>(); }
   std::span<const float> v() const { return v_.span<const float>(); }
   // The moments of [begin(), end()) in fp32 under any masters: the optimizer's own, or under
-  // bf16 masters their values widened into `scratch`.
+  // 16-bit masters their values widened into `scratch`.
   const float* m_fp32(std::vector<float>& scratch) const;
   const float* v_fp32(std::vector<float>& scratch) const;
   // Bytes of the optimizer state held: the moments, and LAMB's per-tensor norms.
@@ -122,17 +124,16 @@ class Optimizer {
   const model::ParamLayout& layout_;
   OptimizerConfig cfg_;
   size_t begin_, end_;
-  bool bf16_ = false;     // masters (and so moments) in bf16
   kernels::Buffer m_, v_;  // of [begin_, end_), in the masters' DType (the backend's Device)
   std::vector<double> norms_;  // LAMB: per tensor, the squared norms of the weights and update
   int64_t t_ = 0;
 };
 
-// One update of the model's weights with lr; under bf16 the optimizer rewrites the weights' bf16
-// copy in the same pass (model::BertModel::weights16).
-// Under bf16 masters the optimizer writes the masters themselves and the model then widens
-// the tensors it also reads in fp32 (BertModel::keep_masters_in_bf16). The gradient is the
-// model's times grad_scale (Optimizer::step); returns whether the weights stayed finite.
+// One update of the model's weights with lr (BertModel::masters()), rewriting the 16-bit copy
+// that steps of `precision` read in the same pass where the optimizer writes that type
+// (BertModel::copy16_for_optimizer). Under 16-bit masters the model then widens the tensors it
+// also reads in fp32 (BertModel::keep_masters16). The gradient is the model's times grad_scale
+// (Optimizer::step); returns whether the weights stayed finite.
 bool apply_update(Optimizer& optimizer, model::BertModel& m, double lr,
                   model::Precision precision, float grad_scale = 1.0f);
 

@@ -179,11 +179,11 @@ void write_model_files(const model::BertModel& m, const std::string& dir,
                              : h.span     ? "BertForQuestionAnswering"
                              : masked_lm  ? "BertForMaskedLM"
                                           : "BertForPreTraining";
-  const bool bf16 = dtype == model::Precision::bf16;
+  const kernels::DTypeTraits& stored = kernels::traits(model::storage_dtype(dtype));
   json config = model::config_to_json(m.config(), architecture, label_names);
-  config["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  config["torch_dtype"] = stored.torch;
   io::write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
-  std::vector<float> widened;  // (under bf16 master weights)
+  std::vector<float> widened;  // (under 16-bit master weights)
   const float* w = m.weights_fp32(widened);
   // Block-sparse weights go out dense, zeros outside their pattern: loadable anywhere.
   model::OwnedTensors out = model::dense_weight_tensors(m, w);
@@ -192,14 +192,15 @@ void write_model_files(const model::BertModel& m, const std::string& dir,
     std::erase_if(tensors, [](const io::TensorToWrite& t) {
       return t.name.starts_with("bert.pooler.") || t.name.starts_with("cls.seq_relationship.");
     });
-  std::vector<std::vector<kernels::bf16>> narrow;
-  if (bf16) {
+  std::vector<std::vector<uint16_t>> narrow;
+  if (stored.is_16bit) {
     narrow.reserve(tensors.size());
     for (io::TensorToWrite& t : tensors) {
-      const float* src = static_cast<const float*>(t.data);
-      narrow.emplace_back(t.bytes / sizeof(float));
-      kernels::to_bf16(narrow.back().data(), src, static_cast<int64_t>(narrow.back().size()));
-      t.dtype = "BF16", t.data = narrow.back().data(), t.bytes /= 2;
+      const size_t n = t.bytes / sizeof(float);
+      narrow.emplace_back(n);
+      stored.narrow(narrow.back().data(), static_cast<const float*>(t.data),
+                    static_cast<int64_t>(n));
+      t.dtype = stored.safetensors, t.data = narrow.back().data(), t.bytes = n * stored.bytes;
     }
   }
   io::write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
@@ -691,7 +692,7 @@ void Trainer::save_checkpoint() {
   const model::ParamLayout& L = model_->layout();
   std::vector<float> m_all, v_all;  // the moments gathered on rank 0 under ZeRO-1
   const auto [m, v] = stepper_->whole_moments(m_all, v_all);
-  std::vector<float> widened;  // the weights in fp32 under bf16 master weights
+  std::vector<float> widened;  // the weights in fp32 under 16-bit master weights
   const float* w = model_->weights_fp32(widened);
   double bad = comm_.root() && (!all_finite(w, L.total()) || !all_finite(m, L.total()) ||
                                 !all_finite(v, L.total()));

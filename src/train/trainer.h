@@ -214,8 +214,8 @@ std::unique_ptr<model::BertModel> load_model(const std::string& path, model::Hea
 // into an existing directory (each file atomically). The architecture follows the model's head:
 // BertForSequenceClassification (label_names, in id order, go to id2label),
 // BertForQuestionAnswering (qa_outputs.*), else BertForPreTraining. The weights are stored as
-// `dtype`: fp32 (F32), or bf16 (BF16, rounded to nearest; half the bytes) with config.json's
-// torch_dtype saying which.
+// `dtype`'s storage type (model::storage_dtype: fp32, or a 16-bit type rounded to nearest, 2 bytes
+// each) with config.json's torch_dtype saying which.
 // What a training run's file records beyond its config, shared by pretrain's checkpoints and
 // fine-tuning's resume file: the weights and Adam/LAMB moments as tensors (moments under
 // "optimizer.m." / "optimizer.v."), and the Stepper's counters (the optimizer's step count, the
@@ -237,8 +237,8 @@ std::string non_finite_weights(const model::BertModel& m);
 // BertForSequenceClassification (label_names, in id order, go to id2label),
 // BertForQuestionAnswering (qa_outputs.*), BertForMaskedLM when `masked_lm` (the pooler and the
 // NSP head left out, as that class has none), else BertForPreTraining. The weights are stored as
-// `dtype`: fp32 (F32), or bf16 (BF16, rounded to nearest; half the bytes) with config.json's
-// torch_dtype saying which.
+// `dtype`'s storage type (model::storage_dtype: fp32, or a 16-bit type rounded to nearest, 2 bytes
+// each) with config.json's torch_dtype saying which.
 void write_model_files(const model::BertModel& m, const std::string& dir,
                        const std::string& vocab_path,
                        const std::vector<std::string>& label_names = {},
