@@ -219,6 +219,28 @@ void token_product(T* out, int ld_out, bool accumulate, const T* bias, const T* 
       for (int j = 0; j < nob; ++j) {
         const int ob = ob0 + j;
         for (int sub = 0; sub * TW < nt; ++sub) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float> && B == 1) {
+            // 16 ymm registers: K 64-byte vectors of tokens are 2K registers (16 at K = 8, all
+            // of them), which GCC spilled to the stack on every product. Here the sub-tile in
+            // parts of 8 ymm accumulators (64 tokens), each going through the slot list.
+            constexpr int P = 8;  // ymm accumulators a part
+            for (int part = 0; part * P * 8 < TW; ++part) {
+              __m256 acc[P];
+              for (int k = 0; k < P; ++k) acc[k] = _mm256_setzero_ps();
+              const int first = sub * TW + part * P * 8;
+              for (int e = start[ob]; e < start[ob + 1]; ++e) {
+                const __m256 w = _mm256_broadcast_ss(values + list[e]);
+                const float* x = panel + static_cast<int64_t>(src_block[e]) * TT + first;
+#pragma GCC unroll 8
+                for (int k = 0; k < P; ++k)
+                  acc[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + k * 8), acc[k]);
+              }
+              for (int k = 0; k < P; ++k) _mm256_storeu_ps(&buf[j][first + k * 8], acc[k]);
+            }
+            continue;
+          }
+#endif
           Vec<T> acc[B][K] = {};
           for (int e = start[ob]; e < start[ob + 1]; ++e) {
             const int s = list[e];
@@ -437,6 +459,30 @@ void token_input_grad_1x1(T* dinp, const BlockPattern& p, const T* chunk_values,
             static_cast<int>(std::lower_bound(cols + p.by_chunk_start[k], cols + end, c0) - cols);
         while (e < end) {
           const int col = cols[e];
+#if defined(__AVX2__) && !defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            // The tile's TT tokens are 16 ymm registers, all of AVX2's (GCC spilled the 64-byte
+            // vectors' pairs on every product): the column's slots summed in two halves of 8.
+            constexpr int P = TT / 16;  // ymm accumulators a half
+            const int e0 = e;
+            T* to = buf + static_cast<int64_t>(col) * TT;
+            for (int half = 0; half < 2; ++half) {
+              __m256 acc[P];
+              for (int v = 0; v < P; ++v) acc[v] = _mm256_setzero_ps();
+              for (e = e0; e < end && cols[e] == col; ++e) {
+                const __m256 w = _mm256_broadcast_ss(chunk_values + e);
+                const T* d = dy + static_cast<int64_t>(p.by_chunk_row[e]) * TT + half * P * 8;
+#pragma GCC unroll 8
+                for (int v = 0; v < P; ++v)
+                  acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(d + v * 8), acc[v]);
+              }
+              T* h = to + half * P * 8;
+              for (int v = 0; v < P; ++v)
+                _mm256_storeu_ps(h + v * 8, _mm256_add_ps(_mm256_loadu_ps(h + v * 8), acc[v]));
+            }
+            continue;
+          }
+#endif
           Vec<T> acc[V] = {};
           for (; e < end && cols[e] == col; ++e) {
             const T w = chunk_values[e];
@@ -733,6 +779,71 @@ inline void row_tile(V16 (&acc)[kRowTile<B>], const float* tile, int e0, int e1,
   }
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// row_tile for AVX2's 16 ymm registers, in 8-lane intrinsics (the 64-byte vectors' pairs went
+// through the stack, as in row_weight_grad_ymm): the same sums, stored into acc[k][lane] with a
+// packed vector's lanes j * G + q. A tile's vectors go RH at a time (2 RH accumulators, the
+// weight row's two spread registers and a repeated input group: 15 of 16), each part through
+// the slot list in order, so a sum's order is row_tile's.
+template <int B>
+inline void row_tile_ymm(float (&acc)[kRowTile<B>][16], const float* tile, int e0, int e1,
+                         int e_end, const int32_t* list, const int32_t* src_block,
+                         const float* wrows) {
+  constexpr int G = kGroup<B>, R = kRowTile<B>, RH = R < 6 ? R : 6;
+  static_assert(R % RH == 0);
+  constexpr int PF = 4;  // slots ahead, as row_tile
+  // Lane l of the weight row's two registers: w[l / G] and w[8 / G + l / G].
+  const __m256i lo_idx = _mm256_setr_epi32(0 / G, 1 / G, 2 / G, 3 / G, 4 / G, 5 / G, 6 / G, 7 / G);
+  const __m256i hi_idx = _mm256_add_epi32(lo_idx, _mm256_set1_epi32(8 / G));
+  for (int part = 0; part < R; part += RH) {
+    __m256 lo[RH], hi[RH];
+    for (int k = 0; k < RH; ++k) lo[k] = hi[k] = _mm256_setzero_ps();
+    for (int e = e0; e < e1; ++e) {
+      const float* w = wrows + static_cast<int64_t>(list[e]) * B * B;
+      const float* xb = tile + static_cast<int64_t>(src_block[e]) * kTileBlock<B> + part * 16;
+      if (part == 0 && e + PF < e_end) {
+        const float* wn = wrows + static_cast<int64_t>(list[e + PF]) * B * B;
+        const float* xn = tile + static_cast<int64_t>(src_block[e + PF]) * kTileBlock<B>;
+        for (int l = 0; l < B * B; l += 16) __builtin_prefetch(wn + l);
+        for (int l = 0; l < kTileBlock<B>; l += 16) __builtin_prefetch(xn + l);
+      }
+#pragma GCC unroll 16
+      for (int b = 0; b < B; ++b) {
+        __m256 w_lo, w_hi;
+        if constexpr (G == 1) {
+          w_lo = _mm256_loadu_ps(w + b * B), w_hi = _mm256_loadu_ps(w + b * B + 8);
+        } else {
+          __m256 row;
+          if constexpr (B == 8)
+            row = _mm256_loadu_ps(w + b * B);
+          else
+            row = _mm256_castps128_ps256(_mm_loadu_ps(w + b * B));
+          w_lo = _mm256_permutevar8x32_ps(row, lo_idx);
+          w_hi = _mm256_permutevar8x32_ps(row, hi_idx);
+        }
+#pragma GCC unroll 6
+        for (int k = 0; k < RH; ++k) {
+          const float* x = xb + k * 16 + b * G;
+          __m256 xr;
+          if constexpr (G == 1)
+            xr = _mm256_broadcast_ss(x);
+          else if constexpr (G == 2)
+            xr = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x)));
+          else
+            xr = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(x));
+          lo[k] = _mm256_fmadd_ps(xr, w_lo, lo[k]);
+          hi[k] = _mm256_fmadd_ps(xr, w_hi, hi[k]);
+        }
+      }
+    }
+    for (int k = 0; k < RH; ++k) {
+      _mm256_storeu_ps(&acc[part + k][0], lo[k]);
+      _mm256_storeu_ps(&acc[part + k][8], hi[k]);
+    }
+  }
+}
+#endif
+
 // out[t][ob * B ..] (+)= sum over the list's slots s and b < B of src[t][src_block(s) * B + b] *
 // wrow(s, b) (+ bias), src packed (pack_tile, width ld_src), wrow(s, b) a row of B weights:
 // forward, rows of the transposed blocks; input gradient, rows of the blocks as stored. One
@@ -761,10 +872,23 @@ struct RowProduct {
     using V = typename Lanes<B>::type;
     constexpr int G = kGroup<B>, R = kRowTile<B>, T = kTileTokens<B>;
     const int nt = std::min(T, N - tile * T);
+    V bv = {};
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    alignas(32) float acc[R][16];
+    row_tile_ymm<B>(acc, packed + static_cast<int64_t>(tile) * T * ld_src, start[ob],
+                    start[ob + 1], start[outputs()], list.data(), src_block.data(), wrows);
+    if (bias) bv = load_lanes<B>(bias + ob * B);
+    for (int t = 0; t < nt; ++t) {
+      const int k = t / G, q = t % G;
+      V v;
+      for (int j = 0; j < B; ++j) v[j] = acc[k][j * G + q];
+      float* o = dst + t * ld;
+      store_lanes<B>(o, add ? load_lanes<B>(o) + v : v + bv);
+    }
+#else
     V16 acc[R] = {};
     row_tile<B>(acc, packed + static_cast<int64_t>(tile) * T * ld_src, start[ob], start[ob + 1],
                 start[outputs()], list.data(), src_block.data(), wrows);
-    V bv = {};
     if (bias) bv = load_lanes<B>(bias + ob * B);
       // Constant indexes into acc (unrolled), so the accumulators stay in registers.
 #pragma GCC unroll 24
@@ -777,6 +901,7 @@ struct RowProduct {
         const V v = token_lanes<B>(acc[k], q);
         store_lanes<B>(o, add ? load_lanes<B>(o) + v : v + bv);
       }
+#endif
   }
 };
 
@@ -829,15 +954,9 @@ template <int B>
 void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_packed,
                      const float* inp_packed, int N) {
   constexpr int G = kGroup<B>, R = kRowTile<B>, T = kTileTokens<B>;
-#ifdef __AVX512F__
-  constexpr int S = G, IB = B;  // S x B = 16 accumulators: half the register file
-#else
-  // 16 ymm registers hold 8 of these 64-byte accumulators: at B = 16 one slot and 4 input
-  // features a pass (sparse_bench under -march=znver3: the layer 4.5x dense against 2.7x with
-  // the 16 of AVX-512); 4 and 8 keep AVX-512's grouping (fewer slots or features a pass were
-  // not faster: their cost is the cross-lane repeats, not the registers).
-  constexpr int S = B == 16 ? 1 : G, IB = B == 16 ? 4 : B;
-#endif
+  // S x B = 16 accumulators: half of AVX-512's register file. (The AVX2 build runs
+  // row_weight_grad_ymm below; a build without either, the sanitizers', only needs it right.)
+  constexpr int S = G, IB = B;
   constexpr int kAhead = 4;  // tiles
   const int tiles = row_tiles<B>(N);
   const int64_t dy_tile = static_cast<int64_t>(T) * p.rows,
@@ -887,6 +1006,75 @@ void row_weight_grad(float* dvalues, const BlockPattern& p, const float* dout_pa
       }
     }
 }
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// row_weight_grad for AVX2's 16 ymm registers, in 8-lane intrinsics: GCC lowers the 16-lane
+// vectors above to register pairs and moved the pairs and the repeated groups through the stack
+// (perf under PACKBERT_MAX_ISA=avx2: 64% of the sparse layer's time in this kernel at B = 8, at
+// a fifth of the FMA rate; sparse_bench 2.3x dense, 4.0x this way). A packed vector's lanes
+// j * G + q are two registers here, output features [0, 8 / G) and [8 / G, 16 / G); input
+// feature i's G values of the group, repeated (one 4-, 8- or 16-byte broadcast from memory),
+// multiply both. One slot and IB = 4 input features a pass: 8 accumulators. A slot sums its
+// tiles in order in one thread: independent of the thread count.
+template <int B>
+void row_weight_grad_ymm(float* dvalues, const BlockPattern& p, const float* dout_packed,
+                         const float* inp_packed, int N) {
+  constexpr int G = kGroup<B>, R = kRowTile<B>, T = kTileTokens<B>, IB = 4, H = 8 / G;
+  constexpr int kAhead = 4;  // tiles
+  const int tiles = row_tiles<B>(N);
+  const int64_t dy_tile = static_cast<int64_t>(T) * p.rows,
+                x_tile = static_cast<int64_t>(T) * p.cols;
+  auto repeat = [](const float* x) {
+    if constexpr (G == 1)
+      return _mm256_broadcast_ss(x);
+    else if constexpr (G == 2)
+      return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x)));
+    else
+      return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(x));
+  };
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int r = 0; r < p.block_rows(); ++r)
+    for (int e = p.by_row_start[r]; e < p.by_row_start[r + 1]; ++e) {
+      const float* x0 = inp_packed + static_cast<int64_t>(p.by_row_col[e]) * kTileBlock<B>;
+      const float* dy0 = dout_packed + static_cast<int64_t>(r) * kTileBlock<B>;
+      float* dv = dvalues + static_cast<int64_t>(p.by_row[e]) * B * B;
+      for (int i0 = 0; i0 < B; i0 += IB) {
+        __m256 lo[IB], hi[IB];  // output features [0, H) and [H, 2H) of the group's tokens
+        for (int i = 0; i < IB; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+        for (int tile = 0; tile < tiles; ++tile) {
+          const float* dy = dy0 + tile * dy_tile;
+          const float* x = x0 + tile * x_tile;
+          if (i0 == 0 && tile + 1 < tiles)
+            for (int l = 0; l < kTileBlock<B>; l += 16) __builtin_prefetch(dy + dy_tile + l);
+          if (i0 == 0 && tile + kAhead < tiles)
+            for (int l = 0; l < kTileBlock<B>; l += 16)
+              __builtin_prefetch(x + kAhead * x_tile + l);
+#pragma GCC unroll 12
+          for (int k = 0; k < R; ++k) {
+            const __m256 d_lo = _mm256_loadu_ps(dy + k * 16), d_hi = _mm256_loadu_ps(dy + k * 16 + 8);
+#pragma GCC unroll 4
+            for (int i = 0; i < IB; ++i) {
+              const __m256 xi = repeat(x + k * 16 + (i0 + i) * G);
+              lo[i] = _mm256_fmadd_ps(d_lo, xi, lo[i]);
+              hi[i] = _mm256_fmadd_ps(d_hi, xi, hi[i]);
+            }
+          }
+        }
+        for (int i = 0; i < IB; ++i) {
+          alignas(32) float l[8], h[8];
+          _mm256_store_ps(l, lo[i]);
+          _mm256_store_ps(h, hi[i]);
+          for (int o = 0; o < H; ++o) {
+            float a = 0, b = 0;
+            for (int q = 0; q < G; ++q) a += l[o * G + q], b += h[o * G + q];
+            dv[o * B + i0 + i] += a;
+            dv[(o + H) * B + i0 + i] += b;
+          }
+        }
+      }
+    }
+}
+#endif
 
 // valuesT[s] = values[s]^T, each block transposed: the forward product's weight rows.
 void transpose_blocks(float* valuesT, const float* values, int nnz, int B) {
@@ -1008,7 +1196,11 @@ void backward_from(T* dinp, T* dvalues, T* dbias, const T* dout, const S* inp,
             for (int tile = 0; tile < tiles; ++tile)
               pack_tile<B>(inp_packed, inp, tile, N, p.cols, nullptr);
           }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+          row_weight_grad_ymm<B>(dvalues, p, dout_packed, inp_packed, N);
+#else
           row_weight_grad<B>(dvalues, p, dout_packed, inp_packed, N);
+#endif
         }
       });
       return;
