@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <random>
 #include <tuple>
 
@@ -742,6 +743,112 @@ TEST(ModelShare, DeferredWordRowsLeaveTheWordTableFinishedAfterTheHeads) {
     worst = std::max(worst, static_cast<double>(std::abs(m.grads()[i] - plain[i])));
   EXPECT_LT(worst, 1e-6 * scale);
   EXPECT_GT(std::abs(m.grads()[static_cast<size_t>(rows[1]) * c.hidden_size]), 0.0f);
+}
+
+// Pipeline stages (model::Stage) chained by hand in one process are the whole model: each stage
+// holds its tensors only, initialised to the whole model's values; the last stage's losses and
+// every stage's gradients equal the whole model's bit for bit (the first stage's word table
+// given the last stage's decoder share before its backward, as a pipeline hands it over), with
+// dropout on, under 2 and 3 stages, recompute policies that cross the stage boundaries, and
+// fp32 and fp16 (the stages' activations in 16 bits). Each stage reports its ranges in order,
+// tiling its arena.
+TEST(ModelStage, ChainedStagesAreTheWholeModelBitForBit) {
+  BertConfig c = tiny_config();
+  c.num_hidden_layers = 5;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.1;
+  const PackedBatch b = make_batch({{5, 3, 7}, {9, 2}, {12}}, 16, c.vocab_size, 4);
+  const std::string word = "bert.embeddings.word_embeddings.weight";
+  for (const Precision precision : {Precision::fp32, Precision::fp16})
+    for (const std::string policy : {"none", "every:2", "gelu,ln,attention"})
+      for (const std::vector<int>& cuts : {std::vector<int>{0, 2, 5}, {0, 1, 3, 5}}) {
+        const std::string what = precision_name(precision) + " " + policy + ", " +
+                                 std::to_string(cuts.size() - 1) + " stages";
+        const StepOptions step{true, 3, 2, parse_recompute(policy), precision};
+        BertModel whole(c, Heads{});
+        init_params(whole.layout(), whole.params().data(), 5);
+        whole.zero_grads();
+        const Outputs expected = whole.forward(b, step);
+        whole.backward();
+
+        std::vector<std::unique_ptr<BertModel>> stages;
+        for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+          stages.push_back(std::make_unique<BertModel>(c, Heads{}, Sparsity{}, kernels::DType::f32,
+                                                       Stage{cuts[k], cuts[k + 1]}));
+          BertModel& m = *stages.back();
+          init_params(m.layout(), m.params().data(), 5);
+          for (const TensorSpec& t : m.layout().tensors()) {
+            const TensorSpec* w = whole.layout().find(t.name);
+            ASSERT_TRUE(w) << t.name;
+            ASSERT_EQ(std::memcmp(m.params().data() + t.offset, whole.params().data() + w->offset,
+                                  t.numel * sizeof(float)),
+                      0)
+                << what << ": " << t.name << " initialised unlike the whole model's";
+          }
+          m.zero_grads();
+        }
+        Outputs out;
+        for (size_t k = 0; k < stages.size(); ++k)
+          out = stages[k]->forward(b, step, k ? stages[k - 1]->stage_output() : kernels::View());
+        EXPECT_EQ(out.mlm_loss, expected.mlm_loss) << what;
+        EXPECT_EQ(out.nsp_loss, expected.nsp_loss) << what;
+        BertModel& last = *stages.back();
+        BertModel& first = *stages.front();
+        std::vector<std::pair<size_t, size_t>> finished;
+        last.backward([&](size_t a, size_t e) { finished.push_back({a, e}); });
+        EXPECT_EQ(finished, last.grad_ranges()) << what;
+        // The decoder's share of the word table's gradient goes to the first stage.
+        const TensorSpec& lw = *last.layout().find(word);
+        const TensorSpec& fw = *first.layout().find(word);
+        std::copy_n(last.grads().data() + lw.offset, lw.numel, first.grads().data() + fw.offset);
+        for (size_t k = stages.size() - 1; k-- > 0;) {
+          finished.clear();
+          stages[k]->backward([&](size_t a, size_t e) { finished.push_back({a, e}); }, {},
+                              stages[k + 1]->input_grad());
+          EXPECT_EQ(finished, stages[k]->grad_ranges()) << what;
+        }
+        for (const auto& m : stages) {
+          size_t covered = 0;
+          for (auto [a, e] : m->grad_ranges()) covered += e - a;
+          EXPECT_EQ(covered, m->layout().total()) << what;
+          for (const TensorSpec& t : m->layout().tensors()) {
+            if (t.name == word && m.get() == &last) continue;  // (the decoder's share alone)
+            const TensorSpec& w = *whole.layout().find(t.name);
+            EXPECT_EQ(std::memcmp(m->grads().data() + t.offset, whole.grads().data() + w.offset,
+                                  t.numel * sizeof(float)),
+                      0)
+                << what << ": " << t.name;
+          }
+        }
+      }
+}
+
+// A stage holds its own tensors only; bad stages and stage calls are refused.
+TEST(ModelStage, StagesHoldTheirTensorsAndRefuseMisuse) {
+  BertConfig c = tiny_config();
+  c.num_hidden_layers = 4;
+  const ParamLayout whole(c, Heads{}), middle(c, Heads{}, {}, Stage{1, 3}),
+      last(c, Heads{}, {}, Stage{2, 4});
+  EXPECT_TRUE(whole.whole());
+  EXPECT_FALSE(middle.has_embeddings() || middle.has_heads());
+  EXPECT_EQ(middle.find("bert.embeddings.word_embeddings.weight"), nullptr);
+  EXPECT_EQ(middle.find("bert.encoder.layer.0.output.dense.weight"), nullptr);
+  EXPECT_NE(middle.find("bert.encoder.layer.2.output.dense.weight"), nullptr);
+  EXPECT_EQ(middle.find("bert.pooler.dense.weight"), nullptr);
+  EXPECT_NE(last.find("bert.embeddings.word_embeddings.weight"), nullptr) << "the tied decoder";
+  EXPECT_EQ(last.find("bert.embeddings.position_embeddings.weight"), nullptr);
+  EXPECT_NE(last.find("cls.predictions.bias"), nullptr);
+  EXPECT_LT(middle.total() + last.total(), whole.total());
+  for (const Stage bad : {Stage{2, 2}, Stage{-1, 2}, Stage{0, 5}, Stage{3, 1}})
+    EXPECT_THROW(ParamLayout(c, Heads{}, {}, bad), InputError);
+  EXPECT_THROW(BertModel(c, Heads{}, Sparsity{4, 0.5}, kernels::DType::f32, Stage{0, 2}),
+               InputError);
+  const PackedBatch b = make_batch({{5, 3}}, 8, c.vocab_size, 1);
+  BertModel m(c, Heads{}, {}, kernels::DType::f32, Stage{2, 4});
+  EXPECT_THROW(m.forward(b, {}), std::logic_error) << "a later stage without its input";
+  BertModel f(c, Heads{}, {}, kernels::DType::f32, Stage{0, 2});
+  f.forward(b, {});
+  EXPECT_THROW(f.backward(), std::logic_error) << "a stage below the last without dout";
+  EXPECT_THROW(f.defer_word_rows({1, 2}), std::logic_error);
 }
 
 TEST(ModelDropout, SameSeedAndStepSameLossOtherStepDifferent) {

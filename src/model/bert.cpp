@@ -20,9 +20,15 @@ using kernels::Buffer;
 using kernels::DType;
 using kernels::View;
 
-BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, DType dtype)
-    : layout_(config, heads, sparsity), patterns_(random_patterns(layout_, 0)) {
+BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, DType dtype,
+                     Stage stage)
+    : layout_(config, heads, sparsity, stage) {
   config.validate("model config");
+  if (!layout_.whole() && sparsity.on())
+    throw InputError("pipeline stages of a block-sparse model are not built");
+  patterns_ = random_patterns(layout_, 0);
+  stage_config_ = config;
+  stage_config_.num_hidden_layers = layout_.stage().end - layout_.stage().first;
   if (dtype != DType::f32 && dtype != DType::f64)
     throw std::logic_error(std::string("a model's scalar is f32 or f64, not ") +
                            kernels::dtype_name(dtype));
@@ -31,25 +37,33 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
   grads_ = Buffer(backend_->device(), dtype, total);
   p_ = ParamView(layout_, params_.view());
   g_ = ParamView(layout_, grads_.view());
-  // What backward finishes one after another: heads (pooler on), layers from the top, embeddings.
+  // What backward finishes one after another: heads (pooler on), layers from the top, embeddings
+  // (of a stage: what it holds of these; a last stage's word table, the decoder's, with its
+  // heads).
   auto at = [&](const View& v) {
     return static_cast<size_t>((static_cast<const std::byte*>(v.data) -
                                 static_cast<const std::byte*>(params_.view().data)) /
                                static_cast<int64_t>(kernels::traits(dtype).bytes));
   };
-  const int L = config.num_hidden_layers;
+  const Stage& st = layout_.stage();
   size_t end = layout_.total();
-  const size_t heads_begin = at(p_.pool_w);
-  grad_ranges_.push_back({heads_begin, end});
-  end = heads_begin;
-  for (int l = L - 1; l >= 0; --l) {
+  const size_t layers_begin = at(p_.layers[st.first].qkv_w);
+  if (layout_.has_heads()) {
+    const size_t heads_begin = at(p_.pool_w);
+    grad_ranges_.push_back({heads_begin, end});
+    end = heads_begin;
+    word_with_heads_ = !layout_.has_embeddings() && layers_begin > 0;
+    if (word_with_heads_) grad_ranges_.push_back({0, layers_begin});
+  }
+  for (int l = st.end - 1; l >= st.first; --l) {
     const size_t begin = at(p_.layers[l].qkv_w);
     grad_ranges_.push_back({begin, end});
     end = begin;
   }
-  grad_ranges_.push_back({0, end});
+  if (layout_.has_embeddings()) grad_ranges_.push_back({0, end});
   // Deferring the embeddings' word-table share: the word table right after the heads, the rest of
   // the embeddings last.
+  if (!layout_.whole()) return;
   const size_t word_end = static_cast<size_t>(p_.word.numel());
   deferred_ranges_ = grad_ranges_;
   deferred_ranges_.insert(deferred_ranges_.begin() + 1, {0, word_end});
@@ -57,6 +71,7 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
 }
 
 void BertModel::defer_word_rows(const std::vector<int32_t>& rows) {
+  if (!layout_.whole()) throw std::logic_error("defer_word_rows: a whole model's only");
   word_rows_.assign(rows.begin(), rows.end());
   const int64_t n = static_cast<int64_t>(rows.size()) * config().hidden_size;
   if (word_rows_grads_.size() < n) word_rows_grads_ = Buffer(backend_->device(), dtype(), n);
@@ -204,11 +219,11 @@ StepContext BertModel::context() {
 // rebuilds each from the layer below's LN2 input and statistics.
 bool BertModel::kept(int l) const {
   const int K = opt_.recompute.every;
-  return K == 0 || l % K == 0 || l == config().num_hidden_layers;
+  return K == 0 || l % K == 0 || l == stage_config_.num_hidden_layers;
 }
 
 BertModel::Slot BertModel::input_slot(int l) const {
-  const int K = opt_.recompute.every, L = config().num_hidden_layers;
+  const int K = opt_.recompute.every, L = stage_config_.num_hidden_layers;
   if (rebuilds_layer_inputs(opt_.recompute)) {  // (implies K == 0)
     if (l == 0 || l == L) return {Rec::hidden, l == 0 ? 0 : 1};
     return {Rec::hidden_rebuilt, l % 2};
@@ -228,7 +243,7 @@ View BertModel::output_of(int l) const {
 }
 View BertModel::top() const {
   const View wide = ws_.get(Rec::top);
-  return wide ? wide : input_of(config().num_hidden_layers);
+  return wide ? wide : input_of(stage_config_.num_hidden_layers);
 }
 
 LayerRecord BertModel::record_of(int l) const {
@@ -292,7 +307,11 @@ ClassTargets BertModel::class_targets(const PackedBatch& batch) {
   return {cls_targets_.data(), View()};
 }
 
-Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options) {
+Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options, View input) {
+  if (layout_.has_embeddings() == static_cast<bool>(input))
+    throw std::logic_error(layout_.has_embeddings()
+                               ? "forward: a first stage computes its input (the embeddings)"
+                               : "forward: a later stage needs the stage below's output");
   if (options.recompute.automatic)
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
   if (masters16_ && storage_dtype(options.precision) != copy16_.dtype())
@@ -310,7 +329,8 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options)
   opt_ = options;
   token_layout(batch, c, tl_);
   out_ = Outputs{};
-  const int Tn = tl_.tokens(), n_seq = tl_.sequences(), L = c.num_hidden_layers;
+  const int Tn = tl_.tokens(), n_seq = tl_.sequences();
+  const int first = layout_.stage().first, L = stage_config_.num_hidden_layers;
 
   ids_.resize(Tn);
   pos_.resize(Tn);
@@ -327,11 +347,16 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options)
   if (!share_.places.empty()) place_rows(batch);
   StepShape shape = shape_of(tl_, omp_get_max_threads());
   shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
-  ws_.prepare(c, heads, opt_.recompute, shape, opt_.precision, dtype(), backend_->device());
+  ws_.prepare(stage_config_, layout_.has_heads() ? heads : Heads{false, false, false},
+              opt_.recompute, shape, opt_.precision, dtype(), backend_->device());
   const StepContext s = context();
 
   const View in = input_of(0).shaped(Tn, c.hidden_size);
-  if (in.is_16bit()) {  // the embeddings in the scalar in scratch (dx is free until backward)
+  if (input) {
+    if (input.dtype != in.dtype || input.numel() != in.numel())
+      throw std::logic_error("forward: the stage input is not [T, C] as the layers hold it");
+    s.be.convert(in, input.shaped(Tn, c.hidden_size));
+  } else if (in.is_16bit()) {  // the embeddings in the scalar in scratch (dx is free until backward)
     const View staged = ws_.get(Rec::dx).shaped(Tn, c.hidden_size);
     embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), staged);
     s.be.convert(in, staged);
@@ -339,8 +364,9 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options)
     embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), in);
   }
   for (int l = 0; l < L; ++l)
-    encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l), output_of(l),
-                          l == L - 1 ? ws_.get(Rec::top) : View());
+    encoder_layer_forward(s, first + l, p_.layers[first + l], record_of(l), input_of(l),
+                          output_of(l), l == L - 1 ? ws_.get(Rec::top) : View());
+  if (!layout_.has_heads()) return out_;
   pooler_forward(s, p_, top());
 
   if (heads.pretraining) {
@@ -372,7 +398,11 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options)
 }
 
 void BertModel::backward(const std::function<void(size_t begin, size_t end)>& ready,
-                         const std::function<void()>& progress) {
+                         const std::function<void()>& progress, View output_grad) {
+  if (layout_.has_heads() == static_cast<bool>(output_grad))
+    throw std::logic_error(layout_.has_heads()
+                               ? "backward: a last stage starts from its losses"
+                               : "backward: a stage below the last needs its output's gradient");
   const std::vector<std::pair<size_t, size_t>>& ranges = grad_ranges();
   size_t range = 0;  // the next of ranges to report
   auto finished = [&] {
@@ -381,37 +411,50 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   };
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
-  const int Tn = tl_.tokens(), n_seq = tl_.sequences(), L = c.num_hidden_layers;
+  const int Tn = tl_.tokens(), n_seq = tl_.sequences();
+  const int first = layout_.stage().first, L = stage_config_.num_hidden_layers;
   const int64_t TC = static_cast<int64_t>(Tn) * c.hidden_size;
   StepContext s = context();
   if (progress) s.progress = &progress;
   // d loss / d layer output, / d layer input
   View dh = ws_.get(Rec::dh), dx = ws_.get(Rec::dx);
-  s.be.zero(dh.shaped(1, TC));
-  s.be.zero(ws_.get(Rec::dpooled).shaped(n_seq, c.hidden_size));
+  if (output_grad) {
+    if (output_grad.dtype != dh.dtype || output_grad.numel() != TC)
+      throw std::logic_error("backward: the output gradient is not [T, C] in the model's scalar");
+    s.be.convert(dh.shaped(Tn, c.hidden_size), output_grad.shaped(Tn, c.hidden_size));
+  } else {
+    s.be.zero(dh.shaped(1, TC));
+    s.be.zero(ws_.get(Rec::dpooled).shaped(n_seq, c.hidden_size));
+  }
   const View encoded = top();
 
-  if (heads.pretraining) {
-    mlm_backward(s, p_, g_, out_, dh);
-    nsp_backward(s, p_, g_, tl_.nsp_label.data(), out_);
+  if (!output_grad) {  // the heads (a stage below the last has its output's gradient instead)
+    if (heads.pretraining) {
+      mlm_backward(s, p_, g_, out_, dh);
+      nsp_backward(s, p_, g_, tl_.nsp_label.data(), out_);
+    }
+    if (heads.classifier) {
+      const View values = config().regression() ? cls_values_.view().shaped(1, n_seq) : View();
+      classifier_backward(s, p_, g_, {cls_targets_.data(), values}, out_);
+    }
+    if (heads.span) span_backward(s, p_, g_, encoded, span_targets_.data(), out_, dh);
+    pooler_backward(s, p_, g_, dh);
+    finished();
+    // The word table: the decoder's share is all it gets (deferred, or on a last stage).
+    if (!word_rows_.empty() || word_with_heads_) finished();
   }
-  if (heads.classifier) {
-    const View values =
-        config().regression() ? cls_values_.view().shaped(1, n_seq) : View();
-    classifier_backward(s, p_, g_, {cls_targets_.data(), values}, out_);
-  }
-  if (heads.span) span_backward(s, p_, g_, encoded, span_targets_.data(), out_, dh);
-  pooler_backward(s, p_, g_, dh);
-  finished();
-  if (!word_rows_.empty()) finished();  // the word table: the decoder's share is all it gets
 
+  // l: the stage's own index of a layer (records, slots); first + l: the model's (weights,
+  // dropout streams).
   auto layer_backward = [&](int l) {
     if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
       const LayerRecord below = record_of(l - 1);
-      ln_apply(s, input_of(l), below.r2, below.ln2_mean, below.ln2_rstd, p_.layers[l - 1].ln2_w,
-               p_.layers[l - 1].ln2_b, Tn, c.hidden_size);
+      const LayerView& w = p_.layers[first + l - 1];
+      ln_apply(s, input_of(l), below.r2, below.ln2_mean, below.ln2_rstd, w.ln2_w, w.ln2_b, Tn,
+               c.hidden_size);
     }
-    encoder_layer_backward(s, l, p_.layers[l], g_.layers[l], record_of(l), input_of(l), dh, dx);
+    encoder_layer_backward(s, first + l, p_.layers[first + l], g_.layers[first + l], record_of(l),
+                           input_of(l), dh, dx);
     std::swap(dh, dx);
     finished();
   };
@@ -423,10 +466,14 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
     for (int a = (L - 1) / K * K; a >= 0; a -= K) {
       const int b = std::min(a + K, L);
       for (int l = a; l < b; ++l)
-        encoder_layer_forward(s, l, p_.layers[l], record_of(l), input_of(l),
+        encoder_layer_forward(s, first + l, p_.layers[first + l], record_of(l), input_of(l),
                               ws_.get(Rec::seg_hidden, l - a));
       for (int l = b - 1; l >= a; --l) layer_backward(l);
     }
+  }
+  if (!layout_.has_embeddings()) {
+    input_grad_ = dh.shaped(Tn, c.hidden_size);
+    return;
   }
   if (word_rows_.empty()) {
     embeddings_backward(s, p_, g_, ids_.data(), pos_.data(), types_.data(), dh);

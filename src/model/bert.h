@@ -25,9 +25,12 @@ class BertModel {
  public:
   // With sparsity on, the encoder's linear weights are block-sparse (model/sparse.h), on
   // uniformly random patterns until init_patterns or a load sets them. dtype: the scalar of the
-  // weights, gradients and steps, f32 (training) or f64 (the finite-difference tests).
+  // weights, gradients and steps, f32 (training) or f64 (the finite-difference tests). stage:
+  // the pipeline stage this model is (ParamLayout's Stage; the whole model by default), which
+  // holds that stage's parameters only, takes the stage below's output as its input and gives
+  // its input's gradient back (forward and backward below). Dense models only.
   BertModel(const BertConfig& config, Heads heads, Sparsity sparsity = {},
-            kernels::DType dtype = kernels::DType::f32);
+            kernels::DType dtype = kernels::DType::f32, Stage stage = {});
 
   const ParamLayout& layout() const { return layout_; }
   const BertConfig& config() const { return layout_.config(); }
@@ -100,15 +103,31 @@ class BertModel {
   kernels::BackendKind backend() const { return backend_->kind; }
 
   void zero_grads();
-  Outputs forward(const PackedBatch& batch, const StepOptions& options);
+  // `input`: a stage after the first's input, the stage below's stage_output() of the same
+  // batch ([T, C] as the layers hold it: 16 bits under a 16-bit precision); empty for a first
+  // stage (or the whole model), which computes the embeddings. A stage before the last returns
+  // no losses (its Outputs are zero) and leaves its output in stage_output().
+  Outputs forward(const PackedBatch& batch, const StepOptions& options, kernels::View input = {});
+  kernels::View stage_output() const {
+    return input_of(stage_config_.num_hidden_layers)
+        .shaped(tl_.tokens(), config().hidden_size);
+  }
   // Gradients of the last forward's total loss, accumulated (+=) into grads(). `ready`, when
   // given, is called with each range [begin, end) of grads() as backward finishes it, heads
   // first, then layers from the top, then the embeddings (param_ranges below): what a
   // data-parallel step starts reducing while backward goes on.
   // `progress`, when given, is called between the ops of each layer's backward (a data-parallel
   // step moves its in-flight reductions along there).
+  // `output_grad`: a stage before the last's d loss / d stage_output() ([T, C] in the model's
+  // scalar, from the stage above), empty for a last stage (or the whole model), which starts
+  // from its losses. A stage after the first leaves d loss / d input in input_grad() (workspace
+  // memory, valid until the next forward). On a last stage that is not the first, the word
+  // table's gradient is the MLM decoder's share only: the first stage's embeddings add theirs
+  // (a pipeline hands that stage the decoder's share before its backward, so the sum is the
+  // whole model's, in its order).
   void backward(const std::function<void(size_t begin, size_t end)>& ready = {},
-                const std::function<void()>& progress = {});
+                const std::function<void()>& progress = {}, kernels::View output_grad = {});
+  kernels::View input_grad() const { return input_grad_; }
   // The ranges of the parameter arena that the next backward finishes one at a time, in that
   // order; they tile [0, layout().total()).
   const std::vector<std::pair<size_t, size_t>>& grad_ranges() const {
@@ -188,6 +207,9 @@ class BertModel {
   kernels::Buffer cls_values_;                       // a regression head's targets
   Workspace ws_;
   Outputs out_;
+  BertConfig stage_config_;  // config() with the stage's layer count (its workspace's shape)
+  bool word_with_heads_ = false;  // a last stage's word table: finished with the heads
+  kernels::View input_grad_;
 };
 
 }  // namespace packbert::model

@@ -10,9 +10,15 @@
 
 namespace packbert::model {
 
-ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity)
-    : config_(c), heads_(heads), sparsity_(sparsity) {
+ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity, Stage stage)
+    : config_(c), heads_(heads), sparsity_(sparsity), stage_(stage) {
   const int64_t C = c.hidden_size, I = c.intermediate_size;
+  const int L = c.num_hidden_layers;
+  if (stage_.end == -1) stage_.end = L;
+  if (!(0 <= stage_.first && stage_.first < stage_.end && stage_.end <= L))
+    throw InputError("pipeline stage: layers [" + std::to_string(stage_.first) + ", " +
+                     std::to_string(stage_.end) + ") of a " + std::to_string(L) +
+                     "-layer model");
   if (sparsity.on()) {
     if (!kernels::supported_block(sparsity.block))
       throw InputError("`block` " + std::to_string(sparsity.block) + ": expected 1, 4, 8 or 16");
@@ -24,12 +30,15 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity)
       throw InputError("`sparsity` " + std::to_string(sparsity.sparsity) + ": expected [0, 1)");
   }
   const bool sp = sparsity.on();
-  add("bert.embeddings.word_embeddings.weight", {c.vocab_size, C});
-  add("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, C});
-  add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, C});
-  add("bert.embeddings.LayerNorm.weight", {C});
-  add("bert.embeddings.LayerNorm.bias", {C});
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
+  if (has_embeddings() || (has_heads() && heads.pretraining))
+    add("bert.embeddings.word_embeddings.weight", {c.vocab_size, C});
+  if (has_embeddings()) {
+    add("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, C});
+    add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, C});
+    add("bert.embeddings.LayerNorm.weight", {C});
+    add("bert.embeddings.LayerNorm.bias", {C});
+  }
+  for (int l = stage_.first; l < stage_.end; ++l) {
     std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
     // query/key/value weights adjacent, then their biases adjacent: the fused QKV views.
     // (no alignment padding between the three, or the fused [3C, C] / [3C] views would break).
@@ -50,6 +59,7 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity)
     add(p + "output.LayerNorm.weight", {C});
     add(p + "output.LayerNorm.bias", {C});
   }
+  if (!has_heads()) return;
   add("bert.pooler.dense.weight", {C, C});
   add("bert.pooler.dense.bias", {C});
   if (heads.pretraining) {
@@ -222,7 +232,16 @@ double sparse_init_factor(const TensorSpec& t, SparseInit init) {
 template <typename T>
 void init_params(const ParamLayout& layout, T* params, uint64_t seed, SparseInit sparse) {
   SplitMix64 rng(seed);
-  for (const TensorSpec& t : layout.tensors()) {
+  // The whole model's stream, tensor by tensor: a stage's tensors take their values from it,
+  // the draws of the others are skipped (two a matrix element).
+  const ParamLayout whole(layout.config(), layout.heads(), layout.sparsity());
+  for (const TensorSpec& w : whole.tensors()) {
+    const TensorSpec* held = layout.whole() ? &w : layout.find(w.name);
+    if (!held) {
+      if (w.is_matrix_init) rng.state += 2 * static_cast<uint64_t>(w.numel) * kGolden64;
+      continue;
+    }
+    const TensorSpec& t = *held;
     const double std = layout.config().initializer_range * sparse_init_factor(t, sparse);
     T* p = params + t.offset;
     for (size_t i = 0; i < t.numel; ++i) {
@@ -237,8 +256,8 @@ void init_params(const ParamLayout& layout, T* params, uint64_t seed, SparseInit
     }
   }
   // Row 0 ([PAD], HF's padding_idx) of the word embeddings starts at zero, as in HF.
-  const TensorSpec* word = layout.find("bert.embeddings.word_embeddings.weight");
-  std::fill(params + word->offset, params + word->offset + word->shape[1], T(0));
+  if (const TensorSpec* word = layout.find("bert.embeddings.word_embeddings.weight"))
+    std::fill(params + word->offset, params + word->offset + word->shape[1], T(0));
 }
 
 template void init_params<float>(const ParamLayout&, float*, uint64_t, SparseInit);

@@ -29,6 +29,16 @@ struct Sparsity {
   bool operator==(const Sparsity&) const = default;
 };
 
+// One pipeline stage's share of the model (docs/DESIGN.md §7c): encoder layers [first, end); the
+// embeddings on the first stage (first == 0); the pooler and the heads on the last (end == the
+// layer count), with the word table as well where the MLM decoder reads it: BERT ties the
+// decoder to the word embeddings, so the first and the last stage both hold the table and a
+// pipeline sums its two gradient shares. The default, {0, -1}, is the whole model.
+struct Stage {
+  int first = 0, end = -1;  // end -1: through the last layer
+  bool operator==(const Stage&) const = default;
+};
+
 struct TensorSpec {
   std::string name;  // Hugging Face name, e.g. bert.encoder.layer.0.attention.self.query.weight
   std::vector<int64_t> shape;  // PyTorch shape (Linear weights are [out, in]), dense
@@ -48,8 +58,15 @@ struct TensorSpec {
 class ParamLayout {
  public:
   // Throws InputError when a sparse block size does not divide the encoder's weights.
-  ParamLayout(const BertConfig& config, Heads heads, Sparsity sparsity = {});
+  // With a stage, only that stage's tensors (under their whole-model names); InputError when
+  // the stage's layers are not a non-empty range of the config's.
+  ParamLayout(const BertConfig& config, Heads heads, Sparsity sparsity = {}, Stage stage = {});
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  // The stage, its end resolved ({0, L} for the whole model), and what it holds.
+  const Stage& stage() const { return stage_; }
+  bool whole() const { return stage_.first == 0 && stage_.end == config_.num_hidden_layers; }
+  bool has_embeddings() const { return stage_.first == 0; }
+  bool has_heads() const { return stage_.end == config_.num_hidden_layers; }
   size_t total() const { return total_; }
   const TensorSpec* find(const std::string& name) const;  // null if absent
   const BertConfig& config() const { return config_; }
@@ -62,6 +79,7 @@ class ParamLayout {
   BertConfig config_;
   Heads heads_;
   Sparsity sparsity_;
+  Stage stage_;
   std::vector<TensorSpec> tensors_;
   size_t total_ = 0;
 };
@@ -135,7 +153,8 @@ SparseInit parse_sparse_init(const std::string& name, const std::string& flag);
 double sparse_init_factor(const TensorSpec& t, SparseInit init);
 
 // Hugging Face initialisation: Linear and Embedding weights ~ N(0, initializer_range), biases 0,
-// LayerNorm weight 1 and bias 0; block-sparse weights as `sparse` says. Deterministic for a seed.
+// LayerNorm weight 1 and bias 0; block-sparse weights as `sparse` says. Deterministic for a seed,
+// and a stage's layout gets the values the whole model's has in its tensors.
 template <typename T>
 void init_params(const ParamLayout& layout, T* params, uint64_t seed,
                  SparseInit sparse = SparseInit::dense);
