@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <tuple>
@@ -19,6 +20,7 @@
 #include "model/golden.h"
 #include "model/weights.h"
 #include "model_batches.h"
+#include "train/pipeline.h"
 
 namespace packbert::model {
 namespace {
@@ -820,6 +822,145 @@ TEST(ModelStage, ChainedStagesAreTheWholeModelBitForBit) {
           }
         }
       }
+}
+
+// The 1F1B schedule: every stage runs each micro-batch's forward and backward once, backwards in
+// micro-batch order, the warm-up as PipeDream-Flush has it, never more forwards in flight than
+// forwards_in_flight; the bubble (P - 1) / (M + P - 1).
+TEST(ModelStage, OneFOneBIsPipeDreamFlush) {
+  using train::PipelineAction;
+  const std::vector<PipelineAction> first = train::one_f_one_b(4, 0, 6);
+  const std::vector<PipelineAction> expected = {
+      {false, 0}, {false, 1}, {false, 2}, {false, 3}, {true, 0}, {false, 4},
+      {true, 1},  {false, 5}, {true, 2},  {true, 3},  {true, 4}, {true, 5}};
+  EXPECT_EQ(first, expected);
+  EXPECT_EQ(train::one_f_one_b(4, 3, 2),
+            (std::vector<PipelineAction>{{false, 0}, {true, 0}, {false, 1}, {true, 1}}));
+  for (const int P : {1, 2, 3, 4})
+    for (const int M : {1, 2, 3, 8})
+      for (int s = 0; s < P; ++s) {
+        int next_forward = 0, next_backward = 0, in_flight = 0, most = 0;
+        for (const PipelineAction& a : train::one_f_one_b(P, s, M)) {
+          if (a.backward) {
+            EXPECT_EQ(a.micro, next_backward++);
+            EXPECT_LT(a.micro, next_forward) << "a backward before its forward";
+            --in_flight;
+          } else {
+            EXPECT_EQ(a.micro, next_forward++);
+            most = std::max(most, ++in_flight);
+          }
+        }
+        EXPECT_EQ(next_forward, M);
+        EXPECT_EQ(next_backward, M);
+        EXPECT_EQ(most, train::forwards_in_flight(P, s, M)) << P << " " << s << " " << M;
+      }
+  EXPECT_DOUBLE_EQ(train::bubble_fraction(2, 8), 1.0 / 9);
+  EXPECT_THROW(train::one_f_one_b(2, 2, 4), std::logic_error);
+}
+
+// P stages run their 1F1B schedules, each forward and backward as soon as the stage below's
+// output (the stage above's gradient) is there, the stages interleaved as a machine of P
+// processes would: the losses of every micro-batch and the accumulated gradients equal one
+// process accumulating the same micro-batches, bit for bit, except the word table, whose two
+// shares (the last stage's decoder, the first stage's embeddings) are summed at the step's end
+// (as Megatron-LM sums them) rather than interleaved per micro-batch: there within 1e-6.
+TEST(ModelStage, StagesRunningOneFOneBAreOneProcessAccumulating) {
+  BertConfig c = tiny_config();
+  c.num_hidden_layers = 4;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.1;
+  const int M = 5;
+  std::vector<PackedBatch> micro;
+  for (int j = 0; j < M; ++j)
+    micro.push_back(make_batch({{5, 3 + j, 7}, {9, 2}, {12 - j}}, 16, c.vocab_size, 10 + j));
+  const std::string word = "bert.embeddings.word_embeddings.weight";
+  for (const Precision precision : {Precision::fp32, Precision::fp16})
+    for (const std::vector<int>& cuts : {std::vector<int>{0, 2, 4}, {0, 1, 2, 4}}) {
+      const int P = static_cast<int>(cuts.size()) - 1;
+      const std::string what = precision_name(precision) + ", " + std::to_string(P) + " stages";
+      const StepOptions step{true, 3, 2, Recompute{}, precision};
+      BertModel whole(c, Heads{});
+      init_params(whole.layout(), whole.params().data(), 5);
+      whole.zero_grads();
+      std::vector<double> expected;
+      for (const PackedBatch& b : micro) {
+        expected.push_back(whole.forward(b, step).loss());
+        whole.backward();
+      }
+      std::vector<std::unique_ptr<BertModel>> stages;
+      for (int s = 0; s < P; ++s) {
+        stages.push_back(std::make_unique<BertModel>(c, Heads{}, Sparsity{}, kernels::DType::f32,
+                                                     Stage{cuts[s], cuts[s + 1]}));
+        init_params(stages[s]->layout(), stages[s]->params().data(), 5);
+        stages[s]->zero_grads();
+      }
+      // What the stages hand each other: outputs up (as the layers hold them), gradients down.
+      struct Sent {
+        std::vector<unsigned char> bytes;
+        kernels::View view;
+      };
+      auto keep = [](kernels::View v) {
+        auto sent = std::make_shared<Sent>();
+        const size_t n = static_cast<size_t>(v.numel()) * kernels::traits(v.dtype).bytes;
+        sent->bytes.assign(static_cast<const unsigned char*>(v.data),
+                           static_cast<const unsigned char*>(v.data) + n);
+        sent->view = v;
+        sent->view.data = sent->bytes.data();
+        return sent;
+      };
+      std::vector<std::map<int, std::shared_ptr<Sent>>> up(P), down(P);
+      std::vector<std::vector<train::PipelineAction>> todo(P);
+      std::vector<size_t> next(P, 0);
+      for (int s = 0; s < P; ++s) todo[s] = train::one_f_one_b(P, s, M);
+      std::vector<double> losses(M);
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (int s = 0; s < P; ++s) {
+          if (next[s] == todo[s].size()) continue;
+          const train::PipelineAction a = todo[s][next[s]];
+          BertModel& m = *stages[s];
+          m.use_pass(a.micro % train::forwards_in_flight(P, s, M));
+          if (!a.backward) {
+            if (s > 0 && !up[s - 1].count(a.micro)) continue;
+            const Outputs out =
+                m.forward(micro[a.micro], step, s > 0 ? up[s - 1][a.micro]->view : kernels::View());
+            if (s + 1 < P) up[s][a.micro] = keep(m.stage_output());
+            else losses[a.micro] = out.loss();
+          } else {
+            if (s + 1 < P && !down[s + 1].count(a.micro)) continue;
+            m.backward({}, {}, s + 1 < P ? down[s + 1][a.micro]->view : kernels::View());
+            if (s > 0) down[s][a.micro] = keep(m.input_grad());
+          }
+          ++next[s];
+          moved = true;
+        }
+      }
+      for (int s = 0; s < P; ++s) ASSERT_EQ(next[s], todo[s].size()) << what << ": stalled";
+      for (int j = 0; j < M; ++j) EXPECT_EQ(losses[j], expected[j]) << what << " micro " << j;
+      BertModel& first = *stages.front();
+      const BertModel& last = *stages.back();
+      for (const auto& m : stages)
+        for (const TensorSpec& t : m->layout().tensors()) {
+          const TensorSpec& w = *whole.layout().find(t.name);
+          if (t.name == word) continue;
+          EXPECT_EQ(std::memcmp(m->grads().data() + t.offset, whole.grads().data() + w.offset,
+                                t.numel * sizeof(float)),
+                    0)
+              << what << ": " << t.name;
+        }
+      const TensorSpec& fw = *first.layout().find(word);
+      const TensorSpec& lw = *last.layout().find(word);
+      const TensorSpec& ww = *whole.layout().find(word);
+      double scale = 0, worst = 0;
+      for (size_t i = 0; i < ww.numel; ++i) {
+        const double want = whole.grads()[ww.offset + i];
+        const double got = static_cast<double>(first.grads()[fw.offset + i]) +
+                           static_cast<double>(last.grads()[lw.offset + i]);
+        scale = std::max(scale, std::abs(want));
+        worst = std::max(worst, std::abs(got - want));
+      }
+      EXPECT_GT(scale, 0.0);
+      EXPECT_LE(worst, 1e-6 * scale) << what << ": the word table's two shares";
+    }
 }
 
 // A stage holds its own tensors only; bad stages and stage calls are refused.

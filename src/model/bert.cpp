@@ -24,6 +24,7 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
                      Stage stage)
     : layout_(config, heads, sparsity, stage) {
   config.validate("model config");
+  use_pass(0);
   if (!layout_.whole() && sparsity.on())
     throw InputError("pipeline stages of a block-sparse model are not built");
   patterns_ = random_patterns(layout_, 0);
@@ -68,6 +69,12 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
   deferred_ranges_ = grad_ranges_;
   deferred_ranges_.insert(deferred_ranges_.begin() + 1, {0, word_end});
   deferred_ranges_.back().first = word_end;
+}
+
+void BertModel::use_pass(int k) {
+  if (k < 0) throw std::logic_error("use_pass: a negative pass");
+  while (passes_.size() <= static_cast<size_t>(k)) passes_.push_back(std::make_unique<Pass>());
+  cur_ = passes_[static_cast<size_t>(k)].get();
 }
 
 void BertModel::defer_word_rows(const std::vector<int32_t>& rows) {
@@ -192,22 +199,22 @@ const float* BertModel::weights_fp32(std::vector<float>& scratch) const {
 
 StepContext BertModel::context() {
   const BertConfig& c = config();
-  StepContext s{c, tl_, probs_offsets_.data(), ws_, opt_.recompute, *backend_, nullptr, nullptr, nullptr, {}};
-  if (is_16bit(opt_.precision)) s.p16 = &p16_;
+  StepContext s{c, cur_->tl, cur_->probs_offsets.data(), cur_->ws, cur_->opt.recompute, *backend_, nullptr, nullptr, nullptr, {}};
+  if (is_16bit(cur_->opt.precision)) s.p16 = &p16_;
   if (!patterns_.empty()) s.patterns = patterns_.data();
   if (!block_grads_.empty()) {
     s.block_grads = block_grads_.data();
     s.dense_scratch = dense_grad_scratch_.view();
   }
-  s.p_hidden = opt_.training ? c.hidden_dropout_prob : 0.0;
-  s.p_attn = opt_.training ? c.attention_probs_dropout_prob : 0.0;
-  s.seed = opt_.seed;
-  s.step = opt_.step;
-  s.loss_scale = opt_.loss_scale;
-  if (!share_.places.empty()) {
-    s.places = &places_;
-    s.mlm_total = share_.mlm, s.nsp_total = share_.nsp, s.cls_total = share_.cls,
-    s.span_total = share_.span;
+  s.p_hidden = cur_->opt.training ? c.hidden_dropout_prob : 0.0;
+  s.p_attn = cur_->opt.training ? c.attention_probs_dropout_prob : 0.0;
+  s.seed = cur_->opt.seed;
+  s.step = cur_->opt.step;
+  s.loss_scale = cur_->opt.loss_scale;
+  if (!cur_->share.places.empty()) {
+    s.places = &cur_->places;
+    s.mlm_total = cur_->share.mlm, s.nsp_total = cur_->share.nsp, s.cls_total = cur_->share.cls,
+    s.span_total = cur_->share.span;
   }
   return s;
 }
@@ -218,13 +225,13 @@ StepContext BertModel::context() {
 // inputs alternate between two shared slots, so a layer never writes the slot it reads; backward
 // rebuilds each from the layer below's LN2 input and statistics.
 bool BertModel::kept(int l) const {
-  const int K = opt_.recompute.every;
+  const int K = cur_->opt.recompute.every;
   return K == 0 || l % K == 0 || l == stage_config_.num_hidden_layers;
 }
 
 BertModel::Slot BertModel::input_slot(int l) const {
-  const int K = opt_.recompute.every, L = stage_config_.num_hidden_layers;
-  if (rebuilds_layer_inputs(opt_.recompute)) {  // (implies K == 0)
+  const int K = cur_->opt.recompute.every, L = stage_config_.num_hidden_layers;
+  if (rebuilds_layer_inputs(cur_->opt.recompute)) {  // (implies K == 0)
     if (l == 0 || l == L) return {Rec::hidden, l == 0 ? 0 : 1};
     return {Rec::hidden_rebuilt, l % 2};
   }
@@ -236,42 +243,42 @@ BertModel::Slot BertModel::input_slot(int l) const {
 
 View BertModel::input_of(int l) const {
   const Slot s = input_slot(l);
-  return ws_.get(s.rec, s.copy);
+  return cur_->ws.get(s.rec, s.copy);
 }
 View BertModel::output_of(int l) const {
-  return kept(l + 1) ? input_of(l + 1) : ws_.get(Rec::seg_hidden, l % opt_.recompute.every);
+  return kept(l + 1) ? input_of(l + 1) : cur_->ws.get(Rec::seg_hidden, l % cur_->opt.recompute.every);
 }
 View BertModel::top() const {
-  const View wide = ws_.get(Rec::top);
+  const View wide = cur_->ws.get(Rec::top);
   return wide ? wide : input_of(stage_config_.num_hidden_layers);
 }
 
 LayerRecord BertModel::record_of(int l) const {
-  const int K = opt_.recompute.every;
-  return ws_.layer(K ? l % K : l);
+  const int K = cur_->opt.recompute.every;
+  return cur_->ws.layer(K ? l % K : l);
 }
 
 // The dropout places of a share's tokens and sequences: each row is a run of both, starting at
 // its place in the whole batch; each sequence's attention probabilities start at NH times the
 // sum of L * L over the whole batch's sequences before it.
 void BertModel::place_rows(const PackedBatch& batch) {
-  if (share_.places.size() != static_cast<size_t>(batch.B))
-    throw InputError("batch: " + std::to_string(share_.places.size()) + " row places for " +
+  if (cur_->share.places.size() != static_cast<size_t>(batch.B))
+    throw InputError("batch: " + std::to_string(cur_->share.places.size()) + " row places for " +
                      std::to_string(batch.B) + " rows");
   const int64_t NH = config().num_attention_heads;
-  DropoutPlaces& d = places_;
+  DropoutPlaces& d = cur_->places;
   d.token_local.assign(1, 0), d.seq_local.assign(1, 0);
   d.token_global.clear(), d.seq_global.clear(), d.attention.clear();
   int64_t token = 0;
   int seq = 0;
   for (int p = 0; p < batch.B; ++p) {
-    const RowPlace& at = share_.places[p];
+    const RowPlace& at = cur_->share.places[p];
     d.token_global.push_back(at.token);
     d.seq_global.push_back(at.sequence);
     int64_t attention = at.attention;
     // The row's sequences are the layout's next ones, up to the row's last real slot.
-    while (seq < tl_.sequences() && tl_.slot[tl_.cu_seqlens[seq]] / batch.S == p) {
-      const int64_t len = tl_.cu_seqlens[seq + 1] - tl_.cu_seqlens[seq];
+    while (seq < cur_->tl.sequences() && cur_->tl.slot[cur_->tl.cu_seqlens[seq]] / batch.S == p) {
+      const int64_t len = cur_->tl.cu_seqlens[seq + 1] - cur_->tl.cu_seqlens[seq];
       d.attention.push_back(NH * attention);
       attention += len * len;
       token += len;
@@ -284,16 +291,16 @@ void BertModel::place_rows(const PackedBatch& batch) {
 
 // The classifier's targets from the batch (checked against the head), kept for backward.
 ClassTargets BertModel::class_targets(const PackedBatch& batch) {
-  const size_t n_seq = static_cast<size_t>(tl_.sequences());
+  const size_t n_seq = static_cast<size_t>(cur_->tl.sequences());
   if (config().regression()) {
     if (batch.class_targets.size() != n_seq)
       throw InputError("batch: " + std::to_string(batch.class_targets.size()) +
                        " regression targets for " + std::to_string(n_seq) + " sequences");
     for (float y : batch.class_targets)
       if (!std::isfinite(y)) throw InputError("batch: a regression target is not finite");
-    if (cls_values_.size() < static_cast<int64_t>(n_seq))
-      cls_values_ = Buffer(backend_->device(), dtype(), static_cast<int64_t>(n_seq));
-    const View values = cls_values_.view().shaped(1, static_cast<int64_t>(n_seq));
+    if (cur_->cls_values.size() < static_cast<int64_t>(n_seq))
+      cur_->cls_values = Buffer(backend_->device(), dtype(), static_cast<int64_t>(n_seq));
+    const View values = cur_->cls_values.view().shaped(1, static_cast<int64_t>(n_seq));
     for (size_t i = 0; i < n_seq; ++i) values.put(static_cast<int64_t>(i), batch.class_targets[i]);
     return {nullptr, values};
   }
@@ -303,8 +310,8 @@ ClassTargets BertModel::class_targets(const PackedBatch& batch) {
   for (int32_t y : batch.class_labels)
     if (y >= config().num_labels)
       throw InputError("batch: class label " + std::to_string(y) + " >= num_labels");
-  cls_targets_.assign(batch.class_labels.begin(), batch.class_labels.end());
-  return {cls_targets_.data(), View()};
+  cur_->cls_targets.assign(batch.class_labels.begin(), batch.class_labels.end());
+  return {cur_->cls_targets.data(), View()};
 }
 
 Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options, View input) {
@@ -324,31 +331,32 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
       copy16_version_ = params_version_;
     }
   }
+  cur_->forwarded = true;
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
-  opt_ = options;
-  token_layout(batch, c, tl_);
-  out_ = Outputs{};
-  const int Tn = tl_.tokens(), n_seq = tl_.sequences();
+  cur_->opt = options;
+  token_layout(batch, c, cur_->tl);
+  cur_->out = Outputs{};
+  const int Tn = cur_->tl.tokens(), n_seq = cur_->tl.sequences();
   const int first = layout_.stage().first, L = stage_config_.num_hidden_layers;
 
-  ids_.resize(Tn);
-  pos_.resize(Tn);
-  types_.resize(Tn);
+  cur_->ids.resize(Tn);
+  cur_->pos.resize(Tn);
+  cur_->types.resize(Tn);
   for (int t = 0; t < Tn; ++t) {
-    ids_[t] = batch.input_ids[tl_.slot[t]];
-    pos_[t] = batch.position_ids[tl_.slot[t]];
-    types_[t] = batch.token_type_ids[tl_.slot[t]];
+    cur_->ids[t] = batch.input_ids[cur_->tl.slot[t]];
+    cur_->pos[t] = batch.position_ids[cur_->tl.slot[t]];
+    cur_->types[t] = batch.token_type_ids[cur_->tl.slot[t]];
   }
-  probs_offsets_.resize(n_seq + 1);
-  kernels::attention_probs_offsets(tl_.cu_seqlens.data(), n_seq, c.num_attention_heads,
-                                   probs_offsets_.data());
-  share_ = batch.share;
-  if (!share_.places.empty()) place_rows(batch);
-  StepShape shape = shape_of(tl_, omp_get_max_threads());
+  cur_->probs_offsets.resize(n_seq + 1);
+  kernels::attention_probs_offsets(cur_->tl.cu_seqlens.data(), n_seq, c.num_attention_heads,
+                                   cur_->probs_offsets.data());
+  cur_->share = batch.share;
+  if (!cur_->share.places.empty()) place_rows(batch);
+  StepShape shape = shape_of(cur_->tl, omp_get_max_threads());
   shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
-  ws_.prepare(stage_config_, layout_.has_heads() ? heads : Heads{false, false, false},
-              opt_.recompute, shape, opt_.precision, dtype(), backend_->device());
+  cur_->ws.prepare(stage_config_, layout_.has_heads() ? heads : Heads{false, false, false},
+              cur_->opt.recompute, shape, cur_->opt.precision, dtype(), backend_->device());
   const StepContext s = context();
 
   const View in = input_of(0).shaped(Tn, c.hidden_size);
@@ -357,44 +365,44 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
       throw std::logic_error("forward: the stage input is not [T, C] as the layers hold it");
     s.be.convert(in, input.shaped(Tn, c.hidden_size));
   } else if (in.is_16bit()) {  // the embeddings in the scalar in scratch (dx is free until backward)
-    const View staged = ws_.get(Rec::dx).shaped(Tn, c.hidden_size);
-    embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), staged);
+    const View staged = cur_->ws.get(Rec::dx).shaped(Tn, c.hidden_size);
+    embeddings_forward(s, p_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), staged);
     s.be.convert(in, staged);
   } else {
-    embeddings_forward(s, p_, ids_.data(), pos_.data(), types_.data(), in);
+    embeddings_forward(s, p_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), in);
   }
   for (int l = 0; l < L; ++l)
     encoder_layer_forward(s, first + l, p_.layers[first + l], record_of(l), input_of(l),
-                          output_of(l), l == L - 1 ? ws_.get(Rec::top) : View());
-  if (!layout_.has_heads()) return out_;
+                          output_of(l), l == L - 1 ? cur_->ws.get(Rec::top) : View());
+  if (!layout_.has_heads()) return cur_->out;
   pooler_forward(s, p_, top());
 
   if (heads.pretraining) {
-    mlm_forward(s, p_, input_of(L), out_);
-    nsp_forward(s, p_, tl_.nsp_label.data(), out_);
+    mlm_forward(s, p_, input_of(L), cur_->out);
+    nsp_forward(s, p_, cur_->tl.nsp_label.data(), cur_->out);
   }
   if (heads.classifier) {
-    classifier_forward(s, p_, class_targets(batch), out_);
+    classifier_forward(s, p_, class_targets(batch), cur_->out);
   }
   if (heads.span) {
     if (batch.span_starts.size() != static_cast<size_t>(n_seq) ||
         batch.span_ends.size() != static_cast<size_t>(n_seq))
       throw InputError("batch: span labels do not match the " + std::to_string(n_seq) +
                        " sequences");
-    span_targets_.resize(2 * static_cast<size_t>(n_seq));
+    cur_->span_targets.resize(2 * static_cast<size_t>(n_seq));
     for (int i = 0; i < n_seq; ++i) {
-      const int len = tl_.cu_seqlens[i + 1] - tl_.cu_seqlens[i];
-      span_targets_[2 * i] = batch.span_starts[i];
-      span_targets_[2 * i + 1] = batch.span_ends[i];
+      const int len = cur_->tl.cu_seqlens[i + 1] - cur_->tl.cu_seqlens[i];
+      cur_->span_targets[2 * i] = batch.span_starts[i];
+      cur_->span_targets[2 * i + 1] = batch.span_ends[i];
       if (batch.span_starts[i] < 0) continue;
       for (int32_t y : {batch.span_starts[i], batch.span_ends[i]})
         if (y >= len)
           throw InputError("batch: span position " + std::to_string(y) + " beyond sequence " +
                            std::to_string(i) + " of length " + std::to_string(len));
     }
-    span_forward(s, p_, top(), span_targets_.data(), out_);
+    span_forward(s, p_, top(), cur_->span_targets.data(), cur_->out);
   }
-  return out_;
+  return cur_->out;
 }
 
 void BertModel::backward(const std::function<void(size_t begin, size_t end)>& ready,
@@ -403,6 +411,8 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
     throw std::logic_error(layout_.has_heads()
                                ? "backward: a last stage starts from its losses"
                                : "backward: a stage below the last needs its output's gradient");
+  if (!cur_->forwarded) throw std::logic_error("backward: the selected pass holds no forward");
+  cur_->forwarded = false;
   const std::vector<std::pair<size_t, size_t>>& ranges = grad_ranges();
   size_t range = 0;  // the next of ranges to report
   auto finished = [&] {
@@ -411,33 +421,33 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   };
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
-  const int Tn = tl_.tokens(), n_seq = tl_.sequences();
+  const int Tn = cur_->tl.tokens(), n_seq = cur_->tl.sequences();
   const int first = layout_.stage().first, L = stage_config_.num_hidden_layers;
   const int64_t TC = static_cast<int64_t>(Tn) * c.hidden_size;
   StepContext s = context();
   if (progress) s.progress = &progress;
   // d loss / d layer output, / d layer input
-  View dh = ws_.get(Rec::dh), dx = ws_.get(Rec::dx);
+  View dh = cur_->ws.get(Rec::dh), dx = cur_->ws.get(Rec::dx);
   if (output_grad) {
     if (output_grad.dtype != dh.dtype || output_grad.numel() != TC)
       throw std::logic_error("backward: the output gradient is not [T, C] in the model's scalar");
     s.be.convert(dh.shaped(Tn, c.hidden_size), output_grad.shaped(Tn, c.hidden_size));
   } else {
     s.be.zero(dh.shaped(1, TC));
-    s.be.zero(ws_.get(Rec::dpooled).shaped(n_seq, c.hidden_size));
+    s.be.zero(cur_->ws.get(Rec::dpooled).shaped(n_seq, c.hidden_size));
   }
   const View encoded = top();
 
   if (!output_grad) {  // the heads (a stage below the last has its output's gradient instead)
     if (heads.pretraining) {
-      mlm_backward(s, p_, g_, out_, dh);
-      nsp_backward(s, p_, g_, tl_.nsp_label.data(), out_);
+      mlm_backward(s, p_, g_, cur_->out, dh);
+      nsp_backward(s, p_, g_, cur_->tl.nsp_label.data(), cur_->out);
     }
     if (heads.classifier) {
-      const View values = config().regression() ? cls_values_.view().shaped(1, n_seq) : View();
-      classifier_backward(s, p_, g_, {cls_targets_.data(), values}, out_);
+      const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
+      classifier_backward(s, p_, g_, {cur_->cls_targets.data(), values}, cur_->out);
     }
-    if (heads.span) span_backward(s, p_, g_, encoded, span_targets_.data(), out_, dh);
+    if (heads.span) span_backward(s, p_, g_, encoded, cur_->span_targets.data(), cur_->out, dh);
     pooler_backward(s, p_, g_, dh);
     finished();
     // The word table: the decoder's share is all it gets (deferred, or on a last stage).
@@ -447,7 +457,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   // l: the stage's own index of a layer (records, slots); first + l: the model's (weights,
   // dropout streams).
   auto layer_backward = [&](int l) {
-    if (rebuilds_layer_inputs(opt_.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
+    if (rebuilds_layer_inputs(cur_->opt.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
       const LayerRecord below = record_of(l - 1);
       const LayerView& w = p_.layers[first + l - 1];
       ln_apply(s, input_of(l), below.r2, below.ln2_mean, below.ln2_rstd, w.ln2_w, w.ln2_b, Tn,
@@ -458,7 +468,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
     std::swap(dh, dx);
     finished();
   };
-  const int K = opt_.recompute.every;
+  const int K = cur_->opt.recompute.every;
   if (K == 0) {
     for (int l = L - 1; l >= 0; --l) layer_backward(l);
   } else {
@@ -467,25 +477,25 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
       const int b = std::min(a + K, L);
       for (int l = a; l < b; ++l)
         encoder_layer_forward(s, first + l, p_.layers[first + l], record_of(l), input_of(l),
-                              ws_.get(Rec::seg_hidden, l - a));
+                              cur_->ws.get(Rec::seg_hidden, l - a));
       for (int l = b - 1; l >= a; --l) layer_backward(l);
     }
   }
   if (!layout_.has_embeddings()) {
-    input_grad_ = dh.shaped(Tn, c.hidden_size);
+    cur_->input_grad = dh.shaped(Tn, c.hidden_size);
     return;
   }
   if (word_rows_.empty()) {
-    embeddings_backward(s, p_, g_, ids_.data(), pos_.data(), types_.data(), dh);
+    embeddings_backward(s, p_, g_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), dh);
   } else {  // the word table's share into word_rows_grads(), at each id's place among the rows
-    word_ids_.resize(ids_.size());
-    for (size_t t = 0; t < ids_.size(); ++t) {
-      const auto at = std::lower_bound(word_rows_.begin(), word_rows_.end(), ids_[t]);
-      if (at == word_rows_.end() || *at != ids_[t])
+    cur_->word_ids.resize(cur_->ids.size());
+    for (size_t t = 0; t < cur_->ids.size(); ++t) {
+      const auto at = std::lower_bound(word_rows_.begin(), word_rows_.end(), cur_->ids[t]);
+      if (at == word_rows_.end() || *at != cur_->ids[t])
         throw std::logic_error("a token id outside the deferred word rows");
-      word_ids_[t] = static_cast<int32_t>(at - word_rows_.begin());
+      cur_->word_ids[t] = static_cast<int32_t>(at - word_rows_.begin());
     }
-    embeddings_backward(s, p_, g_, word_ids_.data(), pos_.data(), types_.data(), dh,
+    embeddings_backward(s, p_, g_, cur_->word_ids.data(), cur_->pos.data(), cur_->types.data(), dh,
                         word_rows_grads());
   }
   finished();

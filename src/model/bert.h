@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -103,6 +104,12 @@ class BertModel {
   kernels::BackendKind backend() const { return backend_->kind; }
 
   void zero_grads();
+  // Forwards in flight (a pipeline stage's 1F1B schedule keeps several): a pass holds one
+  // forward's state (its workspace, token layout, targets and outputs). forward fills the pass
+  // selected here and backward runs on the selected pass, which must hold a forward. Pass 0 is
+  // selected at first; the others are made on first use (each with a workspace of its own).
+  void use_pass(int k);
+  int passes() const { return static_cast<int>(passes_.size()); }
   // `input`: a stage after the first's input, the stage below's stage_output() of the same
   // batch ([T, C] as the layers hold it: 16 bits under a 16-bit precision); empty for a first
   // stage (or the whole model), which computes the embeddings. A stage before the last returns
@@ -110,7 +117,7 @@ class BertModel {
   Outputs forward(const PackedBatch& batch, const StepOptions& options, kernels::View input = {});
   kernels::View stage_output() const {
     return input_of(stage_config_.num_hidden_layers)
-        .shaped(tl_.tokens(), config().hidden_size);
+        .shaped(cur_->tl.tokens(), config().hidden_size);
   }
   // Gradients of the last forward's total loss, accumulated (+=) into grads(). `ready`, when
   // given, is called with each range [begin, end) of grads() as backward finishes it, heads
@@ -127,7 +134,7 @@ class BertModel {
   // whole model's, in its order).
   void backward(const std::function<void(size_t begin, size_t end)>& ready = {},
                 const std::function<void()>& progress = {}, kernels::View output_grad = {});
-  kernels::View input_grad() const { return input_grad_; }
+  kernels::View input_grad() const { return cur_->input_grad; }
   // The ranges of the parameter arena that the next backward finishes one at a time, in that
   // order; they tile [0, layout().total()).
   const std::vector<std::pair<size_t, size_t>>& grad_ranges() const {
@@ -144,19 +151,19 @@ class BertModel {
   kernels::View word_rows_grads() const;
   void add_word_rows();
   // Bytes of activations the last forward kept for backward, and of its scratch.
-  size_t activation_bytes() const { return ws_.activation_bytes(); }
-  size_t scratch_bytes() const { return ws_.scratch_bytes(); }
+  size_t activation_bytes() const { return cur_->ws.activation_bytes(); }
+  size_t scratch_bytes() const { return cur_->ws.scratch_bytes(); }
   // Per-sequence classifier / span logits from the last forward ([n_seq, num_labels], [T, 2]),
   // in the model's scalar T.
   template <typename T = float>
   const T* class_logits() const {
-    return ws_.get(Rec::cls_logits).as<const T>();
+    return cur_->ws.get(Rec::cls_logits).as<const T>();
   }
   template <typename T = float>
   const T* span_logits() const {
-    return ws_.get(Rec::span_logits).as<const T>();
+    return cur_->ws.get(Rec::span_logits).as<const T>();
   }
-  const TokenLayout& tokens() const { return tl_; }
+  const TokenLayout& tokens() const { return cur_->tl; }
 
  private:
   StepContext context();  // (non-const: backward writes block_grads_ through it)
@@ -191,25 +198,31 @@ class BertModel {
   bool masters16_ = false;
   std::vector<KeptPlace> kept_fp32_;  // under 16-bit masters: what params() keeps, and where
 
-  // State of the last forward (everything backward needs is copied: the batch may be gone).
+  // The state of one forward (everything backward needs is copied: the batch may be gone).
   // Vectors keep their capacity, and the workspace its arena, so steady-state steps allocate
   // nothing.
-  StepOptions opt_;
-  TokenLayout tl_;
-  std::vector<int32_t> ids_, pos_, types_;
-  std::vector<int64_t> probs_offsets_;
-  DropoutPlaces places_;  // of a batch that is a share of a whole (empty otherwise)
-  BatchShare share_;
+  struct Pass {
+    StepOptions opt;
+    TokenLayout tl;
+    std::vector<int32_t> ids, pos, types;
+    std::vector<int64_t> probs_offsets;
+    DropoutPlaces places;  // of a batch that is a share of a whole (empty otherwise)
+    BatchShare share;
+    std::vector<int32_t> word_ids;  // deferral: the batch's ids among the rows
+    std::vector<int32_t> cls_targets, span_targets;  // span: (start, end) pairs
+    kernels::Buffer cls_values;                      // a regression head's targets
+    Workspace ws;
+    Outputs out;
+    kernels::View input_grad;
+    bool forwarded = false;  // holds a forward that no backward has used yet
+  };
+  std::vector<std::unique_ptr<Pass>> passes_;
+  Pass* cur_ = nullptr;  // the pass use_pass() selected
   std::vector<std::pair<size_t, size_t>> grad_ranges_, deferred_ranges_;
-  std::vector<int32_t> word_rows_, word_ids_;  // deferral: the rows, the batch's ids among them
+  std::vector<int32_t> word_rows_;  // deferral: the rows
   kernels::Buffer word_rows_grads_;
-  std::vector<int32_t> cls_targets_, span_targets_;  // span: (start, end) pairs
-  kernels::Buffer cls_values_;                       // a regression head's targets
-  Workspace ws_;
-  Outputs out_;
   BertConfig stage_config_;  // config() with the stage's layer count (its workspace's shape)
   bool word_with_heads_ = false;  // a last stage's word table: finished with the heads
-  kernels::View input_grad_;
 };
 
 }  // namespace packbert::model
