@@ -20,6 +20,7 @@
 #include "model/golden.h"
 #include "model/weights.h"
 #include "model_batches.h"
+#include "train/memory_plan.h"
 #include "train/pipeline.h"
 
 namespace packbert::model {
@@ -961,6 +962,88 @@ TEST(ModelStage, StagesRunningOneFOneBAreOneProcessAccumulating) {
       EXPECT_GT(scale, 0.0);
       EXPECT_LE(worst, 1e-6 * scale) << what << ": the word table's two shares";
     }
+}
+
+// `plan --pipeline-stages`: each stage's predicted bytes are what the stage's model holds after
+// the forwards its 1F1B schedule keeps in flight (one pass each): its parameters and gradients,
+// and its passes' kept activations and scratch, under several recompute policies and fp16.
+TEST(ModelStage, PlanCountsWhatEachStageHolds) {
+  BertConfig c = tiny_config();
+  c.num_hidden_layers = 5;
+  c.max_position_embeddings = 32;
+  const PackedBatch b = make_batch({{9, 3, 12}, {20}, {2, 6, 7}}, 25, c.vocab_size, 6);
+  const std::vector<Stage> stages = {{0, 1}, {1, 3}, {3, 5}};
+  const int M = 4;
+  for (const Precision precision : {Precision::fp32, Precision::fp16})
+    for (const char* policy : {"none", "gelu,ln", "every:2"}) {
+      const Recompute r = parse_recompute(policy);
+      train::PlanRequest req;
+      req.config = c;
+      req.precision = precision;
+      std::vector<std::unique_ptr<BertModel>> models;
+      std::vector<size_t> act(stages.size()), scratch(stages.size());
+      for (size_t s = 0; s < stages.size(); ++s) {
+        models.push_back(std::make_unique<BertModel>(c, Heads{}, Sparsity{}, kernels::DType::f32,
+                                                     stages[s]));
+        BertModel& m = *models.back();
+        const int passes = train::forwards_in_flight(3, static_cast<int>(s), M);
+        for (int k = 0; k < passes; ++k) {
+          m.use_pass(k);
+          m.forward(b, {true, 1, 1, r, precision},
+                    s ? models[s - 1]->stage_output() : kernels::View());
+          act[s] += m.activation_bytes();
+          scratch[s] += m.scratch_bytes();
+        }
+        req.shape = shape_of(m.tokens(), omp_get_max_threads());
+      }
+      const train::PipelinePlan plan = train::plan_pipeline(req, r, stages, M);
+      ASSERT_EQ(plan.plans.size(), stages.size());
+      for (size_t s = 0; s < stages.size(); ++s) {
+        const std::string what =
+            precision_name(precision) + " " + policy + ", stage " + std::to_string(s);
+        EXPECT_EQ(plan.plans[s].params_bytes,
+                  models[s]->layout().total() * sizeof(float) *
+                      (precision == Precision::fp32 ? 1 : 3) / (precision == Precision::fp32 ? 1 : 2))
+            << what;
+        EXPECT_EQ(plan.plans[s].grads_bytes, models[s]->grads().size() * sizeof(float)) << what;
+        EXPECT_EQ(plan.plans[s].activation_bytes, act[s]) << what;
+        EXPECT_EQ(plan.plans[s].workspace_bytes, scratch[s]) << what;
+      }
+      EXPECT_DOUBLE_EQ(plan.bubble, 2.0 / 6);
+    }
+}
+
+// The proposed balance is the split of the layers whose slowest stage is fastest (the last
+// stage's heads count, the first stage's embeddings do not): no other contiguous split of 2 or
+// 3 stages has a smaller largest stage. Explicit layer counts must cover the model.
+TEST(ModelStage, BalanceMinimisesTheSlowestStage) {
+  train::PlanRequest req;
+  req.config = model::bert_preset("base");
+  req.config.num_hidden_layers = 7;
+  req.shape = train::uniform_shape(512, 4, 1);
+  auto flops = [&](const std::vector<Stage>& stages) {
+    const train::PipelinePlan p = train::plan_pipeline(req, Recompute{}, stages, 4);
+    return *std::max_element(p.forward_flops.begin(), p.forward_flops.end());
+  };
+  for (const int P : {2, 3}) {
+    const std::vector<Stage> best = train::balance_stages(req, P);
+    ASSERT_EQ(best.size(), static_cast<size_t>(P));
+    EXPECT_EQ(best.front().first, 0);
+    EXPECT_EQ(best.back().end, 7);
+    for (int k = 1; k < P; ++k) EXPECT_EQ(best[k].first, best[k - 1].end);
+    const double f = flops(best);
+    for (int a = 1; a < 7; ++a)
+      for (int b = a + 1; b <= (P == 3 ? 6 : a + 1); ++b) {
+        const std::vector<Stage> other =
+            P == 2 ? std::vector<Stage>{{0, a}, {a, 7}} : std::vector<Stage>{{0, a}, {a, b}, {b, 7}};
+        EXPECT_LE(f, flops(other)) << P << " stages, cut at " << a << " " << b;
+      }
+  }
+  EXPECT_EQ(train::stages_of_layers({3, 4}, 7, "--stage-layers"),
+            (std::vector<Stage>{{0, 3}, {3, 7}}));
+  EXPECT_THROW(train::stages_of_layers({3, 3}, 7, "--stage-layers"), InputError);
+  EXPECT_THROW(train::stages_of_layers({0, 7}, 7, "--stage-layers"), InputError);
+  EXPECT_THROW(train::balance_stages(req, 8), InputError);
 }
 
 // A stage holds its own tensors only; bad stages and stage calls are refused.

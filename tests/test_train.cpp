@@ -241,7 +241,9 @@ TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
                 {},
                 model::Precision::bf16,
                 Masters::bf16,
-                {}};
+                {},
+                {},
+                1};
   r.config.vocab_size = 2000;
   r.shape = uniform_shape(64, 2, 1);
   const StepPlan plan = plan_step(r, model::Recompute{});
@@ -263,7 +265,9 @@ TEST(MemoryPlan, Bf16MastersHoldWhatThePlanCounts) {
                    {},
                    model::Precision::bf16,
                    Masters::bf16,
-                   {}};
+                   {},
+                   {},
+                   1};
   base.shape = uniform_shape(2048, 4, 1);
   const StepPlan b16 = plan_step(base, model::Recompute{});
   base.masters = Masters::fp32;

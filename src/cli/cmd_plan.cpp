@@ -13,6 +13,7 @@
 #include "error.h"
 #include "model/config.h"
 #include "train/memory_plan.h"
+#include "train/pipeline.h"
 
 namespace packbert::cli {
 
@@ -35,6 +36,8 @@ struct PlanArgs {
   model::Precision precision = model::Precision::fp32;
   train::Masters masters = train::Masters::fp32;
   train::SparseOptions sparse;
+  int pipeline_stages = 1, accumulation = 1;
+  std::vector<int> stage_layers;
   bool json = false;
 };
 
@@ -125,6 +128,39 @@ void run_plan(const PlanArgs& a) {
     t.add_row({p.name(), gib(s.activation_bytes), gib(s.workspace_bytes), gib(s.total_bytes),
                fits ? "yes" : "no", with_commas(most), fixed(s.flops_per_step * 1e-12, 2)});
   }
+  // Pipeline stages: each stage's step under 1F1B with --accumulation micro-batches.
+  std::optional<train::PipelinePlan> pipeline;
+  if (a.pipeline_stages > 1 || !a.stage_layers.empty()) {
+    if (r.sparsity.on()) throw InputError("--pipeline-stages: block-sparse stages are not built");
+    const std::vector<model::Stage> stages =
+        a.stage_layers.empty()
+            ? train::balance_stages(r, a.pipeline_stages)
+            : train::stages_of_layers(a.stage_layers, r.config.num_hidden_layers, "--stage-layers");
+    if (!a.stage_layers.empty() && a.pipeline_stages > 1 &&
+        static_cast<int>(stages.size()) != a.pipeline_stages)
+      throw InputError("--stage-layers names " + std::to_string(stages.size()) +
+                       " stages, --pipeline-stages " + std::to_string(a.pipeline_stages));
+    pipeline = train::plan_pipeline(r, asked.policy, stages, a.accumulation);
+    nlohmann::json& pj = out["pipeline"];
+    pj["micro_batches"] = a.accumulation;
+    pj["bubble"] = pipeline->bubble;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const train::StepPlan& p = pipeline->plans[s];
+      pj["stages"].push_back(
+          {{"first_layer", stages[s].first},
+           {"end_layer", stages[s].end},
+           {"forwards_in_flight",
+            train::forwards_in_flight(static_cast<int>(stages.size()), static_cast<int>(s),
+                                      a.accumulation)},
+           {"params_bytes", p.params_bytes},
+           {"grads_bytes", p.grads_bytes},
+           {"optimizer_bytes", p.optimizer_bytes},
+           {"activation_bytes", p.activation_bytes},
+           {"workspace_bytes", p.workspace_bytes},
+           {"total_bytes", p.total_bytes},
+           {"forward_flops_per_micro_batch", pipeline->forward_flops[s]}});
+    }
+  }
   if (a.json) {
     std::cout << out.dump() << '\n';
     return;
@@ -160,6 +196,28 @@ void run_plan(const PlanArgs& a) {
                   fixed(static_cast<double>(rec.bytes()) / 1048576.0, 1)});
     rt.print(std::cout);
   }
+  if (pipeline) {
+    const size_t P = pipeline->stages.size();
+    std::cout << "\n" << P << " pipeline stages, --recompute " << asked.policy.name() << ", "
+              << a.accumulation << " micro-batches a step (1F1B): bubble (P - 1) / (M + P - 1) = "
+              << fixed(pipeline->bubble, 3) << " of the step\n";
+    Table pt({"stage", "layers", "in flight", "params GiB", "grads GiB", "optimizer GiB",
+              "activations GiB", "workspace GiB", "total GiB", "GFLOP/micro-batch"});
+    for (size_t s = 0; s < P; ++s) {
+      const train::StepPlan& p = pipeline->plans[s];
+      const model::Stage& st = pipeline->stages[s];
+      std::string held = std::to_string(st.first) + "-" + std::to_string(st.end - 1);
+      if (st.first == 0) held += " + embeddings";
+      if (st.end == r.config.num_hidden_layers) held += " + heads";
+      pt.add_row({std::to_string(s), held,
+                  std::to_string(train::forwards_in_flight(static_cast<int>(P),
+                                                           static_cast<int>(s), a.accumulation)),
+                  gib(p.params_bytes), gib(p.grads_bytes), gib(p.optimizer_bytes),
+                  gib(p.activation_bytes), gib(p.workspace_bytes), gib(p.total_bytes),
+                  fixed(pipeline->forward_flops[s] * 1e-9, 1)});
+    }
+    pt.print(std::cout);
+  }
 }
 
 }  // namespace
@@ -179,6 +237,17 @@ void register_plan(CLI::App& app) {
   precision_flag(cmd, a->precision, false);
   master_weights_flag(cmd, a->masters);
   sparse_flags(cmd, a->sparse, false);
+  number(cmd, "--pipeline-stages", a->pipeline_stages,
+         "Pipeline stages: each stage's bytes and FLOPs under the 1F1B schedule, the layers "
+         "balanced by FLOPs unless --stage-layers gives them",
+         1, 1024)
+      ->capture_default_str();
+  cmd->add_option("--stage-layers", a->stage_layers,
+                  "Encoder layers of each pipeline stage, first to last (e.g. 5,7)")
+      ->delimiter(',');
+  number(cmd, "--accumulation", a->accumulation,
+         "Micro-batches a step (a pipeline's M: its bubble and forwards in flight)", 1, 1 << 20)
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object instead of the tables");
   cmd->callback([a, cmd] {
     a->recompute_given = cmd->count("--recompute") > 0;

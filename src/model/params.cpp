@@ -115,9 +115,10 @@ const TensorSpec* ParamLayout::find(const std::string& name) const {
 }
 
 size_t layer_linear_numel(const ParamLayout& layout) {
-  size_t n = 0;
+  size_t n = 0;  // (of a stage's first layer: every layer holds the same)
+  const std::string first = "bert.encoder.layer." + std::to_string(layout.stage().first) + ".";
   for (const TensorSpec& t : layout.tensors())
-    if (t.name.rfind("bert.encoder.layer.0.", 0) == 0 && t.shape.size() == 2) n += t.numel;
+    if (t.name.rfind(first, 0) == 0 && t.shape.size() == 2) n += t.numel;
   return n;
 }
 

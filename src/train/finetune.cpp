@@ -229,7 +229,7 @@ void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper
 model::Recompute step_policy(const model::BertModel& m, const FinetuneOptions& o) {
   const LoopOptions& lo = o.loop;
   PlanRequest plan{m.config(),   m.layout().heads(),   lo.optimizer.kind,    {},
-                   lo.precision, lo.optimizer.masters, m.layout().sparsity()};
+                   lo.precision, lo.optimizer.masters, m.layout().sparsity(), {}, 1};
   plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
                              lo.rows_per_batch, omp_get_max_threads());
   return check_step_fits(plan, lo.recompute, lo.memory_limit);

@@ -8,6 +8,7 @@
 #include "error.h"
 #include "model/params.h"
 #include "model/sparse.h"
+#include "train/pipeline.h"
 
 namespace packbert::train {
 
@@ -31,16 +32,20 @@ Flops step_flops(const model::ParamLayout& layout, const model::StepShape& s,
   const double attn_scores = 2.0 * static_cast<double>(s.attention) * C;  // Q Kᵀ, all heads
   const double weights = static_cast<double>(model::layer_linear_numel(layout));
   const double layer = 2 * T * weights + 2 * attn_scores;
+  const double L = layout.stage().end - layout.stage().first;  // (a stage's layers)
   Flops f;
-  f.forward = c.num_hidden_layers * layer + 2 * n * C * C;
-  if (h.pretraining) f.forward += 2 * M * C * (C + c.vocab_size) + 2 * n * C * 2;
-  if (h.classifier) f.forward += 2 * n * C * c.num_labels;
-  if (h.span) f.forward += 2 * T * C * 2;
+  f.forward = L * layer;
+  if (layout.has_heads()) {
+    f.forward += 2 * n * C * C;
+    if (h.pretraining) f.forward += 2 * M * C * (C + c.vocab_size) + 2 * n * C * 2;
+    if (h.classifier) f.forward += 2 * n * C * c.num_labels;
+    if (h.span) f.forward += 2 * T * C * 2;
+  }
   if (p.every > 0) {
-    f.recompute = c.num_hidden_layers * layer;
+    f.recompute = L * layer;
   } else {
-    if (p.attention) f.recompute += c.num_hidden_layers * attn_scores;
-    if (p.residual) f.recompute += c.num_hidden_layers * 2 * T * C * C;
+    if (p.attention) f.recompute += L * attn_scores;
+    if (p.residual) f.recompute += L * 2 * T * C * C;
   }
   return f;
 }
@@ -68,7 +73,7 @@ model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads) {
 StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   StepPlan p;
   p.policy = policy;
-  const model::ParamLayout layout(r.config, r.heads, r.sparsity);
+  const model::ParamLayout layout(r.config, r.heads, r.sparsity, r.stage);
   const size_t n = layout.total();
   p.params_bytes = p.grads_bytes = n * sizeof(float);
   // The two moments (LAMB rebuilds its update direction from them: no buffer), and LAMB's two
@@ -98,15 +103,92 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   }
   model::StepShape shape = r.shape;
   shape.sparse_scratch = model::sparse_scratch_elems(layout, shape.tokens);
-  p.records = model::workspace_records(r.config, r.heads, policy, shape, r.precision);
+  // A stage's workspace: its own layers, the heads' records on the last stage only; one
+  // workspace a forward in flight (BertModel's passes).
+  model::BertConfig stage_config = r.config;
+  stage_config.num_hidden_layers = layout.stage().end - layout.stage().first;
+  p.records = model::workspace_records(stage_config,
+                                       layout.has_heads() ? r.heads : model::Heads{false, false, false},
+                                       policy, shape, r.precision);
   for (const model::RecordSize& rec : p.records)
     (rec.storage == model::Storage::activation ? p.activation_bytes : p.workspace_bytes) +=
-        rec.bytes();
+        rec.bytes() * static_cast<size_t>(r.in_flight);
   p.runtime_bytes = kRuntimeBytes;
   p.total_bytes = p.state_bytes() + p.activation_bytes + p.workspace_bytes + p.runtime_bytes;
   const Flops f = step_flops(layout, r.shape, policy);
   p.flops_per_step = 3 * f.forward + f.recompute;
   return p;
+}
+
+PipelinePlan plan_pipeline(const PlanRequest& request, const model::Recompute& policy,
+                           const std::vector<model::Stage>& stages, int micro_batches) {
+  PipelinePlan out;
+  out.stages = stages;
+  out.micro_batches = micro_batches;
+  const int P = static_cast<int>(stages.size());
+  for (int s = 0; s < P; ++s) {
+    PlanRequest r = request;
+    r.stage = stages[static_cast<size_t>(s)];
+    r.in_flight = forwards_in_flight(P, s, micro_batches);
+    out.plans.push_back(plan_step(r, policy));
+    const model::ParamLayout layout(r.config, r.heads, r.sparsity, r.stage);
+    out.forward_flops.push_back(step_flops(layout, r.shape, model::Recompute{}).forward);
+  }
+  out.bubble = bubble_fraction(P, micro_batches);
+  return out;
+}
+
+std::vector<model::Stage> balance_stages(const PlanRequest& request, int stages) {
+  const int L = request.config.num_hidden_layers;
+  if (stages < 1 || stages > L)
+    throw InputError("`pipeline_stages` " + std::to_string(stages) + ": expected 1 to the " +
+                     std::to_string(L) + " layers");
+  // cost[a][b]: the forward FLOPs and state bytes of a stage of layers [a, b).
+  auto stage_cost = [&](int a, int b) {
+    PlanRequest r = request;
+    r.stage = model::Stage{a, b};
+    const model::ParamLayout layout(r.config, r.heads, r.sparsity, r.stage);
+    return std::pair{step_flops(layout, r.shape, model::Recompute{}).forward,
+                     static_cast<double>(layout.total())};
+  };
+  // best[k][b]: the least (largest stage FLOPs, largest stage parameters) over the first b
+  // layers in k stages, and the cut before the last of them.
+  using Cost = std::pair<double, double>;
+  const Cost none{1e300, 1e300};
+  std::vector<std::vector<Cost>> best(static_cast<size_t>(stages) + 1,
+                                      std::vector<Cost>(static_cast<size_t>(L) + 1, none));
+  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(L) + 1, 0));
+  best[0][0] = {0, 0};
+  for (int k = 1; k <= stages; ++k)
+    for (int b = k; b <= L; ++b)
+      for (int a = k - 1; a < b; ++a) {
+        if (best[k - 1][a] == none) continue;
+        // The model's last stage has the heads: a stage's cost depends on where it ends.
+        const Cost here = stage_cost(a, b), before = best[k - 1][a];
+        const Cost c{std::max(before.first, here.first), std::max(before.second, here.second)};
+        if (c < best[k][b]) best[k][b] = c, cut[k][b] = a;
+      }
+  std::vector<model::Stage> out(static_cast<size_t>(stages));
+  for (int k = stages, b = L; k > 0; --k) {
+    out[static_cast<size_t>(k - 1)] = model::Stage{cut[k][b], b};
+    b = cut[k][b];
+  }
+  return out;
+}
+
+std::vector<model::Stage> stages_of_layers(const std::vector<int>& layers, int model_layers,
+                                           const std::string& flag) {
+  std::vector<model::Stage> out;
+  int first = 0;
+  for (int n : layers) {
+    if (n < 1) throw InputError(flag + ": every stage needs at least one layer");
+    out.push_back({first, first + n});
+    first += n;
+  }
+  if (first != model_layers)
+    throw InputError(flag + ": the stages' layers sum to " + std::to_string(first) + ", not the " +
+                     "model's " + std::to_string(model_layers));
+  return out;
 }
 
 std::vector<model::Recompute> auto_candidates() {

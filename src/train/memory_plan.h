@@ -36,9 +36,33 @@ struct PlanRequest {
   model::Precision precision = model::Precision::fp32;
   Masters masters = Masters::fp32;
   model::Sparsity sparsity;  // block-sparse encoder weights (block 0: dense)
+  // A pipeline stage's step (the whole model by default): its tensors, its layers' records, and
+  // `in_flight` forwards held at once, each in a model pass with a workspace of its own.
+  model::Stage stage;
+  int in_flight = 1;
 };
 
 StepPlan plan_step(const PlanRequest& request, const model::Recompute& policy);
+
+// A pipeline of request's model (docs/DESIGN.md §7: pipeline stages): each stage's step under
+// the 1F1B schedule (train/pipeline.h) with M micro-batches a step, its forward FLOPs per
+// micro-batch, and the bubble (P - 1) / (M + P - 1).
+struct PipelinePlan {
+  std::vector<model::Stage> stages;
+  int micro_batches = 1;
+  std::vector<StepPlan> plans;
+  std::vector<double> forward_flops;
+  double bubble = 0;
+};
+PipelinePlan plan_pipeline(const PlanRequest& request, const model::Recompute& policy,
+                           const std::vector<model::Stage>& stages, int micro_batches);
+// P stages of contiguous layers that balance the stages' forward FLOPs (the embeddings cost
+// none, the pooler and heads of the last stage do), the fewest bytes breaking a tie.
+std::vector<model::Stage> balance_stages(const PlanRequest& request, int stages);
+// Stages of the given layer counts ("5,7"); InputError naming `flag` unless each is at least 1
+// and they sum to the model's layers.
+std::vector<model::Stage> stages_of_layers(const std::vector<int>& layers, int model_layers,
+                                           const std::string& flag);
 
 // A micro-batch of `tokens` tokens in `sequences` equal-length sequences, 15% of tokens masked.
 model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads);

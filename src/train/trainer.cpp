@@ -568,7 +568,7 @@ OptimizerConfig Trainer::plan_steps() {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
     PlanRequest plan{
-        c, model::Heads{}, oc.kind, {}, lo.precision, lo.optimizer.masters, opt_.sparse.sparsity};
+        c, model::Heads{}, oc.kind, {}, lo.precision, lo.optimizer.masters, opt_.sparse.sparsity, {}, 1};
     int64_t rows = lo.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
