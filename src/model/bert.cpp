@@ -321,42 +321,12 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
                                : "forward: a later stage needs the stage below's output");
   if (options.recompute.automatic)
     throw std::logic_error("recompute policy `auto` must be resolved before the step");
-  if (masters16_ && storage_dtype(options.precision) != copy16_.dtype())
-    throw std::logic_error("a model with 16-bit master weights runs steps of their type only");
-  if (is_16bit(options.precision)) {
-    if (dtype() != DType::f32) throw std::logic_error("16-bit precisions need an f32 model");
-    hold_copy16(storage_dtype(options.precision));
-    if (!masters16_ && copy16_version_ != params_version_) {  // changed since their copy
-      backend_->convert(copy16_.view(), params_.view());
-      copy16_version_ = params_version_;
-    }
-  }
-  cur_->forwarded = true;
+  refresh_copy16(options.precision);
+  prepare_pass(batch, options);
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
-  cur_->opt = options;
-  token_layout(batch, c, cur_->tl);
-  cur_->out = Outputs{};
-  const int Tn = cur_->tl.tokens(), n_seq = cur_->tl.sequences();
+  const int Tn = cur_->tl.tokens();
   const int first = layout_.stage().first, L = stage_config_.num_hidden_layers;
-
-  cur_->ids.resize(Tn);
-  cur_->pos.resize(Tn);
-  cur_->types.resize(Tn);
-  for (int t = 0; t < Tn; ++t) {
-    cur_->ids[t] = batch.input_ids[cur_->tl.slot[t]];
-    cur_->pos[t] = batch.position_ids[cur_->tl.slot[t]];
-    cur_->types[t] = batch.token_type_ids[cur_->tl.slot[t]];
-  }
-  cur_->probs_offsets.resize(n_seq + 1);
-  kernels::attention_probs_offsets(cur_->tl.cu_seqlens.data(), n_seq, c.num_attention_heads,
-                                   cur_->probs_offsets.data());
-  cur_->share = batch.share;
-  if (!cur_->share.places.empty()) place_rows(batch);
-  StepShape shape = shape_of(cur_->tl, omp_get_max_threads());
-  shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
-  cur_->ws.prepare(stage_config_, layout_.has_heads() ? heads : Heads{false, false, false},
-              cur_->opt.recompute, shape, cur_->opt.precision, dtype(), backend_->device());
   const StepContext s = context();
 
   const View in = input_of(0).shaped(Tn, c.hidden_size);
@@ -381,28 +351,68 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
     mlm_forward(s, p_, input_of(L), cur_->out);
     nsp_forward(s, p_, cur_->tl.nsp_label.data(), cur_->out);
   }
-  if (heads.classifier) {
-    classifier_forward(s, p_, class_targets(batch), cur_->out);
+  if (heads.classifier) classifier_forward(s, p_, class_targets(batch), cur_->out);
+  if (heads.span) span_forward(s, p_, top(), span_targets(batch), cur_->out);
+  return cur_->out;
+}
+
+void BertModel::refresh_copy16(Precision precision) {
+  if (masters16_ && storage_dtype(precision) != copy16_.dtype())
+    throw std::logic_error("a model with 16-bit master weights runs steps of their type only");
+  if (!is_16bit(precision)) return;
+  if (dtype() != DType::f32) throw std::logic_error("16-bit precisions need an f32 model");
+  hold_copy16(storage_dtype(precision));
+  if (!masters16_ && copy16_version_ != params_version_) {  // changed since their copy
+    backend_->convert(copy16_.view(), params_.view());
+    copy16_version_ = params_version_;
   }
-  if (heads.span) {
-    if (batch.span_starts.size() != static_cast<size_t>(n_seq) ||
+}
+
+void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& options) {
+  cur_->forwarded = true;
+  const BertConfig& c = config();
+  cur_->opt = options;
+  token_layout(batch, c, cur_->tl);
+  cur_->out = Outputs{};
+  const int Tn = cur_->tl.tokens(), n_seq = cur_->tl.sequences();
+  cur_->ids.resize(Tn);
+  cur_->pos.resize(Tn);
+  cur_->types.resize(Tn);
+  for (int t = 0; t < Tn; ++t) {
+    cur_->ids[t] = batch.input_ids[cur_->tl.slot[t]];
+    cur_->pos[t] = batch.position_ids[cur_->tl.slot[t]];
+    cur_->types[t] = batch.token_type_ids[cur_->tl.slot[t]];
+  }
+  cur_->probs_offsets.resize(n_seq + 1);
+  kernels::attention_probs_offsets(cur_->tl.cu_seqlens.data(), n_seq, c.num_attention_heads,
+                                   cur_->probs_offsets.data());
+  cur_->share = batch.share;
+  if (!cur_->share.places.empty()) place_rows(batch);
+  StepShape shape = shape_of(cur_->tl, omp_get_max_threads());
+  shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
+  cur_->ws.prepare(stage_config_,
+                   layout_.has_heads() ? layout_.heads() : Heads{false, false, false},
+                   cur_->opt.recompute, shape, cur_->opt.precision, dtype(), backend_->device());
+}
+
+const int32_t* BertModel::span_targets(const PackedBatch& batch) {
+  const int n_seq = cur_->tl.sequences();
+  if (batch.span_starts.size() != static_cast<size_t>(n_seq) ||
         batch.span_ends.size() != static_cast<size_t>(n_seq))
       throw InputError("batch: span labels do not match the " + std::to_string(n_seq) +
                        " sequences");
-    cur_->span_targets.resize(2 * static_cast<size_t>(n_seq));
-    for (int i = 0; i < n_seq; ++i) {
-      const int len = cur_->tl.cu_seqlens[i + 1] - cur_->tl.cu_seqlens[i];
-      cur_->span_targets[2 * i] = batch.span_starts[i];
-      cur_->span_targets[2 * i + 1] = batch.span_ends[i];
-      if (batch.span_starts[i] < 0) continue;
-      for (int32_t y : {batch.span_starts[i], batch.span_ends[i]})
-        if (y >= len)
-          throw InputError("batch: span position " + std::to_string(y) + " beyond sequence " +
-                           std::to_string(i) + " of length " + std::to_string(len));
-    }
-    span_forward(s, p_, top(), cur_->span_targets.data(), cur_->out);
+  cur_->span_targets.resize(2 * static_cast<size_t>(n_seq));
+  for (int i = 0; i < n_seq; ++i) {
+    const int len = cur_->tl.cu_seqlens[i + 1] - cur_->tl.cu_seqlens[i];
+    cur_->span_targets[2 * i] = batch.span_starts[i];
+    cur_->span_targets[2 * i + 1] = batch.span_ends[i];
+    if (batch.span_starts[i] < 0) continue;
+    for (int32_t y : {batch.span_starts[i], batch.span_ends[i]})
+      if (y >= len)
+        throw InputError("batch: span position " + std::to_string(y) + " beyond sequence " +
+                         std::to_string(i) + " of length " + std::to_string(len));
   }
-  return cur_->out;
+  return cur_->span_targets.data();
 }
 
 void BertModel::backward(const std::function<void(size_t begin, size_t end)>& ready,
@@ -420,35 +430,19 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
     ++range;
   };
   const BertConfig& c = config();
-  const Heads& heads = layout_.heads();
-  const int Tn = cur_->tl.tokens(), n_seq = cur_->tl.sequences();
+  const int Tn = cur_->tl.tokens();
   const int first = layout_.stage().first, L = stage_config_.num_hidden_layers;
   const int64_t TC = static_cast<int64_t>(Tn) * c.hidden_size;
   StepContext s = context();
   if (progress) s.progress = &progress;
   // d loss / d layer output, / d layer input
   View dh = cur_->ws.get(Rec::dh), dx = cur_->ws.get(Rec::dx);
-  if (output_grad) {
+  if (output_grad) {  // (a stage below the last: its output's gradient instead of the heads)
     if (output_grad.dtype != dh.dtype || output_grad.numel() != TC)
       throw std::logic_error("backward: the output gradient is not [T, C] in the model's scalar");
     s.be.convert(dh.shaped(Tn, c.hidden_size), output_grad.shaped(Tn, c.hidden_size));
   } else {
-    s.be.zero(dh.shaped(1, TC));
-    s.be.zero(cur_->ws.get(Rec::dpooled).shaped(n_seq, c.hidden_size));
-  }
-  const View encoded = top();
-
-  if (!output_grad) {  // the heads (a stage below the last has its output's gradient instead)
-    if (heads.pretraining) {
-      mlm_backward(s, p_, g_, cur_->out, dh);
-      nsp_backward(s, p_, g_, cur_->tl.nsp_label.data(), cur_->out);
-    }
-    if (heads.classifier) {
-      const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
-      classifier_backward(s, p_, g_, {cur_->cls_targets.data(), values}, cur_->out);
-    }
-    if (heads.span) span_backward(s, p_, g_, encoded, cur_->span_targets.data(), cur_->out, dh);
-    pooler_backward(s, p_, g_, dh);
+    heads_backward(s, dh);
     finished();
     // The word table: the decoder's share is all it gets (deferred, or on a last stage).
     if (!word_rows_.empty() || word_with_heads_) finished();
@@ -485,20 +479,42 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
     cur_->input_grad = dh.shaped(Tn, c.hidden_size);
     return;
   }
+  embeddings_backward_of(s, dh);
+  finished();
+}
+
+void BertModel::heads_backward(const StepContext& s, View dh) {
+  const Heads& heads = layout_.heads();
+  const int n_seq = cur_->tl.sequences();
+  s.be.zero(dh.shaped(1, static_cast<int64_t>(cur_->tl.tokens()) * config().hidden_size));
+  s.be.zero(cur_->ws.get(Rec::dpooled).shaped(n_seq, config().hidden_size));
+  if (heads.pretraining) {
+    mlm_backward(s, p_, g_, cur_->out, dh);
+    nsp_backward(s, p_, g_, cur_->tl.nsp_label.data(), cur_->out);
+  }
+  if (heads.classifier) {
+    const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
+    classifier_backward(s, p_, g_, {cur_->cls_targets.data(), values}, cur_->out);
+  }
+  if (heads.span) span_backward(s, p_, g_, top(), cur_->span_targets.data(), cur_->out, dh);
+  pooler_backward(s, p_, g_, dh);
+}
+
+void BertModel::embeddings_backward_of(const StepContext& s, View dh) {
   if (word_rows_.empty()) {
     embeddings_backward(s, p_, g_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), dh);
-  } else {  // the word table's share into word_rows_grads(), at each id's place among the rows
-    cur_->word_ids.resize(cur_->ids.size());
-    for (size_t t = 0; t < cur_->ids.size(); ++t) {
-      const auto at = std::lower_bound(word_rows_.begin(), word_rows_.end(), cur_->ids[t]);
-      if (at == word_rows_.end() || *at != cur_->ids[t])
-        throw std::logic_error("a token id outside the deferred word rows");
-      cur_->word_ids[t] = static_cast<int32_t>(at - word_rows_.begin());
-    }
-    embeddings_backward(s, p_, g_, cur_->word_ids.data(), cur_->pos.data(), cur_->types.data(), dh,
-                        word_rows_grads());
+    return;
   }
-  finished();
+  // The word table's share into word_rows_grads(), at each id's place among the rows.
+  cur_->word_ids.resize(cur_->ids.size());
+  for (size_t t = 0; t < cur_->ids.size(); ++t) {
+    const auto at = std::lower_bound(word_rows_.begin(), word_rows_.end(), cur_->ids[t]);
+    if (at == word_rows_.end() || *at != cur_->ids[t])
+      throw std::logic_error("a token id outside the deferred word rows");
+    cur_->word_ids[t] = static_cast<int32_t>(at - word_rows_.begin());
+  }
+  embeddings_backward(s, p_, g_, cur_->word_ids.data(), cur_->pos.data(), cur_->types.data(), dh,
+                      word_rows_grads());
 }
 
 }  // namespace packbert::model

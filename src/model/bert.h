@@ -184,6 +184,16 @@ class BertModel {
   LayerRecord record_of(int l) const;
   void place_rows(const PackedBatch& batch);
   ClassTargets class_targets(const PackedBatch& batch);
+  // The span head's (start, end) pairs from the batch, checked against the sequences.
+  const int32_t* span_targets(const PackedBatch& batch);
+  // Forward's parts: the weights' 16-bit copy current for a step of `precision`; the selected
+  // pass filled from the batch (token layout, ids, dropout places) and its workspace laid out.
+  void refresh_copy16(Precision precision);
+  void prepare_pass(const PackedBatch& batch, const StepOptions& options);
+  // Backward's parts: the heads (pooler included) into dh, which starts zeroed; the embeddings
+  // from dh (the word table's share deferred when defer_word_rows is on).
+  void heads_backward(const StepContext& s, kernels::View dh);
+  void embeddings_backward_of(const StepContext& s, kernels::View dh);
 
   ParamLayout layout_;
   const kernels::Backend* backend_ = &kernels::backend(kernels::BackendKind::cpu);
