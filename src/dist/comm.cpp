@@ -57,6 +57,7 @@ struct Move {
   size_t n;
 };
 std::vector<Move> moves;
+std::vector<MPI_Request> sends;  // the started point-to-point sends
 
 // MPI counts are int: a range longer than that is sent in pieces by the callers below.
 constexpr size_t kMaxCount = static_cast<size_t>(std::numeric_limits<int>::max()) / 2;
@@ -207,6 +208,25 @@ void Comm::gather(const float* mine, float* all, const std::vector<size_t>& boun
               MPI_COMM_WORLD);
 }
 
+void Comm::start_send(const void* data, size_t bytes, int peer, int tag) {
+  if (bytes > kMaxCount) throw std::length_error("a message of " + std::to_string(bytes) + " bytes");
+  sends.emplace_back();
+  MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &sends.back());
+}
+
+double Comm::recv(void* data, size_t bytes, int peer, int tag) {
+  if (bytes > kMaxCount) throw std::length_error("a message of " + std::to_string(bytes) + " bytes");
+  const double t0 = now_seconds();
+  MPI_Recv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  return now_seconds() - t0;
+}
+
+void Comm::wait_sends() {
+  if (sends.empty()) return;
+  MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE);
+  sends.clear();
+}
+
 #else  // built without MPI: one process, and a clear refusal under mpirun
 
 Comm::Comm() {
@@ -236,6 +256,13 @@ void Comm::allgather(float*, const std::vector<size_t>&) {}
 void Comm::gather(const float* mine, float* all, const std::vector<size_t>& bounds, int) {
   std::copy(mine, mine + bounds[1], all);
 }
+void Comm::start_send(const void*, size_t, int, int) {
+  throw std::logic_error("a point-to-point send in one process");
+}
+double Comm::recv(void*, size_t, int, int) {
+  throw std::logic_error("a point-to-point receive in one process");
+}
+void Comm::wait_sends() {}
 
 #endif
 
