@@ -535,6 +535,44 @@ TEST_F(Cli, PlanPredictsWhatFitsAndRefusesBadValues) {
   }
 }
 
+// plan --pipeline-stages: a stage per row and in the JSON, layers that tile the model (balanced,
+// or as --stage-layers gives them), the forwards in flight of 1F1B and its bubble; stage flags
+// that do not describe the model are refused on one line naming the flag.
+TEST_F(Cli, PlanSplitsThePipelineStages) {
+  Result j =
+      run("plan --preset base --tokens 512 --sequences 4 --pipeline-stages 3 --accumulation 8 "
+          "--memory-limit 64G --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  const nlohmann::json p = nlohmann::json::parse(j.out).at("pipeline");
+  EXPECT_DOUBLE_EQ(p.at("bubble").get<double>(), 2.0 / 10);
+  ASSERT_EQ(p.at("stages").size(), 3u);
+  int next = 0;
+  for (size_t s = 0; s < 3; ++s) {
+    const nlohmann::json& st = p.at("stages")[s];
+    EXPECT_EQ(st.at("first_layer"), next);
+    next = st.at("end_layer").get<int>();
+    EXPECT_EQ(st.at("forwards_in_flight"), static_cast<int>(3 - s));
+    EXPECT_GT(st.at("params_bytes").get<double>(), 0);
+  }
+  EXPECT_EQ(next, 12);
+  Result t = run("plan --preset base --tokens 512 --sequences 4 --stage-layers 5,7 "
+                 "--accumulation 4 --memory-limit 64G");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("2 pipeline stages"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("0-4 + embeddings"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("5-11 + heads"), std::string::npos) << t.out;
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--stage-layers 5,5", "--stage-layers: the stages' layers sum to 10, not the model's 12"},
+           {"--stage-layers 0,12", "--stage-layers: every stage needs at least one layer"},
+           {"--pipeline-stages 3 --stage-layers 6,6", "--stage-layers names 2 stages"},
+           {"--pipeline-stages 13", "--pipeline-stages 13: expected 1 to the 12 layers"}}) {
+    Result r = run("plan --preset base --tokens 512 --sequences 4 --memory-limit 64G " + args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 // --master-weights: plan counts bf16 masters (weights + moments under 0.55x of fp32 masters);
 // bf16 masters without bf16 compute, a bad name, or with --zero 1 are refused on one line
 // naming the flags.

@@ -205,7 +205,8 @@ std::string flag_of_field(const std::string& field) {
       {"save_best", "--save-best"},
       {"task_name", "--task-name"},
       {"regression", "--regression"},
-      {"classification", "--classification"}};
+      {"classification", "--classification"},
+      {"pipeline_stages", "--pipeline-stages"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;
