@@ -10,6 +10,7 @@
 #include "model/batch.h"
 #include "pack/assign.h"
 #include "pack/plan.h"
+#include "train/memory_plan.h"
 
 namespace packbert::bench {
 
@@ -39,6 +40,17 @@ inline model::PackedBatch bench_batch(const std::vector<int>& lengths, int S, in
       for (int i = 1; i <= n_mask && i < L; ++i) b.batch().mlm_labels[first + i] = token();
     }
   return b.take();
+}
+
+// The step shape of one batch of these sequence lengths, for the plan (train/memory_plan.h).
+inline model::StepShape shape_of_lengths(const std::vector<int>& lengths, int threads) {
+  int64_t tokens = 0, sum_sq = 0, longest = 0;
+  for (const int64_t L : lengths) tokens += L, sum_sq += L * L, longest = std::max(longest, L);
+  model::StepShape shape = train::uniform_shape(tokens, 1, threads);
+  shape.sequences = static_cast<int64_t>(lengths.size());
+  shape.attention = sum_sq;
+  shape.max_len = longest;
+  return shape;
 }
 
 }  // namespace packbert::bench

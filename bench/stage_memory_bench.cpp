@@ -89,12 +89,7 @@ int main(int argc, char** argv) {
                        std::to_string(stages.size()) + " stages");
     req.config = c;
     req.precision = precision;
-    int64_t tokens = 0, sum_sq = 0, longest = 0;
-    for (const int64_t L : lengths) tokens += L, sum_sq += L * L, longest = std::max(longest, L);
-    req.shape = train::uniform_shape(tokens, 1, omp_get_max_threads());
-    req.shape.sequences = static_cast<int64_t>(lengths.size());
-    req.shape.attention = sum_sq;
-    req.shape.max_len = longest;
+    req.shape = bench::shape_of_lengths(lengths, omp_get_max_threads());
   } catch (const std::exception& e) {
     std::cerr << "stage_memory_bench: error: " << e.what() << '\n';
     return 2;

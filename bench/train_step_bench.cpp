@@ -139,12 +139,7 @@ int main(int argc, char** argv) {
     req.config = c;
     req.precision = precision;
     req.sparsity = sparsity;
-    int64_t tokens = 0, sum_sq = 0, longest = 0;
-    for (const int64_t L : lengths) tokens += L, sum_sq += L * L, longest = std::max(longest, L);
-    req.shape = train::uniform_shape(tokens, 1, omp_get_max_threads());
-    req.shape.sequences = static_cast<int64_t>(lengths.size());
-    req.shape.attention = sum_sq;
-    req.shape.max_len = longest;
+    req.shape = bench::shape_of_lengths(lengths, omp_get_max_threads());
     const model::Recompute resolved = train::check_step_fits(req, policy, limit);
     if (policy.automatic) std::cerr << "--recompute auto: " << resolved.name() << '\n';
     policy = resolved;
