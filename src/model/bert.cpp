@@ -28,8 +28,6 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
   if (!layout_.whole() && sparsity.on())
     throw InputError("pipeline stages of a block-sparse model are not built");
   patterns_ = random_patterns(layout_, 0);
-  stage_config_ = config;
-  stage_config_.num_hidden_layers = layout_.stage().end - layout_.stage().first;
   if (dtype != DType::f32 && dtype != DType::f64)
     throw std::logic_error(std::string("a model's scalar is f32 or f64, not ") +
                            kernels::dtype_name(dtype));
@@ -226,11 +224,11 @@ StepContext BertModel::context() {
 // rebuilds each from the layer below's LN2 input and statistics.
 bool BertModel::kept(int l) const {
   const int K = cur_->opt.recompute.every;
-  return K == 0 || l % K == 0 || l == stage_config_.num_hidden_layers;
+  return K == 0 || l % K == 0 || l == layout_.stage_config().num_hidden_layers;
 }
 
 BertModel::Slot BertModel::input_slot(int l) const {
-  const int K = cur_->opt.recompute.every, L = stage_config_.num_hidden_layers;
+  const int K = cur_->opt.recompute.every, L = layout_.stage_config().num_hidden_layers;
   if (rebuilds_layer_inputs(cur_->opt.recompute)) {  // (implies K == 0)
     if (l == 0 || l == L) return {Rec::hidden, l == 0 ? 0 : 1};
     return {Rec::hidden_rebuilt, l % 2};
@@ -250,7 +248,7 @@ View BertModel::output_of(int l) const {
 }
 View BertModel::top() const {
   const View wide = cur_->ws.get(Rec::top);
-  return wide ? wide : input_of(stage_config_.num_hidden_layers);
+  return wide ? wide : input_of(layout_.stage_config().num_hidden_layers);
 }
 
 LayerRecord BertModel::record_of(int l) const {
@@ -326,7 +324,7 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
   const int Tn = cur_->tl.tokens();
-  const int first = layout_.stage().first, L = stage_config_.num_hidden_layers;
+  const int first = layout_.stage().first, L = layout_.stage_config().num_hidden_layers;
   const StepContext s = context();
 
   const View in = input_of(0).shaped(Tn, c.hidden_size);
@@ -390,8 +388,7 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
   if (!cur_->share.places.empty()) place_rows(batch);
   StepShape shape = shape_of(cur_->tl, omp_get_max_threads());
   shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
-  cur_->ws.prepare(stage_config_,
-                   layout_.has_heads() ? layout_.heads() : Heads{false, false, false},
+  cur_->ws.prepare(layout_.stage_config(), layout_.stage_heads(),
                    cur_->opt.recompute, shape, cur_->opt.precision, dtype(), backend_->device());
 }
 
@@ -431,7 +428,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   };
   const BertConfig& c = config();
   const int Tn = cur_->tl.tokens();
-  const int first = layout_.stage().first, L = stage_config_.num_hidden_layers;
+  const int first = layout_.stage().first, L = layout_.stage_config().num_hidden_layers;
   const int64_t TC = static_cast<int64_t>(Tn) * c.hidden_size;
   StepContext s = context();
   if (progress) s.progress = &progress;

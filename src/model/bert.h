@@ -56,12 +56,10 @@ class BertModel {
   std::span<const T> grads() const {
     return grads_.span<const T>();
   }
-  // The one 16-bit copy of the weights (same layout as params()) that the steps of a 16-bit
-  // precision multiply with: allocated in the step's type on first use, and rounded afresh by a
-  // forward when params() has been handed out since it was last written.
   // The weights as an optimizer updates them (the whole arena): params(), or under 16-bit master
-  // weights the masters themselves. Handing them out marks the 16-bit copy stale, as params()
-  // does; the optimizer then calls masters_written().
+  // weights the masters themselves. Handing them out marks the weights' 16-bit copy stale, as
+  // params() does (that copy, which 16-bit steps multiply with, is rounded afresh by the next
+  // forward); the optimizer then calls masters_written().
   kernels::View masters();
   // The 16-bit copy that an optimizer pass over fp32 weights rewrites for steps of precision p
   // (model::optimizer_writes_copy), or an empty View when p's forward rounds its own; after the
@@ -109,14 +107,13 @@ class BertModel {
   // selected here and backward runs on the selected pass, which must hold a forward. Pass 0 is
   // selected at first; the others are made on first use (each with a workspace of its own).
   void use_pass(int k);
-  int passes() const { return static_cast<int>(passes_.size()); }
   // `input`: a stage after the first's input, the stage below's stage_output() of the same
   // batch ([T, C] as the layers hold it: 16 bits under a 16-bit precision); empty for a first
   // stage (or the whole model), which computes the embeddings. A stage before the last returns
   // no losses (its Outputs are zero) and leaves its output in stage_output().
   Outputs forward(const PackedBatch& batch, const StepOptions& options, kernels::View input = {});
   kernels::View stage_output() const {
-    return input_of(stage_config_.num_hidden_layers)
+    return input_of(layout_.stage_config().num_hidden_layers)
         .shaped(cur_->tl.tokens(), config().hidden_size);
   }
   // Gradients of the last forward's total loss, accumulated (+=) into grads(). `ready`, when
@@ -129,9 +126,9 @@ class BertModel {
   // scalar, from the stage above), empty for a last stage (or the whole model), which starts
   // from its losses. A stage after the first leaves d loss / d input in input_grad() (workspace
   // memory, valid until the next forward). On a last stage that is not the first, the word
-  // table's gradient is the MLM decoder's share only: the first stage's embeddings add theirs
-  // (a pipeline hands that stage the decoder's share before its backward, so the sum is the
-  // whole model's, in its order).
+  // table's gradient is the MLM decoder's share only, and the first stage's the embeddings':
+  // a pipeline adds the two (handing the decoder's share to the first stage before its backward
+  // would add them in the whole model's order).
   void backward(const std::function<void(size_t begin, size_t end)>& ready = {},
                 const std::function<void()>& progress = {}, kernels::View output_grad = {});
   kernels::View input_grad() const { return cur_->input_grad; }
@@ -231,7 +228,6 @@ class BertModel {
   std::vector<std::pair<size_t, size_t>> grad_ranges_, deferred_ranges_;
   std::vector<int32_t> word_rows_;  // deferral: the rows
   kernels::Buffer word_rows_grads_;
-  BertConfig stage_config_;  // config() with the stage's layer count (its workspace's shape)
   bool word_with_heads_ = false;  // a last stage's word table: finished with the heads
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "error.h"
 #include "kernels/cpu/sparse.h"
@@ -19,6 +20,8 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity, St
     throw InputError("pipeline stage: layers [" + std::to_string(stage_.first) + ", " +
                      std::to_string(stage_.end) + ") of a " + std::to_string(L) +
                      "-layer model");
+  stage_config_ = c;
+  stage_config_.num_hidden_layers = stage_.end - stage_.first;
   if (sparsity.on()) {
     if (!kernels::supported_block(sparsity.block))
       throw InputError("`block` " + std::to_string(sparsity.block) + ": expected 1, 4, 8 or 16");
@@ -235,9 +238,10 @@ void init_params(const ParamLayout& layout, T* params, uint64_t seed, SparseInit
   SplitMix64 rng(seed);
   // The whole model's stream, tensor by tensor: a stage's tensors take their values from it,
   // the draws of the others are skipped (two a matrix element).
-  const ParamLayout whole(layout.config(), layout.heads(), layout.sparsity());
-  for (const TensorSpec& w : whole.tensors()) {
-    const TensorSpec* held = layout.whole() ? &w : layout.find(w.name);
+  std::optional<ParamLayout> whole;
+  if (!layout.whole()) whole.emplace(layout.config(), layout.heads(), layout.sparsity());
+  for (const TensorSpec& w : (whole ? *whole : layout).tensors()) {
+    const TensorSpec* held = whole ? layout.find(w.name) : &w;
     if (!held) {
       if (w.is_matrix_init) rng.state += 2 * static_cast<uint64_t>(w.numel) * kGolden64;
       continue;

@@ -67,6 +67,10 @@ class ParamLayout {
   bool whole() const { return stage_.first == 0 && stage_.end == config_.num_hidden_layers; }
   bool has_embeddings() const { return stage_.first == 0; }
   bool has_heads() const { return stage_.end == config_.num_hidden_layers; }
+  // What shapes the stage's step (its workspace, its FLOPs): config() with the stage's layer
+  // count, and the heads it runs (heads() on the last stage, none before it).
+  const BertConfig& stage_config() const { return stage_config_; }
+  Heads stage_heads() const { return has_heads() ? heads_ : Heads{false, false, false}; }
   size_t total() const { return total_; }
   const TensorSpec* find(const std::string& name) const;  // null if absent
   const BertConfig& config() const { return config_; }
@@ -80,6 +84,7 @@ class ParamLayout {
   Heads heads_;
   Sparsity sparsity_;
   Stage stage_;
+  BertConfig stage_config_;
   std::vector<TensorSpec> tensors_;
   size_t total_ = 0;
 };

@@ -32,7 +32,7 @@ Flops step_flops(const model::ParamLayout& layout, const model::StepShape& s,
   const double attn_scores = 2.0 * static_cast<double>(s.attention) * C;  // Q Kᵀ, all heads
   const double weights = static_cast<double>(model::layer_linear_numel(layout));
   const double layer = 2 * T * weights + 2 * attn_scores;
-  const double L = layout.stage().end - layout.stage().first;  // (a stage's layers)
+  const double L = layout.stage_config().num_hidden_layers;  // (a stage's layers)
   Flops f;
   f.forward = L * layer;
   if (layout.has_heads()) {
@@ -105,11 +105,8 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   shape.sparse_scratch = model::sparse_scratch_elems(layout, shape.tokens);
   // A stage's workspace: its own layers, the heads' records on the last stage only; one
   // workspace a forward in flight (BertModel's passes).
-  model::BertConfig stage_config = r.config;
-  stage_config.num_hidden_layers = layout.stage().end - layout.stage().first;
-  p.records = model::workspace_records(stage_config,
-                                       layout.has_heads() ? r.heads : model::Heads{false, false, false},
-                                       policy, shape, r.precision);
+  p.records = model::workspace_records(layout.stage_config(), layout.stage_heads(), policy, shape,
+                                       r.precision);
   for (const model::RecordSize& rec : p.records)
     (rec.storage == model::Storage::activation ? p.activation_bytes : p.workspace_bytes) +=
         rec.bytes() * static_cast<size_t>(r.in_flight);
@@ -143,18 +140,20 @@ std::vector<model::Stage> balance_stages(const PlanRequest& request, int stages)
   if (stages < 1 || stages > L)
     throw InputError("`pipeline_stages` " + std::to_string(stages) + ": expected 1 to the " +
                      std::to_string(L) + " layers");
-  // cost[a][b]: the forward FLOPs and state bytes of a stage of layers [a, b).
-  auto stage_cost = [&](int a, int b) {
-    PlanRequest r = request;
-    r.stage = model::Stage{a, b};
-    const model::ParamLayout layout(r.config, r.heads, r.sparsity, r.stage);
-    return std::pair{step_flops(layout, r.shape, model::Recompute{}).forward,
-                     static_cast<double>(layout.total())};
-  };
-  // best[k][b]: the least (largest stage FLOPs, largest stage parameters) over the first b
-  // layers in k stages, and the cut before the last of them.
+  // cost[a][b]: the forward FLOPs and parameters of a stage of layers [a, b) (a stage's cost
+  // depends on where it ends: the model's last stage has the heads).
   using Cost = std::pair<double, double>;
   const Cost none{1e300, 1e300};
+  std::vector<std::vector<Cost>> cost(static_cast<size_t>(L),
+                                      std::vector<Cost>(static_cast<size_t>(L) + 1, none));
+  for (int a = 0; a < L; ++a)
+    for (int b = a + 1; b <= L; ++b) {
+      const model::ParamLayout layout(request.config, request.heads, request.sparsity, {a, b});
+      cost[a][b] = {step_flops(layout, request.shape, model::Recompute{}).forward,
+                    static_cast<double>(layout.total())};
+    }
+  // best[k][b]: the least (largest stage FLOPs, largest stage parameters) over the first b
+  // layers in k stages, and the cut before the last of them.
   std::vector<std::vector<Cost>> best(static_cast<size_t>(stages) + 1,
                                       std::vector<Cost>(static_cast<size_t>(L) + 1, none));
   std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(L) + 1, 0));
@@ -163,8 +162,7 @@ std::vector<model::Stage> balance_stages(const PlanRequest& request, int stages)
     for (int b = k; b <= L; ++b)
       for (int a = k - 1; a < b; ++a) {
         if (best[k - 1][a] == none) continue;
-        // The model's last stage has the heads: a stage's cost depends on where it ends.
-        const Cost here = stage_cost(a, b), before = best[k - 1][a];
+        const Cost here = cost[a][b], before = best[k - 1][a];
         const Cost c{std::max(before.first, here.first), std::max(before.second, here.second)};
         if (c < best[k][b]) best[k][b] = c, cut[k][b] = a;
       }
