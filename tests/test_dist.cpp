@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli_runner.h"
 #include "io/safetensors.h"
@@ -328,6 +329,125 @@ TEST_F(Dist, AKilledProcessEndsTheRunAndKeepsTheCheckpoint) {
   const nlohmann::json state = nlohmann::json::parse(checkpoint("lost").metadata().at("packbert"));
   EXPECT_EQ(state.at("step"), 5);
   Result resumed = pretrain(1, "lost", "--steps 20 --batch-rows 8 --resume");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+}
+
+// Pipeline stages (docs/DESIGN.md §7c): 2 stages x 1 replica and 2 x 2 end where one process
+// with the same global batch ends, 4 micro-batches a step on the 1F1B schedule, dropout on. Not
+// bit for bit: the tied word table's two gradient shares (the embeddings' on the first stage,
+// the MLM decoder's on the last) are added once at the step's end, where one process adds them
+// micro-batch by micro-batch, and the global norm is summed stage by stage; both move the last
+// bits, and the weights follow. Reruns are bit for bit, and both stages' copies of the word
+// table stay equal (the checkpoint holds the first stage's; the last stage's predictions use
+// its own, so a drift would show in the losses).
+TEST_F(Dist, PipelineStagesEqualOneProcessAndRerunBitForBit) {
+  const std::string steps = kSteps + "--accumulation 4 ";
+  ASSERT_EQ(pretrain(1, "one8", steps + "--batch-rows 8").code, 0) << slurp(dir_ / "err");
+  Result two = pretrain(2, "p2", steps + "--batch-rows 8 --pipeline-stages 2");
+  ASSERT_EQ(two.code, 0) << two.err;
+  EXPECT_NE(two.err.find("2 pipeline stages of 1,1 layers x 1 replicas x 8 rows"),
+            std::string::npos)
+      << two.err;
+  for (const std::string prefix : {"", "optimizer.m.", "optimizer.v."})
+    EXPECT_LT(worst_difference("p2", "one8", prefix), 1e-5) << prefix;
+  // Rank 0 (the first stage) writes the metrics, with the last stage's losses.
+  auto losses = [&](const std::string& out) {
+    std::vector<double> l;
+    std::istringstream in(slurp(dir_ / out / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("type", "") == "step") l.push_back(j.at("loss").get<double>());
+    }
+    return l;
+  };
+  const std::vector<double> one = losses("one8"), piped = losses("p2");
+  ASSERT_EQ(piped.size(), 20u);
+  EXPECT_EQ(piped[0], one[0]);  // the first step's forward is the same, bit for bit
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(piped[i], one[i], 1e-4 * one[i]) << i;
+
+  ASSERT_EQ(pretrain(2, "p2again", steps + "--batch-rows 8 --pipeline-stages 2").code, 0);
+  EXPECT_TRUE(identical("p2", "p2again")) << "two pipelined runs differ";
+
+  Result four = pretrain(4, "p2x2", steps + "--batch-rows 4 --pipeline-stages 2");
+  ASSERT_EQ(four.code, 0) << four.err;
+  EXPECT_LT(worst_difference("p2x2", "one8", ""), 1e-5);
+  Result zero = pretrain(4, "p2x2zero", steps + "--batch-rows 4 --pipeline-stages 2 --zero 1");
+  ASSERT_EQ(zero.code, 0) << zero.err;
+  for (const std::string prefix : {"", "optimizer.m.", "optimizer.v."})
+    EXPECT_LT(worst_difference("p2x2zero", "one8", prefix), 1e-5) << prefix;
+  // Explicit layers, fp16 with dynamic loss scaling: the activations travel in 16 bits.
+  const std::string fp16 = steps + "--batch-rows 8 --precision fp16 --loss-scale dynamic ";
+  ASSERT_EQ(pretrain(1, "one8fp16", fp16).code, 0) << slurp(dir_ / "err");
+  Result half = pretrain(2, "p2fp16", fp16 + "--pipeline-stages 2 --stage-layers 1,1");
+  ASSERT_EQ(half.code, 0) << half.err;
+  // (fp16's roundings magnify the summation order's last bits: 2 data-parallel processes x 4
+  // rows end 5e-5 from one process here too, measured; a wrong activation type would be far off)
+  EXPECT_LT(worst_difference("p2fp16", "one8fp16", ""), 1e-4);
+}
+
+// A checkpoint of 2 stages resumes on one process, and one process's on 2 stages x 2 replicas,
+// each reaching the step-20 weights of the uninterrupted run (killed right after step 11, so
+// the step-10 checkpoint is the one on disk).
+TEST_F(Dist, PipelineResumesOnAnotherShape) {
+  const std::string steps = kSteps + "--accumulation 2 --checkpoint-every 10 ";
+  ASSERT_EQ(pretrain(1, "whole", steps + "--batch-rows 8").code, 0) << slurp(dir_ / "err");
+  Result cut = pretrain(2, "to1", steps + "--batch-rows 8 --pipeline-stages 2", "",
+                        "-x PACKBERT_CRASH_AT=step:11");
+  ASSERT_NE(cut.code, 0);
+  ASSERT_EQ(nlohmann::json::parse(checkpoint("to1").metadata().at("packbert")).at("step"), 10);
+  Result one = pretrain(1, "to1", steps + "--batch-rows 8 --resume");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_LT(worst_difference("to1", "whole", ""), 1e-5);
+
+  ASSERT_NE(pretrain(1, "to4", steps + "--batch-rows 8", "", "-x PACKBERT_CRASH_AT=step:11").code,
+            0);
+  Result four = pretrain(4, "to4", steps + "--batch-rows 4 --pipeline-stages 2 --resume");
+  ASSERT_EQ(four.code, 0) << four.err;
+  EXPECT_LT(worst_difference("to4", "whole", ""), 1e-5);
+  for (const std::string prefix : {"optimizer.m.", "optimizer.v."})
+    EXPECT_LT(worst_difference("to4", "whole", prefix), 1e-5) << prefix;
+}
+
+// Stages that cannot be made are refused before anything is written, naming the flag.
+TEST_F(Dist, PipelineStagesThatDoNotFitAreRefused) {
+  Result odd = pretrain(3, "odd", "--steps 2 --pipeline-stages 2");
+  EXPECT_EQ(odd.code, 2);
+  EXPECT_NE(odd.err.find("--pipeline-stages 2 does not divide the 3 processes"),
+            std::string::npos)
+      << odd.err;
+  Result layers = pretrain(2, "layers", "--steps 2 --pipeline-stages 2 --stage-layers 1,2");
+  EXPECT_EQ(layers.code, 2);
+  EXPECT_NE(layers.err.find("--stage-layers"), std::string::npos) << layers.err;
+  Result deep = pretrain(3, "deep", "--steps 2 --pipeline-stages 3");
+  EXPECT_EQ(deep.code, 2);  // (tiny has 2 layers: a stage would hold none)
+  EXPECT_FALSE(fs::exists(dir_ / "odd") || fs::exists(dir_ / "layers") || fs::exists(dir_ / "deep"));
+}
+
+// kill -9 of the last stage mid-step (after a forward, the first stage waiting on its
+// gradient): both ranks end within 30 s, the launcher names the lost rank, and the last
+// checkpoint is intact and resumes.
+TEST_F(Dist, AKilledStageEndsThePipelineAndKeepsTheCheckpoint) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string args = " pretrain --data " + seqs_ + " --packs " + packs_ +
+                           " --preset tiny --seed 3 --steps 20 --checkpoint-every 5 --batch-rows 4"
+                           " --accumulation 4 --pipeline-stages 2 --out " +
+                           (dir_ / "lost").string();
+  // (the 30th forward: step 8's second micro-batch)
+  const std::string cmd = mpi_env() + "timeout 120 " + kMpiArgs + " -np 1 " + PACKBERT_BINARY +
+                          args + " : -np 1 env PACKBERT_CRASH_AT=forward:30 " + PACKBERT_BINARY +
+                          args + " >/dev/null 2>" + (dir_ / "err").string();
+  const int status = std::system(cmd.c_str());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_NE(WEXITSTATUS(status), 124) << "the surviving stage did not end";
+  EXPECT_LT(seconds, 30);
+  const std::string err = slurp(dir_ / "err");
+  EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+  const nlohmann::json state = nlohmann::json::parse(checkpoint("lost").metadata().at("packbert"));
+  EXPECT_EQ(state.at("step"), 5);
+  Result resumed =
+      pretrain(2, "lost", "--steps 20 --batch-rows 4 --accumulation 4 --pipeline-stages 2 --resume");
   EXPECT_EQ(resumed.code, 0) << resumed.err;
 }
 

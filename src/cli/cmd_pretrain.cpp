@@ -35,7 +35,13 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_ste
                   : opt.one_per_row ? "the packs' sequences one per row"
                                     : "packs")
               << ", from step " << trainer.step() << " to " << opt.max_steps;
-  if (root && dist::Comm::world().distributed())
+  if (root && opt.pipeline_stages > 1)
+    std::cerr << ", " << opt.pipeline_stages << " pipeline stages of "
+              << trainer.stage_layers_text() << " layers x "
+              << dist::Comm::world().size() / opt.pipeline_stages << " replicas x "
+              << opt.loop.rows_per_batch << " rows, " << opt.loop.accumulation
+              << " micro-batches a step (1F1B)";
+  else if (root && dist::Comm::world().distributed())
     std::cerr << ", " << dist::Comm::world().size() << " processes x " << opt.loop.rows_per_batch
               << " rows" << (opt.loop.zero ? ", optimizer state sharded (ZeRO-1)" : "");
   if (root) std::cerr << "; metrics in " << opt.out_dir << "/metrics.jsonl\n";
@@ -171,6 +177,16 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          "accuracy reaches this: time to train, as MLPerf measures it (0 = off)",
          0, 1);
   sparse_flags(cmd, o->sparse, true);
+  number(cmd, "--pipeline-stages", o->pipeline_stages,
+         "Under mpirun: split the model's layers into this many pipeline stages (the embeddings "
+         "on the first, the heads on the last), the processes into stages x replicas; a step's "
+         "--accumulation micro-batches run on the 1F1B schedule",
+         1, 1024)
+      ->capture_default_str();
+  cmd->add_option("--stage-layers", o->stage_layers,
+                  "Encoder layers of each pipeline stage, first to last (e.g. 5,7; default: "
+                  "balanced by FLOPs, as `packbert plan --pipeline-stages` proposes)")
+      ->delimiter(',');
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
   auto logging = std::make_shared<int>(10);
   number(cmd, "--logging-steps", *logging,

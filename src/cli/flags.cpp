@@ -206,7 +206,8 @@ std::string flag_of_field(const std::string& field) {
       {"task_name", "--task-name"},
       {"regression", "--regression"},
       {"classification", "--classification"},
-      {"pipeline_stages", "--pipeline-stages"}};
+      {"pipeline_stages", "--pipeline-stages"},
+      {"stage_layers", "--stage-layers"}};
   for (auto [f, flag] : kFlags)
     if (field == f) return flag;
   return field;

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ class Comm {
   // Ends every process of the run with `code` (MPI_Abort): what a process does when it fails
   // alone, so the others do not wait on it for ever. In one process: std::exit(code).
   [[noreturn]] void abort(int code);
+  // The ranks of this communicator with the same `color`, ranked by `key` (MPI_Comm_split;
+  // collective: every rank calls it). Its collectives and messages are its own: a pipeline's
+  // stages and a stage's replicas each reduce on theirs. In one process: a one-rank copy.
+  std::unique_ptr<Comm> split(int color, int key);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -60,7 +68,7 @@ class Comm {
   void gather(const float* mine, float* all, const std::vector<size_t>& bounds, int root = 0);
 
   // Point to point, for a pipeline's activations and gradients: `bytes` bytes to / from rank
-  // `peer`, matched by `tag`. A send is started and returns at once (a stage must not block on
+  // `peer` of this communicator, matched by `tag`. A send is started and returns at once (a stage must not block on
   // a neighbour that is sending to it too); the bytes must stay as they are until
   // wait_sends(). recv blocks until the bytes are there and returns the seconds it waited.
   void start_send(const void* data, size_t bytes, int peer, int tag);
@@ -68,9 +76,40 @@ class Comm {
   void wait_sends();
 
  private:
+  struct Private {};
   Comm();
+  explicit Comm(Private);
+  struct State;  // the MPI handle and what was started on it (comm.cpp)
+  std::unique_ptr<State> st_;
   int rank_ = 0, size_ = 1;
   bool mpi_ = false;
+};
+
+// The ranks of a run as `stages` pipeline stages x `replicas()` data-parallel replicas of the
+// pipeline: world rank = stage x replicas + replica, so world rank 0 (the writer) is the first
+// stage's first replica. data() is this stage's replicas (the world itself when there is one
+// stage), which reduce gradients and shard ZeRO-1 among themselves; pipe() is this replica's
+// stages, ranked by stage, which pass activations and gradients and agree on the global norm.
+class Grid {
+ public:
+  // Splits `world` (collective); InputError naming `pipeline_stages` unless it divides the ranks.
+  Grid(Comm& world, int stages);
+  int stages() const { return stages_; }
+  int replicas() const { return replicas_; }
+  int stage() const { return stage_; }
+  int replica() const { return replica_; }
+  bool pipelined() const { return stages_ > 1; }
+  bool first_stage() const { return stage_ == 0; }
+  bool last_stage() const { return stage_ == stages_ - 1; }
+  int world_rank(int stage, int replica) const { return stage * replicas_ + replica; }
+  Comm& world() const { return world_; }
+  Comm& data() const { return data_ ? *data_ : world_; }
+  Comm& pipe() const { return *pipe_; }  // (pipelined only)
+
+ private:
+  Comm& world_;
+  int stages_ = 1, replicas_ = 1, stage_ = 0, replica_ = 0;
+  std::unique_ptr<Comm> data_, pipe_;
 };
 
 // Runs `work` on every rank; when it throws on any, every rank throws SharedError with the

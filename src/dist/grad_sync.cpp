@@ -1,5 +1,7 @@
 #include "dist/grad_sync.h"
 
+#include <algorithm>
+
 namespace packbert::dist {
 
 GradientSync::GradientSync(Comm& comm, int zero, size_t total) : comm_(comm) {
@@ -23,7 +25,11 @@ std::function<void(size_t, size_t)> GradientSync::on_ready(float* grads) {
     };
   if (kind_ == Kind::zero1)
     return [this, grads](size_t a, size_t e) {
-      comm_.start_reduce_scatter(grads, a, e, bounds_);
+      // (the part of the range kept whole is all-reduced; what lies either side, scattered)
+      const size_t wa = std::clamp(whole_.first, a, e), we = std::clamp(whole_.second, wa, e);
+      if (a < wa) comm_.start_reduce_scatter(grads, a, wa, bounds_);
+      if (wa < we) comm_.start_allreduce(grads + wa, we - wa);
+      if (we < e) comm_.start_reduce_scatter(grads, we, e, bounds_);
       comm_.progress();
     };
   return {};

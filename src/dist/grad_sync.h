@@ -7,8 +7,9 @@
 //   receiving the sum of its shard's part), each process updates its shard (holding that
 //   shard's optimizer moments only), and the weights are all-gathered.
 // Under all-reduce the word table's embeddings share is reduced on its own (start()), so the
-// table's range goes early (model::BertModel::defer_word_rows). Later: the pipeline's tied
-// embedding sum between the first and last stage.
+// table's range goes early (model::BertModel::defer_word_rows). A pipeline's first and last
+// stages each hold the tied word table and add their two shares after this sum
+// (train::StageLinks::sum_tied): under ZeRO-1 that range is all-reduced whole (keep_whole).
 #pragma once
 
 #include <cstddef>
@@ -38,6 +39,8 @@ class GradientSync {
   // What backward calls with each range [a, e) of `grads` it finishes on the step's last
   // micro-batch: starts the range's all-reduce, or its reduce-scatter (empty in one process).
   std::function<void(size_t, size_t)> on_ready(float* grads);
+  // A range [a, e) that every process needs whole after the sum: all-reduced even under ZeRO-1.
+  void keep_whole(size_t a, size_t e) { whole_ = {a, e}; }
   // Whether ranges are reduced as backward finishes them (several processes), so that backward
   // should finish the largest early (BertModel::defer_word_rows) and let MPI progress between
   // its ops.
@@ -62,6 +65,7 @@ class GradientSync {
   Comm& comm_;
   Kind kind_ = Kind::none;
   std::vector<size_t> bounds_;
+  std::pair<size_t, size_t> whole_{0, 0};
 };
 
 }  // namespace packbert::dist

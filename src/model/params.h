@@ -73,6 +73,8 @@ class ParamLayout {
   Heads stage_heads() const { return has_heads() ? heads_ : Heads{false, false, false}; }
   size_t total() const { return total_; }
   const TensorSpec* find(const std::string& name) const;  // null if absent
+  // The word table (tied to the MLM decoder), where this stage holds it; null elsewhere.
+  const TensorSpec* word_table() const { return find("bert.embeddings.word_embeddings.weight"); }
   const BertConfig& config() const { return config_; }
   const Heads& heads() const { return heads_; }
   const Sparsity& sparsity() const { return sparsity_; }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "error.h"
+#include "io/fault.h"
 #include "io/memory.h"
 #include "stopwatch.h"
 
@@ -126,13 +127,32 @@ double sequence_work(const model::BertConfig& c, int64_t length, int64_t masked)
 
 Stepper::Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
                  int accumulation, model::Recompute recompute, dist::Comm& comm)
+    : Stepper(m, o, oc, accumulation, recompute, std::make_unique<dist::Grid>(comm, 1), nullptr) {}
+
+Stepper::Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
+                 int accumulation, model::Recompute recompute, const dist::Grid& grid)
+    : Stepper(m, o, oc, accumulation, recompute, nullptr, &grid) {}
+
+Stepper::Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
+                 int accumulation, model::Recompute recompute, std::unique_ptr<dist::Grid> own,
+                 const dist::Grid* grid)
     : m_(m),
       o_(o),
       accumulation_(accumulation),
       recompute_(recompute),
-      comm_(comm),
-      sync_(comm, o.zero, m.layout().total()) {
+      own_grid_(std::move(own)),
+      grid_(grid ? *grid : *own_grid_),
+      comm_(grid_.data()),
+      sync_(comm_, o.zero, m.layout().total()) {
   m.set_backend(o.backend);
+  if (grid_.pipelined()) {
+    links_ = std::make_unique<StageLinks>(grid_.pipe(), m.config().hidden_size,
+                                          model::storage_dtype(o.precision));
+    // The first and last stage both hold the word table where the MLM decoder is tied to it.
+    if ((grid_.first_stage() || grid_.last_stage()) && m.layout().heads().pretraining)
+      tied_ = m.layout().word_table();
+    if (tied_) sync_.keep_whole(tied_->offset, tied_->offset + tied_->numel);
+  }
   const auto [begin, end] = sync_.shard();
   OptimizerConfig c = oc;
   c.masters = o.optimizer.masters, c.seed = o.seed, c.backend = o.backend;
@@ -141,6 +161,8 @@ Stepper::Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfi
   io::AllocationScope scope("the optimizer's moments");
   opt_ = std::make_unique<Optimizer>(m.layout(), c, begin, end);
 }
+
+Stepper::~Stepper() = default;
 
 // What a step's micro-batches add up, by name; summed over ranks as one array of doubles
 // (values(): the fields in declaration order, then each rank's real tokens in its own slot).
@@ -216,6 +238,16 @@ std::vector<int32_t> word_rows_of(const model::PackedBatch& b) {
 
 }  // namespace
 
+model::PackedBatch Stepper::share_of(const model::PackedBatch& whole) const {
+  const int N = comm_.size();
+  const model::BatchShare share = model::share_of_whole(whole);
+  const std::vector<model::SequenceSpan> spans = model::sequences_of(whole);
+  std::vector<double> work;
+  for (const model::SequenceSpan& q : spans)
+    work.push_back(sequence_work(m_.config(), q.length, q.masked));
+  return model::take_sequences(whole, share, spans, pieces_of_rank(work, N, comm_.rank()));
+}
+
 void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
                                 const std::function<model::PackedBatch()>& next, double scale) {
   const int N = comm_.size(), rank = comm_.rank();
@@ -224,14 +256,7 @@ void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
     const bool last = micro + 1 == micros;
     model::PackedBatch whole = next();
     model::PackedBatch mine;
-    if (N > 1) {
-      const model::BatchShare share = model::share_of_whole(whole);
-      const std::vector<model::SequenceSpan> spans = model::sequences_of(whole);
-      std::vector<double> work;
-      for (const model::SequenceSpan& q : spans)
-        work.push_back(sequence_work(m_.config(), q.length, q.masked));
-      mine = model::take_sequences(whole, share, spans, pieces_of_rank(work, N, rank));
-    }
+    if (N > 1) mine = share_of(whole);
     const model::PackedBatch& b = N > 1 ? mine : whole;
     // The last micro-batch's gradients are final layer by layer: the sync may reduce each as
     // backward finishes it.
@@ -261,10 +286,67 @@ void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
         static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
         static_cast<uint64_t>(micro);
     sums.add(m_.forward(b, {true, o_.seed, dropout_step, recompute_, o_.precision, scale}));
+    io::crash_point("forward");
     m_.backward(ready, progress);
     reduce_word_rows();
     sums.add_tokens(m_.tokens(), b, rank);
   }
+}
+
+// A stage's micro-batches on the 1F1B schedule: forwards take the stage below's output and hand
+// theirs up, backwards take the gradient from above and hand their input's down; the last
+// micro-batch's backward starts the replicas' sums range by range, as run_micro_batches does.
+// Every stage of a replica computes the same share of each micro-batch, so a replica with no
+// sequence of one skips it on every stage alike (and still joins the sums).
+void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
+                        const std::function<model::PackedBatch()>& next, double scale) {
+  const int in_flight = forwards_in_flight(grid_.stages(), grid_.stage(), micros);
+  const bool first = grid_.first_stage(), last = grid_.last_stage();
+  const std::span<float> g = m_.grads();
+  shares_.resize(static_cast<size_t>(micros));
+  for (const PipelineAction& a : one_f_one_b(grid_.stages(), grid_.stage(), micros)) {
+    const int pass = a.micro % in_flight;
+    m_.use_pass(pass);
+    model::PackedBatch& b = shares_[static_cast<size_t>(a.micro)];
+    if (!a.backward) {
+      b = comm_.size() > 1 ? share_of(next()) : next();  // (forwards run in micro-batch order)
+      if (b.B == 0) continue;
+      const kernels::View input =
+          first ? kernels::View()
+                : links_->receive_input(a.micro, pass, model::token_layout(b, m_.config()).tokens());
+      io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
+                                " rows of " + std::to_string(b.S) + " tokens");
+      const uint64_t dropout_step =
+          static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
+          static_cast<uint64_t>(a.micro);
+      const model::Outputs out = m_.forward(
+          b, {true, o_.seed, dropout_step, recompute_, o_.precision, scale}, input);
+      io::crash_point("forward");
+      if (last) {
+        sums.add(out);
+        sums.add_tokens(m_.tokens(), b, grid_.replica());
+      } else {
+        links_->send_output(a.micro, m_.stage_output());
+      }
+      continue;
+    }
+    const bool final = a.micro + 1 == micros;
+    const std::function<void(size_t, size_t)> ready =
+        final ? sync_.on_ready(g.data()) : std::function<void(size_t, size_t)>();
+    if (b.B == 0) {
+      if (ready)
+        for (auto [x, e] : m_.grad_ranges()) ready(x, e);
+      continue;
+    }
+    const kernels::View output_grad =
+        last ? kernels::View() : links_->receive_output_grad(a.micro, m_.tokens().tokens());
+    const std::function<void()> progress =
+        final && sync_.overlaps() ? std::function<void()>([this] { sync_.progress(); })
+                                  : std::function<void()>();
+    m_.backward(ready, progress, output_grad);
+    if (!first) links_->send_input_grad(a.micro, m_.input_grad());
+  }
+  links_->finish();
 }
 
 // Whether step r is skipped (no update): a non-finite loss or gradient, or an outlier norm.
@@ -304,12 +386,18 @@ bool Stepper::skips(StepResult& r, int64_t index, const std::string& kept) {
 // bits follow the arena index, so sharding does not change them). The weights' 16-bit copy is
 // rebuilt by the next forward from the gathered weights.
 bool Stepper::update(StepResult& r, float grad_scale) {
-  if (!sync_.sharded()) return apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
+  if (!sync_.sharded()) {
+    const bool ok = apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
+    if (!grid_.pipelined()) return ok;  // (every replica moved the same weights alike)
+    double bad = ok ? 0.0 : 1.0;  // every stage learns whether any went non-finite
+    grid_.world().allreduce_sum(&bad, 1);
+    return bad == 0;
+  }
   const Optimizer::Reduce reduce = sync_.shard_sum();
   const kernels::View w = m_.masters();
   double bad = opt_->step(w, m_.grads().data(), r.lr, {}, reduce, grad_scale) ? 0.0 : 1.0;
   const double t1 = now_seconds();
-  comm_.allreduce_sum(&bad, 1);
+  grid_.world().allreduce_sum(&bad, 1);
   if (kernels::traits(w.dtype).bytes == sizeof(uint16_t))
     sync_.gather(w.as<uint16_t>());
   else
@@ -326,22 +414,27 @@ StepResult Stepper::step(int64_t index, int64_t total,
   StepResult r;
   r.loss_scale = scaler_.scale;
   m_.zero_grads();
-  StepSums sums(comm_.size());
-  run_micro_batches(index, micros, sums, next, r.loss_scale);
+  StepSums sums(grid_.replicas());
+  if (grid_.pipelined()) {
+    links_->reset_waited();
+    run_stage(index, micros, sums, next, r.loss_scale);
+  } else {
+    run_micro_batches(index, micros, sums, next, r.loss_scale);
+  }
   // The gradients summed over ranks (each share divided by the whole batch's counts), the step's
-  // numbers summed too.
+  // numbers summed too (a pipeline's last stage alone has them).
   const std::span<float> g = m_.grads();
   const double t0 = now_seconds();
   sync_.finish(g.data());
   m_.add_word_rows();  // (deferred word-table rows, now summed over processes)
-  if (comm_.distributed()) sums.allreduce(comm_);
-  const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
+  if (tied_) links_->sum_tied(g.data() + tied_->offset, tied_->numel);
+  if (grid_.world().distributed()) sums.allreduce(grid_.world());
   // The gradient is the micro-batches' mean, unscaled (loss scaling) and clipped to the global
   // norm: one factor that the optimizer applies as it reads each gradient (no pass scales them
-  // first). Under ZeRO-1 the norm is summed from each shard's part across ranks, so every rank
-  // sees the same overflow.
+  // first). Under ZeRO-1 or pipeline stages the norm is summed from each rank's part, so every
+  // rank sees the same overflow.
   const double unscale = 1.0 / micros / r.loss_scale;
-  r.grad_norm = unscale * grad_norm(g.data() + begin, end - begin, sync_.shard_sum(), o_.backend);
+  r.grad_norm = unscale * global_norm(g.data());
   const float grad_scale = static_cast<float>(unscale) * clip_factor(r.grad_norm, o_.clip_norm);
   r.comm_seconds = now_seconds() - t0;
   sums.fill(r, micros);
@@ -353,6 +446,26 @@ StepResult Stepper::step(int64_t index, int64_t total,
                      " too high? weight decay?); " + kept);
   guard_.accept(r.grad_norm);
   return r;
+}
+
+double Stepper::global_norm(const float* g) {
+  const size_t begin = opt_->begin(), end = opt_->end();  // what this rank updates
+  if (!grid_.pipelined()) return grad_norm(g + begin, end - begin, sync_.shard_sum(), o_.backend);
+  const kernels::Backend& be = kernels::backend(o_.backend);
+  auto squares = [&](size_t a, size_t e) {
+    return a < e ? be.sum_squares(kernels::View::vector(g + a, static_cast<int64_t>(e - a))) : 0.0;
+  };
+  double s = 0;
+  if (tied_ && grid_.last_stage()) {  // (the first stage counts the word table)
+    const size_t wa = std::clamp(tied_->offset, begin, end),
+                 we = std::clamp(tied_->offset + tied_->numel, wa, end);
+    s = squares(begin, wa) + squares(we, end);
+  } else {
+    s = squares(begin, end);
+  }
+  if (const Optimizer::Reduce sum = sync_.shard_sum()) sum(&s, 1);
+  grid_.pipe().allreduce_sum(&s, 1);
+  return std::sqrt(s);
 }
 
 std::pair<const float*, const float*> Stepper::whole_moments(std::vector<float>& m_all,

@@ -19,6 +19,7 @@
 #include "dist/grad_sync.h"
 #include "model/bert.h"
 #include "train/optimizer.h"
+#include "train/pipeline.h"
 
 namespace packbert::train {
 
@@ -130,6 +131,15 @@ class Stepper {
   // (BertModel::keep_masters16): load the weights first.
   Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
           int accumulation, model::Recompute recompute, dist::Comm& comm);
+  // A pipeline stage of `grid` (m is grid.stage()'s stage of the model), or one stage with its
+  // replicas: the step's micro-batches run on the 1F1B schedule (train/pipeline.h), each replica
+  // computing its share of every micro-batch on every stage; the gradients are summed among the
+  // stage's replicas (grid.data()), the tied word table's two shares between the first and last
+  // stage, and the global norm over the stages (the word table counted once), so every rank
+  // clips, scales and skips alike.
+  Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
+          int accumulation, model::Recompute recompute, const dist::Grid& grid);
+  ~Stepper();
 
   // Step `index` (from 0) of `total`: `next` hands out the step's micro-batches, each the whole
   // batch of every rank's rows in order; `micro_batches` of them (0: the accumulation; fewer for
@@ -156,10 +166,20 @@ class Stepper {
   static std::vector<int> pieces_of_rank(const std::vector<double>& work, int ranks, int rank);
 
  private:
+  Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc, int accumulation,
+          model::Recompute recompute, std::unique_ptr<dist::Grid> own, const dist::Grid* grid);
   // The micro-batches of step `index` forward and backward (loss scale `scale`), their losses,
   // counts and tokens added to sums.
   void run_micro_batches(int64_t index, int micros, StepSums& sums,
                          const std::function<model::PackedBatch()>& next, double scale);
+  // The same for a pipeline stage, on the 1F1B schedule.
+  void run_stage(int64_t index, int micros, StepSums& sums,
+                 const std::function<model::PackedBatch()>& next, double scale);
+  // This replica's share of a whole batch (the whole of it in one replica).
+  model::PackedBatch share_of(const model::PackedBatch& whole) const;
+  // The gradients' global norm: over this rank's range (the shard under ZeRO-1), summed over
+  // the stage's replicas and the stages (the word table counted on the first stage only).
+  double global_norm(const float* g);
   bool skips(StepResult& r, int64_t index, const std::string& kept);
   bool update(StepResult& r, float grad_scale);
 
@@ -167,7 +187,12 @@ class Stepper {
   LoopOptions o_;
   int accumulation_;
   model::Recompute recompute_;
-  dist::Comm& comm_;
+  std::unique_ptr<dist::Grid> own_grid_;  // one stage over the world (the first constructor)
+  const dist::Grid& grid_;
+  dist::Comm& comm_;                    // the stage's replicas (grid_.data())
+  std::unique_ptr<StageLinks> links_;   // to the neighbouring stages, when pipelined
+  const model::TensorSpec* tied_ = nullptr;  // the word table, on a first or last stage
+  std::vector<model::PackedBatch> shares_;   // a stage's micro-batches in flight
   dist::GradientSync sync_;  // all-reduce, ZeRO-1 or nothing
   std::unique_ptr<Optimizer> opt_;
   GradNormGuard guard_;

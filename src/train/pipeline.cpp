@@ -1,6 +1,7 @@
 #include "train/pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -38,6 +39,67 @@ int forwards_in_flight(int stages, int stage, int micro_batches) {
 
 double bubble_fraction(int stages, int micro_batches) {
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
+namespace {
+
+// Message tags: micro-batch j's activations 2j, its gradients 2j + 1; the tied table's last.
+constexpr int kTiedTag = 32767;  // (the largest tag every MPI allows)
+int activation_tag(int micro) { return 2 * (micro % (kTiedTag / 2)); }
+int gradient_tag(int micro) { return activation_tag(micro) + 1; }
+
+}  // namespace
+
+StageLinks::StageLinks(dist::Comm& pipe, int hidden, kernels::DType activations)
+    : pipe_(pipe), hidden_(hidden), activations_(activations) {}
+
+kernels::View StageLinks::receive_input(int micro, int pass, int64_t tokens) {
+  if (inputs_.size() <= static_cast<size_t>(pass)) inputs_.resize(static_cast<size_t>(pass) + 1);
+  std::vector<std::byte>& in = inputs_[static_cast<size_t>(pass)];
+  in.resize(static_cast<size_t>(tokens) * static_cast<size_t>(hidden_) *
+            kernels::traits(activations_).bytes);
+  waited_ += pipe_.recv(in.data(), in.size(), pipe_.rank() - 1, activation_tag(micro));
+  kernels::View v;
+  v.data = in.data(), v.dtype = activations_;
+  v.rows = tokens, v.cols = v.ld = hidden_;
+  return v;
+}
+
+void StageLinks::send_output(int micro, const kernels::View& output) {
+  const auto* p = static_cast<const std::byte*>(output.data);
+  sent_.emplace_back(p, p + static_cast<size_t>(output.numel()) * kernels::traits(output.dtype).bytes);
+  pipe_.start_send(sent_.back().data(), sent_.back().size(), pipe_.rank() + 1,
+                   activation_tag(micro));
+}
+
+kernels::View StageLinks::receive_output_grad(int micro, int64_t tokens) {
+  output_grad_.resize(static_cast<size_t>(tokens) * static_cast<size_t>(hidden_));
+  waited_ += pipe_.recv(output_grad_.data(), output_grad_.size() * sizeof(float),
+                        pipe_.rank() + 1, gradient_tag(micro));
+  return kernels::View(output_grad_.data(), tokens, hidden_);
+}
+
+void StageLinks::send_input_grad(int micro, const kernels::View& grad) {
+  const auto* p = static_cast<const std::byte*>(grad.data);
+  sent_.emplace_back(p, p + static_cast<size_t>(grad.numel()) * sizeof(float));
+  pipe_.start_send(sent_.back().data(), sent_.back().size(), pipe_.rank() - 1,
+                   gradient_tag(micro));
+}
+
+void StageLinks::sum_tied(float* grad, size_t n) {
+  const int P = pipe_.size(), s = pipe_.rank();
+  if (P == 1 || (s != 0 && s != P - 1)) return;
+  const bool first = s == 0;
+  std::vector<float> other(n);
+  pipe_.start_send(grad, n * sizeof(float), first ? P - 1 : 0, kTiedTag);
+  waited_ += pipe_.recv(other.data(), n * sizeof(float), first ? P - 1 : 0, kTiedTag);
+  pipe_.wait_sends();
+  for (size_t i = 0; i < n; ++i) grad[i] = first ? grad[i] + other[i] : other[i] + grad[i];
+}
+
+void StageLinks::finish() {
+  pipe_.wait_sends();
+  sent_.clear();
 }
 
 }  // namespace packbert::train

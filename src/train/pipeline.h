@@ -7,7 +7,11 @@
 // stage, so the gradients accumulate in the order one process accumulates them.
 #pragma once
 
+#include <cstddef>
 #include <vector>
+
+#include "dist/comm.h"
+#include "kernels/tensor.h"
 
 namespace packbert::train {
 
@@ -28,5 +32,43 @@ int forwards_in_flight(int stages, int stage, int micro_batches);
 // The share of a step the pipeline idles when every stage's forward and backward take the same
 // time: (P - 1) / (M + P - 1).
 double bubble_fraction(int stages, int micro_batches);
+
+// A stage's messages to its neighbours over `pipe` (a replica's stages, ranked by stage): the
+// activations of micro-batch j going up and their gradients coming down. Every stage reads the
+// same batches, so each knows a micro-batch's token count without being sent it. A send is
+// started from a buffer of its own that stays until finish() (the step's end: waiting mid-step
+// could wait on a neighbour that waits on this stage); a receive blocks, and its wait counts in
+// waited() (the stage's share of the bubble).
+class StageLinks {
+ public:
+  // hidden: the model's width; activations: how the layers hold their inputs (16 bits under a
+  // 16-bit precision); the gradients are f32.
+  StageLinks(dist::Comm& pipe, int hidden, kernels::DType activations);
+  // The stage below's output for micro-batch j ([tokens, hidden]), into the buffer of `pass`
+  // (valid until that pass's next receive).
+  kernels::View receive_input(int micro, int pass, int64_t tokens);
+  // To the stage above: a copy of this stage's output for micro-batch j.
+  void send_output(int micro, const kernels::View& output);
+  // The stage above's gradient of its input for micro-batch j (valid until the next call).
+  kernels::View receive_output_grad(int micro, int64_t tokens);
+  // To the stage below: a copy of d loss / d this stage's input for micro-batch j.
+  void send_input_grad(int micro, const kernels::View& grad);
+  // The tied word table's gradient, n floats: the first stage holds the embeddings' share, the
+  // last the MLM decoder's; each receives the other's and both add them in one order (the
+  // first's + the last's), so their copies stay equal. The other stages do nothing.
+  void sum_tied(float* grad, size_t n);
+  // Waits for the sends started since the last finish().
+  void finish();
+  double waited() const { return waited_; }
+  void reset_waited() { waited_ = 0; }
+
+ private:
+  dist::Comm& pipe_;
+  int hidden_;
+  kernels::DType activations_;
+  std::vector<std::vector<std::byte>> inputs_, sent_;
+  std::vector<float> output_grad_;
+  double waited_ = 0;
+};
 
 }  // namespace packbert::train

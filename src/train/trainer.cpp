@@ -68,7 +68,8 @@ std::unique_ptr<model::BertModel> load_model(const std::string& path, model::Hea
     }
   }
   if (fresh && fresh->num_labels > 0) config.num_labels = fresh->num_labels;
-  auto m = std::make_unique<model::BertModel>(config, heads, sparsity);
+  const model::Stage stage = fresh && fresh->stage ? fresh->stage(config) : model::Stage{};
+  auto m = std::make_unique<model::BertModel>(config, heads, sparsity, kernels::DType::f32, stage);
   if (fresh) model::init_params(m->layout(), m->params().data(), fresh->seed);
   model::load_model_weights(*m, f, fresh ? &fresh->initialized : nullptr,
                             fresh && fresh->new_heads);
@@ -353,6 +354,8 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
                                       {"loss_scale_init", opt_.loop.loss_scaling.initial},
                                       {"loss_scale_window", opt_.loop.loss_scaling.window},
                                       {"zero", opt_.loop.zero},
+                                      {"pipeline_stages", opt_.pipeline_stages},
+                                      {"stage_layers", opt_.stage_layers},
                                       {"sparsity", sparsity_text(opt_.sparse.sparsity)},
                                       {"regrow", regrow_name(opt_.sparse.regrow)},
                                       {"max_steps", opt_.max_steps}}
@@ -369,15 +372,80 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
   }
 }
 
+model::Stage Trainer::stage_of(const model::BertConfig& c) const {
+  if (!grid_->pipelined() && opt_.stage_layers.empty()) return {};
+  std::vector<model::Stage> stages;
+  if (!opt_.stage_layers.empty()) {
+    stages = stages_of_layers(opt_.stage_layers, c.num_hidden_layers, "`stage_layers`");
+  } else {  // balanced by the FLOPs of a micro-batch of full rows
+    const int64_t rows = opt_.loop.rows_per_batch,
+                  tokens = rows * (packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
+    PlanRequest plan;
+    plan.config = c;
+    plan.shape = uniform_shape(tokens, rows, 1);
+    stages = balance_stages(plan, grid_->stages());
+  }
+  const_cast<Trainer*>(this)->stages_ = stages;
+  return stages[static_cast<size_t>(grid_->stage())];
+}
+
+std::string Trainer::stage_layers_text() const {
+  if (stages_.empty()) return std::to_string(model_->config().num_hidden_layers);
+  std::string s;
+  for (const model::Stage& st : stages_) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(st.end - st.first);
+  }
+  return s;
+}
+
+model::ParamLayout Trainer::whole_layout() const {
+  return model::ParamLayout(model_->config(), model_->layout().heads(), model_->layout().sparsity());
+}
+
+std::vector<std::vector<float>> Trainer::gather_stages(const std::vector<const float*>& mine) const {
+  dist::Comm& world = grid_->world();
+  const size_t n = model_->layout().total();
+  std::vector<std::vector<float>> whole;
+  if (grid_->replica() != 0) return whole;
+  if (!grid_->first_stage()) {
+    for (size_t i = 0; i < mine.size(); ++i)
+      world.start_send(mine[i], n * sizeof(float), 0, static_cast<int>(i));
+    world.wait_sends();
+    return whole;
+  }
+  const model::ParamLayout all = whole_layout();
+  whole.assign(mine.size(), std::vector<float>(all.total()));
+  std::vector<float> got;
+  for (int s = 0; s < grid_->stages(); ++s) {
+    const model::ParamLayout stage(model_->config(), all.heads(), all.sparsity(),
+                                   stages_[static_cast<size_t>(s)]);
+    got.resize(s > 0 ? stage.total() : 0);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (s > 0)
+        world.recv(got.data(), got.size() * sizeof(float), grid_->world_rank(s, 0),
+                   static_cast<int>(i));
+      const float* from = s > 0 ? got.data() : mine[i];
+      for (const model::TensorSpec& t : stage.tensors()) {
+        if (s > 0 && stage.word_table() == &t) continue;  // (the first stage's copy, the same)
+        std::copy(from + t.offset, from + t.offset + t.numel,
+                  whole[i].data() + all.find(t.name)->offset);
+      }
+    }
+  }
+  return whole;
+}
+
 void Trainer::setup(bool resume) {
   check_options(resume);
+  grid_ = std::make_unique<dist::Grid>(comm_, opt_.pipeline_stages);
   // A new model's shape is checked before the data is read or --out is made, so a bad
   // --config or size fails at once, even on a large corpus.
   std::optional<model::BertConfig> new_shape;
   if (!resume && opt_.init.empty()) new_shape = model::resolve_shape(opt_.shape);
   check_outputs(resume);
   new_log_ = !resume;  // a new run starts a new metrics.jsonl when it starts training
-  step_rows_ = static_cast<int64_t>(comm_.size()) * opt_.loop.rows_per_batch;
+  step_rows_ = static_cast<int64_t>(grid_->replicas()) * opt_.loop.rows_per_batch;
   read_inputs();
 
   std::optional<TrainingState> state;
@@ -387,7 +455,7 @@ void Trainer::setup(bool resume) {
       throw InputError(checkpoint_path() + ": no checkpoint to resume from");
     ckpt = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::read(checkpoint_path()));
     state = TrainingState::read(*ckpt);
-    state->check_resumable(opt_, seqs_checksum_, step_rows_, comm_.size(), checkpoint_path());
+    state->check_resumable(opt_, seqs_checksum_, step_rows_, grid_->replicas(), checkpoint_path());
     check_resumed_model(*state, *ckpt);
   }
   make_model(ckpt.get(), state ? &*state : nullptr, new_shape);
@@ -395,7 +463,7 @@ void Trainer::setup(bool resume) {
   // Sparse training's learning rate: scaled as the sparsity needs (Graphcore's eta(s)).
   LoopOptions stepped = opt_.loop;
   if (opt_.sparse.sparsity.on()) stepped.lr *= opt_.sparse.lr_factor();
-  stepper_ = std::make_unique<Stepper>(*model_, stepped, oc, accumulation_, recompute_, comm_);
+  stepper_ = std::make_unique<Stepper>(*model_, stepped, oc, accumulation_, recompute_, *grid_);
   split_rows();
   if (!resume && opt_.carry_optimizer) carry_optimizer(oc);
   if (resume) restore(*ckpt, *state);
@@ -447,6 +515,17 @@ void Trainer::check_options(bool resume) const {
       throw OptionError("sparse_init",
                         "fan-in sets how new sparse weights start, and `init` takes them from "
                         "its model: drop one of them");
+  }
+  if (opt_.pipeline_stages < 1) throw OptionError("pipeline_stages", "must be at least 1");
+  if (opt_.pipeline_stages > 1 || !opt_.stage_layers.empty()) {
+    if (opt_.sparse.sparsity.on())
+      throw OptionError("pipeline_stages",
+                        "block-sparse stages are not built: drop `sparsity` or run one stage");
+    if (!opt_.stage_layers.empty() &&
+        static_cast<int>(opt_.stage_layers.size()) != opt_.pipeline_stages)
+      throw OptionError("stage_layers", "names " + std::to_string(opt_.stage_layers.size()) +
+                                            " stages, `pipeline_stages` " +
+                                            std::to_string(opt_.pipeline_stages));
   }
   if (opt_.shape.custom() && (resume || !opt_.init.empty()))
     throw OptionError("shape", std::string("describes a new model, and ") +
@@ -518,13 +597,15 @@ void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* s
   const LoopOptions& lo = opt_.loop;
   model::Heads heads;
   if (ckpt) {
-    model_ =
-        std::make_unique<model::BertModel>(config_of(*ckpt), heads, state->block_sparsity());
+    const model::BertConfig c = config_of(*ckpt);
+    model_ = std::make_unique<model::BertModel>(c, heads, state->block_sparsity(),
+                                                kernels::DType::f32, stage_of(c));
     model::load_model_weights(*model_, *ckpt);
     train_flops_ = state->train_flops;
   } else if (!opt_.init.empty()) {
     io::AllocationScope scope("the model loaded from " + opt_.init);
     FreshTensors fresh{lo.seed, 0, {}};
+    fresh.stage = [this](const model::BertConfig& c) { return stage_of(c); };
     model_ = load_model(opt_.init, heads, opt_.sparse.sparsity, &fresh);
     initialized_ = std::move(fresh.initialized);
   } else {
@@ -534,7 +615,8 @@ void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* s
       c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
     }
     io::AllocationScope scope("the parameters and gradients of " + opt_.shape.name());
-    model_ = std::make_unique<model::BertModel>(c, heads, opt_.sparse.sparsity);
+    model_ = std::make_unique<model::BertModel>(c, heads, opt_.sparse.sparsity,
+                                                kernels::DType::f32, stage_of(c));
     model::init_params(model_->layout(), model_->params().data(), lo.seed, opt_.sparse.init);
     model_->init_patterns(lo.seed);
   }
@@ -579,6 +661,8 @@ OptimizerConfig Trainer::plan_steps() {
     const int64_t tokens = rows * (opt_.one_per_row ? seqs_.max_seq_len : row_len);
     plan.shape = uniform_shape(tokens, rows, omp_get_max_threads());
     plan.shape.masked = (tokens + 4) / 5;
+    plan.stage = model_->layout().stage();
+    plan.in_flight = forwards_in_flight(grid_->stages(), grid_->stage(), accumulation_);
     recompute_ = check_step_fits(plan, lo.recompute, lo.memory_limit);
   }
   return oc;
@@ -689,11 +773,15 @@ TrainingState Trainer::training_state() {
 Trainer::~Trainer() = default;
 
 void Trainer::save_checkpoint() {
-  const model::ParamLayout& L = model_->layout();
   std::vector<float> m_all, v_all;  // the moments gathered on rank 0 under ZeRO-1
-  const auto [m, v] = stepper_->whole_moments(m_all, v_all);
+  auto [m, v] = stepper_->whole_moments(m_all, v_all);
   std::vector<float> widened;  // the weights in fp32 under 16-bit master weights
   const float* w = model_->weights_fp32(widened);
+  // Pipeline stages: the whole model's, gathered on rank 0 by tensor name.
+  const std::vector<std::vector<float>> whole =
+      grid_->pipelined() ? gather_stages({w, m, v}) : std::vector<std::vector<float>>();
+  if (!whole.empty()) w = whole[0].data(), m = whole[1].data(), v = whole[2].data();
+  const model::ParamLayout L = grid_->pipelined() ? whole_layout() : model_->layout();
   double bad = comm_.root() && (!all_finite(w, L.total()) || !all_finite(m, L.total()) ||
                                 !all_finite(v, L.total()));
   comm_.allreduce_max(&bad, 1);  // every rank learns rank 0's verdict
@@ -739,9 +827,12 @@ void Trainer::save_checkpoint() {
 }
 
 void Trainer::save_best(const EvalMetrics& e) {
-  const model::ParamLayout& L = model_->layout();
   std::vector<float> widened;
   const float* w = model_->weights_fp32(widened);
+  const std::vector<std::vector<float>> whole =
+      grid_->pipelined() ? gather_stages({w}) : std::vector<std::vector<float>>();
+  if (!whole.empty()) w = whole[0].data();
+  const model::ParamLayout L = grid_->pipelined() ? whole_layout() : model_->layout();
   if (!comm_.root() || !all_finite(w, L.total())) return;
   clear_earlier_run();
   std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w);
@@ -762,7 +853,8 @@ void Trainer::save_best(const EvalMetrics& e) {
 
 EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader,
                          model::Precision precision,
-                         const std::function<void(int64_t, double)>& progress) {
+                         const std::function<void(int64_t, double)>& progress,
+                         StageLinks* links) {
   EvalMetrics e;
   double mlm_sum = 0, nsp_sum = 0;
   int64_t nsp_n = 0, mlm_correct = 0, nsp_correct = 0;
@@ -772,7 +864,12 @@ EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader,
     model::PackedBatch b = loader.next();
     model::StepOptions so;
     so.precision = precision;
-    model::Outputs o = m.forward(b, so);
+    const bool below = links && !m.layout().has_embeddings(), above = links && !m.layout().has_heads();
+    const kernels::View input = below ? links->receive_input(0, 0, model::token_layout(b, m.config()).tokens())
+                                      : kernels::View();
+    model::Outputs o = m.forward(b, so, input);
+    if (above) links->send_output(0, m.stage_output());
+    if (links) links->finish();
     io::crash_point("eval");  // (PACKBERT_CRASH_AT=eval:N: the N-th evaluation batch)
     mlm_sum += o.mlm_loss * static_cast<double>(o.mlm_count);
     nsp_sum += o.nsp_loss * static_cast<double>(o.nsp_count);
@@ -793,7 +890,24 @@ EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader,
 EvalMetrics Trainer::evaluate() {
   if (eval_rows_.row_end == 0) return EvalMetrics{step_};
   BatchLoader loader(seqs_, seqs_checksum_, nullptr, vocab_ ? &*vocab_ : nullptr, eval_rows_, {});
-  EvalMetrics e = evaluate_mlm(*model_, loader, opt_.loop.precision);
+  if (!grid_->pipelined()) {
+    EvalMetrics e = evaluate_mlm(*model_, loader, opt_.loop.precision);
+    e.step = step_;
+    return e;
+  }
+  // Every replica runs the held-out batches through its stages; the last stage's first
+  // replica's metrics are every rank's.
+  StageLinks links(grid_->pipe(), model_->config().hidden_size,
+                   model::storage_dtype(opt_.loop.precision));
+  model_->use_pass(0);
+  EvalMetrics e = evaluate_mlm(*model_, loader, opt_.loop.precision, {}, &links);
+  const bool mine = grid_->last_stage() && grid_->replica() == 0;
+  double v[6] = {e.mlm_loss, e.mlm_acc, e.nsp_loss, e.nsp_acc, static_cast<double>(e.mlm_count),
+                 static_cast<double>(e.sequences)};
+  if (!mine) std::fill(std::begin(v), std::end(v), 0.0);
+  grid_->world().allreduce_sum(v, 6);
+  e.mlm_loss = v[0], e.mlm_acc = v[1], e.nsp_loss = v[2], e.nsp_acc = v[3];
+  e.mlm_count = std::llround(v[4]), e.sequences = std::llround(v[5]);
   e.step = step_;
   return e;
 }
@@ -907,7 +1021,7 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
   }
   new_log_ = false;
   const Schedule schedule{opt_.max_steps, opt_.eval_every, opt_.checkpoint_every, opt_.max_minutes};
-  const double flops_per_token = nonembedding_flops_per_token(model_->layout());
+  const double flops_per_token = nonembedding_flops_per_token(whole_layout());
   // A stop request (a signal to any rank) or the time limit (any rank's clock) stops every rank
   // after the same step.
   auto agreed = [&](bool local_stop, bool local_time) {

@@ -37,6 +37,10 @@ struct PretrainOptions {
   bool carry_optimizer = false;
   model::ShapeRequest shape;            // model shape when not initialised from a checkpoint
   LoopOptions loop;                     // optimizer, schedule, batch, precision, recompute, ZeRO
+  // Pipeline stages (docs/DESIGN.md §7c): the processes form pipeline_stages stages x the rest as
+  // replicas; stage_layers, when given, the layers of each stage (else balanced by FLOPs).
+  int pipeline_stages = 1;
+  std::vector<int> stage_layers;
   SparseOptions sparse;                 // block-sparse encoder weights (train/sparsity.h)
   std::string packing_adjust = "none";  // none | ga | beta (Graphcore)
   int64_t max_steps = 100;
@@ -68,10 +72,13 @@ struct PretrainOptions {
 // Pre-training metrics over one epoch of `loader` (dropout off): what pretrain reports on its
 // held-out split and `packbert eval` over a whole file. step, elapsed and eval_seconds are left 0.
 // `progress`, when given, is called after each batch with the sequences it held and its seconds.
+// `links`: m is a pipeline stage, whose forward takes the stage below's output from them and hands
+// its own up; the last stage's metrics are the evaluation's (the others' are zero).
 EvalMetrics evaluate_mlm(
     model::BertModel& m, BatchLoader& loader,
     model::Precision precision = model::Precision::fp32,
-    const std::function<void(int64_t sequences, double seconds)>& progress = {});
+    const std::function<void(int64_t sequences, double seconds)>& progress = {},
+    StageLinks* links = nullptr);
 
 // Why Trainer::run returned. target_reached: an evaluation (the last one included) reached
 // target_accuracy.
@@ -99,6 +106,8 @@ class Trainer {
   // moment is not finite.
   void save_checkpoint();
   int64_t step() const { return step_; }
+  // The pipeline stages' layer counts ("6,6"; "12" for one stage).
+  std::string stage_layers_text() const;
   model::BertModel& model() { return *model_; }
   const Optimizer& optimizer() const { return stepper_->optimizer(); }
   const model::BertConfig& config() const { return model_->config(); }
@@ -137,6 +146,13 @@ class Trainer {
   // best.safetensors (--overwrite starts over).
   void clear_earlier_run();
   void check_disk_space() const;
+  // The pipeline stage this process runs of a model of config c (the whole model in one stage).
+  model::Stage stage_of(const model::BertConfig& c) const;
+  // Under pipeline stages: each stage's first replica sends `mine` (arrays of its stage layout's
+  // size) to world rank 0, which returns them laid out as the whole model's arrays (the tied word
+  // table from the first stage); empty elsewhere.
+  std::vector<std::vector<float>> gather_stages(const std::vector<const float*>& mine) const;
+  model::ParamLayout whole_layout() const;
   // Trainer::run's parts: what the run keeps on disk (for messages), a divergence's error, an
   // evaluation and a checkpoint with their metrics.jsonl records, one step and its metrics.
   std::string kept_text() const;
@@ -147,6 +163,8 @@ class Trainer {
 
   PretrainOptions opt_;
   dist::Comm& comm_;
+  std::unique_ptr<dist::Grid> grid_;  // stages x replicas
+  std::vector<model::Stage> stages_;  // the pipeline's stages (one: the whole model)
   data::SequencesFile seqs_;
   uint64_t seqs_checksum_ = 0;
   std::optional<data::PacksFile> packs_;
@@ -188,6 +206,8 @@ struct FreshTensors {
   int num_labels = 0;
   std::vector<std::string> initialized;
   bool new_heads = false;  // the task heads start fresh even when the source has them
+  // A pipeline stage's model: the stage of the source's config to load (the whole model unset).
+  std::function<model::Stage(const model::BertConfig&)> stage = {};
 };
 
 // A model's classifier labels as its config says them (id2label, in id order; empty when it has
