@@ -361,6 +361,9 @@ TEST_F(Dist, PipelineStagesEqualOneProcessAndRerunBitForBit) {
     return l;
   };
   const std::vector<double> one = losses("one8"), piped = losses("p2");
+  const std::string metrics = slurp(dir_ / "p2" / "metrics.jsonl");
+  EXPECT_NE(metrics.find("\"stage_wait_seconds\":["), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"bubble\":"), std::string::npos);
   ASSERT_EQ(piped.size(), 20u);
   EXPECT_EQ(piped[0], one[0]);  // the first step's forward is the same, bit for bit
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(piped[i], one[i], 1e-4 * one[i]) << i;

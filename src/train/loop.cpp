@@ -172,8 +172,11 @@ struct StepSums {
          cls_correct = 0;
   double real_tokens = 0, sequences = 0;  // computed padding excluded
   std::vector<double> rank_tokens;        // [ranks]: the real tokens each rank computed
+  std::vector<double> stage_waits;        // [stages]: each stage's wait on its neighbours
 
-  explicit StepSums(int ranks) : rank_tokens(static_cast<size_t>(ranks), 0.0) {}
+  StepSums(int ranks, int stages)
+      : rank_tokens(static_cast<size_t>(ranks), 0.0),
+        stage_waits(stages > 1 ? static_cast<size_t>(stages) : 0, 0.0) {}
 
   void add(const model::Outputs& out) {
     mlm_loss += out.mlm_loss, nsp_loss += out.nsp_loss, cls_loss += out.cls_loss,
@@ -204,10 +207,12 @@ struct StepSums {
     std::vector<double> v;
     for (double* f : fields()) v.push_back(*f);
     v.insert(v.end(), rank_tokens.begin(), rank_tokens.end());
+    v.insert(v.end(), stage_waits.begin(), stage_waits.end());
     comm.allreduce_sum(v.data(), v.size());
     size_t i = 0;
     for (double* f : fields()) *f = v[i++];
-    std::copy(v.begin() + static_cast<long>(i), v.end(), rank_tokens.begin());
+    for (double& x : rank_tokens) x = v[i++];
+    for (double& x : stage_waits) x = v[i++];
   }
   // The step's result: losses as means over `micros` micro-batches, counts, the imbalance.
   void fill(StepResult& r, int micros) const {
@@ -223,6 +228,7 @@ struct StepSums {
     if (ranks > 1 && r.real_tokens > 0)
       r.imbalance = *std::max_element(rank_tokens.begin(), rank_tokens.end()) /
                     (static_cast<double>(r.real_tokens) / ranks);
+    r.stage_wait_seconds = stage_waits;
   }
 };
 
@@ -414,7 +420,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
   StepResult r;
   r.loss_scale = scaler_.scale;
   m_.zero_grads();
-  StepSums sums(grid_.replicas());
+  StepSums sums(grid_.replicas(), grid_.stages());
   if (grid_.pipelined()) {
     links_->reset_waited();
     run_stage(index, micros, sums, next, r.loss_scale);
@@ -428,6 +434,8 @@ StepResult Stepper::step(int64_t index, int64_t total,
   sync_.finish(g.data());
   m_.add_word_rows();  // (deferred word-table rows, now summed over processes)
   if (tied_) links_->sum_tied(g.data() + tied_->offset, tied_->numel);
+  if (grid_.pipelined() && grid_.replica() == 0)
+    sums.stage_waits[static_cast<size_t>(grid_.stage())] = links_->waited();
   if (grid_.world().distributed()) sums.allreduce(grid_.world());
   // The gradient is the micro-batches' mean, unscaled (loss scaling) and clipped to the global
   // norm: one factor that the optimizer applies as it reads each gradient (no pass scales them

@@ -116,6 +116,9 @@ struct StepResult {
   std::string skip_reason;
   double imbalance = 1;     // the most real tokens one rank computed over the mean (1 = even)
   double comm_seconds = 0;  // waiting on collectives outside backward (exposed communication)
+  // Pipeline stages: the seconds each stage (its first replica) waited on its neighbours during
+  // the step's forwards and backwards and the word table's exchange: the measured bubble.
+  std::vector<double> stage_wait_seconds;
   double loss() const { return mlm_loss + nsp_loss + cls_loss + span_loss; }
 };
 

@@ -20,6 +20,7 @@ void StepMetrics::take(const StepResult& r) {
   real_tokens = r.real_tokens, sequences = r.sequences;
   skipped = r.skipped, skip_reason = r.skip_reason, loss_scale = r.loss_scale;
   imbalance = r.imbalance, comm_seconds = r.comm_seconds;
+  stage_wait_seconds = r.stage_wait_seconds;
 }
 
 StepMetrics StepMetrics::of(const StepResult& r, const model::Heads& heads, Stepper& stepper,
@@ -68,6 +69,12 @@ nlohmann::json StepMetrics::to_json() const {
     line["processes"] = processes;
     line["imbalance"] = imbalance;
     line["comm_seconds"] = comm_seconds;
+  }
+  if (!stage_wait_seconds.empty()) {
+    line["stage_wait_seconds"] = stage_wait_seconds;
+    double mean = 0;
+    for (double w : stage_wait_seconds) mean += w / static_cast<double>(stage_wait_seconds.size());
+    line["bubble"] = seconds > 0 ? mean / seconds : 0.0;
   }
   return line;
 }

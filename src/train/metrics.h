@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "model/params.h"
 #include "train/loop.h"
@@ -36,6 +37,9 @@ struct StepMetrics {
   // the seconds spent waiting on collectives outside backward.
   int processes = 1;
   double imbalance = 1, comm_seconds = 0;
+  // Pipeline stages: each stage's wait on its neighbours (StepResult's); the JSON line adds
+  // "bubble", their mean over the step's seconds.
+  std::vector<double> stage_wait_seconds;
   // Training FLOPs of the encoder's linear layers so far (nonembedding_flops_per_token x real
   // tokens, summed over resumed runs), and, after a step that updated the sparse patterns, the
   // blocks it moved and their share of all kept blocks.
