@@ -310,12 +310,15 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
   const bool first = grid_.first_stage(), last = grid_.last_stage();
   const std::span<float> g = m_.grads();
   shares_.resize(static_cast<size_t>(micros));
+  step_rows_.clear();
   for (const PipelineAction& a : one_f_one_b(grid_.stages(), grid_.stage(), micros)) {
     const int pass = a.micro % in_flight;
     m_.use_pass(pass);
     model::PackedBatch& b = shares_[static_cast<size_t>(a.micro)];
     if (!a.backward) {
-      b = comm_.size() > 1 ? share_of(next()) : next();  // (forwards run in micro-batch order)
+      const model::PackedBatch whole = next();  // (forwards run in micro-batch order)
+      if (tied_) step_rows_.insert(step_rows_.end(), whole.input_ids.begin(), whole.input_ids.end());
+      b = comm_.size() > 1 ? share_of(whole) : whole;
       if (b.B == 0) continue;
       const kernels::View input =
           first ? kernels::View()
@@ -433,7 +436,11 @@ StepResult Stepper::step(int64_t index, int64_t total,
   const double t0 = now_seconds();
   sync_.finish(g.data());
   m_.add_word_rows();  // (deferred word-table rows, now summed over processes)
-  if (tied_) links_->sum_tied(g.data() + tied_->offset, tied_->numel);
+  if (tied_) {
+    std::sort(step_rows_.begin(), step_rows_.end());
+    step_rows_.erase(std::unique(step_rows_.begin(), step_rows_.end()), step_rows_.end());
+    links_->sum_tied(g.data() + tied_->offset, m_.config().vocab_size, step_rows_);
+  }
   if (grid_.pipelined() && grid_.replica() == 0)
     sums.stage_waits[static_cast<size_t>(grid_.stage())] = links_->waited();
   if (grid_.world().distributed()) sums.allreduce(grid_.world());

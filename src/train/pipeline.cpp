@@ -86,15 +86,37 @@ void StageLinks::send_input_grad(int micro, const kernels::View& grad) {
                    gradient_tag(micro));
 }
 
-void StageLinks::sum_tied(float* grad, size_t n) {
+void StageLinks::sum_tied(float* grad, int64_t vocab, const std::vector<int32_t>& rows) {
   const int P = pipe_.size(), s = pipe_.rank();
   if (P == 1 || (s != 0 && s != P - 1)) return;
-  const bool first = s == 0;
-  std::vector<float> other(n);
-  pipe_.start_send(grad, n * sizeof(float), first ? P - 1 : 0, kTiedTag);
-  waited_ += pipe_.recv(other.data(), n * sizeof(float), first ? P - 1 : 0, kTiedTag);
+  const size_t C = static_cast<size_t>(hidden_), n = static_cast<size_t>(vocab) * C;
+  if (s == 0) {  // the decoder's share, whole, added to the embeddings' rows
+    std::vector<float> decoder(n);
+    waited_ += pipe_.recv(decoder.data(), n * sizeof(float), P - 1, kTiedTag);
+    std::vector<float> mine(rows.size() * C);
+    for (size_t k = 0; k < rows.size(); ++k)
+      std::copy_n(grad + static_cast<size_t>(rows[k]) * C, C, mine.data() + k * C);
+    pipe_.start_send(mine.data(), mine.size() * sizeof(float), P - 1, kTiedTag);
+    for (size_t i = 0; i < n; ++i) grad[i] += decoder[i];
+    pipe_.wait_sends();
+    return;
+  }
+  // The last stage: its share goes first (the first stage is still finishing its backwards),
+  // then the embeddings' rows come back.
+  pipe_.start_send(grad, n * sizeof(float), 0, kTiedTag);
+  std::vector<float> embeddings(rows.size() * C);
+  waited_ += pipe_.recv(embeddings.data(), embeddings.size() * sizeof(float), 0, kTiedTag);
   pipe_.wait_sends();
-  for (size_t i = 0; i < n; ++i) grad[i] = first ? grad[i] + other[i] : other[i] + grad[i];
+  size_t k = 0;
+  for (size_t r = 0; r < static_cast<size_t>(vocab); ++r) {
+    float* g = grad + r * C;
+    if (k < rows.size() && static_cast<size_t>(rows[k]) == r) {
+      const float* e = embeddings.data() + k++ * C;
+      for (size_t c = 0; c < C; ++c) g[c] = e[c] + g[c];
+    } else {
+      for (size_t c = 0; c < C; ++c) g[c] = 0.0f + g[c];  // (as the first stage adds its zeros)
+    }
+  }
 }
 
 void StageLinks::finish() {

@@ -53,10 +53,12 @@ class StageLinks {
   kernels::View receive_output_grad(int micro, int64_t tokens);
   // To the stage below: a copy of d loss / d this stage's input for micro-batch j.
   void send_input_grad(int micro, const kernels::View& grad);
-  // The tied word table's gradient, n floats: the first stage holds the embeddings' share, the
-  // last the MLM decoder's; each receives the other's and both add them in one order (the
-  // first's + the last's), so their copies stay equal. The other stages do nothing.
-  void sum_tied(float* grad, size_t n);
+  // The tied word table's gradient ([vocab, hidden]): the first stage holds the embeddings'
+  // share, nonzero only in `rows` (the ids of the step's batches, sorted and unique, which every
+  // stage knows), the last the MLM decoder's, dense. The last sends its share whole, the first
+  // only those rows, and both add them in one order (the first's + the last's; elsewhere 0 + the
+  // last's), so their copies stay equal bit for bit. The other stages do nothing.
+  void sum_tied(float* grad, int64_t vocab, const std::vector<int32_t>& rows);
   // Waits for the sends started since the last finish().
   void finish();
   double waited() const { return waited_; }

@@ -403,7 +403,8 @@ model::ParamLayout Trainer::whole_layout() const {
   return model::ParamLayout(model_->config(), model_->layout().heads(), model_->layout().sparsity());
 }
 
-std::vector<std::vector<float>> Trainer::gather_stages(const std::vector<const float*>& mine) const {
+std::vector<std::vector<float>> Trainer::gather_stages(const std::vector<const float*>& mine,
+                                                       bool* tied_equal) const {
   dist::Comm& world = grid_->world();
   const size_t n = model_->layout().total();
   std::vector<std::vector<float>> whole;
@@ -427,9 +428,13 @@ std::vector<std::vector<float>> Trainer::gather_stages(const std::vector<const f
                    static_cast<int>(i));
       const float* from = s > 0 ? got.data() : mine[i];
       for (const model::TensorSpec& t : stage.tensors()) {
-        if (s > 0 && stage.word_table() == &t) continue;  // (the first stage's copy, the same)
-        std::copy(from + t.offset, from + t.offset + t.numel,
-                  whole[i].data() + all.find(t.name)->offset);
+        float* to = whole[i].data() + all.find(t.name)->offset;
+        if (s > 0 && stage.word_table() == &t) {  // the last stage's copy: the first's, bit for bit
+          if (tied_equal && std::memcmp(from + t.offset, to, t.numel * sizeof(float)) != 0)
+            *tied_equal = false;
+          continue;
+        }
+        std::copy(from + t.offset, from + t.offset + t.numel, to);
       }
     }
   }
@@ -778,10 +783,18 @@ void Trainer::save_checkpoint() {
   std::vector<float> widened;  // the weights in fp32 under 16-bit master weights
   const float* w = model_->weights_fp32(widened);
   // Pipeline stages: the whole model's, gathered on rank 0 by tensor name.
+  bool tied_equal = true;
   const std::vector<std::vector<float>> whole =
-      grid_->pipelined() ? gather_stages({w, m, v}) : std::vector<std::vector<float>>();
+      grid_->pipelined() ? gather_stages({w, m, v}, &tied_equal) : std::vector<std::vector<float>>();
   if (!whole.empty()) w = whole[0].data(), m = whole[1].data(), v = whole[2].data();
   const model::ParamLayout L = grid_->pipelined() ? whole_layout() : model_->layout();
+  // (never a silent wrong result: the two stages' copies of the tied word table must agree)
+  double split = tied_equal ? 0 : 1;
+  comm_.allreduce_max(&split, 1);
+  if (split)
+    throw SharedError("step " + std::to_string(step_) +
+                      ": the first and last pipeline stage's copies of the tied word table "
+                      "differ; no checkpoint written (a bug: please report it)");
   double bad = comm_.root() && (!all_finite(w, L.total()) || !all_finite(m, L.total()) ||
                                 !all_finite(v, L.total()));
   comm_.allreduce_max(&bad, 1);  // every rank learns rank 0's verdict

@@ -150,8 +150,10 @@ class Trainer {
   model::Stage stage_of(const model::BertConfig& c) const;
   // Under pipeline stages: each stage's first replica sends `mine` (arrays of its stage layout's
   // size) to world rank 0, which returns them laid out as the whole model's arrays (the tied word
-  // table from the first stage); empty elsewhere.
-  std::vector<std::vector<float>> gather_stages(const std::vector<const float*>& mine) const;
+  // table from the first stage; tied_equal, when given, is cleared on rank 0 where the last
+  // stage's copy differs from it in any bit); empty elsewhere.
+  std::vector<std::vector<float>> gather_stages(const std::vector<const float*>& mine,
+                                                bool* tied_equal = nullptr) const;
   model::ParamLayout whole_layout() const;
   // Trainer::run's parts: what the run keeps on disk (for messages), a divergence's error, an
   // evaluation and a checkpoint with their metrics.jsonl records, one step and its metrics.
