@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -34,11 +35,6 @@ using namespace packbert;
 namespace {
 
 const std::string kWord = "bert.embeddings.word_embeddings.weight";
-
-std::vector<unsigned char> bytes_of(const kernels::View& v) {
-  const auto* p = static_cast<const unsigned char*>(v.data);
-  return {p, p + static_cast<size_t>(v.numel()) * kernels::traits(v.dtype).bytes};
-}
 
 }  // namespace
 
@@ -96,32 +92,19 @@ int main(int argc, char** argv) {
   model::BertModel m(c, model::Heads{}, {}, kernels::DType::f32, stages[static_cast<size_t>(s)]);
   model::init_params(m.layout(), m.params().data(), 1);
 
-  // The neighbours' tensors: this step's received inputs and output gradients, and what this
-  // rank sent (kept until the step's sends complete).
-  int64_t T = 0;
-  for (int L : lengths) T += L;
-  const kernels::DType held = model::storage_dtype(precision);
-  const size_t act_bytes = static_cast<size_t>(T) * c.hidden_size * kernels::traits(held).bytes,
-               grad_bytes = static_cast<size_t>(T) * c.hidden_size * sizeof(float);
-  std::vector<std::vector<unsigned char>> inputs(static_cast<size_t>(in_flight),
-                                                 std::vector<unsigned char>(act_bytes));
-  std::vector<float> output_grad(static_cast<size_t>(T) * c.hidden_size);
-  // (one buffer a message: a send is waited for only at the step's end, when every stage has
-  // posted its receives; waiting mid-step could wait on a neighbour that waits on this rank)
-  std::vector<std::vector<unsigned char>> sent_up(static_cast<size_t>(M)),
-      sent_down(static_cast<size_t>(M));
+  // The stage's messages to its neighbours: the training step's own (train::StageLinks).
+  train::StageLinks links(comm, c.hidden_size, model::storage_dtype(precision));
+  const int64_t T = model::token_layout(b, c).tokens();
+  std::vector<int32_t> rows(b.input_ids.begin(), b.input_ids.end());  // the word-table rows used
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   std::vector<double> losses(static_cast<size_t>(M));
-  auto input_view = [&](int pass) {
-    kernels::View v;
-    v.data = inputs[static_cast<size_t>(pass)].data(), v.dtype = held;
-    v.rows = T, v.cols = v.ld = c.hidden_size;
-    return v;
-  };
 
   double step_seconds = 1e300, waited = 0;
   for (int step = 0; step <= steps; ++step) {
-    double wait = 0;
-    comm.allreduce_sum(&wait, 1);  // (a barrier: the stages start together)
+    double barrier = 0;
+    comm.allreduce_sum(&barrier, 1);  // (the stages start together)
+    links.reset_waited();
     const double t0 = now_seconds();
     m.zero_grads();
     const model::StepOptions o{true, 1, 0, model::Recompute{}, precision};
@@ -129,43 +112,23 @@ int main(int argc, char** argv) {
       const int pass = a.micro % in_flight;
       m.use_pass(pass);
       if (!a.backward) {
-        if (!first) wait += comm.recv(inputs[static_cast<size_t>(pass)].data(), act_bytes, s - 1,
-                                      2 * a.micro);
-        const model::Outputs out = m.forward(b, o, first ? kernels::View() : input_view(pass));
-        if (last) losses[static_cast<size_t>(a.micro)] = out.loss();
-        else {
-          sent_up[static_cast<size_t>(a.micro)] = bytes_of(m.stage_output());
-          comm.start_send(sent_up[static_cast<size_t>(a.micro)].data(), act_bytes, s + 1,
-                          2 * a.micro);
-        }
+        const kernels::View input = first ? kernels::View() : links.receive_input(a.micro, pass, T);
+        const model::Outputs out = m.forward(b, o, input);
+        if (last)
+          losses[static_cast<size_t>(a.micro)] = out.loss();
+        else
+          links.send_output(a.micro, m.stage_output());
       } else {
-        if (!last) wait += comm.recv(output_grad.data(), grad_bytes, s + 1, 2 * a.micro + 1);
-        m.backward({}, {},
-                   last ? kernels::View() : kernels::View(output_grad.data(), T, c.hidden_size));
-        if (!first) {
-          sent_down[static_cast<size_t>(a.micro)] = bytes_of(m.input_grad());
-          comm.start_send(sent_down[static_cast<size_t>(a.micro)].data(), grad_bytes, s - 1,
-                          2 * a.micro + 1);
-        }
+        m.backward({}, {}, last ? kernels::View() : links.receive_output_grad(a.micro, T));
+        if (!first) links.send_input_grad(a.micro, m.input_grad());
       }
     }
-    comm.wait_sends();
-    // The tied word table: the first stage holds the embeddings' share of its gradient, the last
-    // the MLM decoder's; each sends its share to the other and both add them, in one order, so
-    // their two copies of the table stay equal.
-    if (P > 1 && (first || last)) {
-      const model::TensorSpec& w = *m.layout().find(kWord);
-      float* g = m.grads().data() + w.offset;
-      std::vector<float> other(w.numel);
-      const int peer = first ? P - 1 : 0, tag = 2 * M;
-      comm.start_send(g, w.numel * sizeof(float), peer, tag);
-      wait += comm.recv(other.data(), w.numel * sizeof(float), peer, tag);
-      comm.wait_sends();
-      for (size_t i = 0; i < w.numel; ++i)
-        g[i] = first ? g[i] + other[i] : other[i] + g[i];
-    }
+    links.finish();
+    // The tied word table's two shares, added by the first and the last stage.
+    if (const model::TensorSpec* w = m.layout().word_table())
+      links.sum_tied(m.grads().data() + w->offset, c.vocab_size, rows);
     const double t = now_seconds() - t0;
-    if (step > 0 && t < step_seconds) step_seconds = t, waited = wait;
+    if (step > 0 && t < step_seconds) step_seconds = t, waited = links.waited();
   }
 
   std::string checked = "not asked";

@@ -415,15 +415,15 @@ TEST_F(Dist, PipelineResumesOnAnotherShape) {
 TEST_F(Dist, PipelineStagesThatDoNotFitAreRefused) {
   Result odd = pretrain(3, "odd", "--steps 2 --pipeline-stages 2");
   EXPECT_EQ(odd.code, 2);
-  EXPECT_NE(odd.err.find("--pipeline-stages 2 does not divide the 3 processes"),
-            std::string::npos)
+  EXPECT_NE(odd.err.find("--pipeline-stages 2 does not divide the 3 processes"), std::string::npos)
       << odd.err;
   Result layers = pretrain(2, "layers", "--steps 2 --pipeline-stages 2 --stage-layers 1,2");
   EXPECT_EQ(layers.code, 2);
   EXPECT_NE(layers.err.find("--stage-layers"), std::string::npos) << layers.err;
   Result deep = pretrain(3, "deep", "--steps 2 --pipeline-stages 3");
   EXPECT_EQ(deep.code, 2);  // (tiny has 2 layers: a stage would hold none)
-  EXPECT_FALSE(fs::exists(dir_ / "odd") || fs::exists(dir_ / "layers") || fs::exists(dir_ / "deep"));
+  EXPECT_FALSE(fs::exists(dir_ / "odd") || fs::exists(dir_ / "layers") ||
+               fs::exists(dir_ / "deep"));
 }
 
 // kill -9 of the last stage mid-step (after a forward, the first stage waiting on its
@@ -449,8 +449,8 @@ TEST_F(Dist, AKilledStageEndsThePipelineAndKeepsTheCheckpoint) {
   EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
   const nlohmann::json state = nlohmann::json::parse(checkpoint("lost").metadata().at("packbert"));
   EXPECT_EQ(state.at("step"), 5);
-  Result resumed =
-      pretrain(2, "lost", "--steps 20 --batch-rows 4 --accumulation 4 --pipeline-stages 2 --resume");
+  Result resumed = pretrain(
+      2, "lost", "--steps 20 --batch-rows 4 --accumulation 4 --pipeline-stages 2 --resume");
   EXPECT_EQ(resumed.code, 0) << resumed.err;
 }
 

@@ -200,7 +200,8 @@ void Comm::start_reduce_scatter(float* x, size_t a, size_t e, const std::vector<
 void Comm::progress() {
   if (st_->pending.empty()) return;
   int done = 0;
-  MPI_Testall(static_cast<int>(st_->pending.size()), st_->pending.data(), &done, MPI_STATUSES_IGNORE);
+  MPI_Testall(static_cast<int>(st_->pending.size()), st_->pending.data(), &done,
+              MPI_STATUSES_IGNORE);
   if (done) st_->pending.clear();
 }
 
@@ -222,8 +223,7 @@ void allgather_shards(void* x, const std::vector<size_t>& bounds, MPI_Datatype t
                       MPI_Comm comm) {
   std::vector<int> displs;
   std::vector<int> counts = counts_of(bounds, &displs);
-  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, counts.data(), displs.data(), type,
-                 comm);
+  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, counts.data(), displs.data(), type, comm);
 }
 
 }  // namespace

@@ -68,8 +68,8 @@ class Comm {
   void gather(const float* mine, float* all, const std::vector<size_t>& bounds, int root = 0);
 
   // Point to point, for a pipeline's activations and gradients: `bytes` bytes to / from rank
-  // `peer` of this communicator, matched by `tag`. A send is started and returns at once (a stage must not block on
-  // a neighbour that is sending to it too); the bytes must stay as they are until
+  // `peer` of this communicator, matched by `tag`. A send is started and returns at once (a stage
+  // must not block on a neighbour that is sending to it too); the bytes must stay as they are until
   // wait_sends(). recv blocks until the bytes are there and returns the seconds it waited.
   void start_send(const void* data, size_t bytes, int peer, int tag);
   double recv(void* data, size_t bytes, int peer, int tag);

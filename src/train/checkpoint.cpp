@@ -130,7 +130,8 @@ void TrainingState::check_resumable(const PretrainOptions& now, uint64_t checksu
                      "wrote it");
   if (rows_per_batch != rows)
     throw InputError(at + "its run used " + std::to_string(rows_per_batch) +
-                     " rows per micro-batch (processes x `rows_per_batch`); resume needs the "
+                     " rows per micro-batch (processes, or pipeline replicas, x `rows_per_batch`); "
+                     "resume needs the "
                      "same, not " +
                      std::to_string(ranks) + " x " + std::to_string(lo.rows_per_batch));
   auto same = [&](const std::string& was, const std::string& is, const char* field) {

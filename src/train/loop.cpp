@@ -317,19 +317,21 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
     model::PackedBatch& b = shares_[static_cast<size_t>(a.micro)];
     if (!a.backward) {
       const model::PackedBatch whole = next();  // (forwards run in micro-batch order)
-      if (tied_) step_rows_.insert(step_rows_.end(), whole.input_ids.begin(), whole.input_ids.end());
+      if (tied_)
+        step_rows_.insert(step_rows_.end(), whole.input_ids.begin(), whole.input_ids.end());
       b = comm_.size() > 1 ? share_of(whole) : whole;
       if (b.B == 0) continue;
       const kernels::View input =
-          first ? kernels::View()
-                : links_->receive_input(a.micro, pass, model::token_layout(b, m_.config()).tokens());
+          first
+              ? kernels::View()
+              : links_->receive_input(a.micro, pass, model::token_layout(b, m_.config()).tokens());
       io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
                                 " rows of " + std::to_string(b.S) + " tokens");
       const uint64_t dropout_step =
           static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
           static_cast<uint64_t>(a.micro);
-      const model::Outputs out = m_.forward(
-          b, {true, o_.seed, dropout_step, recompute_, o_.precision, scale}, input);
+      const model::Outputs out =
+          m_.forward(b, {true, o_.seed, dropout_step, recompute_, o_.precision, scale}, input);
       io::crash_point("forward");
       if (last) {
         sums.add(out);
@@ -349,9 +351,9 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
     }
     const kernels::View output_grad =
         last ? kernels::View() : links_->receive_output_grad(a.micro, m_.tokens().tokens());
-    const std::function<void()> progress =
-        final && sync_.overlaps() ? std::function<void()>([this] { sync_.progress(); })
-                                  : std::function<void()>();
+    const std::function<void()> progress = final && sync_.overlaps()
+                                               ? std::function<void()>([this] { sync_.progress(); })
+                                               : std::function<void()>();
     m_.backward(ready, progress, output_grad);
     if (!first) links_->send_input_grad(a.micro, m_.input_grad());
   }
@@ -398,7 +400,7 @@ bool Stepper::update(StepResult& r, float grad_scale) {
   if (!sync_.sharded()) {
     const bool ok = apply_update(*opt_, m_, r.lr, o_.precision, grad_scale);
     if (!grid_.pipelined()) return ok;  // (every replica moved the same weights alike)
-    double bad = ok ? 0.0 : 1.0;  // every stage learns whether any went non-finite
+    double bad = ok ? 0.0 : 1.0;        // every stage learns whether any went non-finite
     grid_.world().allreduce_sum(&bad, 1);
     return bad == 0;
   }

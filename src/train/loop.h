@@ -140,8 +140,8 @@ class Stepper {
   // stage's replicas (grid.data()), the tied word table's two shares between the first and last
   // stage, and the global norm over the stages (the word table counted once), so every rank
   // clips, scales and skips alike.
-  Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
-          int accumulation, model::Recompute recompute, const dist::Grid& grid);
+  Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc, int accumulation,
+          model::Recompute recompute, const dist::Grid& grid);
   ~Stepper();
 
   // Step `index` (from 0) of `total`: `next` hands out the step's micro-batches, each the whole
@@ -192,8 +192,8 @@ class Stepper {
   model::Recompute recompute_;
   std::unique_ptr<dist::Grid> own_grid_;  // one stage over the world (the first constructor)
   const dist::Grid& grid_;
-  dist::Comm& comm_;                    // the stage's replicas (grid_.data())
-  std::unique_ptr<StageLinks> links_;   // to the neighbouring stages, when pipelined
+  dist::Comm& comm_;                         // the stage's replicas (grid_.data())
+  std::unique_ptr<StageLinks> links_;        // to the neighbouring stages, when pipelined
   const model::TensorSpec* tied_ = nullptr;  // the word table, on a first or last stage
   std::vector<model::PackedBatch> shares_;   // a stage's micro-batches in flight
   std::vector<int32_t> step_rows_;           // the word-table rows the step's batches use

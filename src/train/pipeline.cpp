@@ -45,8 +45,12 @@ namespace {
 
 // Message tags: micro-batch j's activations 2j, its gradients 2j + 1; the tied table's last.
 constexpr int kTiedTag = 32767;  // (the largest tag every MPI allows)
-int activation_tag(int micro) { return 2 * (micro % (kTiedTag / 2)); }
-int gradient_tag(int micro) { return activation_tag(micro) + 1; }
+int activation_tag(int micro) {
+  return 2 * (micro % (kTiedTag / 2));
+}
+int gradient_tag(int micro) {
+  return activation_tag(micro) + 1;
+}
 
 }  // namespace
 
@@ -65,25 +69,31 @@ kernels::View StageLinks::receive_input(int micro, int pass, int64_t tokens) {
   return v;
 }
 
+std::vector<std::byte>& StageLinks::next_sent(size_t bytes) {
+  if (sent_used_ == sent_.size()) sent_.emplace_back();
+  std::vector<std::byte>& buf = sent_[sent_used_++];
+  buf.resize(bytes);
+  return buf;
+}
+
 void StageLinks::send_output(int micro, const kernels::View& output) {
-  const auto* p = static_cast<const std::byte*>(output.data);
-  sent_.emplace_back(p, p + static_cast<size_t>(output.numel()) * kernels::traits(output.dtype).bytes);
-  pipe_.start_send(sent_.back().data(), sent_.back().size(), pipe_.rank() + 1,
-                   activation_tag(micro));
+  std::vector<std::byte>& buf =
+      next_sent(static_cast<size_t>(output.numel()) * kernels::traits(output.dtype).bytes);
+  std::memcpy(buf.data(), output.data, buf.size());
+  pipe_.start_send(buf.data(), buf.size(), pipe_.rank() + 1, activation_tag(micro));
 }
 
 kernels::View StageLinks::receive_output_grad(int micro, int64_t tokens) {
   output_grad_.resize(static_cast<size_t>(tokens) * static_cast<size_t>(hidden_));
-  waited_ += pipe_.recv(output_grad_.data(), output_grad_.size() * sizeof(float),
-                        pipe_.rank() + 1, gradient_tag(micro));
+  waited_ += pipe_.recv(output_grad_.data(), output_grad_.size() * sizeof(float), pipe_.rank() + 1,
+                        gradient_tag(micro));
   return kernels::View(output_grad_.data(), tokens, hidden_);
 }
 
 void StageLinks::send_input_grad(int micro, const kernels::View& grad) {
-  const auto* p = static_cast<const std::byte*>(grad.data);
-  sent_.emplace_back(p, p + static_cast<size_t>(grad.numel()) * sizeof(float));
-  pipe_.start_send(sent_.back().data(), sent_.back().size(), pipe_.rank() - 1,
-                   gradient_tag(micro));
+  std::vector<std::byte>& buf = next_sent(static_cast<size_t>(grad.numel()) * sizeof(float));
+  std::memcpy(buf.data(), grad.data, buf.size());
+  pipe_.start_send(buf.data(), buf.size(), pipe_.rank() - 1, gradient_tag(micro));
 }
 
 void StageLinks::sum_tied(float* grad, int64_t vocab, const std::vector<int32_t>& rows) {
@@ -91,22 +101,25 @@ void StageLinks::sum_tied(float* grad, int64_t vocab, const std::vector<int32_t>
   if (P == 1 || (s != 0 && s != P - 1)) return;
   const size_t C = static_cast<size_t>(hidden_), n = static_cast<size_t>(vocab) * C;
   if (s == 0) {  // the decoder's share, whole, added to the embeddings' rows
-    std::vector<float> decoder(n);
+    std::vector<float>& decoder = tied_;
+    decoder.resize(n);
     waited_ += pipe_.recv(decoder.data(), n * sizeof(float), P - 1, kTiedTag);
-    std::vector<float> mine(rows.size() * C);
+    std::vector<std::byte>& mine = next_sent(rows.size() * C * sizeof(float));
     for (size_t k = 0; k < rows.size(); ++k)
-      std::copy_n(grad + static_cast<size_t>(rows[k]) * C, C, mine.data() + k * C);
-    pipe_.start_send(mine.data(), mine.size() * sizeof(float), P - 1, kTiedTag);
+      std::memcpy(mine.data() + k * C * sizeof(float), grad + static_cast<size_t>(rows[k]) * C,
+                  C * sizeof(float));
+    pipe_.start_send(mine.data(), mine.size(), P - 1, kTiedTag);
     for (size_t i = 0; i < n; ++i) grad[i] += decoder[i];
-    pipe_.wait_sends();
+    finish();
     return;
   }
   // The last stage: its share goes first (the first stage is still finishing its backwards),
   // then the embeddings' rows come back.
   pipe_.start_send(grad, n * sizeof(float), 0, kTiedTag);
-  std::vector<float> embeddings(rows.size() * C);
+  std::vector<float>& embeddings = tied_;
+  embeddings.resize(rows.size() * C);
   waited_ += pipe_.recv(embeddings.data(), embeddings.size() * sizeof(float), 0, kTiedTag);
-  pipe_.wait_sends();
+  finish();
   size_t k = 0;
   for (size_t r = 0; r < static_cast<size_t>(vocab); ++r) {
     float* g = grad + r * C;
@@ -121,7 +134,7 @@ void StageLinks::sum_tied(float* grad, int64_t vocab, const std::vector<int32_t>
 
 void StageLinks::finish() {
   pipe_.wait_sends();
-  sent_.clear();
+  sent_used_ = 0;
 }
 
 }  // namespace packbert::train

@@ -65,11 +65,16 @@ class StageLinks {
   void reset_waited() { waited_ = 0; }
 
  private:
+  // The next send's buffer (kept, with its capacity, across steps: steady-state steps allocate
+  // nothing).
+  std::vector<std::byte>& next_sent(size_t bytes);
+
   dist::Comm& pipe_;
   int hidden_;
   kernels::DType activations_;
   std::vector<std::vector<std::byte>> inputs_, sent_;
-  std::vector<float> output_grad_;
+  size_t sent_used_ = 0;  // sent_'s buffers in use since the last finish()
+  std::vector<float> output_grad_, tied_;
   double waited_ = 0;
 };
 

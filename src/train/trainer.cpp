@@ -400,7 +400,8 @@ std::string Trainer::stage_layers_text() const {
 }
 
 model::ParamLayout Trainer::whole_layout() const {
-  return model::ParamLayout(model_->config(), model_->layout().heads(), model_->layout().sparsity());
+  return model::ParamLayout(model_->config(), model_->layout().heads(),
+                            model_->layout().sparsity());
 }
 
 std::vector<std::vector<float>> Trainer::gather_stages(const std::vector<const float*>& mine,
@@ -620,8 +621,8 @@ void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* s
       c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
     }
     io::AllocationScope scope("the parameters and gradients of " + opt_.shape.name());
-    model_ = std::make_unique<model::BertModel>(c, heads, opt_.sparse.sparsity,
-                                                kernels::DType::f32, stage_of(c));
+    model_ = std::make_unique<model::BertModel>(c, heads, opt_.sparse.sparsity, kernels::DType::f32,
+                                                stage_of(c));
     model::init_params(model_->layout(), model_->params().data(), lo.seed, opt_.sparse.init);
     model_->init_patterns(lo.seed);
   }
@@ -784,8 +785,9 @@ void Trainer::save_checkpoint() {
   const float* w = model_->weights_fp32(widened);
   // Pipeline stages: the whole model's, gathered on rank 0 by tensor name.
   bool tied_equal = true;
-  const std::vector<std::vector<float>> whole =
-      grid_->pipelined() ? gather_stages({w, m, v}, &tied_equal) : std::vector<std::vector<float>>();
+  const std::vector<std::vector<float>> whole = grid_->pipelined()
+                                                    ? gather_stages({w, m, v}, &tied_equal)
+                                                    : std::vector<std::vector<float>>();
   if (!whole.empty()) w = whole[0].data(), m = whole[1].data(), v = whole[2].data();
   const model::ParamLayout L = grid_->pipelined() ? whole_layout() : model_->layout();
   // (never a silent wrong result: the two stages' copies of the tied word table must agree)
@@ -864,10 +866,8 @@ void Trainer::save_best(const EvalMetrics& e) {
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
 }
 
-EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader,
-                         model::Precision precision,
-                         const std::function<void(int64_t, double)>& progress,
-                         StageLinks* links) {
+EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader, model::Precision precision,
+                         const std::function<void(int64_t, double)>& progress, StageLinks* links) {
   EvalMetrics e;
   double mlm_sum = 0, nsp_sum = 0;
   int64_t nsp_n = 0, mlm_correct = 0, nsp_correct = 0;
@@ -877,9 +877,11 @@ EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader,
     model::PackedBatch b = loader.next();
     model::StepOptions so;
     so.precision = precision;
-    const bool below = links && !m.layout().has_embeddings(), above = links && !m.layout().has_heads();
-    const kernels::View input = below ? links->receive_input(0, 0, model::token_layout(b, m.config()).tokens())
-                                      : kernels::View();
+    const bool below = links && !m.layout().has_embeddings(),
+               above = links && !m.layout().has_heads();
+    const kernels::View input =
+        below ? links->receive_input(0, 0, model::token_layout(b, m.config()).tokens())
+              : kernels::View();
     model::Outputs o = m.forward(b, so, input);
     if (above) links->send_output(0, m.stage_output());
     if (links) links->finish();
@@ -915,7 +917,11 @@ EvalMetrics Trainer::evaluate() {
   model_->use_pass(0);
   EvalMetrics e = evaluate_mlm(*model_, loader, opt_.loop.precision, {}, &links);
   const bool mine = grid_->last_stage() && grid_->replica() == 0;
-  double v[6] = {e.mlm_loss, e.mlm_acc, e.nsp_loss, e.nsp_acc, static_cast<double>(e.mlm_count),
+  double v[6] = {e.mlm_loss,
+                 e.mlm_acc,
+                 e.nsp_loss,
+                 e.nsp_acc,
+                 static_cast<double>(e.mlm_count),
                  static_cast<double>(e.sequences)};
   if (!mine) std::fill(std::begin(v), std::end(v), 0.0);
   grid_->world().allreduce_sum(v, 6);

@@ -75,8 +75,7 @@ struct PretrainOptions {
 // `links`: m is a pipeline stage, whose forward takes the stage below's output from them and hands
 // its own up; the last stage's metrics are the evaluation's (the others' are zero).
 EvalMetrics evaluate_mlm(
-    model::BertModel& m, BatchLoader& loader,
-    model::Precision precision = model::Precision::fp32,
+    model::BertModel& m, BatchLoader& loader, model::Precision precision = model::Precision::fp32,
     const std::function<void(int64_t sequences, double seconds)>& progress = {},
     StageLinks* links = nullptr);
 
