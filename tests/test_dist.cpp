@@ -388,6 +388,28 @@ TEST_F(Dist, PipelineStagesEqualOneProcessAndRerunBitForBit) {
   EXPECT_LT(worst_difference("p2fp16", "one8fp16", ""), 1e-4);
 }
 
+// bf16 master weights on 2 stages round stochastically with the bits one process draws for each
+// weight (keyed by its place in the whole model, not in the stage's arena): every weight but the
+// tied word table's (whose two gradient shares are added in another order) ends bit for bit.
+TEST_F(Dist, PipelineStagesRoundBf16MastersAsOneProcess) {
+  if (!kernels::bf16_unavailable_reason().empty())
+    GTEST_SKIP() << kernels::bf16_unavailable_reason();
+  const std::string args =
+      kSteps + "--accumulation 4 --batch-rows 8 --precision bf16 --master-weights bf16 ";
+  ASSERT_EQ(pretrain(1, "one16", args).code, 0) << slurp(dir_ / "err");
+  Result two = pretrain(2, "p2bf16", args + "--pipeline-stages 2");
+  ASSERT_EQ(two.code, 0) << two.err;
+  io::SafetensorsFile a = checkpoint("p2bf16"), b = checkpoint("one16");
+  const model::ParamLayout layout(
+      model::config_from_json(nlohmann::json::parse(a.metadata().at("config")), "p2bf16"),
+      model::Heads{});
+  for (const model::TensorSpec& t : layout.tensors()) {
+    if (t.name == "bert.embeddings.word_embeddings.weight") continue;
+    EXPECT_EQ(a.floats(t.name), b.floats(t.name)) << t.name;
+  }
+  EXPECT_LT(worst_difference("p2bf16", "one16", ""), 1e-6);
+}
+
 // A checkpoint of 2 stages resumes on one process, and one process's on 2 stages x 2 replicas,
 // each reaching the step-20 weights of the uninterrupted run (killed right after step 11, so
 // the step-10 checkpoint is the one on disk).

@@ -62,10 +62,26 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity, St
     add(p + "output.LayerNorm.weight", {C});
     add(p + "output.LayerNorm.bias", {C});
   }
-  if (!has_heads()) return;
+  if (has_heads()) add_heads();
+  // Where each tensor sits in the whole model (the same place unless this is a stage).
+  if (whole()) {
+    for (size_t k = 0; k < tensors_.size(); ++k)
+      tensors_[k].whole_index = k, tensors_[k].whole_offset = tensors_[k].offset;
+    return;
+  }
+  const ParamLayout all(c, heads, sparsity);
+  for (TensorSpec& t : tensors_) {
+    const TensorSpec* w = all.find(t.name);
+    t.whole_index = static_cast<size_t>(w - all.tensors().data()), t.whole_offset = w->offset;
+  }
+}
+
+void ParamLayout::add_heads() {
+  const BertConfig& c = config_;
+  const int64_t C = c.hidden_size;
   add("bert.pooler.dense.weight", {C, C});
   add("bert.pooler.dense.bias", {C});
-  if (heads.pretraining) {
+  if (heads_.pretraining) {
     add("cls.predictions.transform.dense.weight", {C, C});
     add("cls.predictions.transform.dense.bias", {C});
     add("cls.predictions.transform.LayerNorm.weight", {C});
@@ -74,11 +90,11 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity, St
     add("cls.seq_relationship.weight", {2, C});
     add("cls.seq_relationship.bias", {2});
   }
-  if (heads.classifier) {
+  if (heads_.classifier) {
     add("classifier.weight", {c.num_labels, C});
     add("classifier.bias", {c.num_labels});
   }
-  if (heads.span) {
+  if (heads_.span) {
     add("qa_outputs.weight", {2, C});
     add("qa_outputs.bias", {2});
   }

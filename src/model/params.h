@@ -53,6 +53,10 @@ struct TensorSpec {
   bool no_decay = false;        // biases and LayerNorm: no weight decay, no LAMB trust ratio
   bool is_matrix_init = false;  // initialised N(0, initializer_range); else zeros / LayerNorm ones
   bool is_layernorm_weight = false;
+  // The tensor's index and offset in the whole model's layout (a pipeline stage's tensors sit
+  // elsewhere in their own arena): what keys its stochastic rounding, so a stage rounds as the
+  // whole model does.
+  size_t whole_index = 0, whole_offset = 0;
 };
 
 class ParamLayout {
@@ -82,6 +86,7 @@ class ParamLayout {
  private:
   void add(const std::string& name, std::vector<int64_t> shape, bool align = true,
            bool sparse = false);
+  void add_heads();  // the pooler and the heads_ (a last stage's, or the whole model's)
   BertConfig config_;
   Heads heads_;
   Sparsity sparsity_;

@@ -117,10 +117,13 @@ bool Optimizer::step(kernels::View whole, float* grads, double lr, kernels::View
         lr,        cfg_.beta1, cfg_.beta2, cfg_.eps, c1, c2, t.no_decay ? 0.0 : cfg_.weight_decay,
         grad_scale};
   };
+  // (keyed by the tensor's place in the whole model: a pipeline stage rounds as one process)
   auto rounding = [&](size_t tensor, size_t a) {
+    const model::TensorSpec& t = layout_.tensors()[tensor];
     kernels::MasterRounding r;
     r.stochastic = model::rounds_stochastically(cfg_.masters);
-    r.seed = cfg_.seed, r.key = rounding_key(t_, tensor), r.first = a;
+    r.seed = cfg_.seed, r.key = rounding_key(t_, t.whole_index);
+    r.first = t.whole_offset + (a - t.offset);
     return r;
   };
   int64_t bad = 0;  // weights written that are not finite
