@@ -372,7 +372,7 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
   }
 }
 
-model::Stage Trainer::stage_of(const model::BertConfig& c) const {
+model::Stage Trainer::stage_of(const model::BertConfig& c) {
   if (!grid_->pipelined() && opt_.stage_layers.empty()) return {};
   std::vector<model::Stage> stages;
   if (!opt_.stage_layers.empty()) {
@@ -385,7 +385,7 @@ model::Stage Trainer::stage_of(const model::BertConfig& c) const {
     plan.shape = uniform_shape(tokens, rows, 1);
     stages = balance_stages(plan, grid_->stages());
   }
-  const_cast<Trainer*>(this)->stages_ = stages;
+  stages_ = stages;
   return stages[static_cast<size_t>(grid_->stage())];
 }
 

@@ -146,7 +146,7 @@ class Trainer {
   void clear_earlier_run();
   void check_disk_space() const;
   // The pipeline stage this process runs of a model of config c (the whole model in one stage).
-  model::Stage stage_of(const model::BertConfig& c) const;
+  model::Stage stage_of(const model::BertConfig& c);  // (sets stages_)
   // Under pipeline stages: each stage's first replica sends `mine` (arrays of its stage layout's
   // size) to world rank 0, which returns them laid out as the whole model's arrays (the tied word
   // table from the first stage; tied_equal, when given, is cleared on rank 0 where the last
