@@ -248,16 +248,28 @@ void Comm::gather(const float* mine, float* all, const std::vector<size_t>& boun
               st_->comm);
 }
 
+// Messages longer than an int counts go as pieces of kMaxCount bytes, in order (MPI keeps the
+// order of messages between two ranks with one tag), at least one piece even when empty.
 void Comm::start_send(const void* data, size_t bytes, int peer, int tag) {
-  if (bytes > kMaxCount) throw std::length_error("a message of " + std::to_string(bytes) + " bytes");
-  st_->sends.emplace_back();
-  MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, st_->comm, &st_->sends.back());
+  const auto* p = static_cast<const char*>(data);
+  size_t a = 0;
+  do {
+    const size_t n = std::min(kMaxCount, bytes - a);
+    st_->sends.emplace_back();
+    MPI_Isend(p + a, static_cast<int>(n), MPI_BYTE, peer, tag, st_->comm, &st_->sends.back());
+    a += n;
+  } while (a < bytes);
 }
 
 double Comm::recv(void* data, size_t bytes, int peer, int tag) {
-  if (bytes > kMaxCount) throw std::length_error("a message of " + std::to_string(bytes) + " bytes");
   const double t0 = now_seconds();
-  MPI_Recv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, st_->comm, MPI_STATUS_IGNORE);
+  auto* p = static_cast<char*>(data);
+  size_t a = 0;
+  do {
+    const size_t n = std::min(kMaxCount, bytes - a);
+    MPI_Recv(p + a, static_cast<int>(n), MPI_BYTE, peer, tag, st_->comm, MPI_STATUS_IGNORE);
+    a += n;
+  } while (a < bytes);
   return now_seconds() - t0;
 }
 

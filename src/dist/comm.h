@@ -70,7 +70,8 @@ class Comm {
   // Point to point, for a pipeline's activations and gradients: `bytes` bytes to / from rank
   // `peer` of this communicator, matched by `tag`. A send is started and returns at once (a stage
   // must not block on a neighbour that is sending to it too); the bytes must stay as they are until
-  // wait_sends(). recv blocks until the bytes are there and returns the seconds it waited.
+  // wait_sends(); any length (longer ones go in pieces). recv blocks until the bytes are there
+  // and returns the seconds it waited.
   void start_send(const void* data, size_t bytes, int peer, int tag);
   double recv(void* data, size_t bytes, int peer, int tag);
   void wait_sends();
