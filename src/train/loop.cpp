@@ -234,15 +234,33 @@ struct StepSums {
 
 namespace {
 
+// Word-table rows, sorted and unique.
+void sort_unique(std::vector<int32_t>& rows) {
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+}
+
 // The word-table rows a batch's tokens use, sorted and unique.
 std::vector<int32_t> word_rows_of(const model::PackedBatch& b) {
   std::vector<int32_t> rows(b.input_ids.begin(), b.input_ids.end());
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  sort_unique(rows);
   return rows;
 }
 
+// What a micro-batch's activations are allocated for (named in an out-of-memory error).
+std::string activations_of(const model::PackedBatch& b) {
+  return "the activations of a micro-batch of " + std::to_string(b.B) + " rows of " +
+         std::to_string(b.S) + " tokens";
+}
+
 }  // namespace
+
+model::StepOptions Stepper::training_options(int64_t index, int micro, double scale) const {
+  const uint64_t dropout_step =
+      static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
+      static_cast<uint64_t>(micro);
+  return {true, o_.seed, dropout_step, recompute_, o_.precision, scale};
+}
 
 model::PackedBatch Stepper::share_of(const model::PackedBatch& whole) const {
   const int N = comm_.size();
@@ -286,12 +304,8 @@ void Stepper::run_micro_batches(int64_t index, int micros, StepSums& sums,
       reduce_word_rows();
       continue;
     }
-    io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
-                              " rows of " + std::to_string(b.S) + " tokens");
-    const uint64_t dropout_step =
-        static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
-        static_cast<uint64_t>(micro);
-    sums.add(m_.forward(b, {true, o_.seed, dropout_step, recompute_, o_.precision, scale}));
+    io::AllocationScope scope(activations_of(b));
+    sums.add(m_.forward(b, training_options(index, micro, scale)));
     io::crash_point("forward");
     m_.backward(ready, progress);
     reduce_word_rows();
@@ -325,13 +339,8 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
           first
               ? kernels::View()
               : links_->receive_input(a.micro, pass, model::token_layout(b, m_.config()).tokens());
-      io::AllocationScope scope("the activations of a micro-batch of " + std::to_string(b.B) +
-                                " rows of " + std::to_string(b.S) + " tokens");
-      const uint64_t dropout_step =
-          static_cast<uint64_t>(index) * static_cast<uint64_t>(accumulation_) +
-          static_cast<uint64_t>(a.micro);
-      const model::Outputs out =
-          m_.forward(b, {true, o_.seed, dropout_step, recompute_, o_.precision, scale}, input);
+      io::AllocationScope scope(activations_of(b));
+      const model::Outputs out = m_.forward(b, training_options(index, a.micro, scale), input);
       io::crash_point("forward");
       if (last) {
         sums.add(out);
@@ -439,8 +448,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
   sync_.finish(g.data());
   m_.add_word_rows();  // (deferred word-table rows, now summed over processes)
   if (tied_) {
-    std::sort(step_rows_.begin(), step_rows_.end());
-    step_rows_.erase(std::unique(step_rows_.begin(), step_rows_.end()), step_rows_.end());
+    sort_unique(step_rows_);
     links_->sum_tied(g.data() + tied_->offset, m_.config().vocab_size, step_rows_);
   }
   if (grid_.pipelined() && grid_.replica() == 0)

@@ -178,6 +178,9 @@ class Stepper {
   // The same for a pipeline stage, on the 1F1B schedule.
   void run_stage(int64_t index, int micros, StepSums& sums,
                  const std::function<model::PackedBatch()>& next, double scale);
+  // Forward's options for micro-batch `micro` of step `index` under loss scale `scale`: dropout
+  // on, its masks drawn for that micro-batch's place in the run.
+  model::StepOptions training_options(int64_t index, int micro, double scale) const;
   // This replica's share of a whole batch (the whole of it in one replica).
   model::PackedBatch share_of(const model::PackedBatch& whole) const;
   // The gradients' global norm: over this rank's range (the shard under ZeRO-1), summed over
