@@ -198,11 +198,12 @@ void Comm::start_reduce_scatter(float* x, size_t a, size_t e, const std::vector<
 }
 
 void Comm::progress() {
-  if (st_->pending.empty()) return;
-  int done = 0;
-  MPI_Testall(static_cast<int>(st_->pending.size()), st_->pending.data(), &done,
-              MPI_STATUSES_IGNORE);
-  if (done) st_->pending.clear();
+  for (std::vector<MPI_Request>* requests : {&st_->pending, &st_->sends}) {
+    if (requests->empty()) continue;
+    int done = 0;
+    MPI_Testall(static_cast<int>(requests->size()), requests->data(), &done, MPI_STATUSES_IGNORE);
+    if (done) requests->clear();
+  }
 }
 
 double Comm::wait_all() {

@@ -50,7 +50,8 @@ class Comm {
 
   // Non-blocking in-place sum of a bucket of floats; started buckets complete, in the order
   // started, by wait_all(), which returns the seconds it waited. progress() lets MPI move the
-  // started ones along without waiting.
+  // started ones along without waiting, and the started sends below (a large message moves only
+  // while its sender is inside MPI: a stage computing for a second would hold up its receiver).
   void start_allreduce(float* x, size_t n);
   // The same for the range [a, e) of a sharded arena x (bounds as below): after wait_all(), this
   // rank's part of the range holds the sum over ranks, in place (the rest is left undefined).

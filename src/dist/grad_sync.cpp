@@ -17,22 +17,39 @@ std::pair<size_t, size_t> GradientSync::shard() const {
   return {bounds_[r], bounds_[r + 1]};
 }
 
+namespace {
+
+// [a, e) split by the range r: the parts before, inside and after it (each possibly empty).
+struct Split {
+  size_t a, ra, re, e;
+};
+Split split(size_t a, size_t e, std::pair<size_t, size_t> r) {
+  const size_t ra = std::clamp(r.first, a, e), re = std::clamp(r.second, ra, e);
+  return {a, ra, re, e};
+}
+
+}  // namespace
+
 std::function<void(size_t, size_t)> GradientSync::on_ready(float* grads) {
+  // One range as this process sums it: all-reduced, or reduce-scattered with the part kept whole
+  // all-reduced.
+  std::function<void(size_t, size_t)> sum;
   if (kind_ == Kind::allreduce)
-    return [this, grads](size_t a, size_t e) {
-      comm_.start_allreduce(grads + a, e - a);
-      comm_.progress();
-    };
+    sum = [this, grads](size_t a, size_t e) { comm_.start_allreduce(grads + a, e - a); };
   if (kind_ == Kind::zero1)
-    return [this, grads](size_t a, size_t e) {
-      // (the part of the range kept whole is all-reduced; what lies either side, scattered)
-      const size_t wa = std::clamp(whole_.first, a, e), we = std::clamp(whole_.second, wa, e);
-      if (a < wa) comm_.start_reduce_scatter(grads, a, wa, bounds_);
-      if (wa < we) comm_.start_allreduce(grads + wa, we - wa);
-      if (we < e) comm_.start_reduce_scatter(grads, we, e, bounds_);
-      comm_.progress();
+    sum = [this, grads](size_t a, size_t e) {
+      const Split p = split(a, e, whole_);
+      if (p.a < p.ra) comm_.start_reduce_scatter(grads, p.a, p.ra, bounds_);
+      if (p.ra < p.re) comm_.start_allreduce(grads + p.ra, p.re - p.ra);
+      if (p.re < p.e) comm_.start_reduce_scatter(grads, p.re, p.e, bounds_);
     };
-  return {};
+  if (!sum) return {};
+  return [this, sum](size_t a, size_t e) {
+    const Split p = split(a, e, skip_);  // (the skipped part: not summed)
+    if (p.a < p.ra) sum(p.a, p.ra);
+    if (p.re < p.e) sum(p.re, p.e);
+    comm_.progress();
+  };
 }
 
 void GradientSync::start(float* x, size_t n) {

@@ -8,8 +8,9 @@
 //   shard's optimizer moments only), and the weights are all-gathered.
 // Under all-reduce the word table's embeddings share is reduced on its own (start()), so the
 // table's range goes early (model::BertModel::defer_word_rows). A pipeline's first and last
-// stages each hold the tied word table and add their two shares after this sum
-// (train::StageLinks::sum_tied): under ZeRO-1 that range is all-reduced whole (keep_whole).
+// stages each hold the tied word table; the first forms its whole gradient and hands it to the
+// last after this sum (train::StageLinks::share_tied): on the first stage that range is
+// all-reduced whole even under ZeRO-1 (keep_whole), on the last it is not summed at all (skip).
 #pragma once
 
 #include <cstddef>
@@ -41,6 +42,9 @@ class GradientSync {
   std::function<void(size_t, size_t)> on_ready(float* grads);
   // A range [a, e) that every process needs whole after the sum: all-reduced even under ZeRO-1.
   void keep_whole(size_t a, size_t e) { whole_ = {a, e}; }
+  // A range [a, e) this process does not sum: its gradient comes whole from elsewhere after the
+  // sum (a pipeline's last stage's word table).
+  void skip(size_t a, size_t e) { skip_ = {a, e}; }
   // Whether ranges are reduced as backward finishes them (several processes), so that backward
   // should finish the largest early (BertModel::defer_word_rows) and let MPI progress between
   // its ops.
@@ -65,7 +69,7 @@ class GradientSync {
   Comm& comm_;
   Kind kind_ = Kind::none;
   std::vector<size_t> bounds_;
-  std::pair<size_t, size_t> whole_{0, 0};
+  std::pair<size_t, size_t> whole_{0, 0}, skip_{0, 0};
 };
 
 }  // namespace packbert::dist

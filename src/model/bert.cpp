@@ -388,7 +388,7 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
   if (!cur_->share.places.empty()) place_rows(batch);
   StepShape shape = shape_of(cur_->tl, omp_get_max_threads());
   shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
-  cur_->ws.prepare(layout_.stage_config(), layout_.stage_heads(),
+  cur_->ws.prepare(layout_.stage_config(), layout_.workspace_heads(),
                    cur_->opt.recompute, shape, cur_->opt.precision, dtype(), backend_->device());
 }
 
@@ -432,6 +432,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   const int64_t TC = static_cast<int64_t>(Tn) * c.hidden_size;
   StepContext s = context();
   if (progress) s.progress = &progress;
+  s.decoder_elsewhere = decoder_elsewhere_;
   // d loss / d layer output, / d layer input
   View dh = cur_->ws.get(Rec::dh), dx = cur_->ws.get(Rec::dx);
   if (output_grad) {  // (a stage below the last: its output's gradient instead of the heads)
@@ -478,6 +479,27 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   }
   embeddings_backward_of(s, dh);
   finished();
+}
+
+void BertModel::hand_decoder_to_first_stage() {
+  if (!word_with_heads_ || !layout_.heads().pretraining)
+    throw std::logic_error("hand_decoder_to_first_stage: not a last stage below the embeddings");
+  decoder_elsewhere_ = true;
+}
+
+DecoderInput BertModel::decoder_input() const {
+  if (!layout_.has_heads() || !layout_.heads().pretraining)
+    throw std::logic_error("decoder_input: no MLM head here");
+  const int M = static_cast<int>(cur_->tl.mlm_token.size());
+  return {cur_->ws.get(Rec::mlm_t3).shaped(M, config().hidden_size),
+          p_.mlm_bias.shaped(1, config().vocab_size)};
+}
+
+void BertModel::add_decoder_grad(const DecoderInput& d) {
+  if (layout_.workspace_heads().pretraining == layout_.stage_heads().pretraining)
+    throw std::logic_error("add_decoder_grad: only a first stage below the MLM head takes it");
+  if (!cur_->forwarded) throw std::logic_error("add_decoder_grad: the selected pass holds no forward");
+  mlm_decoder_weight_backward(context(), p_, g_, d);
 }
 
 void BertModel::heads_backward(const StepContext& s, View dh) {

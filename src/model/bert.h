@@ -125,13 +125,25 @@ class BertModel {
   // `output_grad`: a stage before the last's d loss / d stage_output() ([T, C] in the model's
   // scalar, from the stage above), empty for a last stage (or the whole model), which starts
   // from its losses. A stage after the first leaves d loss / d input in input_grad() (workspace
-  // memory, valid until the next forward). On a last stage that is not the first, the word
-  // table's gradient is the MLM decoder's share only, and the first stage's the embeddings':
-  // a pipeline adds the two (handing the decoder's share to the first stage before its backward
-  // would add them in the whole model's order).
+  // memory, valid until the next forward).
   void backward(const std::function<void(size_t begin, size_t end)>& ready = {},
                 const std::function<void()>& progress = {}, kernels::View output_grad = {});
   kernels::View input_grad() const { return cur_->input_grad; }
+  // The tied word table across pipeline stages. On a last stage that is not the first, the word
+  // table's gradient is the MLM decoder's share, and the first stage's the embeddings'; after
+  // hand_decoder_to_first_stage() the last stage's backward leaves its table's gradient alone,
+  // and the first stage forms the decoder's share itself: before each micro-batch's backward it
+  // takes that micro-batch's decoder_input() from the last stage (after its forward) and calls
+  // add_decoder_grad, so the table's whole gradient sums on the first stage in the whole model's
+  // order (the decoder's share, then the embeddings', micro-batch by micro-batch) and costs each
+  // stage one decoder product of the head's three.
+  void hand_decoder_to_first_stage();
+  // The selected pass's MLM decoder input and the decoder's bias (a last stage, after forward;
+  // valid until the pass's next forward).
+  DecoderInput decoder_input() const;
+  // A first stage below the MLM head: adds the decoder's share of the word table's gradient
+  // (model/heads.h, mlm_decoder_weight_backward) for the selected pass's micro-batch.
+  void add_decoder_grad(const DecoderInput& d);
   // The ranges of the parameter arena that the next backward finishes one at a time, in that
   // order; they tile [0, layout().total()).
   const std::vector<std::pair<size_t, size_t>>& grad_ranges() const {
@@ -229,6 +241,7 @@ class BertModel {
   std::vector<int32_t> word_rows_;  // deferral: the rows
   kernels::Buffer word_rows_grads_;
   bool word_with_heads_ = false;  // a last stage's word table: finished with the heads
+  bool decoder_elsewhere_ = false;  // hand_decoder_to_first_stage()
 };
 
 }  // namespace packbert::model

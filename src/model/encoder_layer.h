@@ -24,6 +24,16 @@ struct DropoutPlaces {
   std::vector<int64_t> token_local, token_global, seq_local, seq_global, attention;
 };
 
+// What a pipeline's first stage needs to form the MLM decoder's weight gradient: the decoder is
+// the word table, which the first and the last stage both hold, and the first forms the
+// decoder's share of the table's gradient (BertModel::add_decoder_grad) from the decoder's input
+// [masked, hidden] (as the layers hold activations: 16 bits under a 16-bit precision) and bias
+// [vocab] (f32) on the last stage, which a [masked, vocab] logits' gradient would outweigh 40
+// times on the wire.
+struct DecoderInput {
+  kernels::View input, bias;
+};
+
 // What every function of one step shares: shapes, the batch's sequence boundaries, the dropout
 // stream, the workspace (whose scratch records they use) and the backend its ops run on. Tensors
 // are Views: the step's scalar (f32, or f64 in the finite-difference tests) or, under a 16-bit
@@ -54,6 +64,9 @@ struct StepContext {
   double loss_scale = 1;  // the factor backward's loss gradients start from (StepOptions)
   // Called between the ops of a layer's backward when set (BertModel::backward's `progress`).
   const std::function<void()>* progress = nullptr;
+  // A pipeline's last stage: the MLM backward leaves the word table's gradient to the first
+  // stage (BertModel::hand_decoder_to_first_stage).
+  bool decoder_elsewhere = false;
   void tick() const {
     if (progress) (*progress)();
   }

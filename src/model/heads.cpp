@@ -94,6 +94,8 @@ void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, 
              lse = ws.get(Rec::mlm_lse).shaped(1, M);
   const View in = ws.get(Rec::mlm_in).shaped(M, C), t3 = ws.get(Rec::mlm_t3).shaped(M, C);
   const int32_t* labels = s.tokens.mlm_label.data();
+  // (the word table's gradient: on a pipeline's last stage, the first stage's to form)
+  const View decoder_dW = s.decoder_elsewhere ? View() : g.word.shaped(V, C);
   constexpr GradWrite over = GradWrite::overwrite;  // dlogits, d3, d2, d1, din written over
   // Under 16 bits the logits' gradient goes straight to its 16-bit form (the decoder's GEMM
   // operand) with the bias gradient in the same pass: no fp32 [M, V] gradient.
@@ -101,13 +103,13 @@ void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, 
     const View dlogits16 = ws.get(Rec::dout16).shaped(M, V);
     be.cross_entropy_backward(dlogits16, g.mlm_bias.shaped(1, V), logits, lse, labels, dloss,
                               over);
-    be.linear_backward(d3, g.word.shaped(V, C), View(), dlogits16, t3, s.p16->word.shaped(V, C),
-                       nullptr, over, View());
+    be.linear_backward(d3, decoder_dW, View(), dlogits16, t3, s.p16->word.shaped(V, C), nullptr,
+                       over, View());
   } else {
     const View dlogits = ws.get(Rec::mlm_dlogits).shaped(M, V);
     be.cross_entropy_backward(dlogits, View(), logits, lse, labels, dloss, over);
-    be.linear_backward(d3, g.word.shaped(V, C), g.mlm_bias.shaped(1, V), dlogits, t3,
-                       p.word.shaped(V, C), nullptr, over, View());
+    be.linear_backward(d3, decoder_dW, g.mlm_bias.shaped(1, V), dlogits, t3, p.word.shaped(V, C),
+                       nullptr, over, View());
   }
   be.layernorm_backward(d2, g.mlm_ln_w.shaped(1, C), g.mlm_ln_b.shaped(1, C), d3,
                         ws.get(Rec::mlm_t2).shaped(M, C), p.mlm_ln_w.shaped(1, C),
@@ -152,6 +154,26 @@ void linear_cross_entropy_backward(const StepContext& s, View in, View W, View d
 }
 
 }  // namespace
+
+void mlm_decoder_weight_backward(const StepContext& s, const ParamView& p, const ParamView& g,
+                                 const DecoderInput& d) {
+  const Workspace& ws = s.ws;
+  const Backend& be = s.be;
+  const int M = static_cast<int>(s.tokens.mlm_token.size()), C = s.config.hidden_size,
+            V = s.config.vocab_size;
+  if (M == 0) return;
+  const View logits = ws.get(Rec::mlm_logits).shaped(M, V), lse = ws.get(Rec::mlm_lse).shaped(1, M);
+  const View t3 = d.input.shaped(M, C);
+  const int32_t* labels = s.tokens.mlm_label.data();
+  const ParamView& w = s.p16 ? *s.p16 : p;
+  be.linear_forward(logits, t3, w.word.shaped(V, C), d.bias.shaped(1, V), nullptr, View());
+  be.cross_entropy_forward(ws.get(Rec::head_losses).shaped(1, M), lse, logits, labels);
+  const View dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
+  const View dlogits = ws.get(s.p16 ? Rec::dout16 : Rec::mlm_dlogits).shaped(M, V);
+  be.cross_entropy_backward(dlogits, View(), logits, lse, labels, dloss, GradWrite::overwrite);
+  be.linear_backward(View(), g.word.shaped(V, C), View(), dlogits, t3, w.word.shaped(V, C), nullptr,
+                     GradWrite::accumulate, View());
+}
 
 void nsp_forward(const StepContext& s, const ParamView& p, const int32_t* targets, Outputs& out) {
   const int n = s.n_seq();

@@ -21,6 +21,14 @@ void mlm_forward(const StepContext& s, const ParamView& p, kernels::View top_hel
 void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, const Outputs& out,
                   kernels::View dtop);
 
+// A pipeline's first stage: the MLM decoder's share of the tied word table's gradient, added into
+// g.word, from the last stage's decoder input and bias. The logits, their log-sum-exp and their
+// gradient are formed again as mlm_forward and mlm_backward form them (the same kernels on the
+// same operands, so the same bits), then the weight's product alone. Needs the MLM head's
+// records in the workspace (ParamLayout::workspace_heads).
+void mlm_decoder_weight_backward(const StepContext& s, const ParamView& p, const ParamView& g,
+                                 const DecoderInput& d);
+
 // targets: [n_seq] NSP labels (< 0 = none).
 void nsp_forward(const StepContext& s, const ParamView& p, const int32_t* targets, Outputs& out);
 void nsp_backward(const StepContext& s, const ParamView& p, const ParamView& g,

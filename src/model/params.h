@@ -75,6 +75,13 @@ class ParamLayout {
   // count, and the heads it runs (heads() on the last stage, none before it).
   const BertConfig& stage_config() const { return stage_config_; }
   Heads stage_heads() const { return has_heads() ? heads_ : Heads{false, false, false}; }
+  // The heads whose records the stage's workspace holds: stage_heads(), and on a first stage
+  // below the pretraining heads the MLM head's too (it forms the tied decoder's share of the
+  // word table's gradient: model/heads.h, mlm_decoder_weight_backward).
+  Heads workspace_heads() const {
+    return has_embeddings() && !has_heads() && heads_.pretraining ? Heads{true, false, false}
+                                                                   : stage_heads();
+  }
   size_t total() const { return total_; }
   const TensorSpec* find(const std::string& name) const;  // null if absent
   // The word table (tied to the MLM decoder), where this stage holds it; null elsewhere.

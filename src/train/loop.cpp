@@ -148,10 +148,15 @@ Stepper::Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfi
   if (grid_.pipelined()) {
     links_ = std::make_unique<StageLinks>(grid_.pipe(), m.config().hidden_size,
                                           model::storage_dtype(o.precision));
-    // The first and last stage both hold the word table where the MLM decoder is tied to it.
+    // The first and last stage both hold the word table where the MLM decoder is tied to it. The
+    // first sums its whole gradient (its replicas' too) and hands it to the last.
     if ((grid_.first_stage() || grid_.last_stage()) && m.layout().heads().pretraining)
       tied_ = m.layout().word_table();
-    if (tied_) sync_.keep_whole(tied_->offset, tied_->offset + tied_->numel);
+    if (tied_ && grid_.first_stage()) sync_.keep_whole(tied_->offset, tied_->offset + tied_->numel);
+    if (tied_ && grid_.last_stage()) {
+      sync_.skip(tied_->offset, tied_->offset + tied_->numel);
+      m.hand_decoder_to_first_stage();
+    }
   }
   const auto [begin, end] = sync_.shard();
   OptimizerConfig c = oc;
@@ -234,16 +239,11 @@ struct StepSums {
 
 namespace {
 
-// Word-table rows, sorted and unique.
-void sort_unique(std::vector<int32_t>& rows) {
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-}
-
 // The word-table rows a batch's tokens use, sorted and unique.
 std::vector<int32_t> word_rows_of(const model::PackedBatch& b) {
   std::vector<int32_t> rows(b.input_ids.begin(), b.input_ids.end());
-  sort_unique(rows);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   return rows;
 }
 
@@ -324,15 +324,12 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
   const bool first = grid_.first_stage(), last = grid_.last_stage();
   const std::span<float> g = m_.grads();
   shares_.resize(static_cast<size_t>(micros));
-  step_rows_.clear();
   for (const PipelineAction& a : one_f_one_b(grid_.stages(), grid_.stage(), micros)) {
     const int pass = a.micro % in_flight;
     m_.use_pass(pass);
     model::PackedBatch& b = shares_[static_cast<size_t>(a.micro)];
     if (!a.backward) {
       const model::PackedBatch whole = next();  // (forwards run in micro-batch order)
-      if (tied_)
-        step_rows_.insert(step_rows_.end(), whole.input_ids.begin(), whole.input_ids.end());
       b = comm_.size() > 1 ? share_of(whole) : whole;
       if (b.B == 0) continue;
       const kernels::View input =
@@ -343,6 +340,9 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
       const model::Outputs out = m_.forward(b, training_options(index, a.micro, scale), input);
       io::crash_point("forward");
       if (last) {
+        // The first stage forms the tied word table's decoder share from this (run_stage's
+        // backward below).
+        if (tied_) links_->send_decoder_input(a.micro, m_.decoder_input());
         sums.add(out);
         sums.add_tokens(m_.tokens(), b, grid_.replica());
       } else {
@@ -360,9 +360,17 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
     }
     const kernels::View output_grad =
         last ? kernels::View() : links_->receive_output_grad(a.micro, m_.tokens().tokens());
-    const std::function<void()> progress = final && sync_.overlaps()
-                                               ? std::function<void()>([this] { sync_.progress(); })
-                                               : std::function<void()>();
+    // MPI moves this stage's sends on between backward's ops (the decoder's parts, started in the
+    // middle of it), and on the last micro-batch the replicas' sums.
+    const bool sums = final && sync_.overlaps();
+    const std::function<void()> progress = [this, sums] {
+      grid_.pipe().progress();
+      if (sums) sync_.progress();
+    };
+    // The word table's decoder share before the embeddings', as one process adds them.
+    if (tied_ && first)
+      m_.add_decoder_grad(links_->receive_decoder_input(
+          a.micro, static_cast<int64_t>(m_.tokens().mlm_token.size()), m_.config().vocab_size));
     m_.backward(ready, progress, output_grad);
     if (!first) links_->send_input_grad(a.micro, m_.input_grad());
   }
@@ -447,10 +455,7 @@ StepResult Stepper::step(int64_t index, int64_t total,
   const double t0 = now_seconds();
   sync_.finish(g.data());
   m_.add_word_rows();  // (deferred word-table rows, now summed over processes)
-  if (tied_) {
-    sort_unique(step_rows_);
-    links_->sum_tied(g.data() + tied_->offset, m_.config().vocab_size, step_rows_);
-  }
+  if (tied_) links_->share_tied(g.data() + tied_->offset, tied_->numel);
   if (grid_.pipelined() && grid_.replica() == 0)
     sums.stage_waits[static_cast<size_t>(grid_.stage())] = links_->waited();
   if (grid_.world().distributed()) sums.allreduce(grid_.world());

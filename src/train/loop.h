@@ -199,7 +199,6 @@ class Stepper {
   std::unique_ptr<StageLinks> links_;        // to the neighbouring stages, when pipelined
   const model::TensorSpec* tied_ = nullptr;  // the word table, on a first or last stage
   std::vector<model::PackedBatch> shares_;   // a stage's micro-batches in flight
-  std::vector<int32_t> step_rows_;           // the word-table rows the step's batches use
   dist::GradientSync sync_;  // all-reduce, ZeRO-1 or nothing
   std::unique_ptr<Optimizer> opt_;
   GradNormGuard guard_;

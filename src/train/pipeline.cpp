@@ -43,13 +43,17 @@ double bubble_fraction(int stages, int micro_batches) {
 
 namespace {
 
-// Message tags: micro-batch j's activations 2j, its gradients 2j + 1; the tied table's last.
-constexpr int kTiedTag = 32767;  // (the largest tag every MPI allows)
+// Message tags: micro-batch j's activations 3j, their gradients 3j + 1, its decoder input 3j + 2
+// (j modulo what fits below the tied table's tag, the largest every MPI allows).
+constexpr int kTiedTag = 32767;
 int activation_tag(int micro) {
-  return 2 * (micro % (kTiedTag / 2));
+  return 3 * (micro % (kTiedTag / 3));
 }
 int gradient_tag(int micro) {
   return activation_tag(micro) + 1;
+}
+int decoder_tag(int micro) {
+  return activation_tag(micro) + 2;
 }
 
 }  // namespace
@@ -57,16 +61,20 @@ int gradient_tag(int micro) {
 StageLinks::StageLinks(dist::Comm& pipe, int hidden, kernels::DType activations)
     : pipe_(pipe), hidden_(hidden), activations_(activations) {}
 
+kernels::View StageLinks::view_of(void* at, kernels::DType dtype, int64_t rows, int64_t cols) {
+  kernels::View v;
+  v.data = at, v.dtype = dtype;
+  v.rows = rows, v.cols = v.ld = cols;
+  return v;
+}
+
 kernels::View StageLinks::receive_input(int micro, int pass, int64_t tokens) {
   if (inputs_.size() <= static_cast<size_t>(pass)) inputs_.resize(static_cast<size_t>(pass) + 1);
   std::vector<std::byte>& in = inputs_[static_cast<size_t>(pass)];
   in.resize(static_cast<size_t>(tokens) * static_cast<size_t>(hidden_) *
             kernels::traits(activations_).bytes);
   waited_ += pipe_.recv(in.data(), in.size(), pipe_.rank() - 1, activation_tag(micro));
-  kernels::View v;
-  v.data = in.data(), v.dtype = activations_;
-  v.rows = tokens, v.cols = v.ld = hidden_;
-  return v;
+  return view_of(in.data(), activations_, tokens, hidden_);
 }
 
 std::vector<std::byte>& StageLinks::next_sent(size_t bytes) {
@@ -96,40 +104,37 @@ void StageLinks::send_input_grad(int micro, const kernels::View& grad) {
   pipe_.start_send(buf.data(), buf.size(), pipe_.rank() - 1, gradient_tag(micro));
 }
 
-void StageLinks::sum_tied(float* grad, int64_t vocab, const std::vector<int32_t>& rows) {
+void StageLinks::send_decoder_input(int micro, const model::DecoderInput& d) {
+  if (d.input.dtype != activations_ || d.input.cols != hidden_ ||
+      d.bias.dtype != kernels::DType::f32)
+    throw std::logic_error("send_decoder_input: not [masked, hidden] as held and an f32 bias");
+  const size_t input = static_cast<size_t>(d.input.numel()) * kernels::traits(activations_).bytes,
+               bias = static_cast<size_t>(d.bias.numel()) * sizeof(float);
+  std::vector<std::byte>& buf = next_sent(input + bias);
+  std::memcpy(buf.data(), d.input.data, input);
+  std::memcpy(buf.data() + input, d.bias.data, bias);
+  pipe_.start_send(buf.data(), buf.size(), 0, decoder_tag(micro));
+}
+
+model::DecoderInput StageLinks::receive_decoder_input(int micro, int64_t masked, int64_t vocab) {
+  const size_t input =
+      static_cast<size_t>(masked * hidden_) * kernels::traits(activations_).bytes;
+  decoder_.resize(input + static_cast<size_t>(vocab) * sizeof(float));
+  waited_ += pipe_.recv(decoder_.data(), decoder_.size(), pipe_.size() - 1, decoder_tag(micro));
+  return {view_of(decoder_.data(), activations_, masked, hidden_),
+          view_of(decoder_.data() + input, kernels::DType::f32, 1, vocab)};
+}
+
+void StageLinks::share_tied(float* grad, size_t n) {
   const int P = pipe_.size(), s = pipe_.rank();
   if (P == 1 || (s != 0 && s != P - 1)) return;
-  const size_t C = static_cast<size_t>(hidden_), n = static_cast<size_t>(vocab) * C;
-  if (s == 0) {  // the decoder's share, whole, added to the embeddings' rows
-    std::vector<float>& decoder = tied_;
-    decoder.resize(n);
-    waited_ += pipe_.recv(decoder.data(), n * sizeof(float), P - 1, kTiedTag);
-    std::vector<std::byte>& mine = next_sent(rows.size() * C * sizeof(float));
-    for (size_t k = 0; k < rows.size(); ++k)
-      std::memcpy(mine.data() + k * C * sizeof(float), grad + static_cast<size_t>(rows[k]) * C,
-                  C * sizeof(float));
-    pipe_.start_send(mine.data(), mine.size(), P - 1, kTiedTag);
-    for (size_t i = 0; i < n; ++i) grad[i] += decoder[i];
+  if (s == 0) {
+    pipe_.start_send(grad, n * sizeof(float), P - 1, kTiedTag);
     finish();
     return;
   }
-  // The last stage: its share goes first (the first stage is still finishing its backwards),
-  // then the embeddings' rows come back.
-  pipe_.start_send(grad, n * sizeof(float), 0, kTiedTag);
-  std::vector<float>& embeddings = tied_;
-  embeddings.resize(rows.size() * C);
-  waited_ += pipe_.recv(embeddings.data(), embeddings.size() * sizeof(float), 0, kTiedTag);
+  waited_ += pipe_.recv(grad, n * sizeof(float), 0, kTiedTag);
   finish();
-  size_t k = 0;
-  for (size_t r = 0; r < static_cast<size_t>(vocab); ++r) {
-    float* g = grad + r * C;
-    if (k < rows.size() && static_cast<size_t>(rows[k]) == r) {
-      const float* e = embeddings.data() + k++ * C;
-      for (size_t c = 0; c < C; ++c) g[c] = e[c] + g[c];
-    } else {
-      for (size_t c = 0; c < C; ++c) g[c] = 0.0f + g[c];  // (as the first stage adds its zeros)
-    }
-  }
 }
 
 void StageLinks::finish() {

@@ -12,6 +12,7 @@
 
 #include "dist/comm.h"
 #include "kernels/tensor.h"
+#include "model/encoder_layer.h"
 
 namespace packbert::train {
 
@@ -34,11 +35,15 @@ int forwards_in_flight(int stages, int stage, int micro_batches);
 double bubble_fraction(int stages, int micro_batches);
 
 // A stage's messages to its neighbours over `pipe` (a replica's stages, ranked by stage): the
-// activations of micro-batch j going up and their gradients coming down. Every stage reads the
-// same batches, so each knows a micro-batch's token count without being sent it. A send is
-// started from a buffer of its own that stays until finish() (the step's end: waiting mid-step
-// could wait on a neighbour that waits on this stage); a receive blocks, and its wait counts in
-// waited() (the stage's share of the bubble).
+// activations of micro-batch j going up and their gradients coming down, and the MLM decoder's
+// input going from the last stage to the first (the word table, tied to the decoder, lives on
+// both: the first forms the decoder's share of its gradient, so it alone sums the table's
+// gradient, in the whole model's order: model::BertModel::hand_decoder_to_first_stage). Every
+// stage reads the same batches, so each knows a micro-batch's token and masked counts without
+// being sent them. A send is started from a
+// buffer of its own that stays until finish() (the step's end: waiting mid-step could wait on a
+// neighbour that waits on this stage); a receive blocks, and its wait counts in waited() (the
+// stage's share of the bubble).
 class StageLinks {
  public:
   // hidden: the model's width; activations: how the layers hold their inputs (16 bits under a
@@ -53,12 +58,17 @@ class StageLinks {
   kernels::View receive_output_grad(int micro, int64_t tokens);
   // To the stage below: a copy of d loss / d this stage's input for micro-batch j.
   void send_input_grad(int micro, const kernels::View& grad);
-  // The tied word table's gradient ([vocab, hidden]): the first stage holds the embeddings'
-  // share, nonzero only in `rows` (the ids of the step's batches, sorted and unique, which every
-  // stage knows), the last the MLM decoder's, dense. The last sends its share whole, the first
-  // only those rows, and both add them in one order (the first's + the last's; elsewhere 0 + the
-  // last's), so their copies stay equal bit for bit. The other stages do nothing.
-  void sum_tied(float* grad, int64_t vocab, const std::vector<int32_t>& rows);
+  // The last stage, to the first: a copy of micro-batch j's MLM decoder input and bias
+  // (BertModel::decoder_input after its forward).
+  void send_decoder_input(int micro, const model::DecoderInput& d);
+  // The first stage: micro-batch j's decoder input ([masked, hidden] as the layers hold
+  // activations) and bias ([vocab] f32) from the last, valid until the next call.
+  model::DecoderInput receive_decoder_input(int micro, int64_t masked, int64_t vocab);
+  // The tied word table's gradient (n floats), whole on the first stage after its replicas' sum:
+  // sent from there to the last stage, which receives it over its own (untouched by its
+  // backward), so both copies of the table take the same gradient bit for bit. The other stages
+  // do nothing.
+  void share_tied(float* grad, size_t n);
   // Waits for the sends started since the last finish().
   void finish();
   double waited() const { return waited_; }
@@ -68,13 +78,16 @@ class StageLinks {
   // The next send's buffer (kept, with its capacity, across steps: steady-state steps allocate
   // nothing).
   std::vector<std::byte>& next_sent(size_t bytes);
+  // A View of `rows` x `cols` `dtype` elements at `at`.
+  static kernels::View view_of(void* at, kernels::DType dtype, int64_t rows, int64_t cols);
 
   dist::Comm& pipe_;
   int hidden_;
   kernels::DType activations_;
   std::vector<std::vector<std::byte>> inputs_, sent_;
   size_t sent_used_ = 0;  // sent_'s buffers in use since the last finish()
-  std::vector<float> output_grad_, tied_;
+  std::vector<float> output_grad_;
+  std::vector<std::byte> decoder_;
   double waited_ = 0;
 };
 

@@ -338,7 +338,7 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      int N, int C, int OC, GradWrite mode) {
   const T beta = mode == GradWrite::accumulate ? T(1) : T(0);
   if (dinp) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, beta, dinp, C);
-  gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+  if (dweight) gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
@@ -369,7 +369,7 @@ void linear_backward_half(float* dinp, float* dweight, const H* dout16, const H*
                           const H* weight, int N, int C, int OC, GradWrite mode) {
   const float beta = mode == GradWrite::accumulate ? 1.0f : 0.0f;
   if (dinp) gemm(false, false, N, C, OC, 1.0f, dout16, OC, weight, C, beta, dinp, C);
-  gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C);
+  if (dweight) gemm(true, false, OC, C, N, 1.0f, dout16, OC, inp, C, 1.0f, dweight, C);
 }
 
 template <typename H>
@@ -428,7 +428,8 @@ void cross_entropy_logits_backward_half(H* dlogits16, float* dbias, const float*
         acc[j] += x[j];
       }
     }
-    for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
+    if (dbias)
+      for (int j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
   });
 }
 

@@ -127,6 +127,7 @@ void linear_backward(View dinp, View dweight, View dbias, View dout, View in, Vi
   require_contiguous("linear_backward", {&dinp, &dweight, &dbias, &dout, &in, &weight});
   const int N = i32(in.rows), C = i32(in.cols), OC = i32(dout.cols);
   if (pattern) {
+    if (!dweight) throw std::logic_error("linear_backward: a block-sparse layer forms its dweight");
     // The sparse kernels accumulate into dinp.
     if (dinp && mode == GradWrite::overwrite)
       with_wide_type("linear_backward", dinp,
@@ -361,7 +362,6 @@ void cross_entropy_backward(View dlogits, View dbias, View logits, View lse, con
                             View dlosses, GradWrite mode) {
   const int N = i32(logits.rows), V = i32(logits.cols);
   if (is16(dlogits)) {
-    if (!dbias) throw std::logic_error("cpu::cross_entropy_backward: a 16-bit dlogits needs dbias");
     return with_half_type("cross_entropy_backward", dlogits, [&](auto h) {
       using H = decltype(h);
       kernels::cross_entropy_logits_backward(ptr<H>(dlogits), ptr<float>(dbias),

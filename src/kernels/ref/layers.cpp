@@ -79,7 +79,9 @@ void linear_backward(View dinp, View dweight, View dbias, View dout, View in, Vi
     for (int64_t n = 0; n < N; ++n) acc += g[n * OC + o] * in.get(n, c);
     return acc;
   };
-  if (!pattern) {
+  if (!dweight) {
+    require(!pattern, "linear_backward", "a block-sparse layer's weight gradient is always formed");
+  } else if (!pattern) {
     for (int64_t o = 0; o < OC; ++o)
       for (int64_t c = 0; c < C; ++c) dweight.set(o, c, dweight.get(o, c) + dW(o, c));
   } else {
@@ -257,8 +259,6 @@ int64_t cross_entropy_forward(View losses, View lse, View logits, const int32_t*
 
 void cross_entropy_backward(View dlogits, View dbias, View logits, View lse, const int32_t* targets,
                             View dlosses, GradWrite mode) {
-  require(!is16(dlogits) || dbias, "cross_entropy_backward",
-          "a 16-bit logits gradient comes with its bias gradient");
   if (is16(dlogits)) mode = GradWrite::overwrite;  // written rounded, rows without a target 0
   for (int64_t n = 0; n < logits.rows; ++n)
     for (int64_t v = 0; v < logits.cols; ++v) {
