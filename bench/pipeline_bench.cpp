@@ -118,8 +118,9 @@ int main(int argc, char** argv) {
         // decoder input, before its backward.
         if (tied && first)
           m.add_decoder_grad(links.receive_decoder_input(a.micro, masked, c.vocab_size));
-        m.backward({}, [&] { comm.progress(); },
-                   last ? kernels::View() : links.receive_output_grad(a.micro, T));
+        m.backward(
+            {}, [&] { comm.progress(); },
+            last ? kernels::View() : links.receive_output_grad(a.micro, T));
         if (!first) links.send_input_grad(a.micro, m.input_grad());
       }
     }

@@ -826,9 +826,10 @@ TEST(ModelStage, ChainedStagesAreTheWholeModelBitForBit) {
           EXPECT_EQ(covered, m->layout().total()) << what;
           for (const TensorSpec& t : m->layout().tensors()) {
             if (t.name == word && m.get() == &last) {  // (the first stage's to form)
-              EXPECT_TRUE(std::all_of(m->grads().begin() + static_cast<ptrdiff_t>(t.offset),
-                                      m->grads().begin() + static_cast<ptrdiff_t>(t.offset + t.numel),
-                                      [](float g) { return g == 0.0f; }))
+              EXPECT_TRUE(
+                  std::all_of(m->grads().begin() + static_cast<ptrdiff_t>(t.offset),
+                              m->grads().begin() + static_cast<ptrdiff_t>(t.offset + t.numel),
+                              [](float g) { return g == 0.0f; }))
                   << what << ": the last stage formed a decoder share";
               continue;
             }

@@ -388,8 +388,8 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
   if (!cur_->share.places.empty()) place_rows(batch);
   StepShape shape = shape_of(cur_->tl, omp_get_max_threads());
   shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
-  cur_->ws.prepare(layout_.stage_config(), layout_.workspace_heads(),
-                   cur_->opt.recompute, shape, cur_->opt.precision, dtype(), backend_->device());
+  cur_->ws.prepare(layout_.stage_config(), layout_.workspace_heads(), cur_->opt.recompute, shape,
+                   cur_->opt.precision, dtype(), backend_->device());
 }
 
 const int32_t* BertModel::span_targets(const PackedBatch& batch) {
@@ -498,7 +498,8 @@ DecoderInput BertModel::decoder_input() const {
 void BertModel::add_decoder_grad(const DecoderInput& d) {
   if (layout_.workspace_heads().pretraining == layout_.stage_heads().pretraining)
     throw std::logic_error("add_decoder_grad: only a first stage below the MLM head takes it");
-  if (!cur_->forwarded) throw std::logic_error("add_decoder_grad: the selected pass holds no forward");
+  if (!cur_->forwarded)
+    throw std::logic_error("add_decoder_grad: the selected pass holds no forward");
   mlm_decoder_weight_backward(context(), p_, g_, d);
 }
 

@@ -80,7 +80,7 @@ class ParamLayout {
   // word table's gradient: model/heads.h, mlm_decoder_weight_backward).
   Heads workspace_heads() const {
     return has_embeddings() && !has_heads() && heads_.pretraining ? Heads{true, false, false}
-                                                                   : stage_heads();
+                                                                  : stage_heads();
   }
   size_t total() const { return total_; }
   const TensorSpec* find(const std::string& name) const;  // null if absent

@@ -105,8 +105,8 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
   shape.sparse_scratch = model::sparse_scratch_elems(layout, shape.tokens);
   // A stage's workspace: its own layers, the heads' records on the last stage only; one
   // workspace a forward in flight (BertModel's passes).
-  p.records = model::workspace_records(layout.stage_config(), layout.workspace_heads(), policy, shape,
-                                       r.precision);
+  p.records = model::workspace_records(layout.stage_config(), layout.workspace_heads(), policy,
+                                       shape, r.precision);
   for (const model::RecordSize& rec : p.records)
     (rec.storage == model::Storage::activation ? p.activation_bytes : p.workspace_bytes) +=
         rec.bytes() * static_cast<size_t>(r.in_flight);

@@ -117,8 +117,7 @@ void StageLinks::send_decoder_input(int micro, const model::DecoderInput& d) {
 }
 
 model::DecoderInput StageLinks::receive_decoder_input(int micro, int64_t masked, int64_t vocab) {
-  const size_t input =
-      static_cast<size_t>(masked * hidden_) * kernels::traits(activations_).bytes;
+  const size_t input = static_cast<size_t>(masked * hidden_) * kernels::traits(activations_).bytes;
   decoder_.resize(input + static_cast<size_t>(vocab) * sizeof(float));
   waited_ += pipe_.recv(decoder_.data(), decoder_.size(), pipe_.size() - 1, decoder_tag(micro));
   return {view_of(decoder_.data(), activations_, masked, hidden_),
