@@ -334,9 +334,8 @@ TEST_F(Dist, AKilledProcessEndsTheRunAndKeepsTheCheckpoint) {
 
 // Pipeline stages (docs/DESIGN.md §7c): 2 stages x 1 replica and 2 x 2 end where one process
 // with the same global batch ends, 4 micro-batches a step on the 1F1B schedule, dropout on. Not
-// bit for bit: the tied word table's two gradient shares (the embeddings' on the first stage,
-// the MLM decoder's on the last) are added once at the step's end, where one process adds them
-// micro-batch by micro-batch, and the global norm is summed stage by stage; both move the last
+// bit for bit: every gradient sums in one process's order (the tied word table's on the first
+// stage), but the global norm is summed stage by stage, which moves the clipping factor's last
 // bits, and the weights follow. Reruns are bit for bit, and both stages' copies of the word
 // table stay equal (the checkpoint holds the first stage's; the last stage's predictions use
 // its own, so a drift would show in the losses).

@@ -442,7 +442,8 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   } else {
     heads_backward(s, dh);
     finished();
-    // The word table: the decoder's share is all it gets (deferred, or on a last stage).
+    // The word table: the decoder's share is all it gets (deferred, or on a last stage, where
+    // it may be the first stage's to form).
     if (!word_rows_.empty() || word_with_heads_) finished();
   }
 
