@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
       m.use_pass(pass);
       if (!a.backward) {
         const kernels::View input = first ? kernels::View() : links.receive_input(a.micro, pass, T);
-        const model::Outputs out = m.forward(b, o, input);
+        const model::Outputs out = m.forward(b, o, input, [&] { comm.progress(); });
         if (last && tied) links.send_decoder_input(a.micro, m.decoder_input());
         if (last)
           losses[static_cast<size_t>(a.micro)] = out.loss();
@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
         // The tied word table: the first stage forms the decoder's share from the last stage's
         // decoder input, before its backward.
         if (tied && first)
-          m.add_decoder_grad(links.receive_decoder_input(a.micro, masked, c.vocab_size));
+          m.add_decoder_grad(links.receive_decoder_input(a.micro, masked, c.vocab_size),
+                             [&] { comm.progress(); });
         m.backward(
             {}, [&] { comm.progress(); },
             last ? kernels::View() : links.receive_output_grad(a.micro, T));

@@ -312,7 +312,8 @@ ClassTargets BertModel::class_targets(const PackedBatch& batch) {
   return {cur_->cls_targets.data(), View()};
 }
 
-Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options, View input) {
+Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options, View input,
+                           const std::function<void()>& progress) {
   if (layout_.has_embeddings() == static_cast<bool>(input))
     throw std::logic_error(layout_.has_embeddings()
                                ? "forward: a first stage computes its input (the embeddings)"
@@ -325,7 +326,8 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
   const Heads& heads = layout_.heads();
   const int Tn = cur_->tl.tokens();
   const int first = layout_.stage().first, L = layout_.stage_config().num_hidden_layers;
-  const StepContext s = context();
+  StepContext s = context();
+  if (progress) s.progress = &progress;
 
   const View in = input_of(0).shaped(Tn, c.hidden_size);
   if (input) {
@@ -496,12 +498,14 @@ DecoderInput BertModel::decoder_input() const {
           p_.mlm_bias.shaped(1, config().vocab_size)};
 }
 
-void BertModel::add_decoder_grad(const DecoderInput& d) {
+void BertModel::add_decoder_grad(const DecoderInput& d, const std::function<void()>& progress) {
   if (layout_.workspace_heads().pretraining == layout_.stage_heads().pretraining)
     throw std::logic_error("add_decoder_grad: only a first stage below the MLM head takes it");
   if (!cur_->forwarded)
     throw std::logic_error("add_decoder_grad: the selected pass holds no forward");
-  mlm_decoder_weight_backward(context(), p_, g_, d);
+  StepContext s = context();
+  if (progress) s.progress = &progress;
+  mlm_decoder_weight_backward(s, p_, g_, d);
 }
 
 void BertModel::heads_backward(const StepContext& s, View dh) {

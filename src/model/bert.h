@@ -111,7 +111,9 @@ class BertModel {
   // batch ([T, C] as the layers hold it: 16 bits under a 16-bit precision); empty for a first
   // stage (or the whole model), which computes the embeddings. A stage before the last returns
   // no losses (its Outputs are zero) and leaves its output in stage_output().
-  Outputs forward(const PackedBatch& batch, const StepOptions& options, kernels::View input = {});
+  // `progress`, when given, is called between the ops of each layer (as backward's below).
+  Outputs forward(const PackedBatch& batch, const StepOptions& options, kernels::View input = {},
+                  const std::function<void()>& progress = {});
   kernels::View stage_output() const {
     return input_of(layout_.stage_config().num_hidden_layers)
         .shaped(cur_->tl.tokens(), config().hidden_size);
@@ -143,7 +145,7 @@ class BertModel {
   DecoderInput decoder_input() const;
   // A first stage below the MLM head: adds the decoder's share of the word table's gradient
   // (model/heads.h, mlm_decoder_weight_backward) for the selected pass's micro-batch.
-  void add_decoder_grad(const DecoderInput& d);
+  void add_decoder_grad(const DecoderInput& d, const std::function<void()>& progress = {});
   // The ranges of the parameter arena that the next backward finishes one at a time, in that
   // order; they tile [0, layout().total()).
   const std::vector<std::pair<size_t, size_t>>& grad_ranges() const {

@@ -282,18 +282,22 @@ void encoder_layer_forward(const StepContext& s, int layer, const LayerView& w,
   const View qkv = a.qkv.shaped(Tn, 3 * C);
   linear(s, pattern_of(s, layer, &LayerPatterns::qkv), qkv, in, w.qkv_w, W16(&LayerView::qkv_w),
          w.qkv_b, Tn, C, 3 * C);
+  s.tick();
   s.be.attention_forward(a.att.shaped(Tn, C), probs_of(s, a), qkv, s.tokens.cu_seqlens.data(),
                          s.n_seq(), c.num_attention_heads, attention_dropout(s, layer),
                          s.probs_offsets, s.ws.get(Rec::attn_work));
+  s.tick();
   linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), tmp.shaped(Tn, C), a.att, w.attn_out_w,
          W16(&LayerView::attn_out_w), w.attn_out_b, Tn, C, C);
   residual_site(s, a.r1, tmp, in, TC, l, kAttnOut);
   ln_forward(s, a.h1, a.ln1_mean, a.ln1_rstd, a.r1, w.ln1_w, w.ln1_b, Tn, C);
   linear(s, pattern_of(s, layer, &LayerPatterns::inter), a.inter.shaped(Tn, I), a.h1, w.inter_w,
          W16(&LayerView::inter_w), w.inter_b, Tn, C, I);
+  s.tick();
   gelu_out(s, a, static_cast<int64_t>(Tn) * I);
   linear(s, pattern_of(s, layer, &LayerPatterns::out), tmp.shaped(Tn, C), a.gelu, w.out_w,
          W16(&LayerView::out_w), w.out_b, Tn, I, C);
+  s.tick();
   residual_site(s, a.r2, tmp, a.h1, TC, l, kFfnOut);
   ln_forward(s, out, a.ln2_mean, a.ln2_rstd, a.r2, w.ln2_w, w.ln2_b, Tn, C, out_wide);
 }

@@ -62,7 +62,7 @@ struct StepContext {
   // The counts the loss means divide by: the whole batch's when this one is a share (0: own).
   int64_t mlm_total = 0, nsp_total = 0, cls_total = 0, span_total = 0;
   double loss_scale = 1;  // the factor backward's loss gradients start from (StepOptions)
-  // Called between the ops of a layer's backward when set (BertModel::backward's `progress`).
+  // Called between the ops of a layer's forward and backward when set (BertModel's `progress`).
   const std::function<void()>* progress = nullptr;
   // A pipeline's last stage: the MLM backward leaves the word table's gradient to the first
   // stage (BertModel::hand_decoder_to_first_stage).

@@ -69,11 +69,13 @@ void mlm_forward(const StepContext& s, const ParamView& p, View top_held, Output
   const ParamView& w = s.p16 ? *s.p16 : p;  // the GEMMs' weights
   be.gather_rows_forward(in, top_held.shaped(Tn, C), s.tokens.mlm_token.data());
   be.linear_forward(t1, in, w.mlm_w.shaped(C, C), p.mlm_b.shaped(1, C), nullptr, View());
+  s.tick();
   be.gelu_forward(t2, t1);
   const auto [wide, t3_16] = wide_and_16(t3, ws.get(Rec::tmp).shaped(M, C));
   be.layernorm_forward(wide, mean, rstd, t2, p.mlm_ln_w.shaped(1, C), p.mlm_ln_b.shaped(1, C),
                        s.config.layer_norm_eps, t3_16);
   be.linear_forward(logits, t3, w.word.shaped(V, C), p.mlm_bias.shaped(1, V), nullptr, View());
+  s.tick();
   // The logits stay (no probability matrix): the backward forms the gradient from them.
   out.mlm_correct = be.cross_entropy_forward(losses, ws.get(Rec::mlm_lse).shaped(1, M), logits,
                                              s.tokens.mlm_label.data());
@@ -105,11 +107,13 @@ void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, 
                               over);
     be.linear_backward(d3, decoder_dW, View(), dlogits16, t3, s.p16->word.shaped(V, C), nullptr,
                        over, View());
+    s.tick();
   } else {
     const View dlogits = ws.get(Rec::mlm_dlogits).shaped(M, V);
     be.cross_entropy_backward(dlogits, View(), logits, lse, labels, dloss, over);
     be.linear_backward(d3, decoder_dW, g.mlm_bias.shaped(1, V), dlogits, t3, p.word.shaped(V, C),
                        nullptr, over, View());
+    s.tick();
   }
   be.layernorm_backward(d2, g.mlm_ln_w.shaped(1, C), g.mlm_ln_b.shaped(1, C), d3,
                         ws.get(Rec::mlm_t2).shaped(M, C), p.mlm_ln_w.shaped(1, C),
@@ -167,6 +171,7 @@ void mlm_decoder_weight_backward(const StepContext& s, const ParamView& p, const
   const int32_t* labels = s.tokens.mlm_label.data();
   const ParamView& w = s.p16 ? *s.p16 : p;
   be.linear_forward(logits, t3, w.word.shaped(V, C), d.bias.shaped(1, V), nullptr, View());
+  s.tick();
   be.cross_entropy_forward(ws.get(Rec::head_losses).shaped(1, M), lse, logits, labels);
   const View dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
   const View dlogits = ws.get(s.p16 ? Rec::dout16 : Rec::mlm_dlogits).shaped(M, V);

@@ -337,7 +337,10 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
               ? kernels::View()
               : links_->receive_input(a.micro, pass, model::token_layout(b, m_.config()).tokens());
       io::AllocationScope scope(activations_of(b));
-      const model::Outputs out = m_.forward(b, training_options(index, a.micro, scale), input);
+      // MPI moves this stage's sends on between the forward's ops (a large message over a
+      // transport without single-copy moves only while its sender is inside MPI).
+      const model::Outputs out = m_.forward(b, training_options(index, a.micro, scale), input,
+                                            [this] { grid_.pipe().progress(); });
       io::crash_point("forward");
       if (last) {
         // The first stage forms the tied word table's decoder share from this (run_stage's
@@ -360,8 +363,8 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
     }
     const kernels::View output_grad =
         last ? kernels::View() : links_->receive_output_grad(a.micro, m_.tokens().tokens());
-    // MPI moves this stage's sends on between backward's ops (the decoder's parts, started in the
-    // middle of it), and on the last micro-batch the replicas' sums.
+    // MPI moves this stage's sends on between backward's ops (as between forward's), and on the
+    // last micro-batch the replicas' sums.
     const bool sums = final && sync_.overlaps();
     const std::function<void()> progress = [this, sums] {
       grid_.pipe().progress();
@@ -369,8 +372,10 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
     };
     // The word table's decoder share before the embeddings', as one process adds them.
     if (tied_ && first)
-      m_.add_decoder_grad(links_->receive_decoder_input(
-          a.micro, static_cast<int64_t>(m_.tokens().mlm_token.size()), m_.config().vocab_size));
+      m_.add_decoder_grad(
+          links_->receive_decoder_input(a.micro, static_cast<int64_t>(m_.tokens().mlm_token.size()),
+                                        m_.config().vocab_size),
+          progress);
     m_.backward(ready, progress, output_grad);
     if (!first) links_->send_input_grad(a.micro, m_.input_grad());
   }
