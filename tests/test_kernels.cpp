@@ -505,6 +505,61 @@ TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
   for (const Backend* cpu : cpu_backends()) check_ops_without_gradients(*cpu);
 }
 
+// The gradients a pipeline's stages leave out (the tied MLM decoder: the last stage forms no
+// weight gradient, the first stage no bias gradient): linear_backward without dweight writes the
+// same dinp and dbias as with it, and cross_entropy_backward into 16 bits without dbias the
+// same dlogits, on each backend, in fp32 and with 16-bit operands.
+TEST(KernelBackends, GradientsLeftOutLeaveTheOthersAsTheyAre) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto randoms = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = nd(rng);
+    return v;
+  };
+  const int N = 11, C = 16, OC = 40;
+  const std::vector<float> in = randoms(N * C), w = randoms(OC * C), dout = randoms(N * OC);
+  std::vector<const Backend*> backends = cpu_backends();
+  backends.push_back(&backend(BackendKind::ref));
+  for (const Backend* be : backends) {
+    SCOPED_TRACE(std::string(be->name) + " " + isa_name(be->isa));
+    for (const DType h : {DType::f32, DType::bf16, DType::f16}) {
+      SCOPED_TRACE(dtype_name(h));
+      Env<float> env;
+      env.x["in"] = in, env.x["w"] = w;
+      const Stored<float> x(env, "in", N, C, h), wt(env, "w", OC, C, h);
+      std::vector<float> dinp_a(N * C, 0.5f), dinp_b = dinp_a, dw(OC * C, 0.0f), db_a(OC, 0.25f),
+          db_b = db_a;
+      std::vector<uint16_t> scratch(N * OC);
+      View sc;
+      if (h != DType::f32) sc.data = scratch.data(), sc.dtype = h, sc.rows = N, sc.cols = sc.ld = OC;
+      be->linear_backward(View(dinp_a.data(), N, C), View(dw.data(), OC, C), View(db_a.data(), 1, OC),
+                          View(dout.data(), N, OC), x, wt, nullptr, GradWrite::accumulate, sc);
+      be->linear_backward(View(dinp_b.data(), N, C), View(), View(db_b.data(), 1, OC),
+                          View(dout.data(), N, OC), x, wt, nullptr, GradWrite::accumulate, sc);
+      EXPECT_EQ(dinp_a, dinp_b);
+      EXPECT_EQ(db_a, db_b);
+      EXPECT_NE(dw, std::vector<float>(OC * C, 0.0f));
+    }
+    // The logits' gradient in 16 bits, with and without the bias gradient beside it.
+    const int V = 300;
+    const std::vector<float> logits = randoms(N * V);
+    std::vector<float> losses(N), lse(N), dl(N, 0.125f), db(V, 0.0f);
+    std::vector<int32_t> targets(N);
+    for (int n = 0; n < N; ++n) targets[n] = n == 3 ? -100 : (n * 37) % V;
+    be->cross_entropy_forward(View(losses.data(), 1, N), View(lse.data(), 1, N),
+                              View(logits.data(), N, V), targets.data());
+    std::vector<bf16> with(N * V), without(N * V, to_bf16(3.0f));
+    be->cross_entropy_backward(View(with.data(), N, V), View(db.data(), 1, V),
+                               View(logits.data(), N, V), View(lse.data(), 1, N), targets.data(),
+                               View(dl.data(), 1, N), GradWrite::overwrite);
+    be->cross_entropy_backward(View(without.data(), N, V), View(), View(logits.data(), N, V),
+                               View(lse.data(), 1, N), targets.data(), View(dl.data(), 1, N),
+                               GradWrite::overwrite);
+    EXPECT_EQ(std::memcmp(with.data(), without.data(), with.size() * sizeof(bf16)), 0);
+  }
+}
+
 // The optimizer ops: three AdamW and LAMB updates on each backend from the same state, with fp32
 // weights (and their bf16 copy) and with bf16 masters rounded to nearest or stochastically:
 // cpu's float arithmetic against ref's double within float rounding, and (16 bits) within a
