@@ -435,18 +435,24 @@ TEST(KernelTypes, InstructionSetCapsParseByName) {
   EXPECT_THROW(parse_isa("sse2"), std::invalid_argument);  // not a cap: nothing runs below AVX2
 }
 
+// n draws of N(0, 1), each call the next ones of the seed's stream.
+struct Normals {
+  std::mt19937 rng;
+  std::normal_distribution<float> nd{0.0f, 1.0f};
+  explicit Normals(uint32_t seed) : rng(seed) {}
+  std::vector<float> operator()(size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = nd(rng);
+    return v;
+  }
+};
+
 // The seam's ops outside the harness's table (no gradient of their own): a build of the cpu
 // backend against the reference, in f32 and each 16-bit type where the op takes one.
 void check_ops_without_gradients(const Backend& cpu) {
   SCOPED_TRACE(std::string("the cpu backend built for ") + isa_name(cpu.isa));
   const Backend& ref = backend(BackendKind::ref);
-  std::mt19937 rng(31);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto randoms = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = nd(rng);
-    return v;
-  };
+  Normals randoms(31);
   const int N = 13, C = 16, OC = 24, B = 8;
   const std::vector<float> in = randoms(N * C), dout = randoms(N * OC), w = randoms(C),
                            b = randoms(C);
@@ -488,7 +494,7 @@ void check_ops_without_gradients(const Backend& cpu) {
   std::vector<float> scores = randoms(N * OC);
   std::vector<int32_t> targets(N);
   for (int n = 0; n < N; ++n) {
-    targets[n] = n % 4 == 3 ? -1 : static_cast<int32_t>(rng() % OC);
+    targets[n] = n % 4 == 3 ? -1 : static_cast<int32_t>(randoms.rng() % OC);
     if (n % 2 == 0 && targets[n] >= 0) scores[n * OC + targets[n]] = 9.0f;  // a hit
     if (n % 6 == 0) scores[n * OC + 0] = 9.0f;  // a tie, won by column 0
   }
@@ -510,13 +516,7 @@ TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
 // same dinp and dbias as with it, and cross_entropy_backward into 16 bits without dbias the
 // same dlogits, on each backend, in fp32 and with 16-bit operands.
 TEST(KernelBackends, GradientsLeftOutLeaveTheOthersAsTheyAre) {
-  std::mt19937 rng(41);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto randoms = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = nd(rng);
-    return v;
-  };
+  Normals randoms(41);
   const int N = 11, C = 16, OC = 40;
   const std::vector<float> in = randoms(N * C), w = randoms(OC * C), dout = randoms(N * OC);
   std::vector<const Backend*> backends = cpu_backends();
