@@ -109,6 +109,12 @@ int main(int argc, char** argv) {
   const kernels::DType held = model::storage_dtype(precision);
   const kernels::Buffer input = random_buffer(held, T, c.hidden_size, 1.0f);
   const kernels::Buffer output_grad = random_buffer(kernels::DType::f32, T, c.hidden_size, 1e-3f);
+  // The tied decoder across stages, as training runs it: the last stage hands its decoder to the
+  // first, which forms the decoder's weight gradient from made-up decoder input and bias.
+  const int64_t masked = static_cast<int64_t>(model::token_layout(b, c).mlm_token.size());
+  const kernels::Buffer decoder_in = random_buffer(held, masked, c.hidden_size, 1.0f);
+  const kernels::Buffer decoder_bias = random_buffer(kernels::DType::f32, 1, c.vocab_size, 1e-2f);
+  if (P > 1 && last) m.hand_decoder_to_first_stage();
 
   const double t0 = now_seconds();
   m.zero_grads();
@@ -117,8 +123,12 @@ int main(int argc, char** argv) {
     if (!a.backward)
       m.forward(b, {true, 1, static_cast<uint64_t>(a.micro), policy, precision},
                 first ? kernels::View() : input.view().shaped(T, c.hidden_size));
-    else
+    else {
+      if (P > 1 && first)
+        m.add_decoder_grad({decoder_in.view().shaped(masked, c.hidden_size),
+                            decoder_bias.view().shaped(1, c.vocab_size)});
       m.backward({}, {}, last ? kernels::View() : output_grad.view().shaped(T, c.hidden_size));
+    }
   }
   train::clip_grad_norm(m.grads().data(), m.grads().size(), 1.0);
   train::apply_update(optimizer, m, 1e-4, precision);
