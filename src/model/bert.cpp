@@ -499,7 +499,7 @@ DecoderInput BertModel::decoder_input() const {
 }
 
 void BertModel::add_decoder_grad(const DecoderInput& d, const std::function<void()>& progress) {
-  if (layout_.workspace_heads().pretraining == layout_.stage_heads().pretraining)
+  if (!layout_.forms_decoder_grad())
     throw std::logic_error("add_decoder_grad: only a first stage below the MLM head takes it");
   if (!cur_->forwarded)
     throw std::logic_error("add_decoder_grad: the selected pass holds no forward");

@@ -75,12 +75,14 @@ class ParamLayout {
   // count, and the heads it runs (heads() on the last stage, none before it).
   const BertConfig& stage_config() const { return stage_config_; }
   Heads stage_heads() const { return has_heads() ? heads_ : Heads{false, false, false}; }
-  // The heads whose records the stage's workspace holds: stage_heads(), and on a first stage
-  // below the pretraining heads the MLM head's too (it forms the tied decoder's share of the
-  // word table's gradient: model/heads.h, mlm_decoder_weight_backward).
+  // A pipeline's first stage below the pretraining heads: it holds the word table tied to the
+  // MLM decoder and forms the decoder's share of the table's gradient (model/heads.h,
+  // mlm_decoder_weight_backward).
+  bool forms_decoder_grad() const { return has_embeddings() && !has_heads() && heads_.pretraining; }
+  // The heads whose records the stage's workspace holds: stage_heads(), and the MLM head's where
+  // the stage forms the decoder's gradient.
   Heads workspace_heads() const {
-    return has_embeddings() && !has_heads() && heads_.pretraining ? Heads{true, false, false}
-                                                                  : stage_heads();
+    return forms_decoder_grad() ? Heads{true, false, false} : stage_heads();
   }
   size_t total() const { return total_; }
   const TensorSpec* find(const std::string& name) const;  // null if absent

@@ -40,7 +40,7 @@ Flops step_flops(const model::ParamLayout& layout, const model::StepShape& s,
     if (h.pretraining) f.forward += 2 * M * C * (C + c.vocab_size) + 2 * n * C * 2;
     if (h.classifier) f.forward += 2 * n * C * c.num_labels;
     if (h.span) f.forward += 2 * T * C * 2;
-  } else if (layout.has_embeddings() && h.pretraining) {
+  } else if (layout.forms_decoder_grad()) {
     // A pipeline's first stage forms the MLM decoder's logits again for the tied word table's
     // weight gradient (BertModel::hand_decoder_to_first_stage): the decoder's forward here too,
     // and of its backward the weight's product here, the input's on the last stage.
