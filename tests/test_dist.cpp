@@ -255,6 +255,24 @@ TEST_F(Dist, TcpTransportGivesTheSameResult) {
   EXPECT_LT(worst_difference("tcp", "one8", ""), 1e-5);
 }
 
+// The gradient sums and weight gathers run as rings of point-to-point messages (dist/comm.cpp):
+// on 2, 3 and 4 ranks, over shared memory and over TCP, every rank's all-reduced buckets,
+// reduce-scattered shard and gathered shards hold what it works out alone, and every rank holds
+// the same bits (tests/comm_check.cpp). A ring that loses its place hangs: the timeout ends it.
+TEST_F(Dist, RingSumsAndGathersHoldWhatEachRankWorksOutAlone) {
+  for (const std::string transport : {"", "--mca btl tcp,self --mca btl_tcp_if_include lo"})
+    for (int np : {2, 3, 4}) {
+      if (!transport.empty() && np != 3) continue;
+      const std::string cmd = mpi_env() + "timeout 120 " + kMpiArgs + " " + transport + " -np " +
+                              std::to_string(np) + " " + PACKBERT_COMM_CHECK + " >" +
+                              (dir_ / "out").string() + " 2>" + (dir_ / "err").string();
+      const int status = std::system(cmd.c_str());
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << np << " ranks " << transport << ": " << slurp(dir_ / "err");
+      EXPECT_EQ(slurp(dir_ / "out"), "ok " + std::to_string(np) + " ranks\n");
+    }
+}
+
 // Processes given different flags or files fail together with one message naming what differs;
 // a process that fails alone (its own bad input) takes the run down with exit 2.
 TEST_F(Dist, MismatchedProcessesFailTogetherWithOneMessage) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <stdexcept>
 
@@ -60,18 +61,41 @@ std::vector<size_t> shard_bounds(size_t n, int ranks, size_t align) {
 
 #ifdef PACKBERT_MPI
 
+// A sum over the ranks of a range of floats, or a gather of one, as a ring of point-to-point
+// messages (the schedule of Baidu's ring all-reduce, Horovod and NCCL): the range is cut into one
+// block a rank; in each of size - 1 summing steps a rank sends one block to the next rank and
+// adds the previous rank's copy of another into its own, so that afterwards rank r holds the sum
+// of block r; in each of size - 1 gathering steps it passes on the summed block it got last. Every
+// rank sends and adds 1/size of the range a step, where Open MPI's MPI_Iallreduce for two ranks
+// sends the whole range to one, which adds all of it and sends it back (a 160 MB all-reduce took
+// 0.18 s that way against 0.04 s as a ring, on 2 Zen 5 cores over shared memory). Blocks go in
+// chunks of kChunk bytes, received kWindow at a time into a scratch buffer before they are added.
+// The sums run in the order of the ring, the same on every run; and since the summed blocks are
+// what every rank gathers, every rank ends with the same bits.
+struct Ring {
+  char* x = nullptr;           // the range
+  std::vector<size_t> blocks;  // [size + 1] byte offsets from x: rank r's block
+  bool sums = true;            // floats, summed (then gathered, when steps says so); else gathered
+  int step = 0, steps = 0;     // summing steps first, then gathering ones
+  bool posted = false;         // this step's messages are started
+  size_t chunks = 0, added = 0;  // of the block this summing step receives
+  std::vector<MPI_Request> sends, recvs;
+};
+
 // A communicator's handle and what it has started.
 struct Comm::State {
   MPI_Comm comm = MPI_COMM_WORLD;
-  std::vector<MPI_Request> pending;  // the started all-reduces, in order
-  // A started reduce-scatter leaves this rank's sum at its range's start: n floats to move from
-  // `from` to `to` (within the range) once it completes.
-  struct Move {
-    float *from, *to;
-    size_t n;
-  };
-  std::vector<Move> moves;
+  MPI_Comm ring = MPI_COMM_NULL;   // a duplicate for the rings' messages, apart from start_send's
+  std::deque<Ring> rings;          // started, run in order: only the first moves
+  std::vector<float> scratch;      // kWindow chunks of the block being summed
   std::vector<MPI_Request> sends;  // the started point-to-point sends
+
+  // Queues a ring and moves the queue on as far as it can without waiting.
+  void start(Ring g, int rank, int size);
+  // Moves the started rings on without waiting (to their end when `block`), and the sends.
+  void progress(int rank, int size, bool block);
+  // Every rank's part [bounds[r], bounds[r + 1]) of x, elements of `bytes` bytes, to every rank.
+  void gather(void* x, const std::vector<size_t>& bounds, size_t bytes, int rank, int size);
 };
 
 namespace {
@@ -100,17 +124,19 @@ Comm::Comm() : st_(std::make_unique<State>()) {
   mpi_ = true;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MPI_Comm_dup(MPI_COMM_WORLD, &st_->ring);
 }
 
 Comm::Comm(Private) {}
 
 Comm::~Comm() {
   // (a split communicator is freed while MPI runs; the world's outlives it)
-  if (mpi_ && st_ && st_->comm != MPI_COMM_WORLD) {
-    int done = 0;
-    MPI_Finalized(&done);
-    if (!done) MPI_Comm_free(&st_->comm);
-  }
+  if (!mpi_ || !st_) return;
+  int done = 0;
+  MPI_Finalized(&done);
+  if (done) return;
+  if (st_->ring != MPI_COMM_NULL) MPI_Comm_free(&st_->ring);
+  if (st_->comm != MPI_COMM_WORLD) MPI_Comm_free(&st_->comm);
 }
 
 std::unique_ptr<Comm> Comm::split(int color, int key) {
@@ -121,6 +147,7 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   MPI_Comm_split(st_->comm, color, key, &c->st_->comm);
   MPI_Comm_rank(c->st_->comm, &c->rank_);
   MPI_Comm_size(c->st_->comm, &c->size_);
+  MPI_Comm_dup(c->st_->comm, &c->st_->ring);
   return c;
 }
 
@@ -169,72 +196,172 @@ void Comm::broadcast(std::string& s, int root) {
   MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, root, st_->comm);
 }
 
-void Comm::start_allreduce(float* x, size_t n) {
-  if (size_ == 1) return;
-  for (size_t a = 0; a < n; a += kMaxCount) {
-    st_->pending.emplace_back();
-    MPI_Iallreduce(MPI_IN_PLACE, x + a, static_cast<int>(std::min(kMaxCount, n - a)), MPI_FLOAT,
-                   MPI_SUM, st_->comm, &st_->pending.back());
-  }
-}
-
-void Comm::start_reduce_scatter(float* x, size_t a, size_t e, const std::vector<size_t>& bounds) {
-  if (size_ == 1) return;
-  std::vector<int> counts;
-  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
-    const size_t lo = std::max(a, bounds[r]), hi = std::min(e, bounds[r + 1]);
-    counts.push_back(static_cast<int>(hi > lo ? hi - lo : 0));
-  }
-  if (e - a > kMaxCount)
-    throw std::length_error("a gradient range of " + std::to_string(e - a) +
-                            " elements exceeds what one MPI call carries");
-  st_->pending.emplace_back();
-  // In place: the input is the whole range, and this rank's sum lands at the range's start.
-  MPI_Ireduce_scatter(MPI_IN_PLACE, x + a, counts.data(), MPI_FLOAT, MPI_SUM, st_->comm,
-                      &st_->pending.back());
-  const size_t mine = static_cast<size_t>(counts[static_cast<size_t>(rank_)]);
-  const size_t to = std::max(a, bounds[static_cast<size_t>(rank_)]);
-  if (mine > 0 && to != a) st_->moves.push_back({x + a, x + to, mine});
-}
-
-void Comm::progress() {
-  for (std::vector<MPI_Request>* requests : {&st_->pending, &st_->sends}) {
-    if (requests->empty()) continue;
-    int done = 0;
-    MPI_Testall(static_cast<int>(requests->size()), requests->data(), &done, MPI_STATUSES_IGNORE);
-    if (done) requests->clear();
-  }
-}
-
-double Comm::wait_all() {
-  if (st_->pending.empty() && st_->moves.empty()) return 0;
-  const double t0 = now_seconds();
-  MPI_Waitall(static_cast<int>(st_->pending.size()), st_->pending.data(), MPI_STATUSES_IGNORE);
-  st_->pending.clear();
-  for (const State::Move& m : st_->moves) std::memmove(m.to, m.from, m.n * sizeof(float));
-  st_->moves.clear();
-  return now_seconds() - t0;
-}
-
 namespace {
 
-// Every rank's shard [bounds[r], bounds[r + 1]) of x, of elements of `type`, gathered into
-// every rank's x in place.
-void allgather_shards(void* x, const std::vector<size_t>& bounds, MPI_Datatype type,
-                      MPI_Comm comm) {
-  std::vector<int> displs;
-  std::vector<int> counts = counts_of(bounds, &displs);
-  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, counts.data(), displs.data(), type, comm);
+constexpr size_t kChunk = 256 * 1024;  // bytes a ring's message carries
+constexpr size_t kWindow = 4;          // chunks a summing step has posted receives for
+
+int ring_index(int r, int size) {
+  return (r % size + size) % size;
+}
+
+// The blocks a ring's step `step` sends and receives on rank `rank` of `size`: while summing
+// (step < size - 1) it sends block rank - step - 1 and adds block rank - step - 2 into its own
+// copy, ending with block `rank` summed; then, gathering, it sends the block it holds whole last
+// (first its own) and receives the one before. Indices mod size.
+std::pair<int, int> ring_blocks(const Ring& g, int rank, int size) {
+  if (g.sums && g.step < size - 1)
+    return {ring_index(rank - g.step - 1, size), ring_index(rank - g.step - 2, size)};
+  const int k = g.sums ? g.step - (size - 1) : g.step;
+  return {ring_index(rank - k, size), ring_index(rank - k - 1, size)};
+}
+
+// Starts the receive of chunk c of block `t` (a summing step's, into the scratch's slot c mod
+// kWindow).
+void post_sum_chunk(Ring& g, size_t c, int t, int left, MPI_Comm comm, std::vector<float>& scratch,
+                    MPI_Request* request) {
+  const size_t a = g.blocks[static_cast<size_t>(t)] + c * kChunk;
+  const size_t n = std::min(kChunk, g.blocks[static_cast<size_t>(t) + 1] - a);
+  MPI_Irecv(scratch.data() + (c % kWindow) * (kChunk / sizeof(float)), static_cast<int>(n),
+            MPI_BYTE, left, 0, comm, request);
+}
+
+// Starts step g.step's messages: every chunk of the block it sends (already whole or summed as
+// far as this step needs), and the receives of the block it gets (all of them into place when
+// gathering, the first kWindow into the scratch when summing).
+void post_step(Ring& g, int rank, int size, MPI_Comm comm, std::vector<float>& scratch) {
+  const auto [s, t] = ring_blocks(g, rank, size);
+  const int right = ring_index(rank + 1, size), left = ring_index(rank - 1, size);
+  g.sends.clear(), g.recvs.clear();
+  const size_t sa = g.blocks[static_cast<size_t>(s)], se = g.blocks[static_cast<size_t>(s) + 1];
+  for (size_t a = sa; a < se; a += kChunk) {
+    g.sends.emplace_back();
+    MPI_Isend(g.x + a, static_cast<int>(std::min(kChunk, se - a)), MPI_BYTE, right, 0, comm,
+              &g.sends.back());
+  }
+  const size_t ta = g.blocks[static_cast<size_t>(t)], te = g.blocks[static_cast<size_t>(t) + 1];
+  g.chunks = (te - ta + kChunk - 1) / kChunk, g.added = 0;
+  if (g.sums && g.step < size - 1) {
+    g.recvs.resize(std::min(kWindow, g.chunks));
+    for (size_t c = 0; c < g.recvs.size(); ++c)
+      post_sum_chunk(g, c, t, left, comm, scratch, &g.recvs[c]);
+  } else {
+    for (size_t a = ta; a < te; a += kChunk) {
+      g.recvs.emplace_back();
+      MPI_Irecv(g.x + a, static_cast<int>(std::min(kChunk, te - a)), MPI_BYTE, left, 0, comm,
+                &g.recvs.back());
+    }
+  }
+  g.posted = true;
+}
+
+// Waits on (block) or tests (!block) one request, or all of some; whether they completed.
+bool done(MPI_Request* r, int n, bool block) {
+  int flag = 1;
+  if (block)
+    MPI_Waitall(n, r, MPI_STATUSES_IGNORE);
+  else
+    MPI_Testall(n, r, &flag, MPI_STATUSES_IGNORE);
+  return flag != 0;
+}
+
+// Moves ring g on as far as its messages allow (to the end when `block`); whether it ended.
+bool advance(Ring& g, int rank, int size, MPI_Comm comm, std::vector<float>& scratch, bool block) {
+  while (g.step < g.steps) {
+    if (!g.posted) post_step(g, rank, size, comm, scratch);
+    if (g.sums && g.step < size - 1) {
+      // Each received chunk, in order, added into this rank's copy; its slot reposted.
+      const int t = ring_blocks(g, rank, size).second;
+      for (; g.added < g.chunks; ++g.added) {
+        MPI_Request& r = g.recvs[g.added % kWindow];
+        if (!done(&r, 1, block)) return false;
+        const size_t a = g.blocks[static_cast<size_t>(t)] + g.added * kChunk;
+        const size_t n = std::min(kChunk, g.blocks[static_cast<size_t>(t) + 1] - a) / sizeof(float);
+        float* __restrict to = reinterpret_cast<float*>(g.x + a);
+        const float* __restrict from =
+            scratch.data() + (g.added % kWindow) * (kChunk / sizeof(float));
+        for (size_t i = 0; i < n; ++i) to[i] += from[i];
+        if (g.added + kWindow < g.chunks)
+          post_sum_chunk(g, g.added + kWindow, t, ring_index(rank - 1, size), comm, scratch, &r);
+      }
+    } else if (!done(g.recvs.data(), static_cast<int>(g.recvs.size()), block)) {
+      return false;
+    }
+    if (!done(g.sends.data(), static_cast<int>(g.sends.size()), block)) return false;
+    g.posted = false, ++g.step;
+  }
+  return true;
+}
+
+// A ring over [x + first, x + last) bytes cut at `cuts` (size - 1 inner byte offsets from x,
+// each clamped into the range), summing and gathering as asked.
+Ring ring_over(void* x, size_t first, size_t last, const std::vector<size_t>& cuts, bool sums,
+               bool gathers, int size) {
+  Ring g;
+  g.x = static_cast<char*>(x), g.sums = sums;
+  g.blocks.push_back(first);
+  for (size_t c : cuts) g.blocks.push_back(std::clamp(c, first, last));
+  g.blocks.push_back(last);
+  g.steps = (sums ? size - 1 : 0) + (gathers ? size - 1 : 0);
+  return g;
 }
 
 }  // namespace
 
+void Comm::State::start(Ring g, int rank, int size) {
+  if (g.steps == 0 || g.blocks.front() == g.blocks.back()) return;
+  if (scratch.empty() && g.sums) scratch.resize(kWindow * kChunk / sizeof(float));
+  rings.push_back(std::move(g));
+  progress(rank, size, false);
+}
+
+void Comm::State::progress(int rank, int size, bool block) {
+  while (!rings.empty() && advance(rings.front(), rank, size, ring, scratch, block))
+    rings.pop_front();
+  if (!sends.empty() && done(sends.data(), static_cast<int>(sends.size()), false)) sends.clear();
+}
+
+void Comm::State::gather(void* x, const std::vector<size_t>& bounds, size_t bytes, int rank,
+                         int size) {
+  std::vector<size_t> cuts(bounds.begin() + 1, bounds.end() - 1);
+  for (size_t& c : cuts) c *= bytes;
+  start(ring_over(x, 0, bounds.back() * bytes, cuts, false, true, size), rank, size);
+  progress(rank, size, true);
+}
+
+void Comm::start_allreduce(float* x, size_t n) {
+  if (size_ == 1) return;
+  const std::vector<size_t> even = shard_bounds(n, size_);
+  std::vector<size_t> cuts(even.begin() + 1, even.end() - 1);
+  for (size_t& c : cuts) c *= sizeof(float);
+  st_->start(ring_over(x, 0, n * sizeof(float), cuts, true, true, size_), rank_, size_);
+}
+
+void Comm::start_reduce_scatter(float* x, size_t a, size_t e, const std::vector<size_t>& bounds) {
+  if (size_ == 1) return;
+  std::vector<size_t> cuts(bounds.begin() + 1, bounds.end() - 1);
+  for (size_t& c : cuts) c *= sizeof(float);
+  st_->start(ring_over(x, a * sizeof(float), e * sizeof(float), cuts, true, false, size_), rank_,
+             size_);
+}
+
+void Comm::progress() {
+  st_->progress(rank_, size_, false);
+}
+
+double Comm::wait_all() {
+  if (st_->rings.empty()) return 0;
+  const double t0 = now_seconds();
+  st_->progress(rank_, size_, true);
+  return now_seconds() - t0;
+}
+
 void Comm::allgather(float* x, const std::vector<size_t>& bounds) {
-  if (size_ > 1) allgather_shards(x, bounds, MPI_FLOAT, st_->comm);
+  if (size_ > 1) st_->gather(x, bounds, sizeof(float), rank_, size_);
 }
 
 void Comm::allgather(uint16_t* x, const std::vector<size_t>& bounds) {
-  if (size_ > 1) allgather_shards(x, bounds, MPI_UINT16_T, st_->comm);
+  if (size_ > 1) st_->gather(x, bounds, sizeof(uint16_t), rank_, size_);
 }
 
 void Comm::gather(const float* mine, float* all, const std::vector<size_t>& bounds, int root) {

@@ -6,7 +6,10 @@
 // non-blocking all-reduces that the training step starts as backward finishes each layer and
 // progresses between layers (progress()), not from a communication thread: Open MPI's blocking
 // progress spins a core, and on a machine whose cores all run OpenMP compute a spinning thread
-// takes the time it saves (docs/DESIGN.md §7).
+// takes the time it saves (docs/DESIGN.md §7). The all-reduces, reduce-scatters and shard
+// gathers are rings of point-to-point messages of our own (comm.cpp), on a duplicate of the
+// communicator: each rank moves and adds an equal share, where Open MPI's MPI_Iallreduce has one
+// rank add everything.
 #pragma once
 
 #include <cstddef>
@@ -49,9 +52,11 @@ class Comm {
   void broadcast(std::string& s, int root = 0);
 
   // Non-blocking in-place sum of a bucket of floats; started buckets complete, in the order
-  // started, by wait_all(), which returns the seconds it waited. progress() lets MPI move the
-  // started ones along without waiting, and the started sends below (a large message moves only
-  // while its sender is inside MPI: a stage computing for a second would hold up its receiver).
+  // started, by wait_all(), which returns the seconds it waited. progress() moves the started
+  // ones along without waiting (a bucket moves, and its received chunks are added, only inside
+  // these calls), and the started sends below (a large message moves only while its sender is
+  // inside MPI: a stage computing for a second would hold up its receiver). Every rank holds the
+  // same bits afterwards; the sums' order is fixed by the ranks' count, not by timing.
   void start_allreduce(float* x, size_t n);
   // The same for the range [a, e) of a sharded arena x (bounds as below): after wait_all(), this
   // rank's part of the range holds the sum over ranks, in place (the rest is left undefined).
