@@ -42,10 +42,10 @@ int main() {
   Comm& c = Comm::world();
   const int N = c.size();
   // Buckets of an arena as backward starts them (the arena's end first), MPI moved on between
-  // them; lengths from empty to blocks of several chunk windows (65,536 floats a chunk, 4 a window)
+  // them; lengths from empty to blocks of several chunk windows (262,144 floats a chunk, 8 a window)
   // on 2 ranks.
   {
-    const std::vector<size_t> lengths = {0, 1, 3, 15, 17, 1000, 1'400'001, 5, 262'144};
+    const std::vector<size_t> lengths = {0, 1, 3, 15, 17, 1000, 9'000'001, 5, 262'144};
     size_t total = 0;
     for (size_t n : lengths) total += n;
     std::vector<float> x(total);

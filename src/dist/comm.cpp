@@ -198,8 +198,8 @@ void Comm::broadcast(std::string& s, int root) {
 
 namespace {
 
-constexpr size_t kChunk = 256 * 1024;  // bytes a ring's message carries
-constexpr size_t kWindow = 4;          // chunks a summing step has posted receives for
+constexpr size_t kChunk = 1 << 20;  // bytes a ring's message carries
+constexpr size_t kWindow = 8;       // chunks a summing step has posted receives for
 
 int ring_index(int r, int size) {
   return (r % size + size) % size;
