@@ -4,9 +4,10 @@
 // receives). Prints one JSON line: the step's time, each stage's time waiting on its neighbours
 // (the measured bubble) and the predicted (P - 1) / (M + P - 1). With --check every rank also
 // runs the whole model in one process on the same micro-batches and compares its stage's
-// gradients (and, on the last stage, every micro-batch's loss) bit for bit, and the tied word
-// table, whose two shares the first and the last stage exchange and add at the step's end,
-// within 1e-6 (one process adds them in another order). No optimizer update.
+// gradients (and, on the last stage, every micro-batch's loss) bit for bit, the tied word table
+// too: the first stage forms its whole gradient in one process's order and sends it to the
+// last at the step's end. No optimizer update (the training step's loop, with its update, is
+// train::Stepper::run_stage; this one times the schedule alone).
 //
 //   mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 build/pipeline_bench
 //       --preset base --lengths 173,251,512,181 --accumulation 8

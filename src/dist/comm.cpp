@@ -119,6 +119,14 @@ std::vector<int> counts_of(const std::vector<size_t>& bounds, std::vector<int>* 
 
 Comm::Comm() : st_(std::make_unique<State>()) {
   if (!launched_by_mpi()) return;
+  // Open MPI's ob1 keeps 3 fragments of a large message in flight, and over shared memory
+  // without single-copy (containers without ptrace permission) or over TCP its sender moves the
+  // next ones only inside MPI: a pipeline stage computing between progress calls then holds up
+  // the stage that waits for its activations. 64 lets a progress call move the whole of a
+  // micro-batch's activations (BERT-base, 4 layers, 2 stages, 8 micro-batches, no single-copy:
+  // the measured bubble 0.29 -> 0.12 against the formula's 0.11; with single-copy 0.09). A
+  // value the user gave (mpirun --mca, or the environment) stands.
+  setenv("OMPI_MCA_pml_ob1_send_pipeline_depth", "64", 0);
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   mpi_ = true;

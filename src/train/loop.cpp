@@ -332,10 +332,10 @@ void Stepper::run_stage(int64_t index, int micros, StepSums& sums,
       const model::PackedBatch whole = next();  // (forwards run in micro-batch order)
       b = comm_.size() > 1 ? share_of(whole) : whole;
       if (b.B == 0) continue;
+      // (the tokens the stage below sends: the layout's, which forward derives again)
+      if (!first) model::token_layout(b, m_.config(), received_);
       const kernels::View input =
-          first
-              ? kernels::View()
-              : links_->receive_input(a.micro, pass, model::token_layout(b, m_.config()).tokens());
+          first ? kernels::View() : links_->receive_input(a.micro, pass, received_.tokens());
       io::AllocationScope scope(activations_of(b));
       // MPI moves this stage's sends on between the forward's ops (a large message over a
       // transport without single-copy moves only while its sender is inside MPI).

@@ -199,6 +199,7 @@ class Stepper {
   std::unique_ptr<StageLinks> links_;        // to the neighbouring stages, when pipelined
   const model::TensorSpec* tied_ = nullptr;  // the word table, on a first or last stage
   std::vector<model::PackedBatch> shares_;   // a stage's micro-batches in flight
+  model::TokenLayout received_;               // the layout of the micro-batch a stage receives
   dist::GradientSync sync_;  // all-reduce, ZeRO-1 or nothing
   std::unique_ptr<Optimizer> opt_;
   GradNormGuard guard_;
