@@ -3,7 +3,10 @@
 // alone. Values are small integers, which floats add exactly in any order, except in the
 // agreement check, where every rank must end with the same bits whatever the order. Prints "ok"
 // on rank 0 and exits 0 when every check passed on every rank; otherwise each failure on stderr
-// and exit 1.
+// and exit 1. Rank 0 also prints the value Open MPI took for pml_ob1_send_pipeline_depth, which
+// dist::Comm sets unless the user did (read back through MPI's tool interface, MPI_T).
+#include <mpi.h>
+
 #include <cstdint>
 #include <cstring>
 #include <iostream>
@@ -117,6 +120,19 @@ int main() {
   double all_failures = failures;
   c.allreduce_sum(&all_failures, 1);
   if (c.root() && all_failures == 0) std::cout << "ok " << N << " ranks\n";
+  if (c.root()) {
+    int provided = 0, index = 0, count = 0, depth = -1;
+    MPI_T_cvar_handle handle;
+    if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) == MPI_SUCCESS) {
+      if (MPI_T_cvar_get_index("pml_ob1_send_pipeline_depth", &index) == MPI_SUCCESS &&
+          MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+        MPI_T_cvar_read(handle, &depth);
+        MPI_T_cvar_handle_free(&handle);
+      }
+      MPI_T_finalize();
+    }
+    std::cout << "pml_ob1_send_pipeline_depth " << depth << '\n';
+  }
   Comm::finalize();
   return all_failures == 0 ? 0 : 1;
 }
