@@ -301,15 +301,17 @@ bool advance(Ring& g, int rank, int size, MPI_Comm comm, std::vector<float>& scr
   return true;
 }
 
-// A ring over [x + first, x + last) bytes cut at `cuts` (size - 1 inner byte offsets from x,
-// each clamped into the range), summing and gathering as asked.
-Ring ring_over(void* x, size_t first, size_t last, const std::vector<size_t>& cuts, bool sums,
-               bool gathers, int size) {
+// A ring over elements [first, last) of x, each `bytes` bytes, cut into rank r's block where
+// the element bounds ([ranks + 1]) cut it, summing and gathering as asked.
+Ring ring_over(void* x, size_t first, size_t last, const std::vector<size_t>& bounds, size_t bytes,
+               bool sums, bool gathers) {
   Ring g;
   g.x = static_cast<char*>(x), g.sums = sums;
-  g.blocks.push_back(first);
-  for (size_t c : cuts) g.blocks.push_back(std::clamp(c, first, last));
-  g.blocks.push_back(last);
+  g.blocks.push_back(first * bytes);
+  for (size_t r = 1; r + 1 < bounds.size(); ++r)
+    g.blocks.push_back(std::clamp(bounds[r], first, last) * bytes);
+  g.blocks.push_back(last * bytes);
+  const int size = static_cast<int>(bounds.size()) - 1;
   g.steps = (sums ? size - 1 : 0) + (gathers ? size - 1 : 0);
   return g;
 }
@@ -331,26 +333,18 @@ void Comm::State::progress(int rank, int size, bool block) {
 
 void Comm::State::gather(void* x, const std::vector<size_t>& bounds, size_t bytes, int rank,
                          int size) {
-  std::vector<size_t> cuts(bounds.begin() + 1, bounds.end() - 1);
-  for (size_t& c : cuts) c *= bytes;
-  start(ring_over(x, 0, bounds.back() * bytes, cuts, false, true, size), rank, size);
+  start(ring_over(x, 0, bounds.back(), bounds, bytes, false, true), rank, size);
   progress(rank, size, true);
 }
 
 void Comm::start_allreduce(float* x, size_t n) {
   if (size_ == 1) return;
-  const std::vector<size_t> even = shard_bounds(n, size_);
-  std::vector<size_t> cuts(even.begin() + 1, even.end() - 1);
-  for (size_t& c : cuts) c *= sizeof(float);
-  st_->start(ring_over(x, 0, n * sizeof(float), cuts, true, true, size_), rank_, size_);
+  st_->start(ring_over(x, 0, n, shard_bounds(n, size_), sizeof(float), true, true), rank_, size_);
 }
 
 void Comm::start_reduce_scatter(float* x, size_t a, size_t e, const std::vector<size_t>& bounds) {
   if (size_ == 1) return;
-  std::vector<size_t> cuts(bounds.begin() + 1, bounds.end() - 1);
-  for (size_t& c : cuts) c *= sizeof(float);
-  st_->start(ring_over(x, a * sizeof(float), e * sizeof(float), cuts, true, false, size_), rank_,
-             size_);
+  st_->start(ring_over(x, a, e, bounds, sizeof(float), true, false), rank_, size_);
 }
 
 void Comm::progress() {
