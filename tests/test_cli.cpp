@@ -1083,6 +1083,7 @@ TEST_F(Casing, TokenizerConfigDecidesAndAContradictingFlagIsWarnedAbout) {
 }
 
 TEST_F(Casing, WithoutATokenizerConfigTheVocabularyDecides) {
+  fs::remove(hf_ + "/tokenizer_config.json");  // (export writes one; a model may come without)
   Result r = finetune("");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("tokenising uncased ("), std::string::npos) << r.err;
@@ -1197,6 +1198,28 @@ TEST_F(Labels, PlotDrawsEveryRunsCurve) {
   EXPECT_EQ(lines, 2u);
   EXPECT_NE(text.find(">first<"), std::string::npos);
   EXPECT_NE(text.find(">second<"), std::string::npos);
+  // #59 item 6: 200,000 records draw a few thousand points (the first, lowest, highest and last
+  // of each pixel column), not 200,000: the file stays small, the extremes stay drawn.
+  std::string big;
+  for (int step = 1; step <= 200000; ++step)
+    big += "{\"type\": \"step\", \"step\": " + std::to_string(step) + ", \"loss\": " +
+           (step == 123457 ? std::string("9.5") : std::to_string(2.0 + (step % 7) * 0.01)) + "}\n";
+  const std::string long_run = write("long.jsonl", big).string();
+  r = run("plot " + long_run + " --metric loss --out " + svg);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string drawn = slurp(svg);
+  EXPECT_LT(drawn.size(), 200000u);
+  // The polyline's points: a few per pixel column, the one spike among them (y 9.5 on an axis to
+  // 10 is 58 px from the top of a 460 px plot with 40 and 60 px margins).
+  const size_t from = drawn.find("points=\"") + 8;
+  std::istringstream pts(drawn.substr(from, drawn.find('"', from) - from));
+  double x = 0, y = 0, top = 1e9;
+  char comma = 0;
+  size_t n = 0;
+  while (pts >> x >> comma >> y) top = std::min(top, y), ++n;
+  EXPECT_LE(n, 4u * 700);
+  EXPECT_GT(n, 700u);
+  EXPECT_NEAR(top, 58, 0.5);
   Result bad = run("plot " + (dir_ / "first").string() + " --metric accuracy --out " + svg);
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("no record has 'accuracy' (numbers its records have: "), std::string::npos)
@@ -1267,6 +1290,128 @@ TEST_F(Labels, AQuestionAnsweringModelExportsAndImportsBitIdentical) {
   for (const auto& [name, e] : a.tensors()) {
     EXPECT_EQ(a.raw(name), b.raw(name)) << name;
     EXPECT_EQ(a.raw(name), c.raw(name)) << name;
+  }
+}
+
+// #59 item 3: a model directory's own vocab.txt is what finetune, eval and export tokenise with
+// and write out, without --vocab: here a 30,000-entry vocabulary (bert-base-uncased's first
+// 30,000 entries, so every word past them tokenises differently). export and convert write
+// tokenizer_config.json and special_tokens_map.json as transformers does; --vocab that differs
+// from the model's own is warned about.
+TEST_F(Labels, AModelsOwnVocabularyIsTheDefault) {
+  std::ifstream full(PACKBERT_SOURCE_VOCAB);
+  std::string small, line;
+  for (int i = 0; i < 30000 && std::getline(full, line); ++i) small += line + "\n";
+  const std::string vocab = write("vocab30k.txt", small).string();
+  std::string text;
+  for (int d = 0; d < 20; ++d) {
+    for (int s = 0; s < 4; ++s)
+      text += "the king of the city was known as number " + std::to_string(d * 4 + s) + ".\n";
+    text += "\n";
+  }
+  const std::string seqs = (dir_ / "c.seqs").string();
+  Result r = run("prepare " + write("c.txt", text).string() + " --out " + seqs +
+                 " --max-seq-len 32 --pack optimal --vocab " + vocab);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+          " --preset tiny --steps 2 --batch-rows 4 --vocab " + vocab);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string hf = (dir_ / "hf").string();
+  r = run("export --model " + (dir_ / "run/checkpoint.safetensors").string() + " --out " + hf +
+          " --vocab " + vocab);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(hf + "/vocab.txt"), small);
+  const json tc = json::parse(slurp(hf + "/tokenizer_config.json"));
+  EXPECT_EQ(tc["do_lower_case"], true);
+  EXPECT_EQ(tc["tokenizer_class"], "BertTokenizer");
+  EXPECT_EQ(json::parse(slurp(hf + "/special_tokens_map.json"))["mask_token"], "[MASK]");
+
+  // No --vocab: fine-tuning, evaluation and export take the model's own.
+  const fs::path data = tsv("d.tsv", {"neg", "pos"});
+  const std::string cls = (dir_ / "cls").string();
+  r = run("finetune --model " + hf + " --train " + data.string() + " --dev " + data.string() +
+          " --out " + cls + " --epochs 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(cls + "/vocab.txt"), small);
+  Result e = run("eval --task classify --model " + cls + " --data " + data.string());
+  ASSERT_EQ(e.code, 0) << e.err;
+  const std::string x = (dir_ / "x").string();
+  r = run("export --model " + cls + " --out " + x);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(x + "/vocab.txt"), small);
+  EXPECT_TRUE(fs::exists(x + "/special_tokens_map.json"));
+  EXPECT_EQ(json::parse(slurp(x + "/tokenizer_config.json"))["do_lower_case"], true);
+  // --vocab naming another vocabulary: refused where its size cannot fit, and warned about where
+  // it overrides the model's own.
+  e = run("eval --task classify --model " + cls + " --data " + data.string() + " --vocab " +
+          PACKBERT_SOURCE_VOCAB);
+  EXPECT_EQ(e.code, 2) << e.err;
+  EXPECT_NE(e.err.find("overrides the model's own"), std::string::npos) << e.err;
+  // A model with the default vocabulary (no vocab.txt beside it) keeps the default.
+  Result d = run("export --model " + (dir_ / "run/checkpoint.safetensors").string() + " --out " +
+                 (dir_ / "nov").string());
+  EXPECT_EQ(d.code, 2) << d.err;  // 30,000 entries, and bert-base-uncased's 30,522
+  EXPECT_NE(d.err.find("30522"), std::string::npos) << d.err;
+}
+
+// #59 item 4: transformers' BertForQuestionAnswering has no pooler: such a checkpoint evaluates
+// and exports as it is (the same tensors, none added); a bare BertModel (no heads, its tensors
+// named without "bert.") exports as a BertModel, bit for bit.
+TEST_F(Labels, HuggingFaceModelsWithoutAPoolerOrHeadsEvaluateAndExportAsTheyAre) {
+  const std::string seqs = prepared_corpus("c", 20, 4);
+  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
+                " --preset tiny --steps 2 --batch-rows 4")
+                .code,
+            0);
+  const std::string squad = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
+  const std::string qa = (dir_ / "qa").string();
+  Result r = run("finetune --task squad --model " + (dir_ / "run/checkpoint.safetensors").string() +
+                 " --train " + squad + " --dev " + squad + " --out " + qa +
+                 " --epochs 1 --max-seq-len 128");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // As transformers saves it: no pooler.
+  io::SafetensorsFile a = io::SafetensorsFile::read(qa + "/model.safetensors");
+  EXPECT_FALSE(a.has("bert.pooler.dense.weight"));
+  EXPECT_TRUE(a.has("qa_outputs.weight"));
+  r = run("eval --task squad --model " + qa + " --data " + squad + " --max-seq-len 128");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string x = (dir_ / "x").string();
+  r = run("export --model " + qa + " --out " + x);
+  ASSERT_EQ(r.code, 0) << r.err;
+  io::SafetensorsFile b = io::SafetensorsFile::read(x + "/model.safetensors");
+  EXPECT_EQ(a.tensors().size(), b.tensors().size());
+  for (const auto& [name, e] : a.tensors()) EXPECT_EQ(a.raw(name), b.raw(name)) << name;
+
+  // A bare encoder, as transformers' BertModel.save_pretrained writes it.
+  const std::string hf = (dir_ / "hf").string(), bare = (dir_ / "bare").string();
+  ASSERT_EQ(run("export --model " + (dir_ / "run/checkpoint.safetensors").string() + " --out " + hf)
+                .code,
+            0);
+  fs::create_directories(bare);
+  io::SafetensorsFile full = io::SafetensorsFile::read(hf + "/model.safetensors");
+  std::vector<io::TensorToWrite> kept;
+  std::vector<std::string> names;
+  names.reserve(full.tensors().size());
+  for (const auto& [name, e] : full.tensors()) {
+    if (!name.starts_with("bert.")) continue;
+    names.push_back(name.substr(5));
+    const std::string_view raw = full.raw(name);
+    kept.push_back({names.back(), e.dtype, e.shape, raw.data(), raw.size()});
+  }
+  io::write_safetensors(bare + "/model.safetensors", kept, {{"format", "pt"}});
+  json config = json::parse(slurp(hf + "/config.json"));
+  config["architectures"] = {"BertModel"};
+  std::ofstream(bare + "/config.json") << config.dump(2);
+  const std::string bx = (dir_ / "bare_exported").string();
+  r = run("export --model " + bare + " --out " + bx);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(slurp(bx + "/config.json"))["architectures"], json::array({"BertModel"}));
+  io::SafetensorsFile before = io::SafetensorsFile::read(bare + "/model.safetensors"),
+                      after = io::SafetensorsFile::read(bx + "/model.safetensors");
+  EXPECT_EQ(before.tensors().size(), after.tensors().size());
+  for (const auto& [name, e] : before.tensors()) {
+    ASSERT_TRUE(after.has(name)) << name;
+    EXPECT_EQ(before.raw(name), after.raw(name)) << name;
   }
 }
 

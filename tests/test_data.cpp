@@ -485,6 +485,25 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
   EXPECT_EQ(named[0].b_start, static_cast<int32_t>(king.size() + 2));
   EXPECT_NE(error_of("a\tb", "x\ty", {{"c"}, "a", ""}).find("no column 'c' (`text_columns`)"),
             std::string::npos);
+  // #59 item 8: GLUE's own CoLA files have no header (source, label, judgment, sentence): the
+  // first line is a row, every row read, and the task is CoLA (MCC leads).
+  {
+    const std::string path = dir + "/cola.tsv";
+    std::ofstream(path) << "gj04\t1\t\tthe king\n"
+                        << "gj04\t0\t*\tthe war\n"
+                        << "cj99\t1\t\tthe king\n";
+    std::map<std::string, int32_t> labels;
+    const std::vector<ClassifyExample> cola = read_classification_tsv(path, tok, 64, labels, true);
+    ASSERT_EQ(cola.size(), 3u);
+    std::vector<int32_t> want = {base_vocab().cls()};
+    want.insert(want.end(), war.begin(), war.end());
+    want.push_back(base_vocab().sep());
+    EXPECT_EQ(cola[1].tokens, want);
+    EXPECT_EQ(labels.size(), 2u);
+    EXPECT_EQ(cola[0].label, cola[2].label);
+    EXPECT_NE(cola[0].label, cola[1].label);
+    EXPECT_EQ(glue_task(path, {}), "cola");
+  }
   // A task named (run_glue's --task_name) wins over the header; its GLUE metric leads.
   EXPECT_EQ(glue_task(dir + "/glue.tsv", {{}, "", "cola"}), "cola");
   EXPECT_THROW(glue_task(dir + "/glue.tsv", {{}, "", "colaa"}), InputError);

@@ -350,6 +350,65 @@ TEST(Squad, V2PredictsNoAnswerByTheNullScore) {
   EXPECT_EQ(pred[0], "");  // null 6 > 10 - 5
 }
 
+// SQuAD v2.0's null rule with contexts that fit one window (most real ones) and with several
+// windows each: the answer is "" exactly when the null score beats the best span's by more than
+// the threshold. The expected answers are worked out here from the logits the test writes (span
+// 5 + 5 = 10 on the gold answer, 0 elsewhere, null 2c with c set per question), not by the code
+// under test: at +1e6 every question is answered, at -1e6 none, at 0 those whose null is below 10.
+TEST(Squad, V2NullRuleHoldsForSingleAndMultiWindowContexts) {
+  data::Vocab vocab = data::Vocab::load(PACKBERT_SOURCE_VOCAB);
+  data::Tokenizer tok(vocab, true);
+  for (const int max_seq_len : {384, 48}) {
+    SCOPED_TRACE("max_seq_len " + std::to_string(max_seq_len));
+    std::vector<data::SquadExample> ex = data::read_squad(kSquadTiny);
+    data::SquadOptions o;
+    o.max_seq_len = max_seq_len;
+    o.doc_stride = 16;
+    data::SquadFeatures train = data::squad_features(ex, tok, o, true);
+    data::SquadFeatures dev = data::squad_features(ex, tok, o, false);
+    ASSERT_EQ(train.features.size(), dev.features.size());
+    if (max_seq_len == 384) {
+      ASSERT_EQ(dev.features.size(), ex.size());  // one window a question
+    } else {
+      ASSERT_GT(dev.features.size(), 2 * ex.size());
+    }
+    // Null halves per question: 2c below the span's 10 for even questions, above it for odd ones.
+    auto half_null = [](int64_t example) { return example % 2 == 0 ? 2.0f : 7.0f; };
+    std::vector<std::vector<float>> logits(dev.features.size());
+    for (size_t f = 0; f < dev.features.size(); ++f) {
+      logits[f].assign(2 * dev.features[f].tokens.size(), 0.0f);
+      if (train.features[f].start > 0) {
+        logits[f][2 * train.features[f].start] = 5.0f;
+        logits[f][2 * train.features[f].end + 1] = 5.0f;
+      }
+      logits[f][0] = logits[f][1] = half_null(dev.features[f].example);
+    }
+    o.v2 = true;
+    const std::vector<std::string> gold = {"2026", "Zürich", "BERT encoders",
+                                           "attend to each other"};
+    for (const double threshold : {1e6, 0.0, -1e6}) {
+      SCOPED_TRACE("threshold " + std::to_string(threshold));
+      o.null_score_diff_threshold = threshold;
+      const std::vector<std::string> pred =
+          data::squad_predictions(ex, dev.features, logits, tok, o);
+      ASSERT_EQ(pred.size(), ex.size());
+      int empty = 0;
+      for (size_t i = 0; i < ex.size(); ++i) {
+        const double null = 2.0 * half_null(static_cast<int64_t>(i));
+        const bool expect_empty = null > 10.0 + threshold;
+        EXPECT_EQ(pred[i].empty(), expect_empty) << ex[i].id;
+        if (!expect_empty && i < gold.size()) {
+          EXPECT_EQ(pred[i], gold[i]) << ex[i].id;
+        }
+        empty += pred[i].empty();
+      }
+      const int want = threshold > 0 ? 0 : threshold < 0 ? static_cast<int>(ex.size())
+                                                         : static_cast<int>(ex.size()) / 2;
+      EXPECT_EQ(empty, want);
+    }
+  }
+}
+
 TEST(Squad, BadFilesNameTheProblem) {
   World w;
   auto expect_error = [&](const std::string& text, const std::string& needle) {

@@ -448,19 +448,21 @@ struct Normals {
 };
 
 // The seam's ops outside the harness's table (no gradient of their own): a build of the cpu
-// backend against the reference, in f32 and each 16-bit type where the op takes one.
-void check_ops_without_gradients(const Backend& cpu) {
+// backend against the reference, in f32 and each 16-bit type where the op takes one. `h`'s
+// products (linear_block_grad_norms) are compared only where `gemms` (bf16 where oneDNN cannot
+// build its matmul: the caller skips, naming why).
+void check_ops_without_gradients(const Backend& cpu, DType h, bool gemms) {
   SCOPED_TRACE(std::string("the cpu backend built for ") + isa_name(cpu.isa));
+  SCOPED_TRACE(dtype_name(h));
   const Backend& ref = backend(BackendKind::ref);
   Normals randoms(31);
   const int N = 13, C = 16, OC = 24, B = 8;
   const std::vector<float> in = randoms(N * C), dout = randoms(N * OC), w = randoms(C),
                            b = randoms(C);
-  for (const DType h : {DType::f32, DType::bf16, DType::f16}) {
-    SCOPED_TRACE(dtype_name(h));
-    Env<float> stored;  // the input as stored in h
-    stored.x["in"] = in;
-    const Stored<float> x(stored, "in", N, C, h);
+  Env<float> stored;  // the input as stored in h
+  stored.x["in"] = in;
+  const Stored<float> x(stored, "in", N, C, h);
+  if (gemms) {
     // linear_block_grad_norms: the L1 norms of the dense gradient's 8 x 8 blocks.
     std::vector<float> l1_cpu((OC / B) * (C / B), 0.5f), l1_ref = l1_cpu;
     cpu.linear_block_grad_norms(View(l1_cpu.data(), OC / B, C / B), View(dout.data(), N, OC), x, B,
@@ -469,27 +471,35 @@ void check_ops_without_gradients(const Backend& cpu) {
                                 View(), View());
     for (size_t i = 0; i < l1_ref.size(); ++i)
       EXPECT_NEAR(l1_cpu[i], l1_ref[i], 1e-5 * l1_ref[i]) << "block " << i;
-    // layernorm_apply rebuilds layernorm_forward's output, on each backend, from the statistics.
-    for (const Backend* be : {&cpu, &ref}) {
-      std::vector<float> mean(N), rstd(N), out(N * C), again(N * C);
-      const View w_(View::vector(w.data(), C)), b_(View::vector(b.data(), C));
-      be->layernorm_forward(View(out.data(), N, C), View::vector(mean.data(), N),
-                            View::vector(rstd.data(), N), x, w_, b_, 1e-12, View());
-      be->layernorm_apply(View(again.data(), N, C), x, View::vector(mean.data(), N),
-                          View::vector(rstd.data(), N), w_, b_, View());
-      EXPECT_EQ(out, again) << be->name;
-    }
-    // convert: rounds as the traits row does.
-    std::vector<uint16_t> c16_cpu(N * C), c16_ref(N * C);
-    View out_cpu = View::vector(in.data(), N * C), out_ref = out_cpu;
-    if (traits(h).is_16bit) {
-      out_cpu.data = c16_cpu.data(), out_ref.data = c16_ref.data();
-      out_cpu.dtype = out_ref.dtype = h;
-      cpu.convert(out_cpu, View::vector(in.data(), N * C));
-      ref.convert(out_ref, View::vector(in.data(), N * C));
-      EXPECT_EQ(c16_cpu, c16_ref);
-    }
   }
+  // layernorm_apply rebuilds layernorm_forward's output, on each backend, from the statistics.
+  for (const Backend* be : {&cpu, &ref}) {
+    std::vector<float> mean(N), rstd(N), out(N * C), again(N * C);
+    const View w_(View::vector(w.data(), C)), b_(View::vector(b.data(), C));
+    be->layernorm_forward(View(out.data(), N, C), View::vector(mean.data(), N),
+                          View::vector(rstd.data(), N), x, w_, b_, 1e-12, View());
+    be->layernorm_apply(View(again.data(), N, C), x, View::vector(mean.data(), N),
+                        View::vector(rstd.data(), N), w_, b_, View());
+    EXPECT_EQ(out, again) << be->name;
+  }
+  // convert: rounds as the traits row does.
+  std::vector<uint16_t> c16_cpu(N * C), c16_ref(N * C);
+  View out_cpu = View::vector(in.data(), N * C), out_ref = out_cpu;
+  if (traits(h).is_16bit) {
+    out_cpu.data = c16_cpu.data(), out_ref.data = c16_ref.data();
+    out_cpu.dtype = out_ref.dtype = h;
+    cpu.convert(out_cpu, View::vector(in.data(), N * C));
+    ref.convert(out_ref, View::vector(in.data(), N * C));
+    EXPECT_EQ(c16_cpu, c16_ref);
+  }
+}
+
+// count_argmax_hits and zero, on a build of the cpu backend against the reference.
+void check_argmax_and_zero(const Backend& cpu) {
+  SCOPED_TRACE(std::string("the cpu backend built for ") + isa_name(cpu.isa));
+  const Backend& ref = backend(BackendKind::ref);
+  Normals randoms(37);
+  const int N = 13, C = 16, OC = 24;
   // count_argmax_hits: ties go to the first maximum; rows without a target are not counted.
   std::vector<float> scores = randoms(N * OC);
   std::vector<int32_t> targets(N);
@@ -507,8 +517,20 @@ void check_ops_without_gradients(const Backend& cpu) {
   EXPECT_EQ(z, std::vector<float>(N * C, 0.0f));
   EXPECT_EQ(z2, z);
 }
+
 TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
-  for (const Backend* cpu : cpu_backends()) check_ops_without_gradients(*cpu);
+  for (const Backend* cpu : cpu_backends()) {
+    for (const DType h : {DType::f32, DType::f16}) check_ops_without_gradients(*cpu, h, true);
+    check_argmax_and_zero(*cpu);
+  }
+}
+
+// bf16: everything but the products runs on any CPU; the products where oneDNN builds them
+// (skipped, and named, where it cannot: an AVX2-only CPU).
+TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReferenceInBf16) {
+  const std::string why = bf16_unavailable_reason();
+  for (const Backend* cpu : cpu_backends()) check_ops_without_gradients(*cpu, DType::bf16, why.empty());
+  if (!why.empty()) GTEST_SKIP() << "bf16 products not compared: " << why;
 }
 
 // The gradients a pipeline's stages leave out (the tied MLM decoder: the last stage forms no
@@ -521,9 +543,12 @@ TEST(KernelBackends, GradientsLeftOutLeaveTheOthersAsTheyAre) {
   const std::vector<float> in = randoms(N * C), w = randoms(OC * C), dout = randoms(N * OC);
   std::vector<const Backend*> backends = cpu_backends();
   backends.push_back(&backend(BackendKind::ref));
+  // The cpu backend's bf16 products need oneDNN's bf16 matmul: skipped, and named, without it.
+  const std::string no_bf16 = bf16_unavailable_reason();
   for (const Backend* be : backends) {
     SCOPED_TRACE(std::string(be->name) + " " + isa_name(be->isa));
     for (const DType h : {DType::f32, DType::bf16, DType::f16}) {
+      if (h == DType::bf16 && be->kind != BackendKind::ref && !no_bf16.empty()) continue;
       SCOPED_TRACE(dtype_name(h));
       Env<float> env;
       env.x["in"] = in, env.x["w"] = w;
@@ -558,6 +583,8 @@ TEST(KernelBackends, GradientsLeftOutLeaveTheOthersAsTheyAre) {
                                GradWrite::overwrite);
     EXPECT_EQ(std::memcmp(with.data(), without.data(), with.size() * sizeof(bf16)), 0);
   }
+  if (!no_bf16.empty())
+    GTEST_SKIP() << "f32 and f16 compared; the cpu backend's bf16 linear_backward not: " << no_bf16;
 }
 
 // The optimizer ops: three AdamW and LAMB updates on each backend from the same state, with fp32
@@ -1131,7 +1158,32 @@ TEST(KernelBf16, RefusedWithTheMissingFeatureNamed) {
   EXPECT_NE(why.find("AVX512-BF16 or AMX-BF16"), std::string::npos) << why;
   EXPECT_NE(why.find(cpu_features().model), std::string::npos) << why;
   const CpuFeatures& f = cpu_features();
-  EXPECT_EQ(bf16_unavailable_reason().empty(), f.avx512_bf16 || f.amx_bf16);
+  EXPECT_EQ(bf16_unavailable_reason().empty(),
+            (f.avx512_bf16 || f.amx_bf16) && onednn_bf16_matmul_refusal().empty());
+}
+
+// The answer comes from what runs: where bf16 is offered, a bf16 product runs and is right; where
+// oneDNN cannot build one (an AVX2-only CPU, or ONEDNN_MAX_CPU_ISA below AVX-512), bf16 is
+// refused, whatever CPUID says.
+TEST(KernelBf16, OfferedExactlyWhereOneDnnBuildsTheProduct) {
+  const std::string refusal = onednn_bf16_matmul_refusal();
+  if (!refusal.empty()) {
+    EXPECT_FALSE(bf16_unavailable_reason().empty()) << "oneDNN refused: " << refusal;
+    return;
+  }
+  if (!bf16_unavailable_reason().empty()) GTEST_SKIP() << bf16_unavailable_reason();
+  const int M = 5, N = 7, K = 9;
+  std::vector<bf16> a(M * K), b(K * N);
+  std::vector<float> c(M * N, 0.0f);
+  for (int i = 0; i < M * K; ++i) a[i] = to_bf16(static_cast<float>(i % 5) - 2.0f);
+  for (int i = 0; i < K * N; ++i) b[i] = to_bf16(static_cast<float>(i % 3) - 1.0f);
+  gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float want = 0;
+      for (int k = 0; k < K; ++k) want += to_float(a[i * K + k]) * to_float(b[k * N + j]);
+      EXPECT_EQ(c[i * N + j], want) << i << "," << j;
+    }
 }
 
 // GradWrite::overwrite: the input gradient written over whatever its buffer holds (NaN here, so

@@ -795,6 +795,28 @@ TEST_F(Reliability, NonFiniteWeightsAreWarnedByEvalAndRefusedByExport) {
   EXPECT_EQ(ex.code, 2) << ex.err;
   EXPECT_NE(ex.err.find("not finite"), std::string::npos) << ex.err;
   EXPECT_FALSE(fs::exists(dir_ / "x"));
+  // #59 item 6: pre-training from such weights is refused before a step, nothing written.
+  Result init = run("pretrain --data " + seqs_ + " --init " + nan + " --out " +
+                    (dir_ / "p").string() + " --steps 2 --batch-rows 4");
+  EXPECT_EQ(init.code, 2) << init.err;
+  EXPECT_NE(init.err.find("not finite"), std::string::npos) << init.err;
+  EXPECT_EQ(init.err.find("step 1"), std::string::npos) << init.err;
+  EXPECT_FALSE(fs::exists(dir_ / "p"));
+  // A finite weight fp16 cannot hold (above 65,504) is refused by --dtype fp16, not made inf;
+  // bf16 holds it.
+  for (auto& t : keep)
+    for (float& v : t)
+      if (std::isnan(v)) v = 1e5f;
+  io::write_safetensors(nan, tensors, c.metadata());
+  Result f16 = run("export --checkpoint " + nan + " --out " + (dir_ / "h").string() +
+                   " --dtype fp16");
+  EXPECT_EQ(f16.code, 2) << f16.err;
+  EXPECT_NE(f16.err.find("bert.encoder.layer.0.output.dense.weight"), std::string::npos)
+      << f16.err;
+  EXPECT_FALSE(fs::exists(dir_ / "h"));
+  EXPECT_EQ(run("export --checkpoint " + nan + " --out " + (dir_ / "b").string() + " --dtype bf16")
+                .code,
+            0);
   Result vocab =
       run("export --checkpoint " + checkpoint("run") + " --out " + (dir_ / "y").string() +
           " --vocab " + write("short.txt", slurp(PACKBERT_SOURCE_VOCAB).substr(0, 5000)).string());
@@ -891,9 +913,32 @@ TEST_F(Reliability, FinetuneKilledOrSignalledResumesBitExactly) {
   Result again = run(args("killed", ""));  // forgetting --resume is refused
   EXPECT_EQ(again.code, 2);
   EXPECT_NE(again.err.find("continue it with --resume"), std::string::npos) << again.err;
+  // #59 item 5: every flag that changes the result is refused on resume, naming the flag.
+  for (const char* changed : {"--warmup 3", "--weight-decay 0.1", "--clip 0.5", "--decay-power 2",
+                              "--cased", "--lr 1e-4", "--loss-scale 128", "--skip-outliers 4"}) {
+    Result r = run(args("killed", std::string("--resume ") + changed));
+    EXPECT_EQ(r.code, 2) << changed << ": " << r.err;
+    const std::string flag = std::string(changed).substr(0, std::string(changed).find(' '));
+    EXPECT_NE(r.err.find(flag), std::string::npos) << changed << ": " << r.err;
+    EXPECT_TRUE(fs::exists(dir_ / "killed.resume.safetensors"));
+  }
   Result resumed = run(args("killed", "--resume"));
   ASSERT_EQ(resumed.code, 0) << resumed.err;
   EXPECT_EQ(slurp(dir_ / "killed" / "model.safetensors"), want);
+  // metrics.jsonl holds the whole run, the records before the kill included: the same records
+  // as the uninterrupted run's, its clock fields aside.
+  auto records = [&](const std::string& out) {
+    std::vector<nlohmann::json> r;
+    std::istringstream in(slurp(dir_ / out / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      for (const char* clock : {"seconds", "elapsed", "comm_seconds", "eval_seconds"})
+        j.erase(clock);
+      r.push_back(j);
+    }
+    return r;
+  };
+  EXPECT_EQ(records("killed"), records("full"));
   for (const auto& e : fs::directory_iterator(dir_))  // no staging directory left behind
     EXPECT_EQ(e.path().filename().string().find("killed.partial."), std::string::npos);
   Result other = run(args("killed2", "--resume"));

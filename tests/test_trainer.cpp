@@ -215,7 +215,9 @@ TEST(Trainer, SparseRunPrunesItsDenseInitAndExportsDense) {
   std::atomic<bool> stop{false};
   t.run(stop, {}, {});
   const std::string out = (w.dir / "exported").string();
-  export_model(t.model(), out, w.vocab);
+  ModelFiles files;
+  files.vocab = w.vocab;
+  export_model(t.model(), out, files);
   auto exported = load_model(out, model::Heads{});
   auto from_checkpoint = load_model(t.checkpoint_path(), model::Heads{});
   EXPECT_EQ(model::as_vector(exported->params()), model::as_vector(from_checkpoint->params()));
@@ -663,7 +665,7 @@ TEST(Export, RoundTripsThroughTheHuggingFaceLayout) {
   EXPECT_TRUE(fs::exists(w.init + "/config.json"));
   EXPECT_TRUE(fs::exists(w.init + "/vocab.txt"));
   std::string again = (w.dir / "again").string();
-  export_model(*m, again, "");
+  export_model(*m, again);
   auto n = load_model(again, model::Heads{});
   EXPECT_EQ(model::as_vector(m->params()), model::as_vector(n->params()));
   EXPECT_EQ(n->config().hidden_size, 16);
@@ -676,8 +678,10 @@ TEST(Export, Bf16StoresEachWeightRoundedToNearestInHalfTheBytes) {
   World w;
   auto m = load_model(w.init, model::Heads{});
   const std::string wide = (w.dir / "wide").string(), narrow = (w.dir / "narrow").string();
-  export_model(*m, wide, "");
-  export_model(*m, narrow, "", false, model::Precision::bf16);
+  export_model(*m, wide);
+  ModelFiles bf16_files;
+  bf16_files.dtype = model::Precision::bf16;
+  export_model(*m, narrow, bf16_files);
   const auto a = fs::file_size(wide + "/model.safetensors"),
              b = fs::file_size(narrow + "/model.safetensors");
   // The payload halves; the header grows by a byte per tensor ("BF16" for "F32") at most, padded.
@@ -695,7 +699,7 @@ TEST(Export, Bf16StoresEachWeightRoundedToNearestInHalfTheBytes) {
   // bf16 masters: exported in fp32 they load back as the same bf16 values, bit for bit.
   n->keep_masters16(model::Masters::bf16);
   const std::string masters = (w.dir / "masters").string();
-  export_model(*n, masters, "");
+  export_model(*n, masters);
   auto back = load_model(masters, model::Heads{});
   EXPECT_EQ(model::as_vector(std::as_const(*back).params()), after);
 }
@@ -706,7 +710,9 @@ TEST(Export, Fp16StoresEachWeightRoundedToNearest) {
   World w;
   auto m = load_model(w.init, model::Heads{});
   const std::string dir = (w.dir / "f16").string();
-  export_model(*m, dir, "", false, model::Precision::fp16);
+  ModelFiles f16_files;
+  f16_files.dtype = model::Precision::fp16;
+  export_model(*m, dir, f16_files);
   std::ifstream cf(dir + "/config.json");
   EXPECT_EQ(nlohmann::json::parse(cf).at("torch_dtype"), "float16");
   const io::SafetensorsFile file = io::SafetensorsFile::read(dir + "/model.safetensors");

@@ -76,7 +76,9 @@ struct World {
     model::BertModel m(c, model::Heads{});
     model::init_params(m.layout(), m.params().data(), 7);
     init = (dir / "init").string();
-    export_model(m, init, vocab);
+    ModelFiles files;
+    files.vocab = vocab;
+    export_model(m, init, files);
   }
   ~World() { fs::remove_all(dir); }
   PretrainOptions options(const std::string& run) const {

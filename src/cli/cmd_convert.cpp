@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "data/casing.h"
 #include "data/vocab.h"
 #include "error.h"
 #include "io/atomic_file.h"
@@ -39,7 +40,12 @@ void run_convert(const ConvertArgs& a) {
     const train::ModelLabels source = train::model_labels(a.src);
     auto m = train::load_model(a.src, source.heads);
     // (export_model checks --vocab's size and the weights' finiteness)
-    train::export_model(*m, a.out, a.vocab, a.overwrite, model::Precision::fp32, source.names);
+    train::ModelFiles files;
+    files.vocab = a.vocab, files.label_names = source.names;
+    if (!a.vocab.empty())
+      files.lower_case =
+          data::decide_casing(std::nullopt, a.src, data::Vocab::load(a.vocab), a.vocab).lower_case;
+    train::export_model(*m, a.out, files, a.overwrite);
     std::cout << "converted packbert checkpoint " << a.src << " -> " << a.out
               << "/{config.json, model.safetensors" << (a.vocab.empty() ? "" : ", vocab.txt")
               << "} (" << m->layout().tensors().size() << " tensors, F32)\n";
@@ -52,7 +58,13 @@ void run_convert(const ConvertArgs& a) {
   if (!vocab.empty()) check_vocab(vocab, m.config.vocab_size);
   io::StagedDirectory out(a.out, "--out", a.overwrite);
   model::write_imported(m, out.path());
-  if (!vocab.empty()) io::write_file_atomic(out.path() + "/vocab.txt", io::read_file(vocab));
+  if (!vocab.empty()) {
+    train::ModelFiles files;
+    files.vocab = vocab;
+    files.lower_case =
+        data::decide_casing(std::nullopt, a.src, data::Vocab::load(vocab), vocab).lower_case;
+    train::write_tokenizer_files(out.path(), files, m.config.max_position_embeddings);
+  }
   out.publish();
 
   std::map<std::string, int> dtypes;
@@ -61,7 +73,9 @@ void run_convert(const ConvertArgs& a) {
   for (const auto& [d, n] : dtypes)
     dtype_text += (dtype_text.empty() ? "" : ", ") + std::to_string(n) + " " + d;
   std::cout << "converted " << a.src << " (" << m.format << ") -> " << a.out
-            << "/{config.json, model.safetensors" << (vocab.empty() ? "" : ", vocab.txt") << "}\n"
+            << "/{config.json, model.safetensors"
+            << (vocab.empty() ? "" : ", vocab.txt, tokenizer_config.json, special_tokens_map.json")
+            << "}\n"
             << "  tensors: " << m.weights.tensors().size() << " (" << dtype_text
             << "; values as stored)";
   if (m.renamed) std::cout << ", " << m.renamed << " renamed to BertForPreTraining's names";

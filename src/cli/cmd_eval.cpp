@@ -37,7 +37,7 @@ void run_task_eval(const EvalArgs& a) {
   o.task = a.task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
   o.model = a.model;
   o.data = a.data;
-  o.vocab = a.vocab;
+  o.vocab = model_vocab(a.vocab, a.model);
   o.predictions = a.predictions;
   o.rows_per_batch = a.rows;
   o.max_seq_len = a.max_seq_len.value_or(a.task == "squad" ? 384 : 128);
@@ -169,7 +169,7 @@ void register_eval(CLI::App& app) {
                  "mlm: the sequences file's packs file (same result; about as fast, since one "
                  "sequence per row computes no padding either)");
   number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
-  vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
+  model_vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
   casing_flags(ev, e->lower_case);
   column_flags(ev, e->columns);
   number(ev, "--max-seq-len", e->max_seq_len,

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "data/casing.h"
 #include "io/paths.h"
 #include "train/trainer.h"
 
@@ -13,13 +14,13 @@ void register_export(CLI::App& app) {
   auto x = std::make_shared<std::pair<std::string, std::string>>();
   auto xv = std::make_shared<std::string>();
   CLI::App* ex = app.add_subcommand(
-      "export", "Write config.json + model.safetensors + vocab.txt (Hugging Face layout)");
+      "export", "Write config.json + model.safetensors + the tokenizer files (Hugging Face layout)");
   ex->add_option("--checkpoint,--model", x->first,
                  "The model: a packbert checkpoint or a Hugging Face directory (--model is the "
                  "name every command takes)")
       ->required();
   ex->add_option("--out", x->second, "Directory to write")->required();
-  vocab_option(ex, *xv, "vocab.txt to include");
+  model_vocab_option(ex, *xv, "vocab.txt to include");
   auto xo = std::make_shared<bool>(false);
   ex->add_flag("--overwrite", *xo, "Replace a model directory already at --out");
   auto dtype = std::make_shared<std::string>("fp32");
@@ -30,16 +31,26 @@ void register_export(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   ex->callback([x, xv, xo, dtype] {
+    const std::string vocab = model_vocab(*xv, x->first);
     io::refuse_directory_over_inputs({x->second, "--out"},
-                                     {{x->first, "--checkpoint"}, {*xv, "--vocab"}});
+                                     {{x->first, "--checkpoint"}, {vocab, "--vocab"}});
     const train::ModelLabels source = train::model_labels(x->first);
     // A masked-LM model has no pooler or NSP head: they are filled for loading and left out.
     train::FreshTensors fresh{1, 0, {}};
     auto m = train::load_model(x->first, source.heads, {}, source.masked_lm ? &fresh : nullptr);
-    train::export_model(*m, x->second, *xv, *xo, model::parse_precision(*dtype), source.names,
-                        source.masked_lm);
-    std::cout << "wrote " << x->second << "/{config.json, model.safetensors, vocab.txt} (" << *dtype
-              << ")\n";
+    train::ModelFiles files;
+    files.vocab = vocab;
+    files.lower_case =
+        data::decide_casing(std::nullopt, x->first, data::Vocab::load(vocab), vocab).lower_case;
+    files.label_names = source.names;
+    files.dtype = model::parse_precision(*dtype);
+    files.masked_lm = source.masked_lm;
+    files.pooler = source.pooler;
+    train::export_model(*m, x->second, files, *xo);
+    std::cout << "wrote " << x->second
+              << "/{config.json, model.safetensors, vocab.txt, tokenizer_config.json, "
+                 "special_tokens_map.json} ("
+              << *dtype << ", vocabulary " << vocab << ")\n";
   });
 }
 

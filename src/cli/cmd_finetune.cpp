@@ -59,7 +59,7 @@ void register_finetune(CLI::App& app, int& exit_code) {
   cmd->add_flag_callback(
       "--classification", [kind] { kind(false); },
       "classify: train a classifier even when the labels are decimal numbers");
-  vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
+  model_vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
   casing_flags(cmd, o->lower_case);
   column_flags(cmd, o->columns);
   CLI::Option* len =
@@ -98,6 +98,7 @@ void register_finetune(CLI::App& app, int& exit_code) {
     opt.task = *task == "squad" ? train::FinetuneTask::squad : train::FinetuneTask::classify;
     if (opt.task == train::FinetuneTask::squad && len->count() == 0) opt.max_seq_len = 384;
     opt.say = say_on_stderr;
+    opt.vocab = model_vocab(opt.vocab, opt.init);
     train::FinetuneResult r = train::finetune(opt);
     if (r.stopped) {
       const int sig = signals.signal() ? signals.signal() : SIGTERM;

@@ -6,6 +6,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "data/casing.h"
+#include "dist/comm.h"
 #include "error.h"
 #include "kernels/cpu/features.h"
 #include "train/memory_plan.h"
@@ -147,6 +149,10 @@ std::string flag_of_field(const std::string& field) {
       {"lr", "--lr"},
       {"warmup_steps", "--warmup"},
       {"clip_norm", "--clip"},
+      {"weight_decay", "--weight-decay"},
+      {"vocab_checksum", "--vocab"},
+      {"train_checksum", "--train"},
+      {"dev_checksum", "--dev"},
       {"outlier_z", "--skip-outliers"},
       {"nan_abort", "--nan-abort"},
       {"loss_scale_init", "--loss-scale-init"},
@@ -194,6 +200,7 @@ std::string flag_of_field(const std::string& field) {
       {"label_column", "--label-column"},
       {"text_columns", "--text-columns"},
       {"loss_scale", "--loss-scale"},
+      {"loss_scaling", "--loss-scale"},
       {"max_answer_length", "--max-answer-length"},
       {"max_query_length", "--max-query-length"},
       {"max_per_pack", "--max-per-pack"},
@@ -431,6 +438,20 @@ CLI::Option* vocab_option(CLI::App* cmd, std::string& value, const std::string& 
   value = d.path;
   return cmd->add_option("--vocab", value,
                          help + " (default: bert-base-uncased, " + d.found + ": " + d.path + ")");
+}
+
+CLI::Option* model_vocab_option(CLI::App* cmd, std::string& value, const std::string& help) {
+  const DefaultVocab& d = default_vocab();
+  value.clear();
+  return cmd->add_option("--vocab", value,
+                         help + " (default: the model directory's vocab.txt, else bert-base-uncased, " +
+                             d.found + ": " + d.path + ")");
+}
+
+std::string model_vocab(const std::string& given, const std::string& model) {
+  const data::VocabChoice c = data::choose_vocab(given, model, default_vocab().path);
+  if (!c.warning.empty() && dist::Comm::world().root()) say_on_stderr("warning: " + c.warning);
+  return c.path;
 }
 
 }  // namespace packbert::cli

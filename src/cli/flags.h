@@ -81,6 +81,13 @@ const DefaultVocab& default_vocab();
 // --vocab bound to `value` (set to the default vocabulary); --help says where that was found.
 CLI::Option* vocab_option(CLI::App* cmd, std::string& value, const std::string& help);
 
+// --vocab for a command that reads a model (finetune, eval, export): `value` stays empty unless
+// given, and model_vocab() then picks the model directory's own vocab.txt, else the default.
+CLI::Option* model_vocab_option(CLI::App* cmd, std::string& value, const std::string& help);
+// The vocabulary for `model`: `given` (--vocab) when set, warning on stderr where the model's own
+// vocab.txt differs from it; else the model's vocab.txt; else the default (data::choose_vocab).
+std::string model_vocab(const std::string& given, const std::string& model);
+
 // --text-columns A[,B] and --label-column L of a classification TSV.
 void column_flags(CLI::App* cmd, data::TsvColumns& columns);
 

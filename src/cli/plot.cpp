@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 
 #include "text.h"
@@ -26,6 +27,33 @@ double nice_step(double range) {
   for (double m : {1.0, 2.0, 5.0, 10.0})
     if (raw <= m * mag) return m * mag;
   return 10 * mag;
+}
+
+// At most 4 points per pixel column (the first, lowest, highest and last of the points in it, in
+// x order): the drawn line is the same as the full series', and a run of 2 million records
+// draws a few thousand points, not 2 million.
+std::vector<std::pair<double, double>> per_pixel(const std::vector<std::pair<double, double>>& p,
+                                                 double x0, double x1, double width) {
+  constexpr size_t kFew = 2000;
+  if (p.size() <= kFew) return p;
+  std::vector<std::pair<double, double>> out;
+  size_t i = 0;
+  while (i < p.size()) {
+    const auto column = [&](double x) {
+      return static_cast<int64_t>(std::floor((x - x0) / (x1 - x0) * width));
+    };
+    const int64_t c = column(p[i].first);
+    size_t j = i, lo = i, hi = i;
+    for (; j < p.size() && column(p[j].first) == c; ++j) {
+      if (p[j].second < p[lo].second) lo = j;
+      if (p[j].second > p[hi].second) hi = j;
+    }
+    size_t keep[4] = {i, std::min(lo, hi), std::max(lo, hi), j - 1};
+    for (int k = 0; k < 4; ++k)
+      if (k == 0 || keep[k] != keep[k - 1]) out.push_back(p[keep[k]]);
+    i = j;
+  }
+  return out;
 }
 
 }  // namespace
@@ -64,13 +92,15 @@ std::string svg_plot(const std::vector<Series>& series, const std::string& title
        ") rotate(-90)\" text-anchor=\"middle\">" + escape(y_label) + "</text>\n";
   for (size_t k = 0; k < series.size(); ++k) {
     const Series& s = series[k];
+    const std::vector<std::pair<double, double>> drawn = per_pixel(s.points, x0, x1, W - L - R);
     std::string pts;
-    for (auto [x, y] : s.points) pts += num(px(x)) + "," + num(py(y)) + " ";
+    for (auto [x, y] : drawn) pts += num(px(x)) + "," + num(py(y)) + " ";
     o += "<polyline fill=\"none\" stroke=\"" + s.color + "\" stroke-width=\"2\" points=\"" + pts +
          "\"/>\n";
-    for (auto [x, y] : s.points)
-      o += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) + "\" r=\"3\" fill=\"" + s.color +
-           "\"/>\n";
+    if (s.points.size() <= 200)  // markers where they can be told apart
+      for (auto [x, y] : s.points)
+          o += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) + "\" r=\"3\" fill=\"" +
+             s.color + "\"/>\n";
     double ly = T + 16 + 18.0 * static_cast<double>(k);
     o += "<line x1=\"" + num(L + 14) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(L + 38) +
          "\" y2=\"" + num(ly) + "\" stroke=\"" + s.color + "\" stroke-width=\"3\"/><text x=\"" +

@@ -1,3 +1,4 @@
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -97,6 +98,12 @@ int run_command(int argc, char** argv) {
 }  // namespace
 
 int run(int argc, char** argv) {
+  // A reader that goes away (`packbert finetune ... | head`) or a file-size limit (`ulimit -f`)
+  // must not kill a run mid-write with nothing said and its staging directory left behind: the
+  // write fails instead (EPIPE: the output is lost, the run goes on and publishes; EFBIG: the
+  // file's writer names it, exit 2, its temporary file removed).
+  std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGXFSZ, SIG_IGN);
   const int code = run_command(argc, argv);
   dist::Comm& comm = dist::Comm::world();
   // A process that failed alone (bad input only it saw, an error mid-step) takes the run down

@@ -16,11 +16,17 @@ namespace {
 // the uncased ones none).
 constexpr int kCasedEntries = 50;
 
+// The directory holding a model's tokenizer files: the model itself when a directory, else the
+// directory of the model file.
+fs::path model_dir(const std::string& model) {
+  const fs::path dir = fs::is_directory(model) ? fs::path(model) : fs::path(model).parent_path();
+  return dir.empty() ? fs::path(".") : dir;
+}
+
 // do_lower_case from tokenizer_config.json beside `model`, when it says one.
 std::optional<bool> model_lower_case(const std::string& model, std::string& where) {
   if (model.empty()) return std::nullopt;
-  const fs::path dir = fs::is_directory(model) ? fs::path(model) : fs::path(model).parent_path();
-  const fs::path path = (dir.empty() ? fs::path(".") : dir) / "tokenizer_config.json";
+  const fs::path path = model_dir(model) / "tokenizer_config.json";
   if (!fs::is_regular_file(path)) return std::nullopt;
   std::ifstream in(path);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
@@ -30,7 +36,41 @@ std::optional<bool> model_lower_case(const std::string& model, std::string& wher
   return j["do_lower_case"].get<bool>();
 }
 
+std::string describe(const Vocab& v) {
+  const int capitals = capitalised_entries(v);
+  return std::to_string(v.size()) + " entries, " +
+         (capitals >= kCasedEntries ? "cased" : capitals == 0 ? "uncased" : "mostly uncased");
+}
+
 }  // namespace
+
+VocabChoice choose_vocab(const std::string& given, const std::string& model,
+                         const std::string& fallback) {
+  VocabChoice c;
+  std::string own;
+  if (!model.empty()) {
+    const fs::path p = model_dir(model) / "vocab.txt";
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) own = p.string();
+  }
+  if (given.empty()) {
+    c.path = own.empty() ? fallback : own;
+    c.note = own.empty() ? "vocabulary " + fallback + " (" + model + " has no vocab.txt)"
+                         : "vocabulary " + own + " (the model's own)";
+    return c;
+  }
+  c.path = given;
+  if (own.empty()) return c;
+  std::error_code ec;
+  if (fs::equivalent(own, given, ec)) return c;
+  const Vocab mine = Vocab::load(own), theirs = Vocab::load(given);
+  bool same = mine.size() == theirs.size();
+  for (int32_t i = 0; same && i < mine.size(); ++i) same = mine.token(i) == theirs.token(i);
+  if (!same)
+    c.warning = "`vocab` " + given + " (" + describe(theirs) + ") overrides the model's own " +
+                own + " (" + describe(mine) + "): tokenising with " + given;
+  return c;
+}
 
 int capitalised_entries(const Vocab& v) {
   int n = 0;

@@ -21,6 +21,17 @@ struct Casing {
 // Vocabulary entries with an ASCII capital letter, bracketed specials ([CLS], [unused0]) aside.
 int capitalised_entries(const Vocab& v);
 
+// The vocabulary a command that reads `model` (a directory, or a file whose directory holds its
+// tokenizer files) tokenises with: `given` (--vocab) when not empty, else the model's own
+// vocab.txt, else `fallback` (the bundled bert-base-uncased). `warning` is set when `given`
+// overrides a model vocabulary that differs from it (its size and casing named); `note` says
+// where the choice came from.
+struct VocabChoice {
+  std::string path, note, warning;
+};
+VocabChoice choose_vocab(const std::string& given, const std::string& model,
+                         const std::string& fallback);
+
 // `flag`: --cased (false) / --uncased (true) when given. `model`: the model directory or file
 // whose directory may hold tokenizer_config.json ("" for none).
 Casing decide_casing(std::optional<bool> flag, const std::string& model, const Vocab& vocab,

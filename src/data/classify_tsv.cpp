@@ -47,6 +47,13 @@ class RowReader {
       first_ = line;
     } else {
       head_ = split(line);
+      // GLUE's own CoLA files have no header: source, label (0/1), the author's judgment ("*" or
+      // nothing), sentence. Such a first line is a row, read under those names.
+      if (format_ == Format::tsv && head_.size() == 4 && (head_[1] == "0" || head_[1] == "1") &&
+          (head_[2].empty() || head_[2] == "*")) {
+        head_ = {"cola_source", "label", "cola_judgment", "sentence"};
+        first_ = line;
+      }
     }
   }
   const std::vector<std::string>& head() const { return head_; }
@@ -72,7 +79,14 @@ class RowReader {
     for (const std::string& k : head_) {
       if (!j.contains(k))
         throw InputError(where() + ": no \"" + k + "\" (the first line's keys are the columns)");
-      fields.push_back(j[k].is_string() ? j[k].get<std::string>() : j[k].dump());
+      const nlohmann::json& v = j[k];
+      // A column holds a scalar; an array or object (a label nested 100,000 deep among them) is
+      // refused before anything walks it.
+      if (v.is_structured())
+        throw InputError(where() + ": \"" + k + "\" is a JSON " +
+                         (v.is_array() ? "array" : "object") +
+                         "; a column holds a string, number or boolean");
+      fields.push_back(v.is_string() ? v.get<std::string>() : v.dump());
     }
     return true;
   }
@@ -160,7 +174,8 @@ bool ignorable(const std::string& name) {
   static const char* const kNames[] = {"index",    "idx",    "id",        "qid1",    "qid2",
                                        "#1 ID",    "#2 ID",  "promptID",  "pairID",  "genre",
                                        "filename", "year",   "old_index", "source1", "source2",
-                                       "label1",   "label2", "label3",    "label4",  "label5"};
+                                       "label1",   "label2", "label3",    "label4",  "label5",
+                                       "cola_source", "cola_judgment"};
   for (const char* n : kNames)
     if (name == n) return true;
   return name.ends_with("_parse");
@@ -280,6 +295,7 @@ std::string glue_task(const std::string& path, const TsvColumns& columns) {
   };
   if (has("Quality") && has("#1 String")) return "mrpc";
   if (has("is_duplicate")) return "qqp";
+  if (has("cola_judgment")) return "cola";  // GLUE's headerless CoLA layout
   if (has("score")) return "stsb";
   if (has("gold_label")) return "mnli";
   if (has("question") && has("sentence")) return "qnli";

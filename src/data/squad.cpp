@@ -102,22 +102,39 @@ size_t max_context_window(const std::vector<Window>& windows, int32_t pos) {
   return best;
 }
 
-// Google's get_final_text, for uncased vocabularies: the detokenised prediction is located in
-// the original words' text (both without spaces, ASCII lower-cased) and that stretch of the
-// original returned, so "(1990s)," predicted as "1990s" reads "1990s"; when it cannot be located
-// (accents, [UNK]) the whole words are returned.
-std::string final_text(const std::string& tok_text, const std::string& orig_text) {
-  auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
-  std::string orig_ns, tok_ns;
-  std::vector<size_t> map;
-  for (size_t i = 0; i < orig_text.size(); ++i)
-    if (orig_text[i] != ' ') orig_ns += lower(orig_text[i]), map.push_back(i);
-  for (char c : tok_text)
-    if (c != ' ') tok_ns += lower(c);
-  const size_t pos = tok_ns.empty() ? std::string::npos : orig_ns.find(tok_ns);
-  if (pos == std::string::npos) return orig_text;
-  const size_t a = map[pos], b = map[pos + tok_ns.size() - 1];
-  return orig_text.substr(a, b - a + 1);
+// Google's get_final_text (Hugging Face's run_qa keeps it): the detokenised prediction is
+// located in the original words after BERT's basic tokenisation (the same lower-casing and
+// accent stripping the pieces had), both without spaces and counted in characters, not bytes,
+// and that stretch of the original returned: "(1990s)," predicted as "1990s" reads "1990s", and
+// "Zürich." predicted as "zurich" reads "Zürich". When the two differ in length (a character
+// the tokenizer drops or expands) or the prediction is not found ([UNK]), the whole words.
+std::string final_text(const Tokenizer& tok, const std::string& tok_text,
+                       const std::string& orig_text) {
+  // The characters of s other than ' ', each as its bytes, with the byte offset of each.
+  auto characters = [](const std::string& s, std::vector<size_t>* at) {
+    std::vector<std::string> out;
+    const std::vector<size_t> cp = code_points(s);
+    for (size_t k = 0; k + 1 < cp.size(); ++k) {
+      if (s[cp[k]] == ' ') continue;
+      out.push_back(s.substr(cp[k], cp[k + 1] - cp[k]));
+      if (at) at->push_back(cp[k]);
+    }
+    if (at) at->push_back(s.size());
+    return out;
+  };
+  std::string basic;
+  for (const std::string& w : tok.basic_tokens(orig_text)) basic += (basic.empty() ? "" : " ") + w;
+  std::vector<size_t> orig_at;
+  const std::vector<std::string> orig_ns = characters(orig_text, &orig_at);
+  const std::vector<std::string> basic_ns = characters(basic, nullptr);
+  const std::vector<std::string> pred_ns = characters(tok_text, nullptr);
+  if (orig_ns.size() != basic_ns.size() || pred_ns.empty()) return orig_text;
+  const auto hit = std::search(basic_ns.begin(), basic_ns.end(), pred_ns.begin(), pred_ns.end());
+  if (hit == basic_ns.end()) return orig_text;
+  const size_t first = static_cast<size_t>(hit - basic_ns.begin());
+  const size_t last = first + pred_ns.size() - 1;
+  const size_t a = orig_at[first], b = orig_at[last] + orig_ns[last].size();
+  return orig_text.substr(a, b - a);
 }
 
 std::vector<std::string> normalized_tokens(const std::string& text) {
@@ -288,19 +305,21 @@ std::vector<std::string> squad_predictions(const std::vector<SquadExample>& exam
                                            const std::vector<SquadFeature>& features,
                                            const std::vector<std::vector<float>>& logits,
                                            const Tokenizer& tok, const SquadOptions& o) {
+  // An example's best span over all its windows, and (apart from it, so that a new best span
+  // never resets it) its null score: the lowest [CLS] start + end over the same windows.
   struct Best {
     double score = -1e300;
     int64_t feature = -1;
     int32_t start = 0, end = 0;
-    double null = 1e300;  // the lowest [CLS] start + end over the example's windows
   };
+  std::vector<double> null(examples.size(), 1e300);
   std::vector<Best> best(examples.size());
   for (size_t f = 0; f < features.size(); ++f) {
     const SquadFeature& ft = features[f];
     const int L = static_cast<int>(ft.tokens.size());
     const std::vector<float>& lg = logits[f];
-    best[ft.example].null =
-        std::min(best[ft.example].null, static_cast<double>(lg[0]) + static_cast<double>(lg[1]));
+    null[ft.example] =
+        std::min(null[ft.example], static_cast<double>(lg[0]) + static_cast<double>(lg[1]));
     auto top = [&](int e) {
       std::vector<int> idx(L);
       for (int i = 0; i < L; ++i) idx[i] = i;
@@ -325,7 +344,7 @@ std::vector<std::string> squad_predictions(const std::vector<SquadExample>& exam
   std::vector<std::string> out(examples.size());
   for (size_t i = 0; i < examples.size(); ++i) {
     if (best[i].feature < 0) continue;
-    if (o.v2 && best[i].null > best[i].score + o.null_score_diff_threshold) continue;  // ""
+    if (o.v2 && null[i] > best[i].score + o.null_score_diff_threshold) continue;  // ""
     const SquadFeature& ft = features[best[i].feature];
     const SquadExample& e = examples[i];
     const int32_t ps = ft.doc_first + best[i].start - ft.doc_offset;
@@ -340,7 +359,7 @@ std::vector<std::string> squad_predictions(const std::vector<SquadExample>& exam
         tok_text += piece;
       }
     }
-    out[i] = final_text(tok_text, join(e.words, e.piece_word[ps], e.piece_word[pe]));
+    out[i] = final_text(tok, tok_text, join(e.words, e.piece_word[ps], e.piece_word[pe]));
   }
   return out;
 }

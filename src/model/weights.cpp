@@ -22,10 +22,19 @@ void load_model_weights(BertModel& m, const io::SafetensorsFile& file,
                         std::vector<std::string>* fresh, bool new_heads) {
   float* params = m.params().data();
   std::vector<SparseTensor> sparse = m.sparse_tensors();
+  // The pooler feeds only the classifier and the NSP head: a model with neither (transformers'
+  // BertForQuestionAnswering, a BertModel saved without it) loads without one, zeros standing in
+  // for weights nothing reads.
+  const Heads& heads = m.layout().heads();
+  const bool pooler_unread = !heads.classifier && !heads.pretraining;
   for (const TensorSpec& t : m.layout().tensors()) {
     const bool head = t.name.starts_with("classifier.") || t.name.starts_with("qa_outputs.");
     if (fresh && (!file.has(t.name) || (new_heads && head)) && !is_encoder_tensor(t.name)) {
       fresh->push_back(t.name);
+      continue;
+    }
+    if (pooler_unread && t.name.starts_with("bert.pooler.") && !file.has(t.name)) {
+      std::fill_n(params + t.offset, t.numel, 0.0f);
       continue;
     }
     if (!t.block) {

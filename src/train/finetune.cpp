@@ -129,7 +129,32 @@ nlohmann::json resume_identity(const FinetuneOptions& o) {
           {"optimizer", optimizer_name(lo.optimizer.kind)},
           {"max_seq_len", o.max_seq_len},
           {"packed", o.packed},
-          {"new_head", o.new_head}};
+          {"new_head", o.new_head},
+          // Everything else that changes the weights a step writes, or what is tokenised.
+          {"warmup_steps", lo.warmup_steps},
+          {"decay_power", lo.decay_power},
+          {"clip_norm", lo.clip_norm},
+          {"weight_decay", lo.optimizer.weight_decay},
+          {"beta1", lo.optimizer.beta1},
+          {"beta2", lo.optimizer.beta2},
+          {"eps", lo.optimizer.eps},
+          {"masters", model::masters_name(lo.optimizer.masters)},
+          {"precision", model::precision_name(lo.precision)},
+          {"loss_scaling", loss_scaling_name(lo.loss_scaling)},
+          {"loss_scale_init", lo.loss_scaling.initial},
+          {"loss_scale_window", lo.loss_scaling.window},
+          {"outlier_z", lo.outlier_z},
+          {"zero", lo.zero},
+          {"vocab_checksum", checksum(o.vocab)},
+          {"cased", o.lower_case ? nlohmann::json(!*o.lower_case) : nlohmann::json()},
+          {"regression", o.regression ? nlohmann::json(*o.regression) : nlohmann::json()},
+          {"text_columns", o.columns.text},
+          {"label_column", o.columns.label},
+          {"task_name", o.columns.task_name},
+          {"doc_stride", o.squad.doc_stride},
+          {"max_query_length", o.squad.max_query_length},
+          {"max_answer_length", o.squad.max_answer_length},
+          {"save_best", o.save_best}};
 }
 
 // The dev results so far (restored with the run's position on --resume).
@@ -191,7 +216,7 @@ nlohmann::json read_resume_state(const FinetuneOptions& o, const nlohmann::json&
     throw InputError(o.resume_path + ": not a fine-tuning run's resume file");
   for (const auto& [key, value] : identity.items())
     if (state.value(key, nlohmann::json()) != value)
-      throw InputError(o.resume_path + ": the run it continues had " + key + " " +
+      throw InputError(o.resume_path + ": the run it continues had `" + key + "` " +
                        state.value(key, nlohmann::json()).dump() + ", this one " + value.dump() +
                        "; `resume` needs the same data and flags");
   return state;
@@ -203,13 +228,14 @@ struct FinetunePlace {
   int epoch = 0;
   int64_t step_in_epoch = 0;
   double elapsed = 0;
+  double train_flops = 0;  // the run's training FLOPs so far (metrics' train_flops)
 };
 
 // Writes the resume file: weights, moments, the optimizer's state and the place to go on from;
 // atomically, rank 0 alone (the moments gathered under ZeRO-1).
 void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper,
-                 const nlohmann::json& identity, const FinetuneResult& res,
-                 const FinetunePlace& at) {
+                 const nlohmann::json& identity, const FinetuneResult& res, const FinetunePlace& at,
+                 std::ostream& log) {
   std::vector<float> m_all, v_all, widened;
   const auto [mm, vv] = stepper.whole_moments(m_all, v_all);
   const float* w = m.weights_fp32(widened);
@@ -217,9 +243,14 @@ void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper
   nlohmann::json st = identity;
   st["format"] = "packbert.finetune";
   st["steps"] = res.steps, st["epoch"] = at.epoch, st["step_in_epoch"] = at.step_in_epoch;
-  st["elapsed"] = at.elapsed;
+  st["elapsed"] = at.elapsed, st["train_flops"] = at.train_flops;
   save_stepper_state(stepper, st);
   st["dev"] = dev_results(res);
+  // The metrics records so far, which a resumed run writes again before its own: its
+  // metrics.jsonl then holds the whole run, as an unbroken one's does.
+  log.flush();
+  const std::string metrics = o.out_dir + "/metrics.jsonl";
+  st["metrics"] = std::filesystem::exists(metrics) ? io::read_file(metrics) : std::string();
   io::write_safetensors(
       o.resume_path, weight_and_moment_tensors(m.layout(), w, mm, vv),
       {{"config", model::config_to_json(m.config()).dump()}, {"packbert", st.dump()}});
@@ -306,10 +337,41 @@ const model::BertModel& published_model(const FinetuneOptions& o,
 // Rank 0 writes the model to publish (published_model) to out_dir, with the classifier's label
 // names when it has them.
 void write_published(const FinetuneOptions& o, const model::BertModel& m,
-                     const std::vector<std::string>& names = {}) {
+                     const data::Casing& casing, const std::vector<std::string>& names = {}) {
   if (!dist::Comm::world().root()) return;
   std::unique_ptr<model::BertModel> best;
-  write_model_files(published_model(o, m, best), o.out_dir, o.vocab, names);
+  ModelFiles files;
+  files.vocab = o.vocab, files.lower_case = casing.lower_case, files.label_names = names;
+  write_model_files(published_model(o, m, best), o.out_dir, files);
+}
+
+void say(const Say& to, const std::string& line) {
+  if (!dist::Comm::world().root()) return;
+  if (to)
+    to(line);
+  else
+    std::cerr << line << '\n';
+}
+
+// The dev scores of the latest evaluation, as the end-of-run table names them.
+std::string latest_dev_scores(const FinetuneResult& r) {
+  if (!r.dev_regression.empty()) {
+    const RegressionScore& s = r.dev_regression.back();
+    return "Pearson " + fixed(s.pearson, 4) + ", Spearman " + fixed(s.spearman, 4) + ", MSE " +
+           fixed(s.mse, 4);
+  }
+  if (!r.dev_squad.empty()) {
+    const data::SquadScore& s = r.dev_squad.back();
+    std::string t = "exact match " + fixed(s.exact_match, 2) + "%, F1 " + fixed(s.f1, 2) + "%";
+    if (s.v2)
+      t += " (HasAns EM " + fixed(s.has_exact, 2) + "%, NoAns EM " + fixed(s.no_exact, 2) + "%)";
+    return t;
+  }
+  if (r.dev_scores.empty()) return "";
+  const ClassifyScore& s = r.dev_scores.back();
+  std::string t = "accuracy " + fixed(s.accuracy, 4) + ", MCC " + fixed(s.mcc, 4);
+  if (s.f1) t += ", F1 " + fixed(*s.f1, 4);
+  return t;
 }
 
 template <typename Seq, typename Evaluate>
@@ -338,12 +400,13 @@ void train_epochs(model::BertModel& m, const FinetuneOptions& o,
     load_stepper_state(stepper, m.layout(), *resumed, state);
     res.steps = state.at("steps").get<int64_t>();
     at = {state.at("epoch").get<int>(), state.at("step_in_epoch").get<int64_t>(),
-          state.value("elapsed", 0.0)};
+          state.value("elapsed", 0.0), state.value("train_flops", 0.0)};
     restore_dev_results(state.at("dev"), o.task, res);
+    if (comm.root() && state.contains("metrics") && state["metrics"].is_string())
+      log << state["metrics"].get<std::string>() << std::flush;
   }
   const int first_epoch = at.epoch;
   const double flops_per_token = nonembedding_flops_per_token(m.layout());
-  double train_flops = 0;
   ProgressLine progress("finetune", "step", res.steps, total, "tok", o.logging_steps);
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     const std::vector<size_t> order = epoch_order(rows.size(), lo.seed, epoch);
@@ -368,7 +431,7 @@ void train_epochs(model::BertModel& m, const FinetuneOptions& o,
       sm.step = ++res.steps, sm.epoch = epoch + 1;
       sm.seconds = now_seconds() - t0;
       sm.elapsed = at.elapsed += sm.seconds;
-      sm.train_flops = train_flops += flops_per_token * static_cast<double>(r.real_tokens);
+      sm.train_flops = at.train_flops += flops_per_token * static_cast<double>(r.real_tokens);
       if (comm.root()) {
         log << sm.to_json().dump() << std::endl;
         char fields[128];
@@ -380,18 +443,21 @@ void train_epochs(model::BertModel& m, const FinetuneOptions& o,
       at.epoch = epoch, at.step_in_epoch = s + 1;
       if (stop_requested(o, comm)) {
         if (comm.root()) progress.finish();
-        save_resume(o, m, stepper, identity, res, at);
+        save_resume(o, m, stepper, identity, res, at, log);
         res.stopped = true;
         return;
       }
       if (o.checkpoint_every > 0 && res.steps % o.checkpoint_every == 0)
-        save_resume(o, m, stepper, identity, res, at);
+        save_resume(o, m, stepper, identity, res, at, log);
     }
     if (comm.root()) progress.finish();
     evaluate(epoch + 1);
+    // Said when measured: a run stopped in a later epoch has shown this one's.
+    say(o.say, "finetune: epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o.epochs) +
+                   " (step " + std::to_string(res.steps) + ") dev " + latest_dev_scores(res));
     keep_if_best(o, m, res, log);
     at.epoch = epoch + 1, at.step_in_epoch = 0;
-    save_resume(o, m, stepper, identity, res, at);
+    save_resume(o, m, stepper, identity, res, at, log);
   }
 }
 
@@ -401,15 +467,30 @@ template <typename Seq, typename Visit>
 void for_each_batch(model::BertModel& m, const std::vector<Seq>& seqs,
                     const std::vector<std::vector<int64_t>>& rows, int rows_per_batch, int S,
                     model::Precision precision, Visit visit) {
+  // A progress line (rank 0, on stderr) over evaluations of more than a few batches: about 20
+  // lines without a terminal, however large the set.
+  const int64_t batches =
+      static_cast<int64_t>((rows.size() + static_cast<size_t>(rows_per_batch) - 1) /
+                           static_cast<size_t>(rows_per_batch));
+  const bool show = batches > 4 && dist::Comm::world().root();
+  ProgressLine progress("evaluate", "batch", 0, batches, "seq", std::max<int64_t>(1, batches / 20));
+  int64_t done = 0;
   for (size_t b = 0; b < rows.size(); b += static_cast<size_t>(rows_per_batch)) {
     std::vector<std::vector<int64_t>> batch_rows(
         rows.begin() + static_cast<long>(b),
         rows.begin() + static_cast<long>(std::min(rows.size(), b + rows_per_batch)));
     model::StepOptions so;
     so.precision = precision;
+    const double t0 = now_seconds();
     model::Outputs out = m.forward(make_batch(seqs, batch_rows, S), so);
     visit(out, batch_rows);
+    if (show) {
+      double sequences = 0;
+      for (const auto& r : batch_rows) sequences += static_cast<double>(r.size());
+      progress.update(++done, sequences, now_seconds() - t0, "");
+    }
   }
+  if (show) progress.finish();
 }
 
 // Classification accuracy over rows of examples.
@@ -496,14 +577,6 @@ std::vector<std::string> squad_answers(model::BertModel& m,
 // {question id: answer} as the official evaluation script reads it, written atomically.
 // Says how the text was tokenised (data::decide_casing's note) and any contradiction, on rank 0,
 // once the inputs are known good (a bad input's error stays the only line).
-void say(const Say& to, const std::string& line) {
-  if (!dist::Comm::world().root()) return;
-  if (to)
-    to(line);
-  else
-    std::cerr << line << '\n';
-}
-
 void say_casing(const data::Casing& c, const char* command, const Say& to) {
   if (!c.note.empty()) say(to, std::string(command) + ": tokenising " + c.note);
   if (!c.warning.empty()) say(to, std::string(command) + ": warning: " + c.warning);
@@ -663,7 +736,7 @@ FinetuneResult finetune_regressor(const FinetuneOptions& o, const data::Tokenize
                .dump()
         << std::endl;
   });
-  write_published(o, *m);
+  write_published(o, *m, casing);
   return res;
 }
 
@@ -733,7 +806,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   if (!dist::Comm::world().root()) return res;  // rank 0 alone writes the model
   std::vector<std::string> names(labels.size());
   for (auto& [name, id] : labels) names[static_cast<size_t>(id)] = name;
-  write_published(o, *m, names);
+  write_published(o, *m, casing, names);
   nlohmann::json lj = nlohmann::json::object();
   for (auto& [name, id] : labels) lj[name] = id;
   io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");
@@ -786,7 +859,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
                .dump()
         << std::endl;
   });
-  write_published(o, *m);
+  write_published(o, *m, casing);
   return res;
 }
 
@@ -923,13 +996,6 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   r.resume_path = resume_path;
   if (r.stopped) return r;  // (the staging directory goes; the resume file stays)
   if (comm.root()) {
-    // How the model's text is to be tokenised, where Hugging Face's tokenizer looks for it.
-    io::write_file_atomic(staged.out_dir + "/tokenizer_config.json",
-                          nlohmann::json{{"do_lower_case", casing.lower_case},
-                                         {"tokenizer_class", "BertTokenizer"},
-                                         {"model_max_length", o.max_seq_len}}
-                                  .dump(2) +
-                              "\n");
     log.close();
     out->publish();
     std::filesystem::remove(resume_path);  // the run is done: its model is out_dir

@@ -165,6 +165,7 @@ ModelLabels model_labels(const std::string& path) {
   out.heads = model::heads_present(hf.weights);
   out.masked_lm = out.heads.pretraining && !hf.weights.has("cls.seq_relationship.weight") &&
                   !hf.weights.has("bert.pooler.dense.weight");
+  out.pooler = hf.weights.has("bert.pooler.dense.weight");
   out.source = hf.config_from;
   out.num_labels = hf.config.num_labels;
   if (!hf.config_json.empty())
@@ -172,40 +173,73 @@ ModelLabels model_labels(const std::string& path) {
   return out;
 }
 
-void write_model_files(const model::BertModel& m, const std::string& dir,
-                       const std::string& vocab_path, const std::vector<std::string>& label_names,
-                       model::Precision dtype, bool masked_lm) {
+void write_tokenizer_files(const std::string& dir, const ModelFiles& f, int model_max_length) {
+  io::write_file_atomic(dir + "/vocab.txt", io::read_file(f.vocab));
+  const json special = {{"unk_token", "[UNK]"},
+                        {"sep_token", "[SEP]"},
+                        {"pad_token", "[PAD]"},
+                        {"cls_token", "[CLS]"},
+                        {"mask_token", "[MASK]"}};
+  json config = special;
+  config["do_lower_case"] = f.lower_case;
+  config["do_basic_tokenize"] = true;
+  config["tokenize_chinese_chars"] = true;
+  config["strip_accents"] = nullptr;  // (follows do_lower_case, as BertTokenizer's default)
+  config["model_max_length"] = model_max_length;
+  config["tokenizer_class"] = "BertTokenizer";
+  io::write_file_atomic(dir + "/tokenizer_config.json", config.dump(2) + "\n");
+  io::write_file_atomic(dir + "/special_tokens_map.json", special.dump(2) + "\n");
+}
+
+void write_model_files(const model::BertModel& m, const std::string& dir, const ModelFiles& f) {
   const model::Heads& h = m.layout().heads();
-  const char* architecture = h.classifier ? "BertForSequenceClassification"
-                             : h.span     ? "BertForQuestionAnswering"
-                             : masked_lm  ? "BertForMaskedLM"
-                                          : "BertForPreTraining";
-  const kernels::DTypeTraits& stored = kernels::traits(model::storage_dtype(dtype));
-  json config = model::config_to_json(m.config(), architecture, label_names);
+  const bool bare = !h.classifier && !h.span && !h.pretraining;
+  const char* architecture = h.classifier    ? "BertForSequenceClassification"
+                             : h.span        ? "BertForQuestionAnswering"
+                             : f.masked_lm   ? "BertForMaskedLM"
+                             : h.pretraining ? "BertForPreTraining"
+                                             : "BertModel";
+  const bool pooler = h.classifier || (h.pretraining && !f.masked_lm) || (bare && f.pooler);
+  const kernels::DTypeTraits& stored = kernels::traits(model::storage_dtype(f.dtype));
+  json config = model::config_to_json(m.config(), architecture, f.label_names);
   config["torch_dtype"] = stored.torch;
-  io::write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
   std::vector<float> widened;  // (under 16-bit master weights)
   const float* w = m.weights_fp32(widened);
   // Block-sparse weights go out dense, zeros outside their pattern: loadable anywhere.
   model::OwnedTensors out = model::dense_weight_tensors(m, w);
   std::vector<io::TensorToWrite>& tensors = out.tensors;
-  if (masked_lm)
-    std::erase_if(tensors, [](const io::TensorToWrite& t) {
-      return t.name.starts_with("bert.pooler.") || t.name.starts_with("cls.seq_relationship.");
-    });
+  std::erase_if(tensors, [&](const io::TensorToWrite& t) {
+    return (!pooler && t.name.starts_with("bert.pooler.")) ||
+           (f.masked_lm && t.name.starts_with("cls.seq_relationship."));
+  });
+  std::vector<std::string> names;  // a base model's names, without "bert."
+  if (bare) {
+    names.reserve(tensors.size());
+    for (io::TensorToWrite& t : tensors)
+      if (t.name.starts_with("bert.")) names.push_back(t.name.substr(5)), t.name = names.back();
+  }
   std::vector<std::vector<uint16_t>> narrow;
   if (stored.is_16bit) {
     narrow.reserve(tensors.size());
     for (io::TensorToWrite& t : tensors) {
       const size_t n = t.bytes / sizeof(float);
       narrow.emplace_back(n);
-      stored.narrow(narrow.back().data(), static_cast<const float*>(t.data),
-                    static_cast<int64_t>(n));
+      const float* x = static_cast<const float*>(t.data);
+      stored.narrow(narrow.back().data(), x, static_cast<int64_t>(n));
+      // A finite weight the type cannot hold (fp16's largest is 65,504) would load as inf.
+      std::vector<float> back(n);
+      stored.widen(back.data(), narrow.back().data(), static_cast<int64_t>(n));
+      for (size_t i = 0; i < n; ++i)
+        if (std::isinf(back[i]) && std::isfinite(x[i]))
+          throw InputError(dir + ": not written: " + t.name + "[" + std::to_string(i) + "] = " +
+                           std::to_string(x[i]) + " does not fit " + stored.torch +
+                           " (it would become inf); export it as fp32 or bf16");
       t.dtype = stored.safetensors, t.data = narrow.back().data(), t.bytes = n * stored.bytes;
     }
   }
+  io::write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
   io::write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  if (!vocab_path.empty()) io::write_file_atomic(dir + "/vocab.txt", io::read_file(vocab_path));
+  if (!f.vocab.empty()) write_tokenizer_files(dir, f, m.config().max_position_embeddings);
 }
 
 std::string non_finite_weights(const model::BertModel& m) {
@@ -222,21 +256,20 @@ std::string non_finite_weights(const model::BertModel& m) {
   return bad ? std::to_string(bad) + " weights are not finite (the first in " + first + ")" : "";
 }
 
-void export_model(const model::BertModel& m, const std::string& dir,
-                  const std::string& vocab_path, bool overwrite, model::Precision dtype,
-                  const std::vector<std::string>& label_names, bool masked_lm) {
+void export_model(const model::BertModel& m, const std::string& dir, const ModelFiles& f,
+                  bool overwrite) {
   const std::string bad = non_finite_weights(m);
   if (!bad.empty())
     throw InputError(dir + ": not written: " + bad + "; a model that computes NaN is not exported");
-  if (!vocab_path.empty()) {
-    const data::Vocab v = data::Vocab::load(vocab_path);
+  if (!f.vocab.empty()) {
+    const data::Vocab v = data::Vocab::load(f.vocab);
     if (static_cast<int>(v.size()) != m.config().vocab_size)
-      throw InputError(vocab_path + ": " + std::to_string(v.size()) +
+      throw InputError(f.vocab + ": " + std::to_string(v.size()) +
                        " tokens, but the model's vocab_size is " +
                        std::to_string(m.config().vocab_size));
   }
   io::StagedDirectory out(dir, "`out_dir`", overwrite);
-  write_model_files(m, out.path(), vocab_path, label_names, dtype, masked_lm);
+  write_model_files(m, out.path(), f);
   out.publish();
 }
 
@@ -614,6 +647,9 @@ void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* s
     fresh.stage = [this](const model::BertConfig& c) { return stage_of(c); };
     model_ = load_model(opt_.init, heads, opt_.sparse.sparsity, &fresh);
     initialized_ = std::move(fresh.initialized);
+    // Refused before a step: every step from such weights computes NaN.
+    if (const std::string bad = non_finite_weights(*model_); !bad.empty())
+      throw InputError(opt_.init + ": " + bad + "; pre-training from it would compute NaN");
   } else {
     model::BertConfig c = *new_shape;
     if (opt_.shape.config.empty()) {  // a preset fits the data; a config file says its own

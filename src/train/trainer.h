@@ -219,6 +219,7 @@ struct ModelLabels {
   model::Heads heads;
   // A masked-LM model (BertForMaskedLM): the MLM head without the pooler and the NSP head.
   bool masked_lm = false;
+  bool pooler = true;  // the weights hold bert.pooler.* (a QA model or a bare BertModel may not)
   std::string source;  // where the names came from (config.json, a checkpoint's config)
   // The classifier's outputs (its config's num_labels): 1 is a regression head.
   int num_labels = 0;
@@ -253,23 +254,37 @@ void load_stepper_state(Stepper& stepper, const model::ParamLayout& layout,
 // "" when every weight of `m` is finite; else how many are not and the first tensor holding one.
 std::string non_finite_weights(const model::BertModel& m);
 
-// Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
-// into an existing directory (each file atomically). The architecture follows the model's head:
-// BertForSequenceClassification (label_names, in id order, go to id2label),
-// BertForQuestionAnswering (qa_outputs.*), BertForMaskedLM when `masked_lm` (the pooler and the
-// NSP head left out, as that class has none), else BertForPreTraining. The weights are stored as
-// `dtype`'s storage type (model::storage_dtype: fp32, or a 16-bit type rounded to nearest, 2 bytes
-// each) with config.json's torch_dtype saying which.
-void write_model_files(const model::BertModel& m, const std::string& dir,
-                       const std::string& vocab_path,
-                       const std::vector<std::string>& label_names = {},
-                       model::Precision dtype = model::Precision::fp32, bool masked_lm = false);
+// What a model directory holds beside config.json and model.safetensors, and how it is stored.
+struct ModelFiles {
+  // vocab.txt to copy in ("" for none); with it, tokenizer_config.json (do_lower_case =
+  // lower_case, model_max_length = max_position_embeddings) and special_tokens_map.json, as
+  // transformers' BertTokenizer writes them.
+  std::string vocab;
+  bool lower_case = true;
+  std::vector<std::string> label_names;  // a classifier's id2label, in id order
+  // How model.safetensors stores the weights (model::storage_dtype: fp32, or a 16-bit type
+  // rounded to nearest, 2 bytes each), config.json's torch_dtype saying which.
+  model::Precision dtype = model::Precision::fp32;
+  bool masked_lm = false;  // an MLM head without NSP: BertForMaskedLM
+  bool pooler = true;      // a bare encoder's source had a pooler (BertModel's default)
+};
+
+// vocab.txt, tokenizer_config.json and special_tokens_map.json (f.vocab, f.lower_case) into dir.
+void write_tokenizer_files(const std::string& dir, const ModelFiles& f, int model_max_length);
+
+// Writes config.json + model.safetensors (+ the tokenizer files) in the Hugging Face layout into an
+// existing directory (each file atomically). The architecture is the model's head, with the
+// tensors that class has: BertForSequenceClassification (label_names to id2label),
+// BertForQuestionAnswering (qa_outputs.*; no pooler, as transformers has none there),
+// BertForMaskedLM when `masked_lm` (no pooler, no NSP head), BertForPreTraining (MLM + NSP), and
+// BertModel for an encoder without heads (its tensors named without "bert.", as transformers
+// saves a base model). Refused (InputError naming the tensor) when a 16-bit dtype cannot hold a
+// weight (fp16 above 65,504 would become inf).
+void write_model_files(const model::BertModel& m, const std::string& dir, const ModelFiles& f);
 // The same as a whole: `dir` appears complete or not at all; an earlier model directory there
 // is replaced only with `overwrite` (io::StagedDirectory). Refused (InputError, nothing
-// written) when a weight is not finite or vocab_path's size is not the model's vocab_size.
-void export_model(const model::BertModel& m, const std::string& dir,
-                  const std::string& vocab_path, bool overwrite = false,
-                  model::Precision dtype = model::Precision::fp32,
-                  const std::vector<std::string>& label_names = {}, bool masked_lm = false);
+// written) when a weight is not finite or f.vocab's size is not the model's vocab_size.
+void export_model(const model::BertModel& m, const std::string& dir, const ModelFiles& f = {},
+                  bool overwrite = false);
 
 }  // namespace packbert::train
