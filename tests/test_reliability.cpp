@@ -631,6 +631,15 @@ TEST_F(Reliability, DivergenceStopsTheRunAndKeepsEarlierAndBestCheckpoints) {
   Result after = run("eval --model " + best_path + " --data " + seqs_);
   ASSERT_EQ(after.code, 0) << after.err;
   EXPECT_EQ(after.out, before.out);
+  // #59 item 7: best.safetensors is the whole state at that evaluation (moments and counters
+  // too), so a run that drifted off below the divergence factor goes on from its best point.
+  const io::SafetensorsFile best_file = io::SafetensorsFile::read(best_path);
+  EXPECT_TRUE(best_file.has("optimizer.m.bert.embeddings.word_embeddings.weight"));
+  EXPECT_TRUE(best_file.has("optimizer.v.bert.encoder.layer.0.output.dense.weight"));
+  EXPECT_EQ(json::parse(best_file.metadata().at("packbert"))["best"]["step"], best_step);
+  Result from_best =
+      run(train_args("again", "--init " + best_path + " --init-optimizer carry --steps 2"));
+  EXPECT_EQ(from_best.code, 0) << from_best.err;
   // The run resumes from the checkpoint it kept, and with the guard off the wild run goes on.
   Result off = run(train_args("run", "--resume --steps 14 --lr 10 --clip 0 --divergence-factor 0"));
   EXPECT_EQ(off.err.find("diverged"), std::string::npos) << off.err;
@@ -958,6 +967,34 @@ TEST_F(Reliability, FinetuneKilledOrSignalledResumesBitExactly) {
   Result term = run(args("term", "--resume"));
   ASSERT_EQ(term.code, 0) << term.err;
   EXPECT_EQ(slurp(dir_ / "term" / "model.safetensors"), want);
+}
+
+// #59 item 6: a file-size limit (`ulimit -f`) ends a run with one line naming the file, exit 2,
+// no temporary file left (not a silent SIGXFSZ); a reader that goes away (`2>&1 | head`) does not
+// kill a fine-tuning run halfway: its model is published and no staging directory is left.
+TEST_F(Reliability, FileSizeLimitsAndClosedPipesDoNotKillARunSilently) {
+  Result r = run(train_args("small"), "ulimit -f 400;");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("packbert: error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  if (fs::exists(dir_ / "small")) {
+    for (const auto& e : fs::directory_iterator(dir_ / "small"))
+      EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  }
+
+  ASSERT_EQ(run(train_args("run", "--steps 2")).code, 0);
+  std::string tsv = "label\tsentence\n";
+  for (int i = 0; i < 24; ++i)
+    tsv += (i % 2 ? "a\tthe king of city " : "b\tthe war of ") + std::to_string(i) + "\n";
+  const std::string data = write("t.tsv", tsv).string();
+  const std::string out = (dir_ / "piped").string();
+  const std::string cmd = std::string(PACKBERT_BINARY) + " finetune --model " + checkpoint("run") +
+                          " --train " + data + " --dev " + data + " --out " + out +
+                          " --epochs 1 --batch-rows 4 --logging-steps 1 2>&1 | head -c 1 >/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find("piped.partial."), std::string::npos) << e.path();
 }
 
 // #45: a regression fine-tuning run (decimal labels) with --save-best killed in its second epoch,

@@ -356,7 +356,7 @@ void Trainer::check_disk_space() const {
   if (free_bytes < one)
     throw InputError(opt_.out_dir + ": " + gib(free_bytes) + " free, but one checkpoint of this " +
                      "model needs " + gib(one) + "; free space or choose another `out_dir`");
-  const double kept = one * (opt_.keep_checkpoints + 1) + one / 3;  // (+ best.safetensors)
+  const double kept = one * (opt_.keep_checkpoints + 2);  // (+ best.safetensors, as whole)
   if (free_bytes < kept)
     std::cerr << "pretrain: warning: " << opt_.out_dir << " has " << gib(free_bytes)
               << " free; the " << opt_.keep_checkpoints << " kept checkpoints and best.safetensors "
@@ -814,7 +814,7 @@ TrainingState Trainer::training_state() {
 
 Trainer::~Trainer() = default;
 
-void Trainer::save_checkpoint() {
+bool Trainer::write_state(const std::string& path, const json& best) {
   std::vector<float> m_all, v_all;  // the moments gathered on rank 0 under ZeRO-1
   auto [m, v] = stepper_->whole_moments(m_all, v_all);
   std::vector<float> widened;  // the weights in fp32 under 16-bit master weights
@@ -836,6 +836,7 @@ void Trainer::save_checkpoint() {
   double bad = comm_.root() && (!all_finite(w, L.total()) || !all_finite(m, L.total()) ||
                                 !all_finite(v, L.total()));
   comm_.allreduce_max(&bad, 1);  // every rank learns rank 0's verdict
+  if (bad && !best.is_null()) return false;  // (a best state is only ever a finite one)
   if (bad)
     throw InputError("step " + std::to_string(step_) +
                      ": parameters or optimizer moments are not finite; no checkpoint written" +
@@ -843,18 +844,20 @@ void Trainer::save_checkpoint() {
                                              " in " + checkpoint_path() + " is unchanged)"
                                        : ""));
   if (!comm_.root()) {
-    saved_step_ = step_;
-    return;
+    if (best.is_null()) saved_step_ = step_;
+    return true;
   }
   std::vector<io::TensorToWrite> tensors = weight_and_moment_tensors(L, w, m, v);
   const model::OwnedTensors patterns = model::pattern_tensors(*model_);
   tensors.insert(tensors.end(), patterns.tensors.begin(), patterns.tensors.end());
-  const json state = training_state().to_json();
+  json state = training_state().to_json();
+  if (!best.is_null()) state["best"] = best;
   clear_earlier_run();
-  // The checkpoint on disk becomes checkpoint-<its step>.safetensors (a second name for the same
-  // file, so it is never absent), then the new one replaces checkpoint.safetensors atomically.
-  if (opt_.keep_checkpoints > 1 && saved_step_ >= 0 && saved_step_ != step_ &&
+  if (best.is_null() && opt_.keep_checkpoints > 1 && saved_step_ >= 0 && saved_step_ != step_ &&
       fs::exists(checkpoint_path())) {
+    // The checkpoint on disk becomes checkpoint-<its step>.safetensors (a second name for the
+    // same file, so it is never absent), then the new one replaces checkpoint.safetensors
+    // atomically.
     const std::string earlier = earlier_checkpoint_path(saved_step_);
     std::error_code ec;
     fs::remove(earlier, ec);
@@ -863,8 +866,14 @@ void Trainer::save_checkpoint() {
     if (ec) throw InputError(earlier + ": cannot keep the earlier checkpoint: " + ec.message());
   }
   io::write_safetensors(
-      checkpoint_path(), tensors,
+      path, tensors,
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
+  return true;
+}
+
+void Trainer::save_checkpoint() {
+  write_state(checkpoint_path(), json());
+  if (!comm_.root()) return;
   saved_step_ = step_;
   std::vector<std::pair<int64_t, std::string>> earlier = earlier_checkpoints();
   while (earlier.size() > static_cast<size_t>(opt_.keep_checkpoints - 1) ||
@@ -877,29 +886,11 @@ void Trainer::save_checkpoint() {
   for (const auto& [s, path] : earlier) kept_.push_back(fs::path(path).filename().string());
 }
 
+// best.safetensors is the whole state at the best evaluation (weights, moments, counters), kept
+// out of the rotation: a run that drifts off slowly, below the divergence factor, can still go
+// on from its best point (`--init best.safetensors --init-optimizer carry`).
 void Trainer::save_best(const EvalMetrics& e) {
-  std::vector<float> widened;
-  const float* w = model_->weights_fp32(widened);
-  const std::vector<std::vector<float>> whole =
-      grid_->pipelined() ? gather_stages({w}) : std::vector<std::vector<float>>();
-  if (!whole.empty()) w = whole[0].data();
-  const model::ParamLayout L = grid_->pipelined() ? whole_layout() : model_->layout();
-  if (!comm_.root() || !all_finite(w, L.total())) return;
-  clear_earlier_run();
-  std::vector<io::TensorToWrite> tensors = model::weight_tensors(L, w);
-  const model::OwnedTensors patterns = model::pattern_tensors(*model_);
-  tensors.insert(tensors.end(), patterns.tensors.begin(), patterns.tensors.end());
-  json state = {{"format", "packbert.best"},
-                {"step", e.step},
-                {"mlm_loss", e.mlm_loss},
-                {"mlm_acc", e.mlm_acc},
-                {"sequences_checksum", seqs_checksum_}};
-  if (opt_.sparse.sparsity.on())
-    state["sparsity"] = {{"block", opt_.sparse.sparsity.block},
-                         {"sparsity", opt_.sparse.sparsity.sparsity}};
-  io::write_safetensors(
-      best_path(), tensors,
-      {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
+  write_state(best_path(), json{{"step", e.step}, {"mlm_loss", e.mlm_loss}, {"mlm_acc", e.mlm_acc}});
 }
 
 EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader, model::Precision precision,

@@ -113,7 +113,8 @@ class Trainer {
   std::string checkpoint_path() const;
   // checkpoint-<step>.safetensors: an earlier checkpoint kept beside the latest.
   std::string earlier_checkpoint_path(int64_t step) const;
-  // best.safetensors: the weights of the evaluation with the lowest held-out MLM loss.
+  // best.safetensors: the whole state (weights and moments) at the evaluation with the lowest
+  // held-out MLM loss.
   std::string best_path() const;
   int64_t saved_step() const { return saved_step_; }  // step of the checkpoint on disk; -1: none
   int64_t outlier_skips() const { return stepper_->outlier_skips(); }
@@ -141,6 +142,12 @@ class Trainer {
   // The earlier checkpoints in out_dir by step, oldest first.
   std::vector<std::pair<int64_t, std::string>> earlier_checkpoints() const;
   void save_best(const EvalMetrics& e);
+  // This run's whole state (weights, moments, block patterns, counters) to `path`, every rank
+  // taking part (ZeRO-1's and the stages' gathers), rank 0 writing. `best` null: the checkpoint
+  // (the one on disk first kept as checkpoint-<step> under keep_checkpoints); InputError when a
+  // value is not finite. Otherwise best.safetensors with `best` in its state; nothing written
+  // (false) when a value is not finite.
+  bool write_state(const std::string& path, const nlohmann::json& best);
   // Before a new run's first write: removes an earlier run's checkpoint-*.safetensors and
   // best.safetensors (--overwrite starts over).
   void clear_earlier_run();
