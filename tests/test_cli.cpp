@@ -555,14 +555,16 @@ TEST_F(Cli, PlanSplitsThePipelineStages) {
     EXPECT_GT(st.at("params_bytes").get<double>(), 0);
   }
   EXPECT_EQ(next, 12);
-  Result t = run("plan --preset base --tokens 512 --sequences 4 --stage-layers 5,7 "
-                 "--accumulation 4 --memory-limit 64G");
+  Result t =
+      run("plan --preset base --tokens 512 --sequences 4 --stage-layers 5,7 "
+          "--accumulation 4 --memory-limit 64G");
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_NE(t.out.find("2 pipeline stages"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("0-4 + embeddings"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("5-11 + heads"), std::string::npos) << t.out;
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
-           {"--stage-layers 5,5", "--stage-layers: the stages' layers sum to 10, not the model's 12"},
+           {"--stage-layers 5,5",
+            "--stage-layers: the stages' layers sum to 10, not the model's 12"},
            {"--stage-layers 0,12", "--stage-layers: every stage needs at least one layer"},
            {"--pipeline-stages 3 --stage-layers 6,6", "--stage-layers names 2 stages"},
            {"--pipeline-stages 13", "--pipeline-stages 13: expected 1 to the 12 layers"}}) {
@@ -1220,6 +1222,21 @@ TEST_F(Labels, PlotDrawsEveryRunsCurve) {
   EXPECT_LE(n, 4u * 700);
   EXPECT_GT(n, 700u);
   EXPECT_NEAR(top, 58, 0.5);
+  // #59 item 8: a fine-tuning run's dev scores plot by training seconds too; records that lack
+  // the x axis are named as such, not as records without the metric.
+  const std::string tuned = (dir_ / "tuned").string();
+  const fs::path data = tsv("d.tsv", {"neg", "pos"});
+  r = run("finetune --model " + (dir_ / "first/checkpoint.safetensors").string() + " --train " +
+          data.string() + " --dev " + data.string() + " --out " + tuned + " --epochs 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("finetune: epoch 1/2 (step "), std::string::npos) << r.err;  // when measured
+  r = run("plot " + tuned + " --metric eval.dev_acc --x seconds --out " + svg);
+  EXPECT_EQ(r.code, 0) << r.err;
+  write("old.jsonl", "{\"type\": \"eval\", \"step\": 3, \"dev_acc\": 0.5}\n");
+  r = run("plot " + (dir_ / "old.jsonl").string() + " --metric eval.dev_acc --x seconds --out " +
+          svg);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("have no 'elapsed'"), std::string::npos) << r.err;
   Result bad = run("plot " + (dir_ / "first").string() + " --metric accuracy --out " + svg);
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("no record has 'accuracy' (numbers its records have: "), std::string::npos)
@@ -1384,9 +1401,9 @@ TEST_F(Labels, HuggingFaceModelsWithoutAPoolerOrHeadsEvaluateAndExportAsTheyAre)
 
   // A bare encoder, as transformers' BertModel.save_pretrained writes it.
   const std::string hf = (dir_ / "hf").string(), bare = (dir_ / "bare").string();
-  ASSERT_EQ(run("export --model " + (dir_ / "run/checkpoint.safetensors").string() + " --out " + hf)
-                .code,
-            0);
+  ASSERT_EQ(
+      run("export --model " + (dir_ / "run/checkpoint.safetensors").string() + " --out " + hf).code,
+      0);
   fs::create_directories(bare);
   io::SafetensorsFile full = io::SafetensorsFile::read(hf + "/model.safetensors");
   std::vector<io::TensorToWrite> kept;

@@ -817,15 +817,14 @@ TEST_F(Reliability, NonFiniteWeightsAreWarnedByEvalAndRefusedByExport) {
     for (float& v : t)
       if (std::isnan(v)) v = 1e5f;
   io::write_safetensors(nan, tensors, c.metadata());
-  Result f16 = run("export --checkpoint " + nan + " --out " + (dir_ / "h").string() +
-                   " --dtype fp16");
+  Result f16 =
+      run("export --checkpoint " + nan + " --out " + (dir_ / "h").string() + " --dtype fp16");
   EXPECT_EQ(f16.code, 2) << f16.err;
-  EXPECT_NE(f16.err.find("bert.encoder.layer.0.output.dense.weight"), std::string::npos)
-      << f16.err;
+  EXPECT_NE(f16.err.find("bert.encoder.layer.0.output.dense.weight"), std::string::npos) << f16.err;
   EXPECT_FALSE(fs::exists(dir_ / "h"));
-  EXPECT_EQ(run("export --checkpoint " + nan + " --out " + (dir_ / "b").string() + " --dtype bf16")
-                .code,
-            0);
+  EXPECT_EQ(
+      run("export --checkpoint " + nan + " --out " + (dir_ / "b").string() + " --dtype bf16").code,
+      0);
   Result vocab =
       run("export --checkpoint " + checkpoint("run") + " --out " + (dir_ / "y").string() +
           " --vocab " + write("short.txt", slurp(PACKBERT_SOURCE_VOCAB).substr(0, 5000)).string());
@@ -849,6 +848,24 @@ TEST_F(Reliability, DuplicateMaskedPositionsAndNonUtf8VocabulariesAreRefused) {
   EXPECT_NE(r.err.find("sequence " + std::to_string(i) + " masks position"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("twice"), std::string::npos) << r.err;
+  // #59 item 6: a masked position's input id outside the vocabulary is refused when the file is
+  // read (by inspect too, which makes no batch), naming the file, the sequence and the id.
+  f = data::read_sequences(seqs_);
+  i = 0;
+  while (f.mlm_offsets[i + 1] == f.mlm_offsets[i]) ++i;
+  f.mlm_inputs[f.mlm_offsets[i]] = f.vocab_size + 7;
+  const std::string wild = (dir_ / "wild.seqs").string();
+  data::write_sequences(wild, f);
+  for (const std::string& cmd :
+       {"inspect " + wild,
+        train_args("w", "").replace(train_args("w", "").find(seqs_), seqs_.size(), wild)}) {
+    Result m = run(cmd);
+    EXPECT_EQ(m.code, 2) << cmd << "\n" << m.err;
+    EXPECT_NE(m.err.find("wild.seqs: sequence " + std::to_string(i) + " gives masked position"),
+              std::string::npos)
+        << m.err;
+    EXPECT_NE(m.err.find("the id " + std::to_string(f.vocab_size + 7)), std::string::npos) << m.err;
+  }
   std::string vocab = slurp(PACKBERT_SOURCE_VOCAB);
   vocab.insert(vocab.find("\nthe\n") + 1, "\xff");
   Result v = run("tokenize --vocab " + write("v.txt", vocab).string() + " " + corpus_);
@@ -988,9 +1005,10 @@ TEST_F(Reliability, FileSizeLimitsAndClosedPipesDoNotKillARunSilently) {
     tsv += (i % 2 ? "a\tthe king of city " : "b\tthe war of ") + std::to_string(i) + "\n";
   const std::string data = write("t.tsv", tsv).string();
   const std::string out = (dir_ / "piped").string();
-  const std::string cmd = std::string(PACKBERT_BINARY) + " finetune --model " + checkpoint("run") +
-                          " --train " + data + " --dev " + data + " --out " + out +
-                          " --epochs 1 --batch-rows 4 --logging-steps 1 2>&1 | head -c 1 >/dev/null";
+  const std::string cmd =
+      std::string(PACKBERT_BINARY) + " finetune --model " + checkpoint("run") + " --train " + data +
+      " --dev " + data + " --out " + out +
+      " --epochs 1 --batch-rows 4 --logging-steps 1 2>&1 | head -c 1 >/dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
   for (const auto& e : fs::directory_iterator(dir_))

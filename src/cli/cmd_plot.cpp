@@ -28,7 +28,7 @@ struct PlotArgs {
 
 // The run's points: (step or elapsed seconds, metric) of the records of the metric's type.
 Series read_series(const std::string& run, const std::string& metric, const std::string& x,
-                   std::set<std::string>& keys_seen) {
+                   std::set<std::string>& keys_seen, int64_t& without_x) {
   const std::string path = fs::is_directory(run) ? (fs::path(run) / "metrics.jsonl").string() : run;
   io::require_text_input(path);
   std::ifstream in(path);
@@ -51,8 +51,11 @@ Series read_series(const std::string& run, const std::string& metric, const std:
     if (r.value("type", std::string("step")) != type) continue;
     for (const auto& [k, v] : r.items())
       if (v.is_number()) keys_seen.insert(type == "step" ? k : type + "." + k);
-    if (r.contains(key) && r[key].is_number() && r.contains(x_key) && r[x_key].is_number())
+    if (!r.contains(key) || !r[key].is_number()) continue;
+    if (r.contains(x_key) && r[x_key].is_number())
       s.points.push_back({r[x_key].get<double>(), r[key].get<double>()});
+    else
+      ++without_x;
   }
   return s;
 }
@@ -68,19 +71,27 @@ void run_plot(const PlotArgs& a) {
   std::vector<Series> series;
   std::set<std::string> keys;
   for (const std::string& run : a.runs) {
-    Series s = read_series(run, a.metric, a.x, keys);
+    int64_t without_x = 0;  // records with the metric but not the x axis
+    Series s = read_series(run, a.metric, a.x, keys, without_x);
+    if (s.points.empty() && without_x > 0)
+      throw InputError(run + ": its " + std::to_string(without_x) + " records with '" + a.metric +
+                       "' have no '" + (a.x == "seconds" ? "elapsed" : "step") +
+                       "' to place them by `--x " + a.x +
+                       "` (a run written before records "
+                       "carried it); plot them by --x " +
+                       (a.x == "seconds" ? "step" : "seconds"));
     if (s.points.empty()) {
       std::string known;
       for (const std::string& k : keys) known += (known.empty() ? "" : ", ") + k;
-      throw InputError(run + ": no record has '" + a.metric + "' (numbers its records have: " +
-                       (known.empty() ? "none" : known) + ")");
+      throw InputError(run + ": no record has '" + a.metric +
+                       "' (numbers its records have: " + (known.empty() ? "none" : known) + ")");
     }
     s.color = kColors[series.size() % std::size(kColors)];
     series.push_back(std::move(s));
   }
   const std::string title = a.title.empty() ? a.metric + " by " + a.x : a.title;
-  io::write_file_atomic(a.out, svg_plot(series, title, a.x == "seconds" ? "training seconds" : "step",
-                                        a.metric));
+  io::write_file_atomic(
+      a.out, svg_plot(series, title, a.x == "seconds" ? "training seconds" : "step", a.metric));
   std::cout << "wrote " << a.out << " (" << series.size() << " run"
             << (series.size() > 1 ? "s" : "") << ", " << a.metric << ")\n";
 }

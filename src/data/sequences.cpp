@@ -140,8 +140,8 @@ void write_sequences(const std::string& path, const SequencesFile& f) {
   p.put_array(f.mlm_offsets);
   p.put_array(f.mlm_positions);
   p.put_array(f.mlm_inputs);
-  Writer h = Writer::header(kSeqMagic, kSeqHeader,
-                            {f.size(), f.tokens.size(), f.mlm_positions.size()});
+  Writer h =
+      Writer::header(kSeqMagic, kSeqHeader, {f.size(), f.tokens.size(), f.mlm_positions.size()});
   h.put(f.max_seq_len);
   h.put(f.vocab_size);
   h.put(f.vocab_fingerprint);
@@ -241,10 +241,20 @@ SequencesFile read_sequences(const std::string& path) {
         throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
                          std::to_string(f.mlm_positions[k]) + " twice (corrupt file)");
       seen = i + 1;
+      // The token a masked position is given ([MASK], random or kept): checked here, naming
+      // where, not first when a batch of it is made.
+      if (f.mlm_inputs[k] < 0 || f.mlm_inputs[k] >= f.vocab_size)
+        throw InputError(path + ": sequence " + std::to_string(i) + " gives masked position " +
+                         std::to_string(f.mlm_positions[k]) + " the id " +
+                         std::to_string(f.mlm_inputs[k]) + ", outside the vocabulary of " +
+                         std::to_string(f.vocab_size));
     }
+    for (uint64_t k = f.token_offsets[i]; k < f.token_offsets[i + 1]; ++k)
+      if (f.tokens[k] < 0 || f.tokens[k] >= f.vocab_size)
+        throw InputError(path + ": sequence " + std::to_string(i) + " holds token id " +
+                         std::to_string(f.tokens[k]) + ", outside the vocabulary of " +
+                         std::to_string(f.vocab_size));
   }
-  for (int32_t t : f.tokens)
-    if (t < 0 || t >= f.vocab_size) throw InputError(path + ": token id outside the vocabulary");
   return f;
 }
 

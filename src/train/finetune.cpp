@@ -39,9 +39,9 @@ namespace {
 // tensor outside the encoder that --init lacks) initialised from the seed and named in
 // `initialized`.
 std::unique_ptr<model::BertModel> model_from(const std::string& init, model::Heads heads,
-                                                    int num_labels, uint64_t seed,
-                                                    std::vector<std::string>& initialized,
-                                                    bool new_heads = false) {
+                                             int num_labels, uint64_t seed,
+                                             std::vector<std::string>& initialized,
+                                             bool new_heads = false) {
   FreshTensors fresh{seed, num_labels, {}, new_heads};
   auto m = load_model(init, heads, {}, &fresh);
   initialized = std::move(fresh.initialized);
@@ -108,9 +108,9 @@ model::PackedBatch make_batch(const std::vector<Seq>& seqs,
 
 // The training both tasks share: rows shuffled per epoch, the one training step (train/loop.h)
 // over steps of processes x rows_per_batch rows x accumulation, a JSONL line per step (rank 0),
-// and `evaluate(epoch)` (which logs its own line) after every epoch.
-// What a fine-tuning run's resume file records beside the weights and moments: what must match
-// for a bit-exact continuation, and where the run was.
+// and `evaluate(epoch, elapsed)` (which logs its own line, at that many training seconds) after
+// every epoch. What a fine-tuning run's resume file records beside the weights and moments: what
+// must match for a bit-exact continuation, and where the run was.
 nlohmann::json resume_identity(const FinetuneOptions& o) {
   const LoopOptions& lo = o.loop;
   auto checksum = [](const std::string& path) {
@@ -259,8 +259,15 @@ void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper
 // The recompute policy a fine-tuning step of full rows fits memory with (`auto` resolved).
 model::Recompute step_policy(const model::BertModel& m, const FinetuneOptions& o) {
   const LoopOptions& lo = o.loop;
-  PlanRequest plan{m.config(),   m.layout().heads(),   lo.optimizer.kind,    {},
-                   lo.precision, lo.optimizer.masters, m.layout().sparsity(), {}, 1};
+  PlanRequest plan{m.config(),
+                   m.layout().heads(),
+                   lo.optimizer.kind,
+                   {},
+                   lo.precision,
+                   lo.optimizer.masters,
+                   m.layout().sparsity(),
+                   {},
+                   1};
   plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
                              lo.rows_per_batch, omp_get_max_threads());
   return check_step_fits(plan, lo.recompute, lo.memory_limit);
@@ -300,8 +307,8 @@ double dev_metric(const FinetuneResult& r, const std::string& name, size_t epoch
 // Keeps the model's weights in best_path when the last epoch's dev metric beats every earlier
 // one (a tie keeps the earlier; a NaN, a constant prediction's correlation, beats nothing and is
 // beaten by any number), and records it.
-void keep_if_best(const FinetuneOptions& o, const model::BertModel& m,
-                  const FinetuneResult& res, std::ostream& log) {
+void keep_if_best(const FinetuneOptions& o, const model::BertModel& m, const FinetuneResult& res,
+                  std::ostream& log) {
   const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
   if (o.save_best.empty() || n == 0) return;
   const double value = dev_metric(res, o.save_best, n - 1);
@@ -325,9 +332,8 @@ void keep_if_best(const FinetuneOptions& o, const model::BertModel& m,
 
 // The model to write to out_dir under save_best: the best epoch's weights, in a model of m's
 // shape and heads; m itself otherwise.
-const model::BertModel& published_model(const FinetuneOptions& o,
-                                               const model::BertModel& m,
-                                               std::unique_ptr<model::BertModel>& best) {
+const model::BertModel& published_model(const FinetuneOptions& o, const model::BertModel& m,
+                                        std::unique_ptr<model::BertModel>& best) {
   if (o.save_best.empty() || !std::filesystem::exists(o.best_path)) return m;
   best = std::make_unique<model::BertModel>(m.config(), m.layout().heads());
   model::load_model_weights(*best, io::SafetensorsFile::read(o.best_path));
@@ -375,9 +381,9 @@ std::string latest_dev_scores(const FinetuneResult& r) {
 }
 
 template <typename Seq, typename Evaluate>
-void train_epochs(model::BertModel& m, const FinetuneOptions& o,
-                  const std::vector<Seq>& seqs, const std::vector<std::vector<int64_t>>& rows,
-                  std::ostream& log, FinetuneResult& res, Evaluate evaluate) {
+void train_epochs(model::BertModel& m, const FinetuneOptions& o, const std::vector<Seq>& seqs,
+                  const std::vector<std::vector<int64_t>>& rows, std::ostream& log,
+                  FinetuneResult& res, Evaluate evaluate) {
   dist::Comm& comm = dist::Comm::world();
   const LoopOptions& lo = o.loop;
   const int64_t step_rows = static_cast<int64_t>(comm.size()) * lo.rows_per_batch;
@@ -451,7 +457,7 @@ void train_epochs(model::BertModel& m, const FinetuneOptions& o,
         save_resume(o, m, stepper, identity, res, at, log);
     }
     if (comm.root()) progress.finish();
-    evaluate(epoch + 1);
+    evaluate(epoch + 1, at.elapsed);
     // Said when measured: a run stopped in a later epoch has shown this one's.
     say(o.say, "finetune: epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o.epochs) +
                    " (step " + std::to_string(res.steps) + ") dev " + latest_dev_scores(res));
@@ -495,8 +501,7 @@ void for_each_batch(model::BertModel& m, const std::vector<Seq>& seqs,
 
 // Classification accuracy over rows of examples.
 // The classifier's prediction (argmax of its logits) for every example, by index.
-std::vector<int32_t> predict(model::BertModel& m,
-                             const std::vector<data::ClassifyExample>& ex,
+std::vector<int32_t> predict(model::BertModel& m, const std::vector<data::ClassifyExample>& ex,
                              const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
                              int S, model::Precision precision) {
   std::vector<int32_t> pred(ex.size(), -1);
@@ -542,8 +547,7 @@ std::vector<double> targets_of(const std::vector<data::ClassifyExample>& ex) {
   return out;
 }
 
-ClassifyScore score_classifier(model::BertModel& m,
-                               const std::vector<data::ClassifyExample>& ex,
+ClassifyScore score_classifier(model::BertModel& m, const std::vector<data::ClassifyExample>& ex,
                                const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
                                int S, model::Precision precision) {
   std::vector<int32_t> truth;
@@ -594,8 +598,8 @@ void write_predictions(const std::string& path, const std::vector<data::SquadExa
   io::write_file_atomic(path, pj.dump(1) + "\n");
 }
 
-void check_model(const model::BertModel& m, const data::Vocab& vocab,
-                 const std::string& model_path, const std::string& vocab_path, int max_seq_len) {
+void check_model(const model::BertModel& m, const data::Vocab& vocab, const std::string& model_path,
+                 const std::string& vocab_path, int max_seq_len) {
   if (m.config().vocab_size != vocab.size())
     throw InputError(model_path + ": vocab_size " + std::to_string(m.config().vocab_size) +
                      " differs from " + vocab_path);
@@ -721,7 +725,7 @@ FinetuneResult finetune_regressor(const FinetuneOptions& o, const data::Tokenize
   res.dev_sequences = static_cast<int64_t>(dev.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   const std::vector<double> truth = targets_of(dev);
-  train_epochs(*m, o, train, tr, log, res, [&](int epoch) {
+  train_epochs(*m, o, train, tr, log, res, [&](int epoch, double elapsed) {
     const RegressionScore sc = regression_score(
         truth, predict_values(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision));
     res.dev_regression.push_back(sc);
@@ -729,6 +733,7 @@ FinetuneResult finetune_regressor(const FinetuneOptions& o, const data::Tokenize
     log << nlohmann::json{{"type", "eval"},
                           {"epoch", epoch},
                           {"step", res.steps},
+                          {"elapsed", elapsed},
                           {"dev_pearson", number(sc.pearson)},
                           {"dev_spearman", number(sc.spearman)},
                           {"dev_mse", sc.mse},
@@ -790,14 +795,18 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   res.train_sequences = static_cast<int64_t>(train.size());
   res.dev_sequences = static_cast<int64_t>(dev.size());
   res.train_rows = static_cast<int64_t>(tr.size());
-  train_epochs(*m, o, train, tr, log, res, [&](int epoch) {
+  train_epochs(*m, o, train, tr, log, res, [&](int epoch, double elapsed) {
     const ClassifyScore sc =
         score_classifier(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision);
     res.dev_scores.push_back(sc);
     res.dev_accuracy.push_back(sc.accuracy);
-    nlohmann::json line{{"type", "eval"},    {"epoch", epoch},
-                        {"step", res.steps}, {"dev_acc", sc.accuracy},
-                        {"dev_mcc", sc.mcc}, {"majority_baseline", res.majority_baseline}};
+    nlohmann::json line{{"type", "eval"},
+                        {"epoch", epoch},
+                        {"step", res.steps},
+                        {"elapsed", elapsed},
+                        {"dev_acc", sc.accuracy},
+                        {"dev_mcc", sc.mcc},
+                        {"majority_baseline", res.majority_baseline}};
     if (sc.f1) line["dev_f1"] = *sc.f1;
     if (!task.empty()) line["glue_task"] = task;
     line["metric"] = res.metric;
@@ -842,7 +851,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   res.train_sequences = static_cast<int64_t>(tf.features.size());
   res.dev_sequences = static_cast<int64_t>(df.features.size());
   res.train_rows = static_cast<int64_t>(tr.size());
-  train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch) {
+  train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch, double elapsed) {
     std::vector<std::string> pred = squad_answers(*m, dev, df.features, dv, o.loop.rows_per_batch,
                                                   o.max_seq_len, o.loop.precision, tok, so);
     res.dev_squad.push_back(data::squad_score(dev, pred));
@@ -850,6 +859,7 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
     log << nlohmann::json{{"type", "eval"},
                           {"epoch", epoch},
                           {"step", res.steps},
+                          {"elapsed", elapsed},
                           {"exact_match", res.dev_squad.back().exact_match},
                           {"f1", res.dev_squad.back().f1},
                           {"has_ans_exact", res.dev_squad.back().has_exact},
