@@ -479,8 +479,8 @@ TEST(ClassifyTsv, GlueLayoutsAreRecognisedAndAnUnknownColumnIsRefused) {
                 .find("column 'notes' is neither the text (sentence), the label (label)"),
             std::string::npos);
   // Named by the user: any layout, other columns unused.
-  const std::vector<ClassifyExample> named =
-      read("notes\tverdict\tsentence", "the war\t1\tthe king", {{"sentence", "notes"}, "verdict", ""});
+  const std::vector<ClassifyExample> named = read(
+      "notes\tverdict\tsentence", "the war\t1\tthe king", {{"sentence", "notes"}, "verdict", ""});
   ASSERT_EQ(named.size(), 1u);
   EXPECT_EQ(named[0].b_start, static_cast<int32_t>(king.size() + 2));
   EXPECT_NE(error_of("a\tb", "x\ty", {{"c"}, "a", ""}).find("no column 'c' (`text_columns`)"),

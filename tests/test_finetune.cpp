@@ -402,8 +402,9 @@ TEST(Squad, V2NullRuleHoldsForSingleAndMultiWindowContexts) {
         }
         empty += pred[i].empty();
       }
-      const int want = threshold > 0 ? 0 : threshold < 0 ? static_cast<int>(ex.size())
-                                                         : static_cast<int>(ex.size()) / 2;
+      const int want = threshold > 0   ? 0
+                       : threshold < 0 ? static_cast<int>(ex.size())
+                                       : static_cast<int>(ex.size()) / 2;
       EXPECT_EQ(empty, want);
     }
   }

@@ -45,8 +45,8 @@ class Hostile : public testing::CliTest {
     std::string text;
     for (int d = 0; d < 40; ++d) {
       for (int s = 0; s < 4; ++s)
-        text += "the king of the city was known as the first of " + std::to_string(d * 4 + s) +
-                " .\n";
+        text +=
+            "the king of the city was known as the first of " + std::to_string(d * 4 + s) + " .\n";
       text += "\n";
     }
     C = write("fixtures/c.txt", text).string();
@@ -54,8 +54,8 @@ class Hostile : public testing::CliTest {
     P = (dir_ / "fixtures" / "d.packs").string();
     Result r = run("prepare " + C + " --out " + S + " --max-seq-len 64 --pack optimal");
     ASSERT_EQ(r.code, 0) << r.err;
-    r = run("pretrain --data " + S + " --packs " + P + " --out " + (dir_ / "fixtures/run").string() +
-            " --preset tiny --steps 2 --batch-rows 8");
+    r = run("pretrain --data " + S + " --packs " + P + " --out " +
+            (dir_ / "fixtures/run").string() + " --preset tiny --steps 2 --batch-rows 8");
     ASSERT_EQ(r.code, 0) << r.err;
     CK = (dir_ / "fixtures/run/checkpoint.safetensors").string();
     HF = (dir_ / "fixtures/hf").string();
@@ -123,7 +123,7 @@ TEST_F(Hostile, EveryBadInputIsOneLineExit2AndLeavesNothing) {
   const std::string O = (dir_ / "o").string();
   auto fill = [&](std::string s, const std::string& x) {
     const std::pair<const char*, std::string> vars[] = {
-        {"{X}", x}, {"{O}", O},   {"{C}", C},   {"{S}", S},   {"{P}", P},
+        {"{X}", x},   {"{O}", O},   {"{C}", C}, {"{S}", S}, {"{P}", P},
         {"{CK}", CK}, {"{HF}", HF}, {"{T}", T}, {"{Q}", Q}, {"{G}", G}};
     for (const auto& [k, v] : vars)
       for (size_t at; (at = s.find(k)) != std::string::npos;) s.replace(at, strlen(k), v);
@@ -334,7 +334,7 @@ TEST_F(Hostile, HostileModelFilesAreRefusedQuicklyInLittleMemory) {
       ASSERT_EQ(posix_spawn(&pid, PACKBERT_BINARY, &fa, nullptr, argv.data(), environ), 0);
       posix_spawn_file_actions_destroy(&fa);
       int status = 0;
-      struct rusage ru{};
+      struct rusage ru {};
       bool killed = false;
       while (wait4(pid, &status, WNOHANG, &ru) == 0) {
         if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(10)) {

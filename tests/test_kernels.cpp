@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "kernel_cases.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/block_gemm.h"
 #include "kernels/cpu/fastmath.h"
@@ -27,7 +28,6 @@
 #include "kernels/ops.h"
 #include "kernels/optim.h"
 #include "kernels/tensor.h"
-#include "kernel_cases.h"
 
 namespace packbert::kernels {
 namespace {
@@ -280,7 +280,6 @@ void check_16bit_column(const KernelCase& c, const std::function<void(Env<float>
   for (const Tensor& t : c.inputs) normwise(b.d["d" + t.name], f.d["d" + t.name], "d" + t.name);
 }
 
-
 class KernelHarness : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(KernelHarness, FiniteDifferences) {
@@ -529,7 +528,8 @@ TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReference) {
 // (skipped, and named, where it cannot: an AVX2-only CPU).
 TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReferenceInBf16) {
   const std::string why = bf16_unavailable_reason();
-  for (const Backend* cpu : cpu_backends()) check_ops_without_gradients(*cpu, DType::bf16, why.empty());
+  for (const Backend* cpu : cpu_backends())
+    check_ops_without_gradients(*cpu, DType::bf16, why.empty());
   if (!why.empty()) GTEST_SKIP() << "bf16 products not compared: " << why;
 }
 
@@ -554,12 +554,14 @@ TEST(KernelBackends, GradientsLeftOutLeaveTheOthersAsTheyAre) {
       env.x["in"] = in, env.x["w"] = w;
       const Stored<float> x(env, "in", N, C, h), wt(env, "w", OC, C, h);
       std::vector<float> dinp_a(N * C, 0.5f), dinp_b = dinp_a, dw(OC * C, 0.0f), db_a(OC, 0.25f),
-          db_b = db_a;
+                                              db_b = db_a;
       std::vector<uint16_t> scratch(N * OC);
       View sc;
-      if (h != DType::f32) sc.data = scratch.data(), sc.dtype = h, sc.rows = N, sc.cols = sc.ld = OC;
-      be->linear_backward(View(dinp_a.data(), N, C), View(dw.data(), OC, C), View(db_a.data(), 1, OC),
-                          View(dout.data(), N, OC), x, wt, nullptr, GradWrite::accumulate, sc);
+      if (h != DType::f32)
+        sc.data = scratch.data(), sc.dtype = h, sc.rows = N, sc.cols = sc.ld = OC;
+      be->linear_backward(View(dinp_a.data(), N, C), View(dw.data(), OC, C),
+                          View(db_a.data(), 1, OC), View(dout.data(), N, OC), x, wt, nullptr,
+                          GradWrite::accumulate, sc);
       be->linear_backward(View(dinp_b.data(), N, C), View(), View(db_b.data(), 1, OC),
                           View(dout.data(), N, OC), x, wt, nullptr, GradWrite::accumulate, sc);
       EXPECT_EQ(dinp_a, dinp_b);

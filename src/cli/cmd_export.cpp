@@ -14,7 +14,8 @@ void register_export(CLI::App& app) {
   auto x = std::make_shared<std::pair<std::string, std::string>>();
   auto xv = std::make_shared<std::string>();
   CLI::App* ex = app.add_subcommand(
-      "export", "Write config.json + model.safetensors + the tokenizer files (Hugging Face layout)");
+      "export",
+      "Write config.json + model.safetensors + the tokenizer files (Hugging Face layout)");
   ex->add_option("--checkpoint,--model", x->first,
                  "The model: a packbert checkpoint or a Hugging Face directory (--model is the "
                  "name every command takes)")

@@ -443,9 +443,10 @@ CLI::Option* vocab_option(CLI::App* cmd, std::string& value, const std::string& 
 CLI::Option* model_vocab_option(CLI::App* cmd, std::string& value, const std::string& help) {
   const DefaultVocab& d = default_vocab();
   value.clear();
-  return cmd->add_option("--vocab", value,
-                         help + " (default: the model directory's vocab.txt, else bert-base-uncased, " +
-                             d.found + ": " + d.path + ")");
+  return cmd->add_option(
+      "--vocab", value,
+      help + " (default: the model directory's vocab.txt, else bert-base-uncased, " + d.found +
+          ": " + d.path + ")");
 }
 
 std::string model_vocab(const std::string& given, const std::string& model) {

@@ -99,7 +99,7 @@ std::string svg_plot(const std::vector<Series>& series, const std::string& title
          "\"/>\n";
     if (s.points.size() <= 200)  // markers where they can be told apart
       for (auto [x, y] : s.points)
-          o += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) + "\" r=\"3\" fill=\"" +
+        o += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) + "\" r=\"3\" fill=\"" +
              s.color + "\"/>\n";
     double ly = T + 16 + 18.0 * static_cast<double>(k);
     o += "<line x1=\"" + num(L + 14) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(L + 38) +

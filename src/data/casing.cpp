@@ -39,7 +39,9 @@ std::optional<bool> model_lower_case(const std::string& model, std::string& wher
 std::string describe(const Vocab& v) {
   const int capitals = capitalised_entries(v);
   return std::to_string(v.size()) + " entries, " +
-         (capitals >= kCasedEntries ? "cased" : capitals == 0 ? "uncased" : "mostly uncased");
+         (capitals >= kCasedEntries ? "cased"
+          : capitals == 0           ? "uncased"
+                                    : "mostly uncased");
 }
 
 }  // namespace

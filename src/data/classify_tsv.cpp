@@ -171,11 +171,11 @@ constexpr const char* kLabelColumns[] = {"label", "gold_label", "Quality", "is_d
 // Columns the GLUE files carry that are neither text nor label (ids, genres, parses, the
 // annotators' individual labels).
 bool ignorable(const std::string& name) {
-  static const char* const kNames[] = {"index",    "idx",    "id",        "qid1",    "qid2",
-                                       "#1 ID",    "#2 ID",  "promptID",  "pairID",  "genre",
-                                       "filename", "year",   "old_index", "source1", "source2",
-                                       "label1",   "label2", "label3",    "label4",  "label5",
-                                       "cola_source", "cola_judgment"};
+  static const char* const kNames[] = {
+      "index",     "idx",      "id",          "qid1",         "qid2",     "#1 ID",
+      "#2 ID",     "promptID", "pairID",      "genre",        "filename", "year",
+      "old_index", "source1",  "source2",     "label1",       "label2",   "label3",
+      "label4",    "label5",   "cola_source", "cola_judgment"};
   for (const char* n : kNames)
     if (name == n) return true;
   return name.ends_with("_parse");

@@ -24,7 +24,7 @@ const char* kind_of(mode_t m) {
 }
 
 struct stat stat_or_throw(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw InputError(path + ": cannot open: " + std::strerror(errno));
   return st;
@@ -49,7 +49,7 @@ FileBytes FileBytes::map(const std::string& path) {
   // the open; regular files ignore the flag.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw InputError(path + ": cannot open for reading: " + std::strerror(errno));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     throw InputError(path + ": is " + kind_of(st.st_mode) + ", expected a regular file");

@@ -46,7 +46,7 @@ model::BertConfig config_of(const io::SafetensorsFile& f) {
 }  // namespace
 
 std::unique_ptr<model::BertModel> load_model(const std::string& path, model::Heads heads,
-                                                    model::Sparsity sparsity, FreshTensors* fresh) {
+                                             model::Sparsity sparsity, FreshTensors* fresh) {
   model::BertConfig config;
   io::SafetensorsFile f;
   if (!model::is_packbert_checkpoint(path)) {  // a Hugging Face model, in any of its forms
@@ -231,8 +231,8 @@ void write_model_files(const model::BertModel& m, const std::string& dir, const 
       stored.widen(back.data(), narrow.back().data(), static_cast<int64_t>(n));
       for (size_t i = 0; i < n; ++i)
         if (std::isinf(back[i]) && std::isfinite(x[i]))
-          throw InputError(dir + ": not written: " + t.name + "[" + std::to_string(i) + "] = " +
-                           std::to_string(x[i]) + " does not fit " + stored.torch +
+          throw InputError(dir + ": not written: " + t.name + "[" + std::to_string(i) +
+                           "] = " + std::to_string(x[i]) + " does not fit " + stored.torch +
                            " (it would become inf); export it as fp32 or bf16");
       t.dtype = stored.safetensors, t.data = narrow.back().data(), t.bytes = n * stored.bytes;
     }
@@ -691,8 +691,15 @@ OptimizerConfig Trainer::plan_steps() {
   {
     // The largest micro-batch the data can make: every row full, one sequence per row (the most
     // attention), a fifth of the tokens masked.
-    PlanRequest plan{
-        c, model::Heads{}, oc.kind, {}, lo.precision, lo.optimizer.masters, opt_.sparse.sparsity, {}, 1};
+    PlanRequest plan{c,
+                     model::Heads{},
+                     oc.kind,
+                     {},
+                     lo.precision,
+                     lo.optimizer.masters,
+                     opt_.sparse.sparsity,
+                     {},
+                     1};
     int64_t rows = lo.rows_per_batch;
     if (opt_.one_per_row) {  // a pack's sequences become rows of their own
       uint64_t most = 1;
@@ -835,7 +842,7 @@ bool Trainer::write_state(const std::string& path, const json& best) {
                       "differ; no checkpoint written (a bug: please report it)");
   double bad = comm_.root() && (!all_finite(w, L.total()) || !all_finite(m, L.total()) ||
                                 !all_finite(v, L.total()));
-  comm_.allreduce_max(&bad, 1);  // every rank learns rank 0's verdict
+  comm_.allreduce_max(&bad, 1);              // every rank learns rank 0's verdict
   if (bad && !best.is_null()) return false;  // (a best state is only ever a finite one)
   if (bad)
     throw InputError("step " + std::to_string(step_) +
@@ -890,7 +897,8 @@ void Trainer::save_checkpoint() {
 // out of the rotation: a run that drifts off slowly, below the divergence factor, can still go
 // on from its best point (`--init best.safetensors --init-optimizer carry`).
 void Trainer::save_best(const EvalMetrics& e) {
-  write_state(best_path(), json{{"step", e.step}, {"mlm_loss", e.mlm_loss}, {"mlm_acc", e.mlm_acc}});
+  write_state(best_path(),
+              json{{"step", e.step}, {"mlm_loss", e.mlm_loss}, {"mlm_acc", e.mlm_acc}});
 }
 
 EvalMetrics evaluate_mlm(model::BertModel& m, BatchLoader& loader, model::Precision precision,

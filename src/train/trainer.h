@@ -35,8 +35,8 @@ struct PretrainOptions {
   // moments and step count into this run instead of starting them at zero. The learning-rate
   // schedule, data order and step counter start over either way.
   bool carry_optimizer = false;
-  model::ShapeRequest shape;            // model shape when not initialised from a checkpoint
-  LoopOptions loop;                     // optimizer, schedule, batch, precision, recompute, ZeRO
+  model::ShapeRequest shape;  // model shape when not initialised from a checkpoint
+  LoopOptions loop;           // optimizer, schedule, batch, precision, recompute, ZeRO
   // Pipeline stages (docs/DESIGN.md §7c): the processes form pipeline_stages stages x the rest as
   // replicas; stage_layers, when given, the layers of each stage (else balanced by FLOPs).
   int pipeline_stages = 1;
@@ -236,8 +236,8 @@ struct ModelLabels {
 };
 ModelLabels model_labels(const std::string& path);
 std::unique_ptr<model::BertModel> load_model(const std::string& path, model::Heads heads,
-                                                    model::Sparsity sparsity = {},
-                                                    FreshTensors* fresh = nullptr);
+                                             model::Sparsity sparsity = {},
+                                             FreshTensors* fresh = nullptr);
 
 // Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
 // into an existing directory (each file atomically). The architecture follows the model's head:

@@ -3,11 +3,10 @@
 #include <cpuid.h>
 #include <dnnl.h>
 
-#include <dnnl.hpp>
-
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <dnnl.hpp>
 #include <stdexcept>
 
 namespace packbert::kernels {

@@ -45,9 +45,9 @@ const CpuFeatures& cpu_features();
 // matmul primitive; otherwise oneDNN's refusal. Asked once.
 std::string onednn_bf16_matmul_refusal();
 
-// Empty when bf16 GEMMs run natively and oneDNN builds them here (AVX512-BF16 or AMX-BF16, not capped away); otherwise a
-// one-line reason naming the missing feature. PACKBERT_CPU_NO_BF16=1 makes this CPU look like
-// one without them (tests of the refusal).
+// Empty when bf16 GEMMs run natively and oneDNN builds them here (AVX512-BF16 or AMX-BF16, not
+// capped away); otherwise a one-line reason naming the missing feature. PACKBERT_CPU_NO_BF16=1
+// makes this CPU look like one without them (tests of the refusal).
 std::string bf16_unavailable_reason();
 
 }  // namespace packbert::kernels
