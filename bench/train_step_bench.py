@@ -65,8 +65,13 @@ def main():
         ours_cmd = [os.path.join(a.build, "train_step_bench")] + arg + common
         torch_cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_bert_step.py")] + arg + common
         # Probe PyTorch's thread settings once; keep the faster.
+        # (OpenBLAS's AVX-512 kernels forced on a CPU without AVX-512 die of SIGILL: tried only
+        # where the CPU has it.)
+        with open("/proc/cpuinfo") as f:
+            avx512 = " avx512f" in f.read()
         settings = ([(t, "Haswell") for t in sorted({1, a.threads})] if a.cap == "avx2" else
-                    [(t, "") for t in sorted({1, a.threads})] + [(a.threads, "SkylakeX")])
+                    [(t, "") for t in sorted({1, a.threads})] +
+                    ([(a.threads, "SkylakeX")] if avx512 else []))
         probe = {f"{t}{'+' + c if c else ''}": run(torch_cmd + ["--threads", str(t)], t, c)["real_tokens_per_s"]
                  for t, c in settings}
         best = max(probe, key=probe.get)
