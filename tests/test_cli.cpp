@@ -765,6 +765,15 @@ class Labels : public testing::CliTest {
               0);
     return (dir_ / "run" / "checkpoint.safetensors").string();
   }
+  // A tiny SQuAD model fine-tuned from pretrained() on tests/data/squad_tiny.json, in dir_/qa.
+  std::string squad_model() {
+    const std::string squad = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
+    const std::string qa = (dir_ / "qa").string();
+    const Result r = run("finetune --task squad --model " + pretrained() + " --train " + squad +
+                         " --dev " + squad + " --out " + qa + " --epochs 1 --max-seq-len 128");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return qa;
+  }
   std::vector<float> tensor(const std::string& dir, const std::string& name) {
     return io::SafetensorsFile::read(dir + "/model.safetensors").floats(name);
   }
@@ -1280,17 +1289,8 @@ TEST_F(Labels, EveryCommandTakesTheModelAsModel) {
 // #45: a fine-tuned span (SQuAD) model exports as BertForQuestionAnswering, every tensor
 // bit-identical, and imports again (convert) to the same tensors.
 TEST_F(Labels, AQuestionAnsweringModelExportsAndImportsBitIdentical) {
-  const std::string seqs = prepared_corpus("c", 20, 4);
-  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
-                " --preset tiny --steps 2 --batch-rows 4")
-                .code,
-            0);
-  const std::string squad = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
-  const std::string qa = (dir_ / "qa").string();
-  Result r = run("finetune --task squad --model " + (dir_ / "run/checkpoint.safetensors").string() +
-                 " --train " + squad + " --dev " + squad + " --out " + qa +
-                 " --epochs 1 --max-seq-len 128");
-  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string qa = squad_model();
+  Result r{0, "", ""};
   const std::string x = (dir_ / "x").string(), back = (dir_ / "back").string();
   r = run("export --model " + qa + " --out " + x);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -1375,22 +1375,13 @@ TEST_F(Labels, AModelsOwnVocabularyIsTheDefault) {
 // and exports as it is (the same tensors, none added); a bare BertModel (no heads, its tensors
 // named without "bert.") exports as a BertModel, bit for bit.
 TEST_F(Labels, HuggingFaceModelsWithoutAPoolerOrHeadsEvaluateAndExportAsTheyAre) {
-  const std::string seqs = prepared_corpus("c", 20, 4);
-  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + (dir_ / "run").string() +
-                " --preset tiny --steps 2 --batch-rows 4")
-                .code,
-            0);
+  const std::string qa = squad_model();
   const std::string squad = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json";
-  const std::string qa = (dir_ / "qa").string();
-  Result r = run("finetune --task squad --model " + (dir_ / "run/checkpoint.safetensors").string() +
-                 " --train " + squad + " --dev " + squad + " --out " + qa +
-                 " --epochs 1 --max-seq-len 128");
-  ASSERT_EQ(r.code, 0) << r.err;
   // As transformers saves it: no pooler.
   io::SafetensorsFile a = io::SafetensorsFile::read(qa + "/model.safetensors");
   EXPECT_FALSE(a.has("bert.pooler.dense.weight"));
   EXPECT_TRUE(a.has("qa_outputs.weight"));
-  r = run("eval --task squad --model " + qa + " --data " + squad + " --max-seq-len 128");
+  Result r = run("eval --task squad --model " + qa + " --data " + squad + " --max-seq-len 128");
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string x = (dir_ / "x").string();
   r = run("export --model " + qa + " --out " + x);

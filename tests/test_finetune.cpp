@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -311,6 +312,24 @@ TEST(Squad, V2ScoresAsTheOfficialScriptDoes) {
   EXPECT_FALSE(data::squad_score(v1, pred).v2);
 }
 
+// Span logits for the windows of `dev`: 5 at the start and 5 at the end of the answer `located`
+// (the same windows built for training) finds in the window, 0 elsewhere, and [CLS]'s start and
+// end logits each half_null(example): a null score of twice that.
+std::vector<std::vector<float>> peaked_logits(const data::SquadFeatures& located,
+                                              const data::SquadFeatures& dev,
+                                              const std::function<float(int64_t)>& half_null) {
+  std::vector<std::vector<float>> logits(dev.features.size());
+  for (size_t f = 0; f < dev.features.size(); ++f) {
+    logits[f].assign(2 * dev.features[f].tokens.size(), 0.0f);
+    if (located.features[f].start > 0) {
+      logits[f][2 * located.features[f].start] = 5.0f;
+      logits[f][2 * located.features[f].end + 1] = 5.0f;
+    }
+    logits[f][0] = logits[f][1] = half_null(dev.features[f].example);
+  }
+  return logits;
+}
+
 // SQuAD v2.0 predictions: "" when the null span's score beats the best span's by more than the
 // threshold (run_qa's rule); a training example without an answer is trained towards [CLS].
 TEST(Squad, V2PredictsNoAnswerByTheNullScore) {
@@ -329,15 +348,9 @@ TEST(Squad, V2PredictsNoAnswerByTheNullScore) {
     if (ft.example == 1) {
       EXPECT_EQ(ft.start + ft.end, 0);  // every window at [CLS]
     }
-  std::vector<std::vector<float>> logits(dev.features.size());
-  for (size_t f = 0; f < dev.features.size(); ++f) {
-    logits[f].assign(2 * dev.features[f].tokens.size(), 0.0f);
-    if (train.features[f].start > 0) {
-      logits[f][2 * train.features[f].start] = 5.0f;
-      logits[f][2 * train.features[f].end + 1] = 5.0f;
-    }
-    logits[f][0] = logits[f][1] = 3.0f;  // null 6 against the answer's 10, and 0 elsewhere
-  }
+  // null 6 against the answer's 10, and 0 elsewhere
+  const std::vector<std::vector<float>> logits =
+      peaked_logits(train, dev, [](int64_t) { return 3.0f; });
   o.v2 = true;
   std::vector<std::string> pred = data::squad_predictions(ex, dev.features, logits, tok, o);
   EXPECT_EQ(pred[0], "2026");
@@ -374,15 +387,7 @@ TEST(Squad, V2NullRuleHoldsForSingleAndMultiWindowContexts) {
     }
     // Null halves per question: 2c below the span's 10 for even questions, above it for odd ones.
     auto half_null = [](int64_t example) { return example % 2 == 0 ? 2.0f : 7.0f; };
-    std::vector<std::vector<float>> logits(dev.features.size());
-    for (size_t f = 0; f < dev.features.size(); ++f) {
-      logits[f].assign(2 * dev.features[f].tokens.size(), 0.0f);
-      if (train.features[f].start > 0) {
-        logits[f][2 * train.features[f].start] = 5.0f;
-        logits[f][2 * train.features[f].end + 1] = 5.0f;
-      }
-      logits[f][0] = logits[f][1] = half_null(dev.features[f].example);
-    }
+    const std::vector<std::vector<float>> logits = peaked_logits(train, dev, half_null);
     o.v2 = true;
     const std::vector<std::string> gold = {"2026", "Zürich", "BERT encoders",
                                            "attend to each other"};
