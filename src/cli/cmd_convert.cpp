@@ -7,7 +7,6 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
-#include "data/casing.h"
 #include "data/vocab.h"
 #include "error.h"
 #include "io/atomic_file.h"
@@ -42,9 +41,7 @@ void run_convert(const ConvertArgs& a) {
     // (export_model checks --vocab's size and the weights' finiteness)
     train::ModelFiles files;
     files.vocab = a.vocab, files.label_names = source.names;
-    if (!a.vocab.empty())
-      files.lower_case =
-          data::decide_casing(std::nullopt, a.src, data::Vocab::load(a.vocab), a.vocab).lower_case;
+    if (!a.vocab.empty()) files.lower_case = model_lower_case(a.src, a.vocab);
     train::export_model(*m, a.out, files, a.overwrite);
     std::cout << "converted packbert checkpoint " << a.src << " -> " << a.out
               << "/{config.json, model.safetensors" << (a.vocab.empty() ? "" : ", vocab.txt")
@@ -61,8 +58,7 @@ void run_convert(const ConvertArgs& a) {
   if (!vocab.empty()) {
     train::ModelFiles files;
     files.vocab = vocab;
-    files.lower_case =
-        data::decide_casing(std::nullopt, a.src, data::Vocab::load(vocab), vocab).lower_case;
+    files.lower_case = model_lower_case(a.src, vocab);
     train::write_tokenizer_files(out.path(), files, m.config.max_position_embeddings);
   }
   out.publish();

@@ -4,7 +4,6 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
-#include "data/casing.h"
 #include "io/paths.h"
 #include "train/trainer.h"
 
@@ -41,8 +40,7 @@ void register_export(CLI::App& app) {
     auto m = train::load_model(x->first, source.heads, {}, source.masked_lm ? &fresh : nullptr);
     train::ModelFiles files;
     files.vocab = vocab;
-    files.lower_case =
-        data::decide_casing(std::nullopt, x->first, data::Vocab::load(vocab), vocab).lower_case;
+    files.lower_case = model_lower_case(x->first, vocab);
     files.label_names = source.names;
     files.dtype = model::parse_precision(*dtype);
     files.masked_lm = source.masked_lm;

@@ -455,4 +455,8 @@ std::string model_vocab(const std::string& given, const std::string& model) {
   return c.path;
 }
 
+bool model_lower_case(const std::string& model, const std::string& vocab) {
+  return data::decide_casing(std::nullopt, model, data::Vocab::load(vocab), vocab).lower_case;
+}
+
 }  // namespace packbert::cli

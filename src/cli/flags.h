@@ -87,6 +87,10 @@ CLI::Option* model_vocab_option(CLI::App* cmd, std::string& value, const std::st
 // The vocabulary for `model`: `given` (--vocab) when set, warning on stderr where the model's own
 // vocab.txt differs from it; else the model's vocab.txt; else the default (data::choose_vocab).
 std::string model_vocab(const std::string& given, const std::string& model);
+// Whether `model`'s text is lowercased for `vocab`, as its tokenizer_config.json or else the
+// vocabulary says (data::decide_casing without a flag): what export and convert write into
+// tokenizer_config.json.
+bool model_lower_case(const std::string& model, const std::string& vocab);
 
 // --text-columns A[,B] and --label-column L of a classification TSV.
 void column_flags(CLI::App* cmd, data::TsvColumns& columns);

@@ -36,12 +36,12 @@ std::vector<std::pair<double, double>> per_pixel(const std::vector<std::pair<dou
                                                  double x0, double x1, double width) {
   constexpr size_t kFew = 2000;
   if (p.size() <= kFew) return p;
+  const auto column = [&](double x) {
+    return static_cast<int64_t>(std::floor((x - x0) / (x1 - x0) * width));
+  };
   std::vector<std::pair<double, double>> out;
   size_t i = 0;
   while (i < p.size()) {
-    const auto column = [&](double x) {
-      return static_cast<int64_t>(std::floor((x - x0) / (x1 - x0) * width));
-    };
     const int64_t c = column(p[i].first);
     size_t j = i, lo = i, hi = i;
     for (; j < p.size() && column(p[j].first) == c; ++j) {

@@ -57,8 +57,6 @@ VocabChoice choose_vocab(const std::string& given, const std::string& model,
   }
   if (given.empty()) {
     c.path = own.empty() ? fallback : own;
-    c.note = own.empty() ? "vocabulary " + fallback + " (" + model + " has no vocab.txt)"
-                         : "vocabulary " + own + " (the model's own)";
     return c;
   }
   c.path = given;

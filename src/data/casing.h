@@ -24,10 +24,9 @@ int capitalised_entries(const Vocab& v);
 // The vocabulary a command that reads `model` (a directory, or a file whose directory holds its
 // tokenizer files) tokenises with: `given` (--vocab) when not empty, else the model's own
 // vocab.txt, else `fallback` (the bundled bert-base-uncased). `warning` is set when `given`
-// overrides a model vocabulary that differs from it (its size and casing named); `note` says
-// where the choice came from.
+// overrides a model vocabulary that differs from it (its size and casing named).
 struct VocabChoice {
-  std::string path, note, warning;
+  std::string path, warning;
 };
 VocabChoice choose_vocab(const std::string& given, const std::string& model,
                          const std::string& fallback);

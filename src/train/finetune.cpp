@@ -106,11 +106,8 @@ model::PackedBatch make_batch(const std::vector<Seq>& seqs,
   return b.take();
 }
 
-// The training both tasks share: rows shuffled per epoch, the one training step (train/loop.h)
-// over steps of processes x rows_per_batch rows x accumulation, a JSONL line per step (rank 0),
-// and `evaluate(epoch, elapsed)` (which logs its own line, at that many training seconds) after
-// every epoch. What a fine-tuning run's resume file records beside the weights and moments: what
-// must match for a bit-exact continuation, and where the run was.
+// What a fine-tuning run's resume file records beside the weights and moments: what must match
+// for a bit-exact continuation (every flag that changes the result), and where the run was.
 nlohmann::json resume_identity(const FinetuneOptions& o) {
   const LoopOptions& lo = o.loop;
   auto checksum = [](const std::string& path) {
@@ -380,6 +377,10 @@ std::string latest_dev_scores(const FinetuneResult& r) {
   return t;
 }
 
+// The training both tasks share: rows shuffled per epoch, the one training step (train/loop.h)
+// over steps of processes x rows_per_batch rows x accumulation, a JSONL line per step (rank 0),
+// and `evaluate(epoch, elapsed)` (which logs its own line, at that many training seconds) after
+// every epoch.
 template <typename Seq, typename Evaluate>
 void train_epochs(model::BertModel& m, const FinetuneOptions& o, const std::vector<Seq>& seqs,
                   const std::vector<std::vector<int64_t>>& rows, std::ostream& log,
@@ -578,7 +579,6 @@ std::vector<std::string> squad_answers(model::BertModel& m,
   return data::squad_predictions(examples, features, logits, tok, so);
 }
 
-// {question id: answer} as the official evaluation script reads it, written atomically.
 // Says how the text was tokenised (data::decide_casing's note) and any contradiction, on rank 0,
 // once the inputs are known good (a bad input's error stays the only line).
 void say_casing(const data::Casing& c, const char* command, const Say& to) {
@@ -591,6 +591,7 @@ void warn_non_finite(const model::BertModel& m, const std::string& path, const S
     say(to, "eval: warning: " + path + ": " + bad + "; its metrics will be NaN");
 }
 
+// {question id: answer} as the official evaluation script reads it, written atomically.
 void write_predictions(const std::string& path, const std::vector<data::SquadExample>& examples,
                        const std::vector<std::string>& predictions) {
   nlohmann::json pj = nlohmann::json::object();

@@ -821,7 +821,7 @@ TrainingState Trainer::training_state() {
 
 Trainer::~Trainer() = default;
 
-bool Trainer::write_state(const std::string& path, const json& best) {
+void Trainer::write_state(const std::string& path, const json& best) {
   std::vector<float> m_all, v_all;  // the moments gathered on rank 0 under ZeRO-1
   auto [m, v] = stepper_->whole_moments(m_all, v_all);
   std::vector<float> widened;  // the weights in fp32 under 16-bit master weights
@@ -842,18 +842,15 @@ bool Trainer::write_state(const std::string& path, const json& best) {
                       "differ; no checkpoint written (a bug: please report it)");
   double bad = comm_.root() && (!all_finite(w, L.total()) || !all_finite(m, L.total()) ||
                                 !all_finite(v, L.total()));
-  comm_.allreduce_max(&bad, 1);              // every rank learns rank 0's verdict
-  if (bad && !best.is_null()) return false;  // (a best state is only ever a finite one)
+  comm_.allreduce_max(&bad, 1);        // every rank learns rank 0's verdict
+  if (bad && !best.is_null()) return;  // (a best state is only ever a finite one)
   if (bad)
     throw InputError("step " + std::to_string(step_) +
                      ": parameters or optimizer moments are not finite; no checkpoint written" +
                      (saved_step_ >= 0 ? " (the one of step " + std::to_string(saved_step_) +
                                              " in " + checkpoint_path() + " is unchanged)"
                                        : ""));
-  if (!comm_.root()) {
-    if (best.is_null()) saved_step_ = step_;
-    return true;
-  }
+  if (!comm_.root()) return;
   std::vector<io::TensorToWrite> tensors = weight_and_moment_tensors(L, w, m, v);
   const model::OwnedTensors patterns = model::pattern_tensors(*model_);
   tensors.insert(tensors.end(), patterns.tensors.begin(), patterns.tensors.end());
@@ -875,13 +872,12 @@ bool Trainer::write_state(const std::string& path, const json& best) {
   io::write_safetensors(
       path, tensors,
       {{"config", model::config_to_json(model_->config()).dump()}, {"packbert", state.dump()}});
-  return true;
 }
 
 void Trainer::save_checkpoint() {
   write_state(checkpoint_path(), json());
-  if (!comm_.root()) return;
   saved_step_ = step_;
+  if (!comm_.root()) return;
   std::vector<std::pair<int64_t, std::string>> earlier = earlier_checkpoints();
   while (earlier.size() > static_cast<size_t>(opt_.keep_checkpoints - 1) ||
          (!earlier.empty() && earlier.back().first >= step_)) {  // (steps past this one: stale)

@@ -146,8 +146,8 @@ class Trainer {
   // taking part (ZeRO-1's and the stages' gathers), rank 0 writing. `best` null: the checkpoint
   // (the one on disk first kept as checkpoint-<step> under keep_checkpoints); InputError when a
   // value is not finite. Otherwise best.safetensors with `best` in its state; nothing written
-  // (false) when a value is not finite.
-  bool write_state(const std::string& path, const nlohmann::json& best);
+  // when a value is not finite.
+  void write_state(const std::string& path, const nlohmann::json& best);
   // Before a new run's first write: removes an earlier run's checkpoint-*.safetensors and
   // best.safetensors (--overwrite starts over).
   void clear_earlier_run();
@@ -239,12 +239,6 @@ std::unique_ptr<model::BertModel> load_model(const std::string& path, model::Hea
                                              model::Sparsity sparsity = {},
                                              FreshTensors* fresh = nullptr);
 
-// Writes config.json + model.safetensors (+ vocab.txt when given) in the Hugging Face layout
-// into an existing directory (each file atomically). The architecture follows the model's head:
-// BertForSequenceClassification (label_names, in id order, go to id2label),
-// BertForQuestionAnswering (qa_outputs.*), else BertForPreTraining. The weights are stored as
-// `dtype`'s storage type (model::storage_dtype: fp32, or a 16-bit type rounded to nearest, 2 bytes
-// each) with config.json's torch_dtype saying which.
 // What a training run's file records beyond its config, shared by pretrain's checkpoints and
 // fine-tuning's resume file: the weights and Adam/LAMB moments as tensors (moments under
 // "optimizer.m." / "optimizer.v."), and the Stepper's counters (the optimizer's step count, the

@@ -167,22 +167,21 @@ std::string bf16_unavailable_reason() {
   const CpuFeatures& f = cpu_features();
   const char* forced = std::getenv("PACKBERT_CPU_NO_BF16");
   const bool hidden = forced && std::strcmp(forced, "1") == 0;
-  const bool native = f.avx512_bf16 || f.amx_bf16;
   // Both must say yes: the CPU (under the cap) has the instructions that make bf16 fast, and
   // oneDNN, which runs the products, builds a bf16 matmul here (ONEDNN_MAX_CPU_ISA may hold it
   // below what the CPU has).
-  const std::string onednn = hidden || !native ? std::string() : onednn_bf16_matmul_refusal();
-  if (!hidden && native && onednn.empty()) return "";
-  std::string why;
-  if (native && !hidden) {
-    why = "`precision` bf16: oneDNN cannot build a bf16 matmul on this " + f.model + " (" + onednn +
-          ")";
+  if (!hidden && (f.avx512_bf16 || f.amx_bf16)) {
+    const std::string onednn = onednn_bf16_matmul_refusal();
+    if (onednn.empty()) return "";
+    std::string why = "`precision` bf16: oneDNN cannot build a bf16 matmul on this " + f.model +
+                      " (" + onednn + ")";
     if (const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA"); cap && *cap)
       why += std::string(", ONEDNN_MAX_CPU_ISA=") + cap;
     return why;
   }
-  why = "`precision` bf16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this " + f.model +
-        " has neither";
+  std::string why =
+      "`precision` bf16 needs a CPU with AVX512-BF16 or AMX-BF16 instructions; this " + f.model +
+      " has neither";
   if (hidden) why += " (PACKBERT_CPU_NO_BF16=1)";
   if (f.capped) why += " that PACKBERT_MAX_ISA=" + std::string(isa_name(f.cap)) + " leaves in use";
   return why + " (bf16 emulation would be slower than fp32)";
