@@ -11,6 +11,7 @@
 #include "io/torch_file.h"
 #include "io/zip.h"
 #include "model/hf_import.h"
+#include "train/model_files.h"
 #include "train/trainer.h"
 
 namespace packbert {
@@ -212,11 +213,13 @@ TEST_F(Convert, AWrongVocabularyIsRefused) {
 // A file packbert wrote (a checkpoint, here the PyTorch golden, which carries its config the same
 // way) is exported: its weights as F32 under the same names, and its config as config.json.
 TEST_F(Convert, APackbertCheckpointIsExported) {
-  const std::string golden = std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h40.safetensors";
+  const std::string golden =
+      std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/bert_h40.safetensors";
   const Result r = run("convert " + golden + " --out " + (dir_ / "m").string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("converted packbert checkpoint"), std::string::npos) << r.out;
-  const io::SafetensorsFile got = io::SafetensorsFile::read((dir_ / "m/model.safetensors").string());
+  const io::SafetensorsFile got =
+      io::SafetensorsFile::read((dir_ / "m/model.safetensors").string());
   const io::SafetensorsFile want = io::SafetensorsFile::read(golden);
   int weights = 0;
   for (const auto& [name, e] : got.tensors()) {

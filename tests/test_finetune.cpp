@@ -15,6 +15,7 @@
 #include "error.h"
 #include "kernels/cpu/features.h"
 #include "train/finetune.h"
+#include "train/model_files.h"
 #include "train/trainer.h"
 #include "train_world.h"
 

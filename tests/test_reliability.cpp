@@ -24,6 +24,7 @@
 #include "error.h"
 #include "io/checksum.h"
 #include "io/safetensors.h"
+#include "train/model_files.h"
 #include "train/trainer.h"
 
 extern char** environ;

@@ -21,6 +21,7 @@
 #include "model_batches.h"
 #include "rng.h"
 #include "train/memory_plan.h"
+#include "train/model_files.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
 #include "train_world.h"

@@ -12,6 +12,7 @@
 #include "io/atomic_file.h"
 #include "io/paths.h"
 #include "model/hf_import.h"
+#include "train/model_files.h"
 #include "train/trainer.h"
 
 namespace packbert::cli {

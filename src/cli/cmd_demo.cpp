@@ -12,8 +12,10 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
+#include "cli/demo_plan.h"
 #include "cli/flags.h"
 #include "cli/pack_report.h"
 #include "cli/plot.h"
@@ -37,12 +39,14 @@ namespace {
 struct DemoArgs {
   std::string workdir = "out/demo", vocab, preset = "mini";
   int packs_per_step = 16;
-  // The calibration may lower the target to fit the budget: only at the defaults it measured.
-  bool calibrated_target = true;
-  double budget_minutes = 12;  // the two pre-training runs' share of the demo's 15 minutes
+  // At the defaults the calibration chooses the preset, lr and target that fit the budget.
+  bool calibrated = true;
+  double budget_minutes = 15;  // the whole demo's wall time, which the calibration fits
+  double started = 0;          // when the demo started (now_seconds)
   int64_t max_steps = 2000;    // the cap; 0 skips pre-training
   int64_t warmup = 40, eval_every = 100;
-  double lr = 5e-3, target = 0.20;
+  double lr = 0, target = 0.20;
+  std::optional<double> lr_given;  // --lr; unset: the preset's (demo_settings), else 5e-3
   uint64_t seed = 1;
   std::string precision = "auto";  // auto: bf16 where the CPU runs it natively, else fp32
   model::Precision resolved = model::Precision::fp32;
@@ -149,21 +153,9 @@ void train_to_target(const DemoArgs& a, const std::string& seqs, const std::stri
                         : row_sum / static_cast<double>(std::max<int64_t>(run.steps, 1));
 }
 
-// The steps the runs take to each held-out accuracy at the defaults (bert-mini, 16 packs a
-// step, LAMB at 5e-3; docs/BENCHMARKS.md, "make demo"): what the calibration projects with.
-// 0.20 took 900, 900 and 1,000 steps on seeds 1-3; seed 1 (fp32) passed 0.17, 0.18 and 0.19 at
-// 600, 700 and 800; each lower target here allows seed 3's extra 100. The plateau's top is
-// about 0.15.
-struct Reached {
-  double accuracy;
-  int64_t step;
-};
-constexpr Reached kReached[] = {{0.20, 1000}, {0.19, 900}, {0.18, 800}, {0.17, 700}};
-
 // Seconds a step of each run takes: the median of steps 2-5 of a short run of each layout (step 1
 // sets up), evaluation and checkpoint writing left out.
-std::pair<double, double> step_seconds(const DemoArgs& a, const std::string& seqs,
-                                       const std::string& packs) {
+DemoStepTimes step_seconds(const DemoArgs& a, const std::string& seqs, const std::string& packs) {
   double both[2] = {0, 0};
   for (const bool packed : {false, true}) {
     train::PretrainOptions o = run_options(a, seqs, packs, packed);
@@ -191,55 +183,46 @@ std::pair<double, double> step_seconds(const DemoArgs& a, const std::string& seq
   return {both[0], both[1]};
 }
 
-// A short measured calibration: the two runs' step times, and the training time they project to
-// reach the target (kReached). Where that is over the budget and the run is the default one
-// (no --target, --preset, --packs-per-step, --lr or --warmup given), the target comes down to
-// the highest of 0.19, 0.18 and 0.17 (all past the plateau) that fits, or 0.17. Prints what it
-// measured and why it chose.
+// A short measured calibration. At the defaults (no --target, --preset, --packs-per-step, --lr or
+// --warmup given) it chooses the model and target that fit --budget-minutes (choose_demo_setting:
+// a smaller model before a lower target); otherwise it measures the run as given and, where the
+// steps to its target are known, says what they project to. Prints what it measured and why.
 void calibrate(DemoArgs& a, const std::string& seqs, const std::string& packs) {
   const kernels::CpuFeatures& cpu = kernels::cpu_features();
-  const auto [padded, packed] = step_seconds(a, seqs, packs);
-  auto minutes = [&](const Reached& r) {
-    return static_cast<double>(r.step) * (padded + packed) / 60;
-  };
   std::cout << "Calibration (" << cpu.model << ", " << cpu.isa() << "; kernels "
-            << kernels::kernel_isa() << "): a step takes " << fixed(padded, 3) << " s padded, "
-            << fixed(packed, 3) << " s packed";
-  const Reached* chosen =
-      std::find_if(std::begin(kReached), std::end(kReached),
-                   [&](const Reached& r) { return std::abs(r.accuracy - a.target) < 1e-9; });
-  if (chosen == std::end(kReached)) {
-    std::cout << ".\n";
+            << kernels::kernel_isa() << "): ";
+  if (a.calibrated) {
+    const DemoBudget budget{a.budget_minutes, (now_seconds() - a.started) / 60};
+    const DemoChoice c = choose_demo_setting(budget, [&](const DemoSetting& s) {
+      DemoArgs trial = a;
+      trial.preset = s.preset;
+      trial.lr = s.lr;
+      return step_seconds(trial, seqs, packs);
+    });
+    std::cout << c.why << "\n";
+    a.preset = c.setting->preset;
+    a.lr = c.setting->lr;
+    a.target = c.at.accuracy;
     return;
   }
-  std::cout << "; the " << chosen->step << " steps that seeds 1-3 took to " << fixed(a.target, 2)
-            << (a.calibrated_target ? "" : " at the defaults") << " would take both runs ~"
-            << fixed(minutes(*chosen), 1) << " min";
-  if (!a.calibrated_target) {
-    std::cout << ".\n";
-    return;
-  }
-  const std::string budget = general(a.budget_minutes, 3) + "-minute budget";
-  if (minutes(*chosen) <= a.budget_minutes) {
-    std::cout << ", within the " << budget << ".\n";
-    return;
-  }
-  // The highest target that fits, else the lowest.
-  const Reached* fit =
-      std::find_if(std::begin(kReached), std::end(kReached),
-                   [&](const Reached& r) { return minutes(r) <= a.budget_minutes; });
-  if (fit == std::end(kReached)) fit = &std::end(kReached)[-1];
-  std::cout << ", over the " << budget << ": the target is " << fixed(fit->accuracy, 2) << " ("
-            << fit->step << " steps, ~" << fixed(minutes(*fit), 1)
-            << " min), still past the plateau (--target overrides).\n";
-  a.target = fit->accuracy;
+  const DemoStepTimes t = step_seconds(a, seqs, packs);
+  std::cout << "a step takes " << fixed(t.padded, 3) << " s padded, " << fixed(t.packed, 3)
+            << " s packed";
+  const DemoSetting* s = demo_setting(a.preset);
+  const DemoReached* r = s && a.packs_per_step == 16 && a.lr == s->lr ? s->find(a.target) : nullptr;
+  if (r)
+    std::cout << "; the " << with_commas(r->step) << " steps bert-" << a.preset << " took to "
+              << fixed(a.target, 2) << " at the defaults would take both runs ~"
+              << fixed(t.minutes(r->step), 1) << " min";
+  std::cout << ".\n";
 }
 
 void pretrain_comparison(DemoArgs a, const std::string& seqs, const std::string& packs) {
-  std::cout << "\n== 3. Pre-training bert-" << a.preset << ", packed vs padded\n";
+  std::cout << "\n== 3. Pre-training, packed vs padded\n";
   calibrate(a, seqs, packs);
-  std::cout << "Both runs train to " << fixed(a.target, 2) << " held-out MLM accuracy (seed "
-            << a.seed << ", " << model::precision_name(a.resolved)
+  std::cout << "Pre-training bert-" << a.preset << " (LAMB, lr " << general(a.lr, 3)
+            << "), both runs to " << fixed(a.target, 2) << " held-out MLM accuracy (seed " << a.seed
+            << ", " << model::precision_name(a.resolved)
             << (a.precision != "auto"                  ? ""
                 : a.resolved == model::Precision::bf16 ? ", which this CPU runs natively"
                                                        : ": this CPU has no native bf16")
@@ -371,21 +354,25 @@ void register_demo(CLI::App& app) {
   cmd->add_option("--workdir", a->workdir, "Where the demo writes its files")
       ->capture_default_str();
   vocab_option(cmd, a->vocab, "vocab.txt for the demo corpus");
-  cmd->add_option("--preset", a->preset, "Model for the pre-training comparison")
+  cmd->add_option("--preset", a->preset,
+                  "Model for the pre-training comparison (default mini, or tiny where the "
+                  "calibration says this CPU needs it to fit --budget-minutes)")
       ->capture_default_str();
   number(cmd, "--max-steps", a->max_steps,
          "Cap on each pre-training run's optimizer steps (0 = skip pre-training)", 0, kMaxCount);
   number(cmd, "--packs-per-step", a->packs_per_step,
          "Packs per optimizer step (the padded run takes the same packs' sequences)", 1, 1e6);
   number(cmd, "--budget-minutes", a->budget_minutes,
-         "Training time of both runs a short calibration fits the default target into (lowering "
-         "it to 0.19, 0.18 or 0.17 where this CPU is too slow for 0.20)",
+         "Wall time of the whole demo that a short calibration fits the defaults into: bert-mini "
+         "to 0.20, else bert-tiny, and only then a target of 0.19 or 0.18",
          0.1, 1e6);
-  number(cmd, "--lr", a->lr, "Peak learning rate (LAMB)", 1e-12, 10);
+  number(cmd, "--lr", a->lr_given,
+         "Peak learning rate (LAMB; default 5e-3 for bert-mini, 1e-2 for bert-tiny, as measured)",
+         1e-12, 10);
   number(cmd, "--warmup", a->warmup, "Warmup steps", 0, kMaxCount);
   number(cmd, "--target", a->target,
-         "Held-out MLM accuracy each run trains to (default 0.20, or lower where the calibration "
-         "says this CPU needs it to fit --budget-minutes)",
+         "Held-out MLM accuracy each run trains to (default 0.20, or 0.19 or 0.18 where the "
+         "calibration says this CPU needs it to fit --budget-minutes even with bert-tiny)",
          1e-6, 1);
   number(cmd, "--eval-every", a->eval_every, "Steps between held-out evaluations", 1, kMaxCount);
   number(cmd, "--seed", a->seed, "Seed of both runs (initialisation, order, dropout)", 0, kMaxSeed);
@@ -395,8 +382,11 @@ void register_demo(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   cmd->callback([a, cmd] {
+    a->started = now_seconds();
     for (const char* flag : {"--target", "--preset", "--packs-per-step", "--lr", "--warmup"})
-      if (cmd->count(flag) > 0) a->calibrated_target = false;
+      if (cmd->count(flag) > 0) a->calibrated = false;
+    const DemoSetting* s = demo_setting(a->preset);
+    a->lr = a->lr_given ? *a->lr_given : s ? s->lr : 5e-3;
     const std::string why = kernels::bf16_unavailable_reason();
     if (a->precision == "bf16" && !why.empty()) throw InputError(why);
     a->resolved = a->precision == "bf16" || (a->precision == "auto" && why.empty())

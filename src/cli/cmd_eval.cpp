@@ -10,6 +10,7 @@
 #include "cli/table.h"
 #include "error.h"
 #include "train/finetune.h"
+#include "train/model_files.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 

@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "io/paths.h"
+#include "train/model_files.h"
 #include "train/trainer.h"
 
 namespace packbert::cli {

@@ -1,11 +1,14 @@
 #include "train/checkpoint.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "error.h"
+#include "io/atomic_file.h"
 #include "io/paths.h"
-#include "train/trainer.h"
+#include "model/weights.h"
 
 namespace packbert::train {
 
@@ -108,8 +111,7 @@ TrainingState TrainingState::read(const io::SafetensorsFile& f) {
   return from_json(j, f.source());
 }
 
-void TrainingState::check_resumable(const PretrainOptions& now, uint64_t checksum, int64_t rows,
-                                    int ranks, const std::string& where) const {
+void TrainingState::check_resumable(const ResumeRequest& now, const std::string& where) const {
   const LoopOptions& lo = now.loop;
   const std::string at = where + ": ";
   if (!optimizer.empty() && optimizer != optimizer_name(lo.optimizer.kind))
@@ -122,18 +124,18 @@ void TrainingState::check_resumable(const PretrainOptions& now, uint64_t checksu
     throw InputError(at + "its run started from " + (init.empty() ? "no `init`" : init) +
                      "; `resume` continues it, so `init` " + now.init +
                      " would be ignored: drop `init`");
-  if (sequences_checksum != checksum)
+  if (sequences_checksum != now.sequences_checksum)
     throw InputError(at + "was trained on another sequences file than " + now.sequences);
-  if (packed != !now.packs.empty() || one_per_row != now.one_per_row)
+  if (packed != now.packed || one_per_row != now.one_per_row)
     throw InputError(at +
                      "resume needs the same layout (`packs`, `one_per_row`) as the run that "
                      "wrote it");
-  if (rows_per_batch != rows)
+  if (rows_per_batch != now.rows_per_batch)
     throw InputError(at + "its run used " + std::to_string(rows_per_batch) +
                      " rows per micro-batch (processes, or pipeline replicas, x `rows_per_batch`); "
                      "resume needs the "
                      "same, not " +
-                     std::to_string(ranks) + " x " + std::to_string(lo.rows_per_batch));
+                     std::to_string(now.processes) + " x " + std::to_string(lo.rows_per_batch));
   auto same = [&](const std::string& was, const std::string& is, const char* field) {
     if (was != is)
       throw InputError(at + "was trained with `" + field + "` " + was +
@@ -142,14 +144,24 @@ void TrainingState::check_resumable(const PretrainOptions& now, uint64_t checksu
   same(precision, model::precision_name(lo.precision), "precision");
   same(master_weights, masters_name(lo.optimizer.masters), "masters");
   same(loss_scaling, loss_scaling_name(lo.loss_scaling), "loss_scale");
-  if (!(block_sparsity() == now.sparse.sparsity))
+  if (!(block_sparsity() == now.sparsity))
     throw InputError(at + "was trained with " + sparsity_text(block_sparsity()) +
-                     "; resume needs the same, not " + sparsity_text(now.sparse.sparsity));
+                     "; resume needs the same, not " + sparsity_text(now.sparsity));
   if (now.max_steps <= step)
     throw InputError(at + "is already at step " + std::to_string(step) + ", and `max_steps` " +
                      std::to_string(now.max_steps) +
                      " is not past it: nothing to train (give `max_steps` above " +
                      std::to_string(step) + " to train on)");
+}
+
+model::BertConfig checkpoint_config(const io::SafetensorsFile& f) {
+  auto it = f.metadata().find("config");
+  if (it == f.metadata().end()) throw InputError(f.source() + ": no 'config' in the metadata");
+  try {
+    return model::config_from_json(json::parse(it->second), f.source() + " (config)");
+  } catch (const json::exception&) {
+    throw InputError(f.source() + ": metadata 'config' is not valid JSON");
+  }
 }
 
 model::Sparsity sparsity_of(const io::SafetensorsFile& f) {
@@ -164,6 +176,74 @@ std::string sparsity_text(const model::Sparsity& s) {
   std::ostringstream out;
   out << "`block` " << s.block << " `sparsity` " << s.sparsity;
   return out.str();
+}
+
+std::vector<io::TensorToWrite> weight_and_moment_tensors(const model::ParamLayout& layout,
+                                                         const float* weights, const float* m,
+                                                         const float* v) {
+  std::vector<io::TensorToWrite> tensors = model::weight_tensors(layout, weights);
+  auto mt = model::weight_tensors(layout, m, "optimizer.m.");
+  auto vt = model::weight_tensors(layout, v, "optimizer.v.");
+  tensors.insert(tensors.end(), mt.begin(), mt.end());
+  tensors.insert(tensors.end(), vt.begin(), vt.end());
+  return tensors;
+}
+
+void save_stepper_state(Stepper& stepper, json& state) {
+  state["optimizer_steps"] = stepper.optimizer().steps();
+  state["recent_grad_norms"] = stepper.guard().recent;
+  state["accepted_steps"] = stepper.guard().accepted;
+  state["outlier_skips"] = stepper.outlier_skips();
+  state["loss_scale"] = stepper.scaler().scale;
+  state["loss_scale_clean"] = stepper.scaler().clean;
+  state["loss_scale_overflows"] = stepper.scaler().overflows;
+}
+
+void load_stepper_state(Stepper& stepper, const model::ParamLayout& layout,
+                        const io::SafetensorsFile& file, const json& state) {
+  for (const model::TensorSpec& t : layout.tensors()) {  // (this rank's shard of each)
+    const std::vector<int64_t> shape = t.stored_shape();
+    stepper.optimizer().set_moments(t, file.floats("optimizer.m." + t.name, &shape).data(),
+                                    file.floats("optimizer.v." + t.name, &shape).data());
+  }
+  stepper.optimizer().set_steps(state.at("optimizer_steps").get<int64_t>());
+  if (!state.contains("recent_grad_norms")) return;
+  GradNormGuard& guard = stepper.guard();
+  guard.recent = state.at("recent_grad_norms").get<std::vector<double>>();
+  guard.accepted = state.at("accepted_steps").get<int64_t>();
+  stepper.set_outlier_skips(state.at("outlier_skips").get<int64_t>());
+  LossScaler& scaler = stepper.scaler();
+  scaler.scale = state.value("loss_scale", scaler.scale);
+  scaler.clean = state.value("loss_scale_clean", int64_t{0});
+  scaler.overflows = state.value("loss_scale_overflows", int64_t{0});
+  if (guard.recent.size() != static_cast<size_t>(GradNormGuard::kWindow))
+    throw InputError(file.source() + ": recent_grad_norms has " +
+                     std::to_string(guard.recent.size()) + " entries, expected " +
+                     std::to_string(GradNormGuard::kWindow));
+}
+
+// Keeps the metrics records of steps up to `step` (a resumed run writes the later ones again).
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!std::filesystem::exists(path)) return;
+  std::string kept, line;
+  std::ifstream in(path);
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    json r = json::parse(line, nullptr, false);
+    if (r.is_discarded() || !r.contains("step") || !r["step"].is_number_integer()) {
+      if (in.eof()) break;  // a last line cut short by a kill: drop it
+      throw InputError(path + ":" + std::to_string(line_no) + ": not a metrics record");
+    }
+    if (r["step"].get<int64_t>() <= step) kept += line + "\n";
+  }
+  io::write_file_atomic(path, kept);
+}
+
+bool is_run_output(const std::string& name) {
+  if (name == "checkpoint.safetensors" || name == "best.safetensors" || name == "metrics.jsonl")
+    return true;
+  return name.starts_with("checkpoint-") && name.ends_with(".safetensors");
 }
 
 }  // namespace packbert::train

@@ -1,6 +1,7 @@
-// What a pre-training checkpoint holds beside its tensors: the 'packbert' metadata (the format in
-// docs/FORMATS.md), read and written in one place, and the checks that a resume continues the
-// same run. The tensors (weights, moments, sparse patterns) are written by the Trainer.
+// A training run's files: what a checkpoint holds beside its tensors (the 'packbert' metadata, the
+// format in docs/FORMATS.md, read and written in one place), the checks that a resume continues
+// the same run, the weights + moments tensors and the Stepper's counters that pre-training's
+// checkpoints and fine-tuning's resume file share, and metrics.jsonl's cut-back on resume.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +12,23 @@
 #include "io/safetensors.h"
 #include "model/params.h"
 #include "train/loader.h"
+#include "train/loop.h"
 
 namespace packbert::train {
 
-struct PretrainOptions;
+// What a resumed pre-training invocation asks for, compared field by field with the run that
+// wrote the checkpoint.
+struct ResumeRequest {
+  LoopOptions loop;
+  std::string init;       // --init given now ("" for none)
+  std::string sequences;  // the sequences file, for messages
+  uint64_t sequences_checksum = 0;
+  bool packed = false, one_per_row = false;
+  model::Sparsity sparsity;
+  int64_t max_steps = 0;
+  int64_t rows_per_batch = 0;  // rows of a whole step's micro-batch: processes x rows each
+  int processes = 1;
+};
 
 // The divergence guard's state (PretrainOptions::divergence_factor), carried in checkpoints.
 struct DivergenceGuard {
@@ -57,13 +71,32 @@ struct TrainingState {
   // The state of a checkpoint file: InputError when it is not a packbert training checkpoint.
   static TrainingState read(const io::SafetensorsFile& f);
 
-  // Throws InputError naming the first setting in which `now` (with this invocation's sequences
-  // checksum, rows per whole micro-batch and process count) differs from the run that wrote
+  // Throws InputError naming the first setting in which `now` differs from the run that wrote
   // this state, or when there is nothing left to train.
-  void check_resumable(const PretrainOptions& now, uint64_t sequences_checksum,
-                       int64_t rows_per_batch, int processes, const std::string& where) const;
+  void check_resumable(const ResumeRequest& now, const std::string& where) const;
 };
 
+// What a training run's file records beyond its config, shared by pretrain's checkpoints and
+// fine-tuning's resume file: the weights and Adam/LAMB moments as tensors (moments under
+// "optimizer.m." / "optimizer.v."), and the Stepper's counters (the optimizer's step count, the
+// gradient-norm guard's history, the outlier skips, the loss scaler) as JSON fields.
+std::vector<io::TensorToWrite> weight_and_moment_tensors(const model::ParamLayout& layout,
+                                                         const float* weights, const float* m,
+                                                         const float* v);
+void save_stepper_state(Stepper& stepper, nlohmann::json& state);
+// The moments and step count from `file` (this rank's shard of each), then the counters that
+// `state` records (files written before they were are read as they were: no history).
+void load_stepper_state(Stepper& stepper, const model::ParamLayout& layout,
+                        const io::SafetensorsFile& file, const nlohmann::json& state);
+
+// Keeps the metrics.jsonl records of steps up to `step` (a resumed run writes the later ones
+// again); a last line cut short by a kill is dropped, any other bad line refused.
+void truncate_metrics(const std::string& path, int64_t step);
+// The name of a file pretrain writes into its run directory (an input must not be one).
+bool is_run_output(const std::string& name);
+
+// The model config a packbert checkpoint's metadata records (InputError when it has none).
+model::BertConfig checkpoint_config(const io::SafetensorsFile& f);
 // The block sparsity a packbert checkpoint's metadata records (dense for any other file).
 model::Sparsity sparsity_of(const io::SafetensorsFile& f);
 // "dense weights", or "`block` B `sparsity` S" (option fields, for messages).

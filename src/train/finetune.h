@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "model/bert.h"
 #include "train/loop.h"
+#include "train/scores.h"
 
 namespace packbert::train {
 
@@ -74,23 +75,6 @@ struct FinetuneOptions {
     return l;
   }();
 };
-
-// Classification metrics over a dev set: accuracy, Matthews correlation (GLUE's CoLA metric;
-// multi-class as sklearn computes it) and, with two labels, F1 of label 1 (MRPC's and QQP's).
-struct ClassifyScore {
-  double accuracy = 0, mcc = 0;
-  std::optional<double> f1;  // two labels only
-};
-ClassifyScore classify_score(const std::vector<int32_t>& truth, const std::vector<int32_t>& pred,
-                             int num_labels);
-
-// Regression metrics over a dev set (GLUE's STS-B): Pearson's and Spearman's correlation (as
-// scipy's pearsonr and spearmanr, tied values ranked by their mean rank) and the mean squared
-// error. A correlation with a constant side is NaN, as scipy's.
-struct RegressionScore {
-  double pearson = 0, spearman = 0, mse = 0;
-};
-RegressionScore regression_score(const std::vector<double>& truth, const std::vector<double>& pred);
 
 struct FinetuneResult {
   std::vector<double> dev_accuracy;             // classify: after each epoch

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "data/pretraining.h"
-#include "io/memory.h"
 #include "data/sequences.h"
+#include "io/memory.h"
 #include "model/batch.h"
 
 namespace packbert::train {

@@ -132,8 +132,8 @@ class Stepper {
   // oc: the optimizer after any packing adjustment; recompute: resolved (not `auto`). Under
   // 16-bit master weights (o.optimizer.masters) it turns the model's weights into them
   // (BertModel::keep_masters16): load the weights first.
-  Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc,
-          int accumulation, model::Recompute recompute, dist::Comm& comm);
+  Stepper(model::BertModel& m, const LoopOptions& o, const OptimizerConfig& oc, int accumulation,
+          model::Recompute recompute, dist::Comm& comm);
   // A pipeline stage of `grid` (m is grid.stage()'s stage of the model), or one stage with its
   // replicas: the step's micro-batches run on the 1F1B schedule (train/pipeline.h), each replica
   // computing its share of every micro-batch on every stage; the gradients are summed among the
@@ -199,8 +199,8 @@ class Stepper {
   std::unique_ptr<StageLinks> links_;        // to the neighbouring stages, when pipelined
   const model::TensorSpec* tied_ = nullptr;  // the word table, on a first or last stage
   std::vector<model::PackedBatch> shares_;   // a stage's micro-batches in flight
-  model::TokenLayout received_;               // the layout of the micro-batch a stage receives
-  dist::GradientSync sync_;  // all-reduce, ZeRO-1 or nothing
+  model::TokenLayout received_;              // the layout of the micro-batch a stage receives
+  dist::GradientSync sync_;                  // all-reduce, ZeRO-1 or nothing
   std::unique_ptr<Optimizer> opt_;
   GradNormGuard guard_;
   int64_t outlier_skips_ = 0;

@@ -159,8 +159,8 @@ std::pair<double, double> Optimizer::bias_corrections() const {
           1.0 - std::pow(cfg_.beta2, static_cast<double>(t_))};
 }
 
-bool apply_update(Optimizer& optimizer, model::BertModel& m, double lr,
-                  model::Precision precision, float grad_scale) {
+bool apply_update(Optimizer& optimizer, model::BertModel& m, double lr, model::Precision precision,
+                  float grad_scale) {
   const kernels::View copy = m.copy16_for_optimizer(precision);
   const bool finite = optimizer.step(m.masters(), m.grads().data(), lr, copy, {}, grad_scale);
   if (copy) m.weights16_written();

@@ -124,7 +124,7 @@ class Optimizer {
   const model::ParamLayout& layout_;
   OptimizerConfig cfg_;
   size_t begin_, end_;
-  kernels::Buffer m_, v_;  // of [begin_, end_), in the masters' DType (the backend's Device)
+  kernels::Buffer m_, v_;      // of [begin_, end_), in the masters' DType (the backend's Device)
   std::vector<double> norms_;  // LAMB: per tensor, the squared norms of the weights and update
   int64_t t_ = 0;
 };
@@ -134,8 +134,8 @@ class Optimizer {
 // (BertModel::copy16_for_optimizer). Under 16-bit masters the model then widens the tensors it
 // also reads in fp32 (BertModel::keep_masters16). The gradient is the model's times grad_scale
 // (Optimizer::step); returns whether the weights stayed finite.
-bool apply_update(Optimizer& optimizer, model::BertModel& m, double lr,
-                  model::Precision precision, float grad_scale = 1.0f);
+bool apply_update(Optimizer& optimizer, model::BertModel& m, double lr, model::Precision precision,
+                  float grad_scale = 1.0f);
 
 // The global L2 norm of grads (squares summed in double). With `reduce`, grads are one shard of
 // the gradients: the shards' sums of squares are added by it (an all-reduce) first.

@@ -41,8 +41,7 @@ int64_t update_interval(const SparseOptions& o, int64_t total) {
 }
 
 // The block gradient norms of the layer pattern a tensor lives in.
-const std::vector<float>& block_grads_of(const model::BertModel& m,
-                                         const model::SparseTensor& t) {
+const std::vector<float>& block_grads_of(const model::BertModel& m, const model::SparseTensor& t) {
   const model::LayerBlockGrads& g = m.block_grads().at(t.layer);
   const model::LayerPatterns& lp = m.patterns().at(t.layer);
   if (t.pattern == &lp.qkv) return g.qkv;
@@ -86,8 +85,8 @@ std::string schedule_summary(const SparseOptions& o, int64_t total) {
   return s.str();
 }
 
-UpdateStats update_patterns(model::BertModel& m, Optimizer& optimizer,
-                            const SparseOptions& o, int64_t step, int64_t total, uint64_t seed) {
+UpdateStats update_patterns(model::BertModel& m, Optimizer& optimizer, const SparseOptions& o,
+                            int64_t step, int64_t total, uint64_t seed) {
   UpdateStats stats;
   const double pr = prune_fraction(o, step, total);
   std::vector<model::SparseTensor> tensors = m.sparse_tensors();

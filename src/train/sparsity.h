@@ -64,8 +64,8 @@ struct UpdateStats {
 // largest L1 norms of the dense gradient, m.block_grads()), zeroes their values and moments in
 // `optimizer` (its shard), and re-indexes the patterns. Deterministic: every process of a run
 // makes the same update.
-UpdateStats update_patterns(model::BertModel& m, Optimizer& optimizer,
-                            const SparseOptions& o, int64_t step, int64_t total, uint64_t seed);
+UpdateStats update_patterns(model::BertModel& m, Optimizer& optimizer, const SparseOptions& o,
+                            int64_t step, int64_t total, uint64_t seed);
 
 // Training FLOPs per real token of the encoder's linear layers (the paper's non-embedding count,
 // 3 x 2 x in x out x density per weight: forward, input and weight gradients).

@@ -1,0 +1,59 @@
+// Fine-tuning's run files: the resume file (weights, moments, the Stepper's counters, the flags
+// that must match and the place in the epoch) and the best evaluation's weights (--save-best),
+// and the model published to out_dir.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "data/casing.h"
+#include "io/safetensors.h"
+#include "model/bert.h"
+#include "train/finetune.h"
+#include "train/loop.h"
+
+namespace packbert::train {
+
+// Where a fine-tuning run is: optimizer steps done, the epoch and step within it to go on from,
+// its training seconds.
+struct FinetunePlace {
+  int epoch = 0;
+  int64_t step_in_epoch = 0;
+  double elapsed = 0;
+  double train_flops = 0;  // the run's training FLOPs so far (metrics' train_flops)
+};
+
+// What a fine-tuning run's resume file records beside the weights and moments: what must match
+// for a bit-exact continuation (every flag that changes the result), and where the run was.
+nlohmann::json resume_identity(const FinetuneOptions& o);
+// The dev results so far (restored with the run's position on --resume).
+nlohmann::json dev_results(const FinetuneResult& r);
+void restore_dev_results(const nlohmann::json& j, FinetuneTask task, FinetuneResult& r);
+// The state of the run a --resume file holds, checked against this run's `identity` (the data
+// and flags it must share); the file itself in `file`.
+nlohmann::json read_resume_state(const FinetuneOptions& o, const nlohmann::json& identity,
+                                 std::optional<io::SafetensorsFile>& file);
+// Writes the resume file: weights, moments, the optimizer's state and the place to go on from;
+// atomically, rank 0 alone (the moments gathered under ZeRO-1).
+void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper,
+                 const nlohmann::json& identity, const FinetuneResult& res, const FinetunePlace& at,
+                 std::ostream& log);
+// Keeps the model's weights in best_path when the last epoch's dev metric beats every earlier
+// one (a tie keeps the earlier; a NaN, a constant prediction's correlation, beats nothing and is
+// beaten by any number), and records it.
+void keep_if_best(const FinetuneOptions& o, const model::BertModel& m, const FinetuneResult& res,
+                  std::ostream& log);
+// The model to write to out_dir under save_best: the best epoch's weights, in a model of m's
+// shape and heads; m itself otherwise.
+const model::BertModel& published_model(const FinetuneOptions& o, const model::BertModel& m,
+                                        std::unique_ptr<model::BertModel>& best);
+// Rank 0 writes the model to publish (published_model) to out_dir, with the classifier's label
+// names when it has them.
+void write_published(const FinetuneOptions& o, const model::BertModel& m,
+                     const data::Casing& casing, const std::vector<std::string>& names = {});
+
+}  // namespace packbert::train
