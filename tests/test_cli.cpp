@@ -31,7 +31,7 @@ const std::string kWiki = std::string(PACKBERT_SOURCE_DIR) + "/data/wikipedia_51
 TEST_F(Cli, HelpOnEverySubcommandDescribesEveryOption) {
   for (const char* sub :
        {"", "pack", "demo", "check-golden", "tokenize", "prepare", "inspect", "gcide-text",
-        "pretrain", "eval", "export", "finetune", "plan", "convert", "plot"}) {
+        "pretrain", "eval", "predict", "export", "finetune", "plan", "convert", "plot"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
@@ -1336,6 +1336,134 @@ TEST_F(Labels, EveryCommandTakesTheModelAsModel) {
     EXPECT_TRUE(label == "a" || label == "b") << line;
   }
   EXPECT_EQ(n, 24);
+}
+
+// predict on text without labels, as TSV, CSV and JSONL: one line per example, its index and label
+// the very ones `eval --predictions` writes for the same text with labels, then every label's
+// probability (in the model's id order, summing to 1, the predicted label's the largest). A label
+// column in the file is not read: the same output.
+TEST_F(Labels, PredictOnUnlabelledTextEqualsEvalsPredictions) {
+  const std::string cls = classifier();  // labels positive, negative, neutral (not sorted)
+  const fs::path labelled = tsv("d.tsv", {"neutral", "negative", "positive", "neutral"}, 30);
+  const std::string evaluated = (dir_ / "eval.tsv").string();
+  Result r = run("eval --task classify --model " + cls + " --data " + labelled.string() +
+                 " --predictions " + evaluated);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> sentences;
+  {
+    std::istringstream in(slurp(labelled.string()));
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) sentences.push_back(line.substr(line.find('\t') + 1));
+  }
+  std::string t = "sentence\n", csv = "sentence\n", jsonl;
+  for (const std::string& s : sentences) {
+    t += s + "\n";
+    csv += "\"" + s + "\"\n";
+    jsonl += json{{"sentence", s}}.dump() + "\n";
+  }
+  const std::vector<fs::path> inputs = {write("u.tsv", t), write("u.csv", csv),
+                                        write("u.jsonl", jsonl), labelled};
+  std::string first;
+  for (const fs::path& in : inputs) {
+    const std::string out = (dir_ / (in.filename().string() + ".pred.tsv")).string();
+    r = run("predict --model " + cls + " --data " + in.string() + " --out " + out);
+    ASSERT_EQ(r.code, 0) << in << ": " << r.err;
+    EXPECT_NE(r.out.find("predict: 30 examples"), std::string::npos) << r.out;
+    const std::string got = slurp(out);
+    if (first.empty()) first = got;
+    EXPECT_EQ(got, first) << in;
+  }
+  std::istringstream lines(first), expected(slurp(evaluated));
+  std::string line, want;
+  ASSERT_TRUE(std::getline(lines, line));
+  EXPECT_EQ(line, "index\tprediction\tpositive\tnegative\tneutral");
+  ASSERT_TRUE(std::getline(expected, want));
+  const std::vector<std::string> names = {"positive", "negative", "neutral"};
+  int n = 0;
+  for (; std::getline(lines, line); ++n) {
+    ASSERT_TRUE(std::getline(expected, want));
+    std::istringstream cells(line);
+    std::string index, label;
+    std::getline(cells, index, '\t');
+    std::getline(cells, label, '\t');
+    EXPECT_EQ(index + "\t" + label, want);
+    std::vector<double> p(3);
+    for (double& x : p) cells >> x;
+    EXPECT_NEAR(p[0] + p[1] + p[2], 1.0, 2e-6) << line;
+    EXPECT_EQ(names[static_cast<size_t>(std::max_element(p.begin(), p.end()) - p.begin())], label)
+        << line;
+  }
+  EXPECT_EQ(n, 30);
+  EXPECT_FALSE(std::getline(expected, want)) << "eval predicted more examples";
+  // The output never replaces an input; a file without text is refused in one line.
+  r = run("predict --model " + cls + " --data " + inputs[0].string() + " --out " +
+          inputs[0].string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("an output never replaces an input"), std::string::npos) << r.err;
+  r = run("predict --model " + cls + " --data " + write("x.tsv", "words\nsome\n").string() +
+          " --out " + (dir_ / "x.pred").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// predict on SQuAD questions without answers: the answers `eval --predictions` gives for the same
+// questions with answers, with one window per context and with several (--max-seq-len 64
+// --doc-stride 16); for v2.0 (unanswerable questions added) with the null odds of every question
+// beside them; without --version-2-with-negative a file without answers is read as v1.1.
+TEST_F(Labels, PredictOnSquadWithoutAnswersEqualsEvalsPredictions) {
+  const std::string qa = squad_model();
+  json v2 = json::parse(slurp(std::string(PACKBERT_SOURCE_DIR) + "/tests/data/squad_tiny.json"));
+  json& qas = v2["data"][0]["paragraphs"][0]["qas"];
+  const std::string question = qas[0]["question"].get<std::string>();
+  qas.push_back({{"id", "none-1"},
+                 {"question", "who painted the moon"},
+                 {"answers", json::array()},
+                 {"is_impossible", true}});
+  qas.push_back({{"id", "none-2"},
+                 {"question", question + " on mars"},
+                 {"answers", json::array()},
+                 {"is_impossible", true}});
+  json bare = v2;  // the same questions, no answers at all
+  for (json& article : bare["data"])
+    for (json& paragraph : article["paragraphs"])
+      for (json& q : paragraph["qas"]) q.erase("answers"), q.erase("is_impossible");
+  const fs::path answered = write("v2.json", v2.dump()),
+                 unanswered = write("bare.json", bare.dump());
+  for (const std::string windows : {"", " --max-seq-len 64 --doc-stride 16"}) {
+    const std::string e = (dir_ / "eval.json").string(), p = (dir_ / "p/predictions.json").string();
+    fs::create_directories(dir_ / "p");
+    Result r = run("eval --task squad --model " + qa + " --data " + answered.string() +
+                   " --predictions " + e + windows);
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = run("predict --model " + qa + " --data " + unanswered.string() + " --out " + p +
+            " --version-2-with-negative" + windows);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json want = json::parse(slurp(e)), got = json::parse(slurp(p));
+    EXPECT_EQ(got, want) << windows;
+    EXPECT_EQ(got.size(), 8u);
+    const json odds = json::parse(slurp((dir_ / "p/null_odds.json").string()));
+    ASSERT_EQ(odds.size(), 8u);
+    for (const auto& [id, answer] : got.items()) {
+      ASSERT_TRUE(odds.contains(id)) << id;
+      // "" exactly where the null score beats the best span's (threshold 0).
+      EXPECT_EQ(answer.get<std::string>().empty(), odds[id].get<double>() > 0) << id << windows;
+    }
+    // v1.1: the same file read without the flag answers every question, as eval of v1.1 does.
+    fs::remove_all(dir_ / "p");
+    fs::create_directories(dir_ / "p");
+    json v1 = v2;
+    for (json& q : v1["data"][0]["paragraphs"][0]["qas"])
+      if (q.value("is_impossible", false)) q["answers"] = {{{"text", "x"}, {"answer_start", 0}}};
+    for (json& q : v1["data"][0]["paragraphs"][0]["qas"]) q.erase("is_impossible");
+    r = run("eval --task squad --model " + qa + " --data " + write("v1.json", v1.dump()).string() +
+            " --predictions " + e + windows);
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = run("predict --model " + qa + " --data " + unanswered.string() + " --out " + p + windows);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(json::parse(slurp(p)), json::parse(slurp(e))) << windows;
+    EXPECT_FALSE(fs::exists(dir_ / "p/null_odds.json"));
+  }
 }
 
 // #45: a fine-tuned span (SQuAD) model exports as BertForQuestionAnswering, every tensor

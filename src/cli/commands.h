@@ -21,6 +21,8 @@ void register_plot(CLI::App& app);
 void register_pretrain(CLI::App& app, int& exit_code);
 void register_eval(CLI::App& app);
 void register_export(CLI::App& app);
+// predict: a fine-tuned model run on new text (train/predict.h).
+void register_predict(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_check_golden(CLI::App& app, int& exit_code);
 

@@ -34,6 +34,7 @@ int run_command(int argc, char** argv) {
   int exit_code = 0;
   register_pretrain(app, exit_code);
   register_eval(app);
+  register_predict(app);
   register_export(app);
   register_convert(app);
   register_finetune(app, exit_code);

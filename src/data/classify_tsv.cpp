@@ -196,7 +196,8 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
         throw InputError(path + ":1: no column '" + name + "' (" + what + ") in the header");
       return i;
     };
-    r.label = need(given.label.empty() ? "label" : given.label, "`label_column`");
+    if (given.read_labels || !given.label.empty())
+      r.label = need(given.label.empty() ? "label" : given.label, "`label_column`");
     if (given.text.empty()) throw InputError(path + ": `label_column` needs `text_columns` too");
     r.a = need(given.text[0], "`text_columns`");
     if (given.text.size() > 1) r.b = need(given.text[1], "`text_columns`");
@@ -204,7 +205,7 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
   }
   for (const char* l : kLabelColumns)
     if ((r.label = find(l)) >= 0) break;
-  if (r.label < 0)
+  if (r.label < 0 && given.read_labels)
     throw InputError(path +
                      ":1: header needs a label column (label, gold_label, Quality, "
                      "is_duplicate or score), or give `label_column`");
@@ -226,10 +227,11 @@ ColumnRoles column_roles(const std::vector<std::string>& head, const TsvColumns&
     const int c = static_cast<int>(i);
     if (c == r.label || c == r.a || c == r.b || ignorable(head[i])) continue;
     throw InputError(path + ":1: column '" + head[i] + "' is neither the text (" + head[r.a] +
-                     (r.b >= 0 ? ", " + head[r.b] : std::string()) + "), the label (" +
-                     head[r.label] +
-                     ") nor a column known to be ignorable; name the columns "
-                     "with `text_columns` A[,B] and `label_column` L");
+                     (r.b >= 0 ? ", " + head[r.b] : std::string()) + ")" +
+                     (r.label >= 0 ? ", the label (" + head[r.label] + ")" : std::string()) +
+                     " nor a column known to be ignorable; name the columns with "
+                     "`text_columns` A[,B]" +
+                     (given.read_labels ? " and `label_column` L" : ""));
   }
   return r;
 }
@@ -252,19 +254,23 @@ std::vector<ClassifyExample> read_classification_tsv(const std::string& path, co
     if (static_cast<int>(f.size()) <= need)
       throw InputError(path + ":" + std::to_string(line_no) + ": " + std::to_string(f.size()) +
                        " columns, the header has " + std::to_string(head.size()));
-    auto it = labels.find(f[c_label]);
-    if (it == labels.end()) {
-      if (!grow_labels)
-        throw InputError(path + ":" + std::to_string(line_no) + ": label '" + f[c_label] +
-                         "' is not one of the model's labels");
-      it = labels.emplace(f[c_label], static_cast<int32_t>(labels.size())).first;
+    int32_t label = -1;
+    if (columns.read_labels) {
+      auto it = labels.find(f[c_label]);
+      if (it == labels.end()) {
+        if (!grow_labels)
+          throw InputError(path + ":" + std::to_string(line_no) + ": label '" + f[c_label] +
+                           "' is not one of the model's labels");
+        it = labels.emplace(f[c_label], static_cast<int32_t>(labels.size())).first;
+      }
+      label = it->second;
     }
     std::vector<int32_t> a = tok.encode(f[c_a]), b;
     if (c_b >= 0) b = tok.encode(f[c_b]);
     const size_t budget = static_cast<size_t>(max_seq_len) - (c_b >= 0 ? 3 : 2);
     while (a.size() + b.size() > budget) (a.size() > b.size() ? a : b).pop_back();
     ClassifyExample e;
-    e.label = it->second;
+    e.label = label;
     e.tokens.push_back(v.cls());
     e.tokens.insert(e.tokens.end(), a.begin(), a.end());
     e.tokens.push_back(v.sep());

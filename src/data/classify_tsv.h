@@ -20,6 +20,9 @@ struct TsvColumns {
   // run_glue's --task_name (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli): the GLUE task
   // whose metric leads the scores (glue_task). Empty: what the header shows.
   std::string task_name;
+  // false (predict): the label column is not read, and a file need not have one; every example's
+  // label is -1 (no target).
+  bool read_labels = true;
 };
 
 struct ClassifyExample {

@@ -158,7 +158,7 @@ std::vector<std::string> normalized_tokens(const std::string& text) {
 
 }  // namespace
 
-std::vector<SquadExample> read_squad(const std::string& path) {
+std::vector<SquadExample> read_squad(const std::string& path, bool need_answers) {
   io::require_text_input(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open for reading");
@@ -192,6 +192,10 @@ std::vector<SquadExample> read_squad(const std::string& path) {
           if (!qas[q]["is_impossible"].is_boolean())
             throw InputError(wq + ".is_impossible: expected true or false");
           e.impossible = qas[q]["is_impossible"].get<bool>();
+        }
+        if (!need_answers && !qas[q].contains("answers")) {
+          out.push_back(std::move(e));
+          continue;
         }
         const json& answers = field(qas[q], "answers", json::value_t::array, wq);
         if (answers.empty()) e.impossible = true;
@@ -304,7 +308,8 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenize
 std::vector<std::string> squad_predictions(const std::vector<SquadExample>& examples,
                                            const std::vector<SquadFeature>& features,
                                            const std::vector<std::vector<float>>& logits,
-                                           const Tokenizer& tok, const SquadOptions& o) {
+                                           const Tokenizer& tok, const SquadOptions& o,
+                                           std::vector<double>* null_odds) {
   // An example's best span over all its windows, and (apart from it, so that a new best span
   // never resets it) its null score: the lowest [CLS] start + end over the same windows.
   struct Best {
@@ -340,6 +345,11 @@ std::vector<std::string> squad_predictions(const std::vector<SquadExample>& exam
         if (score > b.score) b = {score, static_cast<int64_t>(f), s, t};
       }
     }
+  }
+  if (null_odds) {
+    null_odds->assign(examples.size(), 0);
+    for (size_t i = 0; i < examples.size(); ++i)
+      if (null[i] < 1e300) (*null_odds)[i] = null[i] - (best[i].feature < 0 ? 0 : best[i].score);
   }
   std::vector<std::string> out(examples.size());
   for (size_t i = 0; i < examples.size(); ++i) {

@@ -40,7 +40,9 @@ struct SquadExample {
 // "question", "answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}; a question with no
 // answers, or is_impossible true, is unanswerable). Throws InputError naming the file and the JSON
 // path of the first problem (missing field, wrong type, answer_start outside the context).
-std::vector<SquadExample> read_squad(const std::string& path);
+// Without `need_answers` (predict) a question may have no "answers" field: it has none, and is
+// unanswerable only where is_impossible says so.
+std::vector<SquadExample> read_squad(const std::string& path, bool need_answers = true);
 
 struct SquadOptions {
   int max_seq_len = 384, doc_stride = 128, max_query_length = 64, max_answer_length = 30;
@@ -78,10 +80,13 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenize
 // The best answer text of each example from span logits: logits[f] holds feature f's
 // (start, end) logit pairs, 2 per token of features[f].tokens. Examples without any valid span
 // get "".
+// With `null_odds`, each example's null score minus its best span's (0 where it has none), as
+// Hugging Face's run_qa writes null_odds.json for SQuAD v2.0.
 std::vector<std::string> squad_predictions(const std::vector<SquadExample>& examples,
                                            const std::vector<SquadFeature>& features,
                                            const std::vector<std::vector<float>>& logits,
-                                           const Tokenizer& tok, const SquadOptions& options);
+                                           const Tokenizer& tok, const SquadOptions& options,
+                                           std::vector<double>* null_odds = nullptr);
 
 // The official v1.1 normalisation: lower case, drop ASCII punctuation, drop the articles
 // a/an/the, collapse whitespace.

@@ -34,23 +34,28 @@ std::vector<std::vector<int64_t>> make_rows(const std::vector<int>& lengths, int
 
 std::vector<int32_t> predict(model::BertModel& m, const std::vector<data::ClassifyExample>& ex,
                              const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
-                             int S, model::Precision precision) {
+                             int S, model::Precision precision,
+                             std::vector<std::vector<float>>* logits_out) {
   std::vector<int32_t> pred(ex.size(), -1);
   const int NL = m.config().num_labels;
+  if (logits_out) logits_out->assign(ex.size(), {});
   for_each_batch(
       m, ex, rows, rows_per_batch, S, precision,
       [&](const model::Outputs& out, const std::vector<std::vector<int64_t>>& batch_rows) {
         const float* logits = m.class_logits();  // [sequences in row order, NL]
-        int64_t k = 0, correct = 0;
+        int64_t k = 0, labelled = 0, correct = 0;
         for (const auto& row : batch_rows)
           for (const int64_t id : row) {
             const float* l = logits + k++ * NL;
             const auto p = static_cast<int32_t>(std::max_element(l, l + NL) - l);
             pred[static_cast<size_t>(id)] = p;
-            correct += p == ex[static_cast<size_t>(id)].label;
+            if (logits_out) (*logits_out)[static_cast<size_t>(id)].assign(l, l + NL);
+            const int32_t label = ex[static_cast<size_t>(id)].label;
+            labelled += label >= 0;
+            correct += p == label;
           }
         // (the head's own count, by the same argmax: the rows are read in order)
-        if (k != out.cls_count || correct != out.cls_correct)
+        if (labelled != out.cls_count || correct != out.cls_correct)
           throw std::logic_error("classifier predictions out of order with the batch");
       });
   return pred;
@@ -91,7 +96,8 @@ std::vector<std::string> squad_answers(model::BertModel& m,
                                        const std::vector<data::SquadFeature>& features,
                                        const std::vector<std::vector<int64_t>>& rows,
                                        int rows_per_batch, int S, model::Precision precision,
-                                       const data::Tokenizer& tok, const data::SquadOptions& so) {
+                                       const data::Tokenizer& tok, const data::SquadOptions& so,
+                                       std::vector<double>* null_odds) {
   std::vector<std::vector<float>> logits(features.size());
   for_each_batch(m, features, rows, rows_per_batch, S, precision,
                  [&](const model::Outputs&, const std::vector<std::vector<int64_t>>& batch_rows) {
@@ -104,7 +110,7 @@ std::vector<std::string> squad_answers(model::BertModel& m,
                        ++s;
                      }
                  });
-  return data::squad_predictions(examples, features, logits, tok, so);
+  return data::squad_predictions(examples, features, logits, tok, so, null_odds);
 }
 
 void write_predictions(const std::string& path, const std::vector<data::SquadExample>& examples,

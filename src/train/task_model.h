@@ -95,10 +95,12 @@ void for_each_batch(model::BertModel& m, const std::vector<Seq>& seqs,
   if (show) progress.finish();
 }
 
-// The classifier's prediction (argmax of its logits) for every example, by index.
+// The classifier's prediction (argmax of its logits) for every example, by index; with
+// `logits`, each example's logits too. An example's label -1 (unlabelled) is no target.
 std::vector<int32_t> predict(model::BertModel& m, const std::vector<data::ClassifyExample>& ex,
                              const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
-                             int S, model::Precision precision);
+                             int S, model::Precision precision,
+                             std::vector<std::vector<float>>* logits = nullptr);
 // A regression head's prediction (its one output) for every example, by index.
 std::vector<double> predict_values(model::BertModel& m,
                                    const std::vector<data::ClassifyExample>& ex,
@@ -110,13 +112,15 @@ std::vector<double> targets_of(const std::vector<data::ClassifyExample>& ex);
 ClassifyScore score_classifier(model::BertModel& m, const std::vector<data::ClassifyExample>& ex,
                                const std::vector<std::vector<int64_t>>& rows, int rows_per_batch,
                                int S, model::Precision precision);
-// Each SQuAD example's predicted answer: span logits of every window, then n-best decoding.
+// Each SQuAD example's predicted answer: span logits of every window, then n-best decoding
+// (with `null_odds`, data::squad_predictions' null odds too).
 std::vector<std::string> squad_answers(model::BertModel& m,
                                        const std::vector<data::SquadExample>& examples,
                                        const std::vector<data::SquadFeature>& features,
                                        const std::vector<std::vector<int64_t>>& rows,
                                        int rows_per_batch, int S, model::Precision precision,
-                                       const data::Tokenizer& tok, const data::SquadOptions& so);
+                                       const data::Tokenizer& tok, const data::SquadOptions& so,
+                                       std::vector<double>* null_odds = nullptr);
 // {question id: answer} as the official evaluation script reads it, written atomically.
 void write_predictions(const std::string& path, const std::vector<data::SquadExample>& examples,
                        const std::vector<std::string>& predictions);
