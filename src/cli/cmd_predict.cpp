@@ -77,7 +77,8 @@ void register_predict(CLI::App& app) {
   cmd->add_option("--out", p->out,
                   "classify: TSV of index, prediction and one probability column per label "
                   "(default predictions.tsv); squad: {question id: answer} (default "
-                  "predictions.json), for v2.0 with null_odds.json beside it");
+                  "predictions.json), for v2.0 with the null odds beside it (...predictions.json: "
+                  "...null_odds.json, as run_qa names them; another name: NAME.null_odds.json)");
   number(cmd, "--batch-rows", p->rows, "Rows per forward pass", 1, 1e6);
   model_vocab_option(cmd, p->vocab, "vocab.txt for tokenising");
   casing_flags(cmd, p->lower_case);
