@@ -1338,6 +1338,38 @@ TEST_F(Labels, EveryCommandTakesTheModelAsModel) {
   EXPECT_EQ(n, 24);
 }
 
+// A Hugging Face directory of another architecture is refused by its model_type, in one line, by
+// every command that reads a model, not by the first BERT tensor its weights lack.
+TEST_F(Labels, AnotherModelTypeIsRefusedByName) {
+  const std::string hf = (dir_ / "hf").string();
+  ASSERT_EQ(run("export --checkpoint " + pretrained() + " --out " + hf).code, 0);
+  const fs::path data = tsv("d.tsv", {"a", "b"});
+  const std::string seqs = prepared_corpus("c", 20, 4);
+  ASSERT_EQ(json::parse(slurp(hf + "/config.json"))["model_type"], "bert");
+  for (const char* type : {"roberta", "distilbert"}) {
+    json config = json::parse(slurp(hf + "/config.json"));
+    config["model_type"] = type;
+    std::ofstream(hf + "/config.json") << config.dump(2);
+    for (const std::string& cmd :
+         {"eval --model " + hf + " --data " + seqs,
+          "export --model " + hf + " --out " + (dir_ / "x").string(),
+          "finetune --init " + hf + " --train " + data.string() + " --dev " + data.string() +
+              " --out " + (dir_ / "ft").string(),
+          "predict --model " + hf + " --data " + data.string() + " --out " +
+              (dir_ / "p.tsv").string()}) {
+      const Result r = run(cmd);
+      EXPECT_EQ(r.code, 2) << cmd;
+      EXPECT_NE(r.err.find("model_type \"" + std::string(type) + "\" is not BERT"),
+                std::string::npos)
+          << cmd << ": " << r.err;
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << cmd << ": " << r.err;
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "x"));
+    EXPECT_FALSE(fs::exists(dir_ / "ft"));
+    EXPECT_FALSE(fs::exists(dir_ / "p.tsv"));
+  }
+}
+
 // predict on text without labels, as TSV, CSV and JSONL: one line per example, its index and label
 // the very ones `eval --predictions` writes for the same text with labels, then every label's
 // probability (in the model's id order, summing to 1, the predicted label's the largest). A label

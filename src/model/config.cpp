@@ -97,6 +97,12 @@ BertConfig config_from_file(const std::string& path) {
 
 BertConfig config_from_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) throw InputError(source + ": config is not a JSON object");
+  // Another architecture's config (RoBERTa, DistilBERT, ELECTRA, ...) is refused by its name here,
+  // not later by the first BERT tensor its weights lack.
+  if (j.contains("model_type") &&
+      (!j["model_type"].is_string() || j["model_type"].get<std::string>() != "bert"))
+    throw InputError(source + ": model_type " + j["model_type"].dump() +
+                     " is not BERT; packbert reads BERT models (model_type \"bert\")");
   BertConfig c;
   auto get_int = [&](const char* key, int& field) {
     if (!j.contains(key)) return;
