@@ -50,24 +50,14 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   const data::Casing casing = data::decide_casing(o.lower_case, o.model, vocab, o.vocab);
   data::Tokenizer tok(vocab, casing.lower_case);
   TaskEvalResult r;
-  model::Heads heads;
-  heads.pretraining = false;
-  // A loaded model on the chosen backend, checked against the vocabulary, and the casing said
-  // once the inputs are known good.
-  auto prepare = [&](model::BertModel& m) {
-    m.set_backend(o.backend);
-    warn_non_finite(m, o.model, o.say);
-    check_model(m, vocab, o.model, o.vocab, o.max_seq_len);
-    say_casing(casing, "eval", o.say);
-  };
+  const TaskModelReader reader{o.model,   vocab,  o.vocab, o.max_seq_len,
+                               o.backend, casing, "eval",  o.say};
   if (o.task == FinetuneTask::squad) {
     data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
     std::vector<data::SquadExample> ex = data::read_squad(o.data);
     so.v2 = data::squad_has_unanswerable(ex);
     data::SquadFeatures f = data::squad_features(ex, tok, so, false);
-    heads.span = true;
-    auto m = load_model(o.model, heads);
-    prepare(*m);
+    auto m = reader.load({.pretraining = false, .span = true});
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
     std::vector<std::string> pred = squad_answers(*m, ex, f.features, rows, o.rows_per_batch,
                                                   o.max_seq_len, o.precision, tok, so);
@@ -77,7 +67,6 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     if (!o.predictions.empty()) write_predictions(o.predictions, ex, pred);
     return r;
   }
-  heads.classifier = true;
   r.glue_task = data::glue_task(o.data, o.columns);
   const ModelLabels named = model_labels(o.model);
   if (named.regression()) {  // a regression head: the labels are its targets
@@ -86,8 +75,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
     std::vector<data::ClassifyExample> ex =
         data::read_classification_tsv(o.data, tok, o.max_seq_len, seen, true, o.columns);
     data::set_targets(ex, seen, o.data);
-    auto m = load_model(o.model, heads);
-    prepare(*m);
+    auto m = reader.load({.pretraining = false, .classifier = true});
     const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
     const std::vector<double> pred =
         predict_values(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
@@ -101,12 +89,7 @@ TaskEvalResult evaluate_task(const TaskEvalOptions& o) {
   std::map<std::string, int32_t> labels = labels_of_model(o.model, named, labels_path);
   std::vector<data::ClassifyExample> ex =
       data::read_classification_tsv(o.data, tok, o.max_seq_len, labels, false, o.columns);
-  auto m = load_model(o.model, heads);
-  if (m->config().num_labels != static_cast<int>(labels.size()))
-    throw InputError(labels_path + ": " + std::to_string(labels.size()) +
-                     " labels, the model's classifier has " +
-                     std::to_string(m->config().num_labels));
-  prepare(*m);
+  auto m = reader.load({.pretraining = false, .classifier = true}, labels.size(), labels_path);
   const auto rows = make_rows(lengths_of(ex), o.max_seq_len, true, 1);
   const std::vector<int32_t> pred =
       predict(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);

@@ -70,22 +70,14 @@ PredictResult predict_file(const PredictOptions& o) {
   const data::Casing casing = data::decide_casing(o.lower_case, o.model, vocab, o.vocab);
   data::Tokenizer tok(vocab, casing.lower_case);
   PredictResult r;
-  model::Heads heads;
-  heads.pretraining = false;
-  auto prepare = [&](model::BertModel& m) {
-    m.set_backend(o.backend);
-    warn_non_finite(m, o.model, o.say);
-    check_model(m, vocab, o.model, o.vocab, o.max_seq_len);
-    say_casing(casing, "predict", o.say);
-  };
+  const TaskModelReader reader{o.model,   vocab,  o.vocab,   o.max_seq_len,
+                               o.backend, casing, "predict", o.say};
   if (squad) {
     data::SquadOptions so = squad_options(o.squad, o.max_seq_len);
     std::vector<data::SquadExample> ex = data::read_squad(o.data, false);
     so.v2 = o.v2.value_or(data::squad_has_unanswerable(ex));
     data::SquadFeatures f = data::squad_features(ex, tok, so, false);
-    heads.span = true;
-    auto m = load_model(o.model, heads);
-    prepare(*m);
+    auto m = reader.load({.pretraining = false, .span = true});
     const auto rows = make_rows(lengths_of(f.features), o.max_seq_len, true, 1);
     std::vector<double> null_odds;
     const std::vector<std::string> pred =
@@ -104,7 +96,6 @@ PredictResult predict_file(const PredictOptions& o) {
     r.sequences = static_cast<int64_t>(f.features.size());
     return r;
   }
-  heads.classifier = true;
   data::TsvColumns columns = o.columns;
   columns.read_labels = false;
   std::map<std::string, int32_t> none;
@@ -116,8 +107,7 @@ PredictResult predict_file(const PredictOptions& o) {
   if (named.regression()) {  // one output: each example's value (no targets: 0, unused)
     r.regression = true;
     for (data::ClassifyExample& e : ex) e.target = 0.0f;
-    auto m = load_model(o.model, heads);
-    prepare(*m);
+    auto m = reader.load({.pretraining = false, .classifier = true});
     const std::vector<double> pred =
         predict_values(*m, ex, rows, o.rows_per_batch, o.max_seq_len, o.precision);
     std::string out = "index\tprediction\n";  // (3 decimals, as run_glue writes them)
@@ -129,12 +119,7 @@ PredictResult predict_file(const PredictOptions& o) {
   }
   std::string labels_path;
   const std::map<std::string, int32_t> labels = labels_of_model(o.model, named, labels_path);
-  auto m = load_model(o.model, heads);
-  if (m->config().num_labels != static_cast<int>(labels.size()))
-    throw InputError(labels_path + ": " + std::to_string(labels.size()) +
-                     " labels, the model's classifier has " +
-                     std::to_string(m->config().num_labels));
-  prepare(*m);
+  auto m = reader.load({.pretraining = false, .classifier = true}, labels.size(), labels_path);
   std::vector<std::string> names(labels.size());
   for (const auto& [name, id] : labels) names[static_cast<size_t>(id)] = name;
   std::vector<std::vector<float>> logits;

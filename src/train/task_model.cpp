@@ -148,6 +148,21 @@ void check_model(const model::BertModel& m, const data::Vocab& vocab, const std:
                      " exceeds the model's max_position_embeddings");
 }
 
+std::unique_ptr<model::BertModel> TaskModelReader::load(model::Heads heads, size_t labels,
+                                                        const std::string& labels_path) const {
+  heads.pretraining = false;
+  auto m = load_model(model, heads);
+  if (!labels_path.empty() && m->config().num_labels != static_cast<int>(labels))
+    throw InputError(labels_path + ": " + std::to_string(labels) +
+                     " labels, the model's classifier has " +
+                     std::to_string(m->config().num_labels));
+  m->set_backend(backend);
+  warn_non_finite(*m, model, say);
+  check_model(*m, vocab, model, vocab_path, max_seq_len);
+  say_casing(casing, command, say);
+  return m;
+}
+
 data::SquadOptions squad_options(data::SquadOptions so, int max_seq_len) {
   so.max_seq_len = max_seq_len;
   if (so.doc_stride < 1 || so.max_query_length < 1 || so.max_answer_length < 1)

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "data/casing.h"
 #include "dist/comm.h"
+#include "kernels/ops.h"
 #include "model/bert.h"
 #include "stopwatch.h"
 #include "train/finetune.h"
@@ -136,6 +138,23 @@ void warn_non_finite(const model::BertModel& m, const std::string& path, const S
 // max_position_embeddings.
 void check_model(const model::BertModel& m, const data::Vocab& vocab, const std::string& model_path,
                  const std::string& vocab_path, int max_seq_len);
+// How `eval --task` and `predict` load a fine-tuned model: with `heads` (never the pre-training
+// head) on `backend`; with `labels_path`, its classifier must have `labels` outputs (InputError
+// naming the file otherwise); then warned about non-finite weights, checked against the
+// vocabulary and max_seq_len, and the casing said once the inputs are known good.
+struct TaskModelReader {
+  const std::string& model;
+  const data::Vocab& vocab;
+  const std::string& vocab_path;
+  int max_seq_len;
+  kernels::BackendKind backend;
+  const data::Casing& casing;
+  const char* command;  // who says the casing: "eval", "predict"
+  const Say& say;
+  std::unique_ptr<model::BertModel> load(model::Heads heads, size_t labels = 0,
+                                         const std::string& labels_path = "") const;
+};
+
 // The SQuAD options with max_seq_len set; InputError when a limit is not positive.
 data::SquadOptions squad_options(data::SquadOptions so, int max_seq_len);
 
