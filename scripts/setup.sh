@@ -11,6 +11,7 @@ packages=(
   zlib1g-dev dict-gcide                  # the demo corpus (dictzip data read through zlib)
   openmpi-bin libopenmpi-dev             # data parallelism: mpirun -np N packbert pretrain ...
   help2man                               # the man page, from packbert --help
+  nodejs                                 # tests/tools/: the independent readers of what packbert writes
 )
 
 if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi

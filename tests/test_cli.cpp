@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "cli/demo_plan.h"
 #include "cli_runner.h"
@@ -1193,7 +1195,14 @@ TEST_F(Suggest, UnknownNamesGetASuggestion) {
            {"pretrain --fp16", "packbert's is --precision fp16"},
            {"pretrain --stpes 10", "did you mean '--steps'?"},
            {"pretrain --num_train_epochs 3", "unknown flag '--num_train_epochs' for pretrain"},
-           {"prepare x --out y --max_seq_length 64", "packbert's is --max-seq-len"}}) {
+           {"prepare x --out y --max_seq_length 64", "packbert's is --max-seq-len"},
+           {"finetune --save_total_limit 2", "packbert's is --keep-checkpoints"},
+           {"finetune --max_steps 100", "packbert's is --steps"},
+           {"finetune --warmup_ratio 0.1", "did you mean '--warmup-ratio'?"},
+           {"finetune --report_to tensorboard", "did you mean '--report-to'?"},
+           {"finetune --eval_strategy steps", "packbert's is --eval-steps N"},
+           {"finetune --logging_dir runs", "packbert's is --report-to tensorboard"},
+           {"pretrain --eval_steps 100", "packbert's is --eval-every"}}) {
     Result r = run(args);
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_NE(r.err.find(says), std::string::npos) << args << ": " << r.err;
@@ -1670,6 +1679,225 @@ TEST_F(Labels, SquadV2TrainsAndScoresUnanswerableQuestions) {
   EXPECT_EQ(row.substr(0, row.find('\n')).substr(row.find_last_of(' ', row.find('\n')) + 1),
             "100.00")
       << e.out;
+}
+
+// What a Trainer user reaches for: --steps, --warmup-ratio, --eval-steps, early stopping,
+// checkpoint-STEP/ directories, TensorBoard. The readers of the files written are Node.js
+// scripts under tests/tools/ that share no code with packbert (an event reader that checks the
+// CRCs, a reader of the transformers layout).
+class TrainerHabits : public Labels {
+ protected:
+  void SetUp() override {
+    Labels::SetUp();
+    if (std::system("command -v node >/dev/null 2>&1") != 0)
+      GTEST_SKIP() << "Node.js is not installed (scripts/setup.sh installs it): the independent "
+                      "readers in tests/tools/ need it";
+  }
+  // The output lines of `node tests/tools/<script> <arg>`, as JSON; exit status in `code`.
+  std::vector<json> node(const std::string& script, const std::string& arg, int* code = nullptr) {
+    const std::string cmd = "node " + std::string(PACKBERT_SOURCE_DIR) + "/tests/tools/" + script +
+                            " " + arg + " >" + (dir_ / "node.out").string() + " 2>" +
+                            (dir_ / "node.err").string();
+    const int status = std::system(cmd.c_str());
+    const Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir_ / "node.out"),
+                   slurp(dir_ / "node.err")};
+    if (code) *code = r.code;
+    EXPECT_TRUE(code || r.code == 0) << r.err;
+    std::vector<json> out;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+    return out;
+  }
+  static std::vector<json> records(const std::string& metrics) {
+    std::vector<json> out;
+    std::istringstream in(slurp(metrics));
+    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+    return out;
+  }
+  // Every number of every metrics.jsonl record is in the event files with its step.
+  void expect_every_scalar(const std::string& run_dir) {
+    std::set<std::tuple<std::string, int64_t, float>> events;
+    for (const json& e : node("read_tfevents.js", run_dir + "/runs"))
+      if (e.contains("tag"))
+        events.insert({e["tag"], e["step"].get<int64_t>(), e["value"].get<float>()});
+    size_t checked = 0;
+    for (const json& r : records(run_dir + "/metrics.jsonl")) {
+      const std::string type = r.value("type", std::string("step"));
+      for (const auto& [key, value] : r.items()) {
+        if (key == "step" || !value.is_number()) continue;
+        ++checked;
+        const std::string tag = (type == "step" ? std::string("train") : type) + "/" + key;
+        EXPECT_TRUE(events.count({tag, r["step"].get<int64_t>(), value.get<float>()}))
+            << tag << " at step " << r["step"] << " = " << value;
+      }
+    }
+    EXPECT_GT(checked, 50u);
+    std::cout << "  " << checked << " scalars of metrics.jsonl found in " << run_dir << "/runs\n";
+  }
+};
+
+TEST_F(TrainerHabits, TensorBoardEventsHoldEveryScalarOfMetricsJsonlWithItsStep) {
+  const std::string init = pretrained();
+  const fs::path data = tsv("d.tsv", {"a", "b"}, 32);
+  const std::string ft = (dir_ / "ft").string();
+  Result r = run("finetune --model " + init + " --train " + data.string() + " --dev " +
+                 data.string() + " --out " + ft + " --steps 6 --eval-steps 2 --batch-rows 4 " +
+                 "--no-pack --report-to jsonl,tensorboard");
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_every_scalar(ft);
+  // Pre-training too, resumed: the second file tells TensorBoard to drop what the first wrote
+  // after the checkpoint (a SessionLog START), and the records from there are written again.
+  const std::string seqs = prepared_corpus("p", 20, 4), pt = (dir_ / "pt").string();
+  const std::string flags = " --preset tiny --batch-rows 4 --eval-every 2 --report-to tensorboard";
+  ASSERT_EQ(run("pretrain --data " + seqs + " --out " + pt + " --steps 4" + flags).code, 0);
+  r = run("pretrain --data " + seqs + " --out " + pt + " --steps 6 --resume" + flags);
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_every_scalar(pt);
+  int starts = 0;
+  for (const json& e : node("read_tfevents.js", pt + "/runs"))
+    if (e.contains("session_log")) {
+      EXPECT_EQ(e["step"], 5);
+      EXPECT_EQ(e["session_log"], 1);
+      ++starts;
+    }
+  EXPECT_EQ(starts, 1);
+  const json state = json::parse(slurp(pt + "/trainer_state.json"));
+  EXPECT_EQ(state["global_step"], 6);
+  EXPECT_EQ(state["max_steps"], 6);
+  EXPECT_FALSE(state["log_history"].empty());
+  EXPECT_EQ(state["log_history"].back()["step"], 6);
+  EXPECT_TRUE(state["log_history"].back().contains("eval_loss")) << state["log_history"].back();
+  EXPECT_TRUE(state["best_metric"].is_number());
+  // An unknown reporter is refused in one line.
+  r = run("pretrain --data " + seqs + " --out " + pt + " --steps 6 --report-to wandb");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("wandb"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainerHabits, StepsWarmupRatioAndEvalStepsSetTheSchedule) {
+  const std::string init = pretrained();
+  // 24 examples one per row, 8 rows a step: 3 steps an epoch, so 7 steps are 2 epochs and a third.
+  const fs::path data = tsv("d.tsv", {"a", "b"}, 24);
+  auto finetune = [&](const std::string& name, const std::string& flags) {
+    const std::string out = (dir_ / name).string();
+    Result r =
+        run("finetune --model " + init + " --train " + data.string() + " --dev " + data.string() +
+            " --out " + out + " --batch-rows 8 --no-pack --steps 7 " + flags);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return records(out + "/metrics.jsonl");
+  };
+  const std::vector<json> by_ratio = finetune("ratio", "--warmup-ratio 0.3 --eval-steps 3");
+  const std::vector<json> by_steps = finetune("steps", "--warmup 3 --eval-steps 3");  // ceil(2.1)
+  std::vector<int64_t> steps, evals;
+  std::vector<double> lr_ratio, lr_steps;
+  for (const json& j : by_ratio) {
+    if (j["type"] == "step") steps.push_back(j["step"]), lr_ratio.push_back(j["lr"]);
+    if (j["type"] == "eval") evals.push_back(j["step"]);
+  }
+  for (const json& j : by_steps)
+    if (j["type"] == "step") lr_steps.push_back(j["lr"]);
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(evals, (std::vector<int64_t>{3, 6, 7}));  // every 3 and after the last
+  EXPECT_EQ(lr_ratio, lr_steps);
+  EXPECT_LT(lr_ratio[0], lr_ratio[2]);  // warming up over 3 steps
+  EXPECT_GT(lr_ratio[2], lr_ratio[6]);  // then decaying
+  for (const json& j : by_ratio)
+    if (j["type"] == "step" && j["step"] == 7) {
+      EXPECT_EQ(j["epoch"], 3);  // the third, cut short
+    }
+  // Contradicting or incomplete flags: one line, exit 2.
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--warmup 3 --warmup-ratio 0.3", "--warmup and --warmup-ratio contradict"},
+           {"--early-stopping-patience 2", "--save-best METRIC"},
+           {"--warmup-ratio 1.5", "--warmup-ratio"}}) {
+    Result r = run("finetune --model " + init + " --train " + data.string() + " --dev " +
+                   data.string() + " --out " + (dir_ / "bad").string() + " " + flags);
+    EXPECT_EQ(r.code, 2) << flags;
+    EXPECT_NE(r.err.find(says), std::string::npos) << flags << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(dir_ / "bad"));
+  }
+}
+
+// A dev set that gets worse as the training rule is learnt (each dev label one off the rule):
+// patience 2 stops two evaluations after the best, and the best's model is written; the
+// checkpoint directories load with an independent reader of the transformers layout.
+TEST_F(TrainerHabits, EarlyStoppingStopsWhereDevStopsImprovingAndCheckpointsLoad) {
+  const std::string cls = classifier();
+  std::string dev = "label\tsentence\n";
+  const char* names[] = {"negative", "neutral", "positive"};
+  for (int i = 0; i < 30; ++i)
+    dev += std::string(names[(i + 1) % 3]) + "\tthe " + names[i % 3] + " king of the city number " +
+           std::to_string(i) + "\n";
+  const fs::path dev_path = write("dev_mixed.tsv", dev);
+  const fs::path train = tsv("train_best.tsv", {"negative", "neutral", "positive"}, 48);
+  const std::string out = (dir_ / "early").string();
+  Result r = run("finetune --model " + cls + " --train " + train.string() + " --dev " +
+                 dev_path.string() + " --out " + out + " --epochs 10 --seed 5 --lr 2e-2 " +
+                 "--save-best accuracy --early-stopping-patience 2 --keep-checkpoints 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<double> acc;
+  std::vector<int64_t> at;
+  int64_t last_step = 0;
+  for (const json& j : records(out + "/metrics.jsonl")) {
+    if (j["type"] == "eval") acc.push_back(j["dev_acc"]), at.push_back(j["step"]);
+    if (j["type"] == "step") last_step = j["step"];
+  }
+  // Hugging Face's rule, applied to the logged accuracies: where must the run stop?
+  size_t stop_at = acc.size(), best = 0;
+  int waited = 0;
+  for (size_t e = 1; e < acc.size() && stop_at == acc.size(); ++e) {
+    waited = acc[e] > acc[best] ? 0 : waited + 1;
+    if (acc[e] > acc[best]) best = e;
+    if (waited >= 2) stop_at = e;
+  }
+  std::cout << "  dev accuracy by epoch:";
+  for (double a : acc) std::cout << " " << a;
+  std::cout << "\n";
+  ASSERT_LT(stop_at, 9u) << "the dev accuracy kept improving: the data no longer tests stopping";
+  EXPECT_EQ(acc.size(), stop_at + 1);  // no evaluation after the stop
+  EXPECT_EQ(last_step, at.back());     // nor a step
+  EXPECT_NE(r.err.find("finetune: early stopping at step " + std::to_string(at.back())),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("the model of step " + std::to_string(at[best]) + " is the one written"),
+            std::string::npos)
+      << r.err;
+  Result ev = run("eval --task classify --model " + out + " --data " + dev_path.string());
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  EXPECT_NE(ev.out.find(fixed(acc[best], 4)), std::string::npos) << ev.out;
+
+  // checkpoint-STEP/: the latest and the best's, each a transformers directory with its state.
+  const std::string best_dir = out + "/checkpoint-" + std::to_string(at[best]);
+  const std::string last_dir = out + "/checkpoint-" + std::to_string(at.back());
+  int dirs = 0;
+  for (const auto& entry : fs::directory_iterator(out))
+    dirs += entry.path().filename().string().starts_with("checkpoint-");
+  EXPECT_EQ(dirs, best_dir == last_dir ? 1 : 2);
+  for (const std::string& d : {best_dir, last_dir}) {
+    const std::vector<json> read = node("read_hf_dir.js", d);
+    ASSERT_EQ(read.size(), 1u) << d;
+    EXPECT_EQ(read[0]["architecture"], "BertForSequenceClassification");
+    EXPECT_EQ(read[0]["labels"], 3);
+    EXPECT_EQ(read[0]["id2label"], json({{"0", "positive"}, {"1", "negative"}, {"2", "neutral"}}));
+    const json state = json::parse(slurp(d + "/trainer_state.json"));
+    EXPECT_EQ(state["global_step"], std::stoll(d.substr(d.rfind('-') + 1)));
+    EXPECT_TRUE(state["epoch"].is_number());
+    EXPECT_EQ(state["best_metric"].get<double>(), acc[best]);
+    EXPECT_EQ(state["best_global_step"], at[best]);
+    EXPECT_EQ(state["best_model_checkpoint"], best_dir);
+    int eval_entries = 0;
+    for (const json& e : state["log_history"]) eval_entries += e.contains("eval_accuracy");
+    EXPECT_EQ(eval_entries,
+              static_cast<int>(state["global_step"] == at.back() ? acc.size() : best + 1));
+  }
+  // The best checkpoint's weights are the written model's, bit for bit.
+  const io::SafetensorsFile written = io::SafetensorsFile::read(out + "/model.safetensors");
+  const io::SafetensorsFile kept = io::SafetensorsFile::read(best_dir + "/model.safetensors");
+  for (const char* name : {"classifier.weight", "bert.encoder.layer.1.output.dense.weight"})
+    EXPECT_EQ(written.floats(name), kept.floats(name)) << name;
+  EXPECT_FALSE(fs::exists(out + ".checkpoints"));
+  EXPECT_FALSE(fs::exists(out + ".resume.safetensors"));
 }
 
 }  // namespace

@@ -659,7 +659,12 @@ TEST_F(Reliability, KeepsTheLastCheckpointsByStepAndResumesFromTheLatest) {
   for (const auto& e : fs::directory_iterator(dir_ / "run")) files.insert(e.path().filename());
   EXPECT_EQ(files, (std::set<std::string>{"checkpoint.safetensors", "checkpoint-4.safetensors",
                                           "checkpoint-8.safetensors", "best.safetensors",
-                                          "metrics.jsonl"}));
+                                          "metrics.jsonl", "trainer_state.json"}));
+  // trainer_state.json speaks for the latest checkpoint.
+  const json state = json::parse(slurp(dir_ / "run" / "trainer_state.json"));
+  EXPECT_EQ(
+      state["global_step"],
+      json::parse(io::SafetensorsFile::read(checkpoint("run")).metadata().at("packbert"))["step"]);
   EXPECT_EQ(
       json::parse(io::SafetensorsFile::read((dir_ / "run" / "checkpoint-8.safetensors").string())
                       .metadata()
@@ -668,8 +673,9 @@ TEST_F(Reliability, KeepsTheLastCheckpointsByStepAndResumesFromTheLatest) {
   ASSERT_EQ(run(train_args("run", "--steps 2 --overwrite")).code, 0);
   files.clear();
   for (const auto& e : fs::directory_iterator(dir_ / "run")) files.insert(e.path().filename());
-  EXPECT_EQ(files,
-            (std::set<std::string>{"checkpoint.safetensors", "best.safetensors", "metrics.jsonl"}));
+  EXPECT_EQ(files, (std::set<std::string>{"checkpoint.safetensors", "best.safetensors",
+                                          "metrics.jsonl", "trainer_state.json"}));
+  EXPECT_EQ(json::parse(slurp(dir_ / "run" / "trainer_state.json"))["global_step"], 2);
 }
 
 // Round 3, 4. A safetensors file whose header length begins with 0x80 (a pickle's first byte) or

@@ -157,7 +157,8 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          "Steps between checkpoints (0 = at the end)", 0, kMaxCount);
   number(cmd, "--keep-checkpoints", o->keep_checkpoints,
          "Checkpoints kept in --out: checkpoint.safetensors (the latest) and the ones before it "
-         "as checkpoint-STEP.safetensors; best.safetensors (lowest held-out loss) is kept too",
+         "as checkpoint-STEP.safetensors; best.safetensors (lowest held-out loss) is kept too; "
+         "trainer_state.json beside them is Hugging Face's for the latest",
          1, 1000);
   number(cmd, "--divergence-factor", o->divergence_factor,
          "Stop with exit 2, writing nothing, when the held-out MLM loss exceeds this multiple of "
@@ -193,6 +194,7 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          "Without a terminal, a progress line every this many steps (on one, a line rewritten "
          "in place)",
          1, 1e9);
+  report_to_flag(cmd, o->report);
   cmd->add_flag("--compute-padding", o->compute_padding,
                 "Padded baseline only: compute the padding slots as frameworks do (same results, "
                 "framework cost)");
@@ -205,6 +207,7 @@ void register_pretrain(CLI::App& app, int& exit_code) {
     opt.carry_optimizer = *carry == "carry";
     opt.preset_given = cmd->get_option("--preset")->count() > 0;
     loop.finish(opt.loop);
+    opt.logging_steps = *logging;
     exit_code = run_pretrain(opt, *resume, *logging);
   });
 }

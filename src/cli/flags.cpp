@@ -142,6 +142,24 @@ void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case) {
       "--uncased", [set] { set(true); }, "Lowercase and strip accents");
 }
 
+void report_to_flag(CLI::App* cmd, train::ReportTo& report) {
+  cmd->add_option_function<std::string>(
+         "--report-to", [&report](const std::string& v) { report = train::ReportTo::parse(v); },
+         "Where metrics go besides <out>/metrics.jsonl (always written: resume, `packbert plot` "
+         "and trainer_state.json read it): tensorboard adds TensorBoard event files under "
+         "<out>/runs/ (`tensorboard --logdir <out>/runs`); jsonl (the default) and none add "
+         "nothing; a list such as jsonl,tensorboard is taken (Hugging Face's report_to)")
+      ->option_text("WHERE")
+      ->check([](const std::string& v) {
+        try {
+          train::ReportTo::parse(v);
+          return std::string();
+        } catch (const InputError& e) {
+          return with_flags(e.what());
+        }
+      });
+}
+
 std::string flag_of_field(const std::string& field) {
   static const std::pair<const char*, const char*> kFlags[] = {
       {"rows_per_batch", "--batch-rows"},
@@ -160,6 +178,11 @@ std::string flag_of_field(const std::string& field) {
       {"zero", "--zero"},
       {"max_steps", "--steps"},
       {"epochs", "--epochs"},
+      {"eval_steps", "--eval-steps"},
+      {"warmup_ratio", "--warmup-ratio"},
+      {"early_stopping_patience", "--early-stopping-patience"},
+      {"early_stopping_threshold", "--early-stopping-threshold"},
+      {"report_to", "--report-to"},
       {"out_dir", "--out"},
       {"decay_power", "--decay-power"},
       {"packing_adjust", "--packing-adjust"},

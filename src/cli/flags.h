@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/workspace.h"
 #include "train/loop.h"
+#include "train/metrics_log.h"
 #include "train/sparsity.h"
 
 namespace packbert::cli {
@@ -126,6 +127,10 @@ struct LoopFlags {
 };
 LoopFlags loop_flags(CLI::App* cmd, train::LoopOptions& o, const std::string& optimizer,
                      double lr_lamb, double lr_adamw, const std::string& lr_help);
+
+// --report-to jsonl|tensorboard|none (or a list): where metrics are reported besides
+// metrics.jsonl.
+void report_to_flag(CLI::App* cmd, train::ReportTo& report);
 
 constexpr double kMaxCount = 1e12;  // upper bound for counts that have no natural one
 constexpr double kMaxSeed = 18446744073709551615.0;  // seeds are unsigned 64-bit

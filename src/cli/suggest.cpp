@@ -41,6 +41,17 @@ constexpr std::pair<const char*, const char*> kForeignFlags[] = {
     {"vocab-file", "--vocab"},
     {"input-file", "--data"},
     {"max-predictions-per-seq", "--max-predictions"},
+    {"save-total-limit", "--keep-checkpoints"},
+    {"eval-strategy", "--eval-steps N (default: each epoch)"},
+    {"evaluation-strategy", "--eval-steps N (default: each epoch)"},
+    {"eval-strategy", "--eval-every"},
+    {"evaluation-strategy", "--eval-every"},
+    {"save-strategy", "--checkpoint-every"},
+    {"logging-dir", "--report-to tensorboard (event files in <out>/runs/)"},
+    {"lr-scheduler-type", "--decay-power (1: linear decay, Hugging Face's default)"},
+    {"warmup-proportion", "--warmup-ratio"},
+    {"output-file", "--out"},
+    {"test-file", "--data"},
 };
 
 // "--Learning_Rate" -> "learning-rate": how the tables above and packbert's names compare.

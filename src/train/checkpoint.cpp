@@ -241,7 +241,8 @@ void truncate_metrics(const std::string& path, int64_t step) {
 }
 
 bool is_run_output(const std::string& name) {
-  if (name == "checkpoint.safetensors" || name == "best.safetensors" || name == "metrics.jsonl")
+  if (name == "checkpoint.safetensors" || name == "best.safetensors" || name == "metrics.jsonl" ||
+      name == "trainer_state.json")
     return true;
   return name.starts_with("checkpoint-") && name.ends_with(".safetensors");
 }

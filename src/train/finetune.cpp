@@ -30,6 +30,7 @@
 #include "train/finetune_resume.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
+#include "train/metrics_log.h"
 #include "train/model_files.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
@@ -90,17 +91,25 @@ std::vector<size_t> epoch_order(size_t n, uint64_t seed, int epoch) {
 // The training both tasks share: rows shuffled per epoch, the one training step (train/loop.h)
 // over steps of processes x rows_per_batch rows x accumulation, a JSONL line per step (rank 0),
 // and `evaluate(epoch, elapsed)` (which logs its own line, at that many training seconds) after
-// every epoch.
+// every epoch or every eval_steps steps, with the best model kept, early stopping, the resume
+// file and the checkpoint directories (`files`: what one holds beside the weights).
 template <typename Seq, typename Evaluate>
 void train_epochs(model::BertModel& m, const FinetuneOptions& o, const std::vector<Seq>& seqs,
                   const std::vector<std::vector<int64_t>>& rows, std::ostream& log,
-                  FinetuneResult& res, Evaluate evaluate) {
+                  FinetuneResult& res, const ModelFiles& files, Evaluate evaluate) {
   dist::Comm& comm = dist::Comm::world();
-  const LoopOptions& lo = o.loop;
+  LoopOptions lo = o.loop;
   const int64_t step_rows = static_cast<int64_t>(comm.size()) * lo.rows_per_batch;
   const int64_t micros = (static_cast<int64_t>(rows.size()) + step_rows - 1) / step_rows;
-  const int64_t per_epoch = (micros + lo.accumulation - 1) / lo.accumulation;
-  const int64_t total = per_epoch * o.epochs;
+  RunLength length;
+  length.steps_per_epoch = (micros + lo.accumulation - 1) / lo.accumulation;
+  length.max_steps = o.max_steps > 0 ? o.max_steps : length.steps_per_epoch * o.epochs;
+  length.epochs =
+      static_cast<int>((length.max_steps + length.steps_per_epoch - 1) / length.steps_per_epoch);
+  const int64_t total = length.max_steps, per_epoch = length.steps_per_epoch;
+  res.max_steps = total;
+  if (o.warmup_ratio)
+    lo.warmup_steps = static_cast<int64_t>(std::ceil(*o.warmup_ratio * static_cast<double>(total)));
   const model::Recompute recompute = step_policy(m, o);
   // --resume: the weights before the Stepper is made (it may turn them into 16-bit masters), then
   // the optimizer's state and the place.
@@ -122,13 +131,38 @@ void train_epochs(model::BertModel& m, const FinetuneOptions& o, const std::vect
     if (comm.root() && state.contains("metrics") && state["metrics"].is_string())
       log << state["metrics"].get<std::string>() << std::flush;
   }
+  // A save of the run's state: the resume file and, under keep_checkpoints, a directory.
+  auto save = [&] {
+    save_resume(o, m, stepper, identity, res, at, log);
+    save_checkpoint_dir(o, m, files, res, at, length, log);
+  };
+  // An evaluation after the step just done: its scores, the best model kept, whether to stop.
+  auto evaluate_now = [&](int epoch, int64_t steps_in_epoch) {
+    const double epoch_done =
+        epoch + static_cast<double>(steps_in_epoch) / static_cast<double>(per_epoch);
+    res.dev_steps.push_back(res.steps);
+    res.dev_epochs.push_back(epoch_done);
+    evaluate(epoch_done, at.elapsed);
+    // Said when measured: a run stopped later has shown this one's.
+    std::ostringstream when;
+    when << "finetune: epoch "
+         << (steps_in_epoch == per_epoch ? std::to_string(epoch + 1) : fixed(epoch_done, 2)) << "/"
+         << length.epochs << " (step " << res.steps << ") dev " << latest_dev_scores(res);
+    say(o.say, when.str());
+    keep_if_best(o, m, res, log);
+    return early_stopping_reached(o, res);
+  };
   const int first_epoch = at.epoch;
   const double flops_per_token = nonembedding_flops_per_token(m.layout());
   ProgressLine progress("finetune", "step", res.steps, total, "tok", o.logging_steps);
-  for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
+  // (a run resumed after early stopping had stopped it has nothing left to train)
+  bool done = early_stopping_reached(o, res);
+  for (int epoch = first_epoch; epoch < length.epochs && !done; ++epoch) {
     const std::vector<size_t> order = epoch_order(rows.size(), lo.seed, epoch);
     // (a resumed epoch skips the rows of the steps it had done: every one of them full)
     const int64_t s0 = epoch == first_epoch ? at.step_in_epoch : 0;
+    const int64_t epoch_steps =
+        std::min(per_epoch, total - static_cast<int64_t>(epoch) * per_epoch);
     size_t next_row = static_cast<size_t>(
         std::min<int64_t>(static_cast<int64_t>(order.size()), s0 * lo.accumulation * step_rows));
     auto next = [&] {
@@ -138,7 +172,7 @@ void train_epochs(model::BertModel& m, const FinetuneOptions& o, const std::vect
         batch_rows.push_back(rows[order[next_row]]);
       return make_batch(seqs, batch_rows, o.max_seq_len);
     };
-    for (int64_t s = s0; s < per_epoch; ++s) {
+    for (int64_t s = s0; s < epoch_steps && !done; ++s) {
       const int n =
           static_cast<int>(std::min<int64_t>(lo.accumulation, micros - s * lo.accumulation));
       const double t0 = now_seconds();
@@ -153,29 +187,44 @@ void train_epochs(model::BertModel& m, const FinetuneOptions& o, const std::vect
         log << sm.to_json().dump() << std::endl;
         char fields[128];
         std::snprintf(fields, sizeof fields, "epoch %d/%d  loss %.4f  lr %.2e%s", epoch + 1,
-                      o.epochs, r.loss(), r.lr, r.skipped ? "  (update skipped)" : "");
+                      length.epochs, r.loss(), r.lr, r.skipped ? "  (update skipped)" : "");
         progress.update(res.steps, static_cast<double>(r.real_tokens), sm.seconds, fields);
       }
       io::crash_point("step");
-      at.epoch = epoch, at.step_in_epoch = s + 1;
+      const bool epoch_end = s + 1 == epoch_steps;
+      if (epoch_end)
+        at.epoch = epoch + 1, at.step_in_epoch = 0;
+      else
+        at.epoch = epoch, at.step_in_epoch = s + 1;
       if (stop_requested(o, comm)) {
         if (comm.root()) progress.finish();
-        save_resume(o, m, stepper, identity, res, at, log);
+        save();
         res.stopped = true;
         return;
       }
-      if (o.checkpoint_every > 0 && res.steps % o.checkpoint_every == 0)
-        save_resume(o, m, stepper, identity, res, at, log);
+      const bool evaluates =
+          o.eval_steps > 0 ? res.steps % o.eval_steps == 0 || res.steps == total : epoch_end;
+      if (evaluates) {
+        if (comm.root()) progress.finish();
+        done = evaluate_now(epoch, s + 1);
+      }
+      if (evaluates || epoch_end || (o.checkpoint_every > 0 && res.steps % o.checkpoint_every == 0))
+        save();
     }
     if (comm.root()) progress.finish();
-    evaluate(epoch + 1, at.elapsed);
-    // Said when measured: a run stopped in a later epoch has shown this one's.
-    say(o.say, "finetune: epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o.epochs) +
-                   " (step " + std::to_string(res.steps) + ") dev " + latest_dev_scores(res));
-    keep_if_best(o, m, res, log);
-    at.epoch = epoch + 1, at.step_in_epoch = 0;
-    save_resume(o, m, stepper, identity, res, at, log);
   }
+  if (done && res.steps < total) {
+    res.stopped_early = true;
+    const int best = best_evaluation(o, res);
+    say(o.say,
+        "finetune: early stopping at step " + std::to_string(res.steps) + " of " +
+            std::to_string(total) + ": " + std::to_string(o.early_stopping_patience) +
+            " evaluations without `save_best` " + o.save_best + " beating " +
+            fixed(dev_metric(res, o.save_best, static_cast<size_t>(best)), 4) + " by more than " +
+            fixed(o.early_stopping_threshold, 4) + "; the model of step " +
+            std::to_string(res.dev_steps[static_cast<size_t>(best)]) + " is the one written");
+  }
+  res.best = best_evaluation(o, res);
 }
 
 // Regression (STS-B): one output trained towards each example's value by mean squared error,
@@ -216,13 +265,14 @@ FinetuneResult finetune_regressor(const FinetuneOptions& o, const data::Tokenize
   res.dev_sequences = static_cast<int64_t>(dev.size());
   res.train_rows = static_cast<int64_t>(tr.size());
   const std::vector<double> truth = targets_of(dev);
-  train_epochs(*m, o, train, tr, log, res, [&](int epoch, double elapsed) {
+  const ModelFiles files = task_model_files(o, casing);
+  train_epochs(*m, o, train, tr, log, res, files, [&](double epoch, double elapsed) {
     const RegressionScore sc = regression_score(
         truth, predict_values(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision));
     res.dev_regression.push_back(sc);
     auto number = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
     log << nlohmann::json{{"type", "eval"},
-                          {"epoch", epoch},
+                          {"epoch", json_epoch(epoch)},
                           {"step", res.steps},
                           {"elapsed", elapsed},
                           {"dev_pearson", number(sc.pearson)},
@@ -286,13 +336,16 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
   res.train_sequences = static_cast<int64_t>(train.size());
   res.dev_sequences = static_cast<int64_t>(dev.size());
   res.train_rows = static_cast<int64_t>(tr.size());
-  train_epochs(*m, o, train, tr, log, res, [&](int epoch, double elapsed) {
+  std::vector<std::string> names(labels.size());
+  for (auto& [name, id] : labels) names[static_cast<size_t>(id)] = name;
+  const ModelFiles files = task_model_files(o, casing, names);
+  train_epochs(*m, o, train, tr, log, res, files, [&](double epoch, double elapsed) {
     const ClassifyScore sc =
         score_classifier(*m, dev, dv, o.loop.rows_per_batch, o.max_seq_len, o.loop.precision);
     res.dev_scores.push_back(sc);
     res.dev_accuracy.push_back(sc.accuracy);
     nlohmann::json line{{"type", "eval"},
-                        {"epoch", epoch},
+                        {"epoch", json_epoch(epoch)},
                         {"step", res.steps},
                         {"elapsed", elapsed},
                         {"dev_acc", sc.accuracy},
@@ -303,13 +356,7 @@ FinetuneResult finetune_classifier(const FinetuneOptions& o, const data::Tokeniz
     line["metric"] = res.metric;
     log << line.dump() << std::endl;
   });
-  if (!dist::Comm::world().root()) return res;  // rank 0 alone writes the model
-  std::vector<std::string> names(labels.size());
-  for (auto& [name, id] : labels) names[static_cast<size_t>(id)] = name;
   write_published(o, *m, casing, names);
-  nlohmann::json lj = nlohmann::json::object();
-  for (auto& [name, id] : labels) lj[name] = id;
-  io::write_file_atomic(o.out_dir + "/labels.json", lj.dump(1) + "\n");
   return res;
 }
 
@@ -335,13 +382,14 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   res.train_sequences = static_cast<int64_t>(tf.features.size());
   res.dev_sequences = static_cast<int64_t>(df.features.size());
   res.train_rows = static_cast<int64_t>(tr.size());
-  train_epochs(*m, o, tf.features, tr, log, res, [&](int epoch, double elapsed) {
+  const ModelFiles files = task_model_files(o, casing);
+  train_epochs(*m, o, tf.features, tr, log, res, files, [&](double epoch, double elapsed) {
     std::vector<std::string> pred = squad_answers(*m, dev, df.features, dv, o.loop.rows_per_batch,
                                                   o.max_seq_len, o.loop.precision, tok, so);
     res.dev_squad.push_back(data::squad_score(dev, pred));
     if (dist::Comm::world().root()) write_predictions(o.out_dir + "/predictions.json", dev, pred);
     log << nlohmann::json{{"type", "eval"},
-                          {"epoch", epoch},
+                          {"epoch", json_epoch(epoch)},
                           {"step", res.steps},
                           {"elapsed", elapsed},
                           {"exact_match", res.dev_squad.back().exact_match},
@@ -364,6 +412,18 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   if (o.epochs < 1) throw OptionError("epochs", "must be at least 1");
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
   if (o.checkpoint_every < 0) throw OptionError("checkpoint_every", "must be at least 0");
+  if (o.max_steps < 0) throw OptionError("max_steps", "must be at least 0 (0: `epochs`)");
+  if (o.eval_steps < 0) throw OptionError("eval_steps", "must be at least 0 (0: each epoch)");
+  if (o.keep_checkpoints < 0) throw OptionError("keep_checkpoints", "must be at least 0");
+  if (o.warmup_ratio && !(*o.warmup_ratio >= 0 && *o.warmup_ratio <= 1))
+    throw OptionError("warmup_ratio", "must be within [0, 1]");
+  if (o.early_stopping_patience < 0)
+    throw OptionError("early_stopping_patience", "must be at least 0");
+  if (!(o.early_stopping_threshold >= 0))
+    throw OptionError("early_stopping_threshold", "must be at least 0");
+  if (o.early_stopping_patience > 0 && o.save_best.empty())
+    throw OptionError("early_stopping_patience",
+                      "watches the dev metric that `save_best` METRIC names: give both");
   const bool squad = o.task == FinetuneTask::squad;
   if (!o.save_best.empty() && !(squad ? o.save_best == "exact_match" || o.save_best == "f1"
                                       : o.save_best == "accuracy" || o.save_best == "f1" ||
@@ -393,7 +453,9 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   FinetuneOptions staged = o;
   staged.resume_path = resume_path;
   staged.best_path = best_path;
-  std::ofstream log;
+  staged.checkpoints_dir = o.out_dir + ".checkpoints";
+  staged.final_dir = o.out_dir;
+  MetricsLog log;
   dist::fail_together(comm, [&] {
     if (!comm.root()) return;
     {  // a killed run's staging directory and partly written resume and best files
@@ -402,7 +464,8 @@ FinetuneResult finetune(const FinetuneOptions& o) {
         io::remove_stale_temporaries(
             out_path.parent_path().string(),
             {out_path.filename().string(), out_path.filename().string() + ".resume.safetensors",
-             out_path.filename().string() + ".best.safetensors"});
+             out_path.filename().string() + ".best.safetensors",
+             out_path.filename().string() + ".checkpoints"});
     }
     // A new run's best epoch is its own (a resumed run keeps the one its epochs chose).
     if (!o.resume) std::filesystem::remove(best_path);
@@ -411,8 +474,9 @@ FinetuneResult finetune(const FinetuneOptions& o) {
         {{o.train, "`train`"}, {o.dev, "`dev`"}, {o.init, "`init`"}, {o.vocab, "`vocab`"}});
     out.emplace(o.out_dir, "`out_dir`", o.overwrite);
     staged.out_dir = out->path();
-    log.open(staged.out_dir + "/metrics.jsonl");
-    if (!log) throw InputError(staged.out_dir + "/metrics.jsonl: cannot open for writing");
+    // (a new run's checkpoints are its own)
+    if (!o.resume) std::filesystem::remove_all(staged.checkpoints_dir);
+    log.open(staged.out_dir + "/metrics.jsonl", false, o.report, staged.out_dir + "/runs");
   });
   FinetuneResult r = o.task == FinetuneTask::squad ? finetune_squad(staged, tok, casing, log)
                                                    : finetune_classifier(staged, tok, casing, log);
@@ -421,6 +485,7 @@ FinetuneResult finetune(const FinetuneOptions& o) {
   if (comm.root()) {
     log.close();
     out->publish();
+    move_checkpoints(staged);
     std::filesystem::remove(resume_path);  // the run is done: its model is out_dir
     std::filesystem::remove(best_path);
   }

@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "model/bert.h"
 #include "train/loop.h"
+#include "train/metrics_log.h"
 #include "train/scores.h"
 
 namespace packbert::train {
@@ -35,6 +36,28 @@ struct FinetuneOptions {
   std::string train, dev, init, out_dir, vocab;
   int max_seq_len = 128;
   int epochs = 3;
+  // Optimizer steps in all (Hugging Face's max_steps): > 0 overrides epochs, the data visited
+  // again as often as it takes (the last epoch cut short).
+  int64_t max_steps = 0;
+  // Warm-up as a share of the run's steps (HF's warmup_ratio: ceil(ratio x steps)); unset:
+  // loop.warmup_steps.
+  std::optional<double> warmup_ratio;
+  // Evaluate on dev every this many steps and after the last (HF's eval_strategy "steps"); 0:
+  // after every epoch (and after the last step when max_steps cuts an epoch short).
+  int64_t eval_steps = 0;
+  // Early stopping on save_best's metric (HF's EarlyStoppingCallback): stop after `patience`
+  // evaluations in a row that did not beat the best before them by more than `threshold`;
+  // 0: never. The best evaluation's model is the one written.
+  int early_stopping_patience = 0;
+  double early_stopping_threshold = 0;
+  // checkpoint-STEP/ directories transformers loads (config.json, model.safetensors, vocab.txt,
+  // tokenizer_config.json, special_tokens_map.json, labels.json, trainer_state.json), one at each
+  // save of the resume file (every checkpoint_every steps, each evaluation, each epoch's end,
+  // a stop): the latest `keep_checkpoints` and the best evaluation's are kept (HF's
+  // save_total_limit). They gather in <out_dir>.checkpoints/ and move into out_dir with the
+  // model. 0: none.
+  int keep_checkpoints = 0;
+  ReportTo report;         // metrics.jsonl, and TensorBoard event files in out_dir/runs/
   int logging_steps = 10;  // without a terminal, a progress line every this many steps
   // Resumable fine-tuning: the run's state (weights, moments, position) is written to
   // `<out_dir>.resume.safetensors` every checkpoint_every steps (0: never), at each epoch's end
@@ -51,6 +74,9 @@ struct FinetuneOptions {
   // (kept across --resume, removed with the resume file).
   std::string save_best;
   std::string best_path;  // set by finetune(): <out_dir>.best.safetensors
+  // Set by finetune(): <out_dir>.checkpoints, and out_dir as given (out_dir itself is then the
+  // staging directory).
+  std::string checkpoints_dir, final_dir;
   bool packed = true;
   bool overwrite = false;  // replace a model directory already at out_dir
   // classify: train a new classifier (the data's labels, sorted) even when init has one.
@@ -77,15 +103,21 @@ struct FinetuneOptions {
 };
 
 struct FinetuneResult {
-  std::vector<double> dev_accuracy;             // classify: after each epoch
-  std::vector<ClassifyScore> dev_scores;        // classify: after each epoch
-  std::vector<RegressionScore> dev_regression;  // regression: after each epoch
+  // Each evaluation's step and epoch (fractional mid-epoch), and its scores by task.
+  std::vector<int64_t> dev_steps;
+  std::vector<double> dev_epochs;
+  std::vector<double> dev_accuracy;             // classify: after each evaluation
+  std::vector<ClassifyScore> dev_scores;        // classify: after each evaluation
+  std::vector<RegressionScore> dev_regression;  // regression: after each evaluation
   // classify: the GLUE task (data::glue_task; "" when neither named nor shown by the header) and
   // the metric that leads its scores: the task's GLUE metric (accuracy, f1, mcc, pearson).
   std::string glue_task, metric;
   double majority_baseline = 0;  // accuracy of always predicting the most frequent train label
-  std::vector<data::SquadScore> dev_squad;  // squad: exact match and F1 (%) after each epoch
+  std::vector<data::SquadScore> dev_squad;  // squad: exact match and F1 (%) after each evaluation
   int64_t steps = 0;
+  int64_t max_steps = 0;       // the run's planned steps
+  bool stopped_early = false;  // early stopping ended the run before max_steps
+  int best = -1;  // under save_best: the evaluation whose model was written (-1: the last step's)
   int num_labels = 0;  // classify: the classifier's outputs; 1 is a regression head
   bool regression() const { return num_labels == 1; }
   int64_t train_sequences = 0, dev_sequences = 0;  // examples (classify) or windows (squad)

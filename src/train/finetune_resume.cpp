@@ -1,5 +1,6 @@
 #include "train/finetune_resume.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -11,6 +12,7 @@
 #include "model/weights.h"
 #include "train/checkpoint.h"
 #include "train/model_files.h"
+#include "train/trainer_state.h"
 
 namespace packbert::train {
 
@@ -25,6 +27,11 @@ nlohmann::json resume_identity(const FinetuneOptions& o) {
           {"train_checksum", checksum(o.train)},
           {"dev_checksum", checksum(o.dev)},
           {"epochs", o.epochs},
+          {"max_steps", o.max_steps},
+          {"warmup_ratio", o.warmup_ratio ? nlohmann::json(*o.warmup_ratio) : nlohmann::json()},
+          {"eval_steps", o.eval_steps},
+          {"early_stopping_patience", o.early_stopping_patience},
+          {"early_stopping_threshold", o.early_stopping_threshold},
           {"seed", lo.seed},
           {"rows_per_batch", lo.rows_per_batch},
           {"accumulation", lo.accumulation},
@@ -60,7 +67,10 @@ nlohmann::json resume_identity(const FinetuneOptions& o) {
           {"save_best", o.save_best}};
 }
 
-nlohmann::json dev_results(const FinetuneResult& r) {
+namespace {
+
+// Each evaluation's scores, by task.
+nlohmann::json dev_scores_json(const FinetuneResult& r) {
   nlohmann::json out = nlohmann::json::array();
   for (const RegressionScore& s : r.dev_regression)
     out.push_back({{"pearson", s.pearson}, {"spearman", s.spearman}, {"mse", s.mse}});
@@ -82,12 +92,23 @@ nlohmann::json dev_results(const FinetuneResult& r) {
   return out;
 }
 
+}  // namespace
+
+nlohmann::json dev_results(const FinetuneResult& r) {
+  nlohmann::json out = dev_scores_json(r);
+  for (size_t e = 0; e < out.size() && e < r.dev_steps.size(); ++e)
+    out[e]["at_step"] = r.dev_steps[e], out[e]["at_epoch"] = r.dev_epochs[e];
+  return out;
+}
+
 void restore_dev_results(const nlohmann::json& j, FinetuneTask task, FinetuneResult& r) {
   // (NaN, a constant side's correlation, is written as null)
   auto number = [](const nlohmann::json& v) {
     return v.is_null() ? std::nan("") : v.get<double>();
   };
   for (const nlohmann::json& e : j) {
+    r.dev_steps.push_back(e.value("at_step", int64_t{0}));
+    r.dev_epochs.push_back(e.value("at_epoch", 0.0));
     if (e.contains("pearson")) {
       r.dev_regression.push_back(
           {number(e.at("pearson")), number(e.at("spearman")), number(e.at("mse"))});
@@ -145,27 +166,62 @@ void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper
       {{"config", model::config_to_json(m.config()).dump()}, {"packbert", st.dump()}});
 }
 
+int best_evaluation(const FinetuneOptions& o, const FinetuneResult& res) {
+  const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
+  if (o.save_best.empty()) return -1;
+  int best = -1;
+  double best_value = 0;
+  for (size_t e = 0; e < n; ++e) {
+    const double v = dev_metric(res, o.save_best, e);
+    if (best < 0 || (std::isnan(best_value) && !std::isnan(v)) || v > best_value)
+      best = static_cast<int>(e), best_value = v;
+  }
+  return best;
+}
+
+int evaluations_without_improvement(const FinetuneOptions& o, const FinetuneResult& res) {
+  const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
+  if (o.save_best.empty()) return 0;
+  std::optional<double> best;
+  int count = 0;
+  for (size_t e = 0; e < n; ++e) {
+    const double v = dev_metric(res, o.save_best, e);
+    if (std::isnan(v)) {
+      ++count;
+      continue;
+    }
+    if (!best || (v > *best && v - *best > o.early_stopping_threshold))
+      count = 0;
+    else
+      ++count;
+    if (!best || v > *best) best = v;
+  }
+  return count;
+}
+
+bool early_stopping_reached(const FinetuneOptions& o, const FinetuneResult& res) {
+  return o.early_stopping_patience > 0 &&
+         evaluations_without_improvement(o, res) >= o.early_stopping_patience;
+}
+
 void keep_if_best(const FinetuneOptions& o, const model::BertModel& m, const FinetuneResult& res,
                   std::ostream& log) {
   const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
-  if (o.save_best.empty() || n == 0) return;
-  const double value = dev_metric(res, o.save_best, n - 1);
-  if (std::isnan(value) && n > 1) return;
-  for (size_t e = 0; e + 1 < n; ++e) {
-    const double earlier = dev_metric(res, o.save_best, e);
-    if (!std::isnan(earlier) && !(earlier < value)) return;
-  }
+  if (o.save_best.empty() || n == 0 || best_evaluation(o, res) != static_cast<int>(n) - 1) return;
   if (!dist::Comm::world().root()) return;
   std::vector<float> widened;
   io::write_safetensors(o.best_path, model::weight_tensors(m.layout(), m.weights_fp32(widened)),
                         {{"config", model::config_to_json(m.config()).dump()}});
-  log << nlohmann::json{{"type", "best"},
-                        {"epoch", n},
-                        {"step", res.steps},
-                        {"metric", o.save_best},
-                        {"value", value}}
+  log << nlohmann::json{{"type", "best"},        {"epoch", json_epoch(res.dev_epochs.back())},
+                        {"evaluation", n},       {"step", res.steps},
+                        {"metric", o.save_best}, {"value", dev_metric(res, o.save_best, n - 1)}}
              .dump()
       << std::endl;
+}
+
+nlohmann::json json_epoch(double epoch) {
+  return epoch == std::floor(epoch) ? nlohmann::json(static_cast<int64_t>(epoch))
+                                    : nlohmann::json(epoch);
 }
 
 const model::BertModel& published_model(const FinetuneOptions& o, const model::BertModel& m,
@@ -176,13 +232,92 @@ const model::BertModel& published_model(const FinetuneOptions& o, const model::B
   return *best;
 }
 
+namespace {
+
+// A model directory: the HF files and, for a classifier, labels.json ({name: id}).
+void write_task_model(const model::BertModel& m, const std::string& dir, const ModelFiles& files) {
+  write_model_files(m, dir, files);
+  if (files.label_names.empty()) return;
+  nlohmann::json lj = nlohmann::json::object();
+  for (size_t id = 0; id < files.label_names.size(); ++id) lj[files.label_names[id]] = id;
+  io::write_file_atomic(dir + "/labels.json", lj.dump(1) + "\n");
+}
+
+// The checkpoint-STEP directories under `dir`, by step.
+std::vector<std::pair<int64_t, std::filesystem::path>> checkpoint_dirs(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::filesystem::path>> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || !name.starts_with("checkpoint-")) continue;
+    const std::string digits = name.substr(11);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    out.emplace_back(std::stoll(digits), entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+ModelFiles task_model_files(const FinetuneOptions& o, const data::Casing& casing,
+                            const std::vector<std::string>& names) {
+  ModelFiles files;
+  files.vocab = o.vocab, files.lower_case = casing.lower_case, files.label_names = names;
+  return files;
+}
+
+void save_checkpoint_dir(const FinetuneOptions& o, const model::BertModel& m,
+                         const ModelFiles& files, const FinetuneResult& res,
+                         const FinetunePlace& at, const RunLength& length, std::ostream& log) {
+  if (o.keep_checkpoints <= 0 || !dist::Comm::world().root()) return;
+  io::make_output_dir(o.checkpoints_dir, "`keep_checkpoints`'s directory");
+  const std::string name = "checkpoint-" + std::to_string(res.steps);
+  io::StagedDirectory dir(o.checkpoints_dir + "/" + name, "`keep_checkpoints`", true);
+  write_task_model(m, dir.path(), files);
+  TrainerStateInfo info;
+  info.global_step = res.steps, info.max_steps = length.max_steps;
+  info.epoch = at.epoch + static_cast<double>(at.step_in_epoch) /
+                              static_cast<double>(std::max<int64_t>(1, length.steps_per_epoch));
+  info.num_train_epochs = length.epochs;
+  info.logging_steps = o.logging_steps, info.eval_steps = o.eval_steps;
+  info.save_steps = o.checkpoint_every, info.train_batch_size = o.loop.rows_per_batch;
+  info.total_flos = at.train_flops;
+  const int best = best_evaluation(o, res);
+  if (best >= 0) {
+    info.best_metric = dev_metric(res, o.save_best, static_cast<size_t>(best));
+    if (std::isnan(*info.best_metric)) info.best_metric.reset();
+    info.best_global_step = res.dev_steps[static_cast<size_t>(best)];
+    info.best_model_checkpoint =
+        o.final_dir + "/checkpoint-" + std::to_string(*info.best_global_step);
+  }
+  log.flush();
+  const std::string metrics = o.out_dir + "/metrics.jsonl";
+  const std::string records = std::filesystem::exists(metrics) ? io::read_file(metrics) : "";
+  io::write_file_atomic(dir.path() + "/trainer_state.json",
+                        trainer_state(info, records).dump(2) + "\n");
+  dir.publish();
+  // The latest keep_checkpoints and the best evaluation's stay (HF's save_total_limit).
+  auto kept = checkpoint_dirs(o.checkpoints_dir);
+  const int64_t best_step = info.best_global_step.value_or(-1);
+  int64_t newer = 0;
+  for (auto it = kept.rbegin(); it != kept.rend(); ++it, ++newer)
+    if (newer >= o.keep_checkpoints && it->first != best_step)
+      std::filesystem::remove_all(it->second);
+}
+
+void move_checkpoints(const FinetuneOptions& o) {
+  if (o.keep_checkpoints <= 0 || !std::filesystem::is_directory(o.checkpoints_dir)) return;
+  for (const auto& [step, path] : checkpoint_dirs(o.checkpoints_dir))
+    std::filesystem::rename(path, std::filesystem::path(o.final_dir) / path.filename());
+  std::filesystem::remove_all(o.checkpoints_dir);
+}
+
 void write_published(const FinetuneOptions& o, const model::BertModel& m,
                      const data::Casing& casing, const std::vector<std::string>& names) {
   if (!dist::Comm::world().root()) return;
   std::unique_ptr<model::BertModel> best;
-  ModelFiles files;
-  files.vocab = o.vocab, files.lower_case = casing.lower_case, files.label_names = names;
-  write_model_files(published_model(o, m, best), o.out_dir, files);
+  write_task_model(published_model(o, m, best), o.out_dir, task_model_files(o, casing, names));
 }
 
 }  // namespace packbert::train

@@ -166,6 +166,7 @@ void Trainer::checkpoint_and_record() {
                {"elapsed", elapsed_}}
               .dump()
        << std::endl;
+  write_trainer_state();
 }
 
 // One optimizer step (and, on its schedule, a sparse pattern update), its metrics.
@@ -205,8 +206,13 @@ StopReason Trainer::run(const std::atomic<bool>& stop,
                         const std::function<void(const EvalMetrics&)>& on_eval) {
   // Rank 0 alone writes metrics and calls back; every rank trains and evaluates.
   if (comm_.root()) {
-    log_.open(opt_.out_dir + "/metrics.jsonl", new_log_ ? std::ios::trunc : std::ios::app);
-    if (!log_) throw InputError(opt_.out_dir + "/metrics.jsonl: cannot open for writing");
+    if (new_log_ && fs::is_directory(opt_.out_dir + "/runs"))  // (an earlier run's events)
+      for (const auto& entry : fs::directory_iterator(opt_.out_dir + "/runs"))
+        if (entry.path().filename().string().starts_with("events.out.tfevents."))
+          fs::remove(entry.path());
+    if (!log_.is_open())
+      log_.open(opt_.out_dir + "/metrics.jsonl", !new_log_, opt_.report, opt_.out_dir + "/runs",
+                new_log_ ? -1 : step_);
   }
   new_log_ = false;
   const Schedule schedule{opt_.max_steps, opt_.eval_every, opt_.checkpoint_every, opt_.max_minutes};

@@ -19,6 +19,7 @@
 #include "train/loader.h"
 #include "train/loop.h"
 #include "train/metrics.h"
+#include "train/metrics_log.h"
 #include "train/optimizer.h"
 #include "train/sparsity.h"
 
@@ -52,6 +53,10 @@ struct PretrainOptions {
   // best so far, or the training loss's moving average above this multiple of its lowest; 0 = off.
   double divergence_factor = 4;
   int64_t eval_every = 0;  // 0 = only at the end
+  // Where metrics go besides metrics.jsonl (TensorBoard event files in out_dir/runs/), and the
+  // step records trainer_state.json's log_history keeps (every logging_steps-th and the last).
+  ReportTo report;
+  int64_t logging_steps = 10;
   // Sequences held out for evaluation when the sequences file records no held-out split of its
   // own (prepare --eval-fraction splits by document, which is what to use): the file's last
   // ones. Unset: 0.02 for such files; set with a file that has a split: an error.
@@ -167,6 +172,8 @@ class Trainer {
   [[noreturn]] void diverged(const std::string& what) const;
   void evaluate_and_record(const std::function<void(const EvalMetrics&)>& on_eval);
   void checkpoint_and_record();
+  // out_dir/trainer_state.json (Hugging Face's) for the checkpoint just written (rank 0).
+  void write_trainer_state();
   StepMetrics train_step(double flops_per_token);
 
   PretrainOptions opt_;
@@ -193,7 +200,7 @@ class Trainer {
   double train_flops_ = 0;  // the encoder's linear-layer training FLOPs so far (resumes too)
   DivergenceGuard divergence_;
   std::vector<std::string> kept_;  // the earlier checkpoints' file names after the last save
-  std::ofstream log_;              // metrics.jsonl, rank 0 during run()
+  MetricsLog log_;                 // metrics.jsonl (and reporters), rank 0 during run()
   int64_t evaluated_at_ = -1;      // the step of the last evaluation
   bool resave_ = false;   // an evaluation after this step's checkpoint changed what it records
   bool reached_ = false;  // an evaluation met target_accuracy (rank 0's verdict, shared)

@@ -28,6 +28,7 @@
 #include "train/memory_plan.h"
 #include "train/model_files.h"
 #include "train/trainer.h"
+#include "train/trainer_state.h"
 
 namespace packbert::train {
 
@@ -203,6 +204,28 @@ void Trainer::save_checkpoint() {
 void Trainer::save_best(const EvalMetrics& e) {
   write_state(best_path(),
               json{{"step", e.step}, {"mlm_loss", e.mlm_loss}, {"mlm_acc", e.mlm_acc}});
+}
+
+void Trainer::write_trainer_state() {
+  TrainerStateInfo info;
+  info.global_step = step_, info.max_steps = opt_.max_steps;
+  const uint64_t rows = loader_ ? loader_->rows_per_epoch() : 0;
+  info.epoch = static_cast<double>(cursor_.epoch) +
+               (rows ? static_cast<double>(cursor_.row) / static_cast<double>(rows) : 0.0);
+  info.num_train_epochs = static_cast<int>(std::ceil(info.epoch));
+  info.logging_steps = opt_.logging_steps, info.eval_steps = opt_.eval_every;
+  info.save_steps = opt_.checkpoint_every, info.train_batch_size = step_rows_;
+  info.total_flos = train_flops_;
+  if (divergence_.best_eval_step >= 0) {
+    info.best_metric = divergence_.best_eval;  // (the lowest held-out MLM loss: eval_loss)
+    info.best_global_step = divergence_.best_eval_step;
+    info.best_model_checkpoint = best_path();
+  }
+  log_.flush();
+  const std::string metrics = opt_.out_dir + "/metrics.jsonl";
+  io::write_file_atomic(
+      opt_.out_dir + "/trainer_state.json",
+      trainer_state(info, fs::exists(metrics) ? io::read_file(metrics) : "").dump(2) + "\n");
 }
 
 }  // namespace packbert::train
