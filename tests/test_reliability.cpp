@@ -1055,6 +1055,60 @@ TEST_F(Reliability, FinetuneRegressionWithSaveBestResumesBitExactlyAcrossAnEpoch
   EXPECT_FALSE(fs::exists(dir_ / "killed.best.safetensors"));
 }
 
+// A run counted in steps, scored every few steps, stopping early and keeping checkpoint
+// directories: killed between evaluations and resumed, it makes the same evaluations, stops at
+// the same step, keeps the same checkpoints and writes the same model as the unbroken run.
+TEST_F(Reliability, FinetuneWithEvalStepsAndEarlyStoppingResumesToTheSameDecisions) {
+  ASSERT_EQ(run(train_args("run", "--steps 2")).code, 0);
+  std::string tsv = "sentence\tscore\n";
+  for (int i = 0; i < 48; ++i)
+    tsv += (i % 2 ? "the king of city " : "the war of ") + std::to_string(i) + "\t" +
+           (i % 2 ? "4.25" : "1.5") + (i % 3 ? "" : "0") + "\n";
+  const std::string data = write("s.tsv", tsv).string();
+  auto args = [&](const std::string& out, const std::string& extra) {
+    return "finetune --model " + checkpoint("run") + " --train " + data + " --dev " + data +
+           " --out " + (dir_ / out).string() +
+           " --steps 40 --eval-steps 4 --warmup-ratio 0.1 --batch-rows 4 --no-pack --seed 3 " +
+           "--lr 1e-3 --save-best spearman --early-stopping-patience 2 --keep-checkpoints 1 " +
+           extra;
+  };
+  Result full = run(args("full", ""));
+  ASSERT_EQ(full.code, 0) << full.err;
+  auto evaluations = [&](const std::string& out) {
+    std::vector<std::pair<int64_t, double>> e;
+    std::istringstream in(slurp(dir_ / out / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j["type"] == "eval") e.emplace_back(j["step"].get<int64_t>(), j["dev_spearman"]);
+    }
+    return e;
+  };
+  auto checkpoints = [&](const std::string& out) {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_ / out))
+      if (e.path().filename().string().starts_with("checkpoint-"))
+        names.insert(e.path().filename());
+    return names;
+  };
+  const auto want = evaluations("full");
+  ASSERT_GE(want.size(), 3u);
+  // Killed after step 6: after the evaluation of step 4 (and its save), before that of step 8.
+  Result killed = run(args("killed", ""), "PACKBERT_CRASH_AT=step:6");
+  EXPECT_EQ(killed.code, 128 + SIGKILL);
+  EXPECT_TRUE(fs::exists(dir_ / "killed.checkpoints" / "checkpoint-4"));
+  Result resumed = run(args("killed", "--resume"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(evaluations("killed"), want);
+  EXPECT_EQ(checkpoints("killed"), checkpoints("full"));
+  EXPECT_EQ(slurp(dir_ / "killed" / "model.safetensors"),
+            slurp(dir_ / "full" / "model.safetensors"));
+  const bool stopped = full.err.find("early stopping at step") != std::string::npos;
+  EXPECT_EQ(resumed.err.find("early stopping at step") != std::string::npos, stopped);
+  std::cout << "  " << want.size() << " evaluations, the last at step " << want.back().first
+            << (stopped ? " (stopped early)" : "") << "\n";
+  EXPECT_FALSE(fs::exists(dir_ / "killed.checkpoints"));
+}
+
 // 14. Google's rule by default: a chunk of one sentence gets a random B, never a cut sentence
 // labelled as its own continuation.
 TEST(Pretraining, OneSentenceChunksGetARandomNextUnlessAskedToSplit) {

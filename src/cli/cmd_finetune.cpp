@@ -178,13 +178,14 @@ void register_finetune(CLI::App& app, int& exit_code) {
   report_to_flag(cmd, o->report);
   number(cmd, "--checkpoint-every", o->checkpoint_every,
          "Steps between saves of the run's state to <out>.resume.safetensors (0: only at each "
-         "epoch's end and on SIGINT/SIGTERM); removed when the model is written",
+         "evaluation, each epoch's end and on SIGINT/SIGTERM); removed when the model is written",
          0, kMaxCount);
-  cmd->add_option("--save-best", o->save_best,
-                  "Write the model of the epoch with the best dev METRIC instead of the last one "
-                  "(Hugging Face's load_best_model_at_end): accuracy, f1 (two labels) or mcc for "
-                  "classify; pearson or spearman for regression; exact_match or f1 for squad. "
-                  "Ties keep the earlier epoch")
+  cmd->add_option(
+         "--save-best", o->save_best,
+         "Write the model of the evaluation with the best dev METRIC instead of the last one "
+         "(Hugging Face's load_best_model_at_end): accuracy, f1 (two labels) or mcc for "
+         "classify; pearson or spearman for regression; exact_match or f1 for squad. "
+         "Ties keep the earlier evaluation")
       ->option_text("METRIC");
   cmd->add_flag("--resume", o->resume,
                 "Continue the run that <out>.resume.safetensors holds, bit-exactly (the same data "

@@ -68,11 +68,26 @@ Trainer::Trainer(const PretrainOptions& options, bool resume)
   const json first = json::parse(all[0]);
   for (size_t r = 1; r < all.size(); ++r) {
     const json other = json::parse(all[r]);
-    for (auto it = first.begin(); it != first.end(); ++it)
-      if (other.at(it.key()) != it.value())
-        throw SharedError("rank " + std::to_string(r) + " and rank 0 were given different " +
-                          it.key() + " (" + other.at(it.key()).dump() + " against " +
-                          it.value().dump() + "); every process needs the same files and flags");
+    for (auto it = first.begin(); it != first.end(); ++it) {
+      if (other.at(it.key()) == it.value()) continue;
+      // The options and the model config differ field by field: name the fields.
+      std::string what = " (" + other.at(it.key()).dump() + " against " + it.value().dump() + ")";
+      const json a = it.value().is_string()
+                         ? json::parse(it.value().get<std::string>(), nullptr, false)
+                         : json();
+      const json b = other.at(it.key()).is_string()
+                         ? json::parse(other.at(it.key()).get<std::string>(), nullptr, false)
+                         : json();
+      if (a.is_object() && b.is_object()) {
+        what.clear();
+        for (auto f = a.begin(); f != a.end(); ++f)
+          if (b.value(f.key(), json()) != f.value())
+            what += (what.empty() ? ": `" : ", `") + f.key() + "` " +
+                    b.value(f.key(), json()).dump() + " against " + f.value().dump();
+      }
+      throw SharedError("rank " + std::to_string(r) + " and rank 0 were given different " +
+                        it.key() + what + "; every process needs the same files and flags");
+    }
   }
 }
 
