@@ -59,13 +59,13 @@ Shapes bert_base_shapes() {
   s.integer = [](const std::string& kernel, const char* key) {
     const std::string k = key;
     if (kernel == "gelu") return kT * kI;
-    if (kernel == "tanh") return 3 * kC;  // the pooler: one row per sequence
+    if (kernel == "geglu") return k == "N" ? kT : 1152;  // ModernBERT-base's intermediate
+    if (kernel == "tanh") return 3 * kC;                 // the pooler: one row per sequence
     if (kernel == "dropout") return kT * kC;
     if (kernel == "cross_entropy") return k == "N" ? kMasked : kV;
     if (kernel == "squared_error") return 3;
     if (kernel == "attention") return k == "C" ? kC : kNH;
-    if (kernel == "embedding")
-      return k == "V" ? kV : k == "P" ? kP : k == "Y" ? 2 : kC;
+    if (kernel == "embedding") return k == "V" ? kV : k == "P" ? kP : k == "Y" ? 2 : kC;
     if (kernel == "linear" || kernel.starts_with("sparse_linear"))
       return k == "N" ? kT : k == "OC" ? kI : kC;
     if (k == "N") return kT;  // layernorm, gather_rows
@@ -80,7 +80,9 @@ Shapes bert_base_shapes() {
       std::vector<int32_t> v(kT);
       for (size_t q = 0; q + 1 < kSeqlens.size(); ++q)
         for (int32_t t = kSeqlens[q]; t < kSeqlens[q + 1]; ++t)
-          v[t] = k == "pos" ? t - kSeqlens[q] : static_cast<int32_t>(2 * (t - kSeqlens[q]) >= kSeqlens[q + 1] - kSeqlens[q]);
+          v[t] = k == "pos"
+                     ? t - kSeqlens[q]
+                     : static_cast<int32_t>(2 * (t - kSeqlens[q]) >= kSeqlens[q + 1] - kSeqlens[q]);
       return v;
     }
     if (kernel == "cross_entropy") return uniform_ints(kMasked, 0, kV - 1, 2);
@@ -89,7 +91,8 @@ Shapes bert_base_shapes() {
       return std::vector<int32_t>{10, 20, -1, -1, 3, 40};
     }
     if (kernel.starts_with("sparse_linear")) {
-      const BlockPattern p = ffn_pattern(std::stoi(kernel.substr(std::string("sparse_linear_b").size())));
+      const BlockPattern p =
+          ffn_pattern(std::stoi(kernel.substr(std::string("sparse_linear_b").size())));
       return k == "slot_row" ? p.slot_row : p.slot_col;
     }
     throw std::logic_error("bert_base_shapes: no " + kernel + " " + k);
@@ -213,6 +216,39 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
                              View::vector(e.grad("out"), n));
         },
         gelu);
+  }
+  {  // GeGLU (ModernBERT's MLP): in [N, 2I] -> out [N, I]; 16-bit in and out, as a GEMM writes
+     // and reads them
+    const int N = s.integer("geglu", "N"), I = s.integer("geglu", "I");
+    const size_t ni = static_cast<size_t>(N) * 2 * I, no = static_cast<size_t>(N) * I;
+    rows.push_back(row(
+        {"geglu", "geglu", {{"inp", ni, 2.0}}, {{"out", no}}, {}},
+        [=](auto& e) { geglu_forward(e["out"], e["inp"], N, I); },
+        [=](auto& e) { geglu_backward(e.grad("inp"), e["inp"], e.grad("out"), N, I); }));
+    set_forward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
+      std::vector<H> out(no);
+      geglu_forward(out.data(), rounded<H>(e["inp"], ni).data(), N, I);
+      to_float(e["out"], out.data(), no);
+    });
+    set_backward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H = decltype(h);
+      geglu_backward(e.grad("inp"), rounded<H>(e["inp"], ni).data(), e.grad("out"), N, I);
+    });
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          const Stored<T> in(e, "inp", N, 2 * I, h), out(e, "out", N, I, h);
+          be.geglu_forward(out, in);
+          out.widen();
+        },
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          be.geglu_backward(View(e.grad("inp"), N, 2 * I), Stored<T>(e, "inp", N, 2 * I, h),
+                            View(e.grad("out"), N, I), kAdd);
+        },
+        true);
   }
   {
     const int N = s.integer("linear", "N"), C = s.integer("linear", "C"),

@@ -183,11 +183,23 @@ def squared_error():
                 dpred=t(pred.grad), dtarget=t(target.grad))
 
 
+def geglu():
+    # ModernBERT's MLP activation (transformers' ModernBertMLP): input, gate = Wi(x).chunk(2, -1);
+    # act(input) * gate, act the exact GELU.
+    N, I = 5, 9
+    x = leaf(N, 2 * I, scale=2.0)
+    a, g = x.chunk(2, dim=-1)
+    out = F.gelu(a) * g
+    dout = torch.randn(N, I)
+    out.backward(dout)
+    return dict(N=N, I=I, inp=t(x), dout=t(dout), out=t(out), dinp=t(x.grad))
+
+
 # (each kernel draws from the one seeded stream in this order: add new ones at the end)
 goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu(),
                linear=linear(), cross_entropy=cross_entropy(), attention=attention(),
                embedding=embedding(), tanh=tanh(), gather_rows=gather_rows(),
                span_cross_entropy=span_cross_entropy(),
                **{f"sparse_linear_b{B}": sparse_linear(B) for B in (1, 4, 8, 16)},
-               squared_error=squared_error())
+               squared_error=squared_error(), geglu=geglu())
 print(json.dumps(goldens))

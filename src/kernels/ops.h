@@ -34,6 +34,8 @@ enum class BackendKind { cpu, ref };
   X(layernorm_backward)          \
   X(gelu_forward)                \
   X(gelu_backward)               \
+  X(geglu_forward)               \
+  X(geglu_backward)              \
   X(tanh_forward)                \
   X(tanh_backward)               \
   X(residual_forward)            \

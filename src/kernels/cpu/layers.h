@@ -73,6 +73,16 @@ void gelu_backward_to_half(bf16* dinp16, float* dbias, const bf16* inp, const fl
 void gelu_backward_to_half(f16* dinp16, float* dbias, const f16* inp, const float* dout, int N,
                            int OC);
 
+// GeGLU, ModernBERT's MLP activation: out[N, I] = gelu(in[:, :I]) * in[:, I:], in [N, 2I]
+// (exact GELU; double, float, or 16-bit in and out computed in fp32). Backward: dinp[N, 2I]
+// (+)= [dout * in2 * gelu'(in1), dout * gelu(in1)], T double (In double) or float (In float or
+// 16-bit).
+template <typename T>
+void geglu_forward(T* out, const T* in, int N, int I);
+template <typename T, typename In>
+void geglu_backward(T* dinp, const In* in, const T* dout, int N, int I,
+                    GradWrite mode = GradWrite::accumulate);
+
 // Linear layer with PyTorch's weight layout: out[N, OC] = inp[N, C] . weight[OC, C]^T + bias.
 // bias may be null.
 template <typename T>

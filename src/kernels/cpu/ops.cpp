@@ -289,6 +289,28 @@ void gelu_backward(View dinp, View dbias, View in, View dout, GradWrite mode) {
   });
 }
 
+void geglu_forward(View out, View in) {
+  require_contiguous("geglu_forward", {&out, &in});
+  if (in.cols != 2 * out.cols || in.rows != out.rows || in.dtype != out.dtype)
+    throw std::logic_error("cpu::geglu_forward: in is [N, 2 I], out [N, I], of one dtype");
+  with_type(in.dtype, [&](auto t) {
+    using T = decltype(t);
+    kernels::geglu_forward(ptr<T>(out), ptr<const T>(in), i32(out.rows), i32(out.cols));
+  });
+}
+
+void geglu_backward(View dinp, View in, View dout, GradWrite mode) {
+  require_contiguous("geglu_backward", {&dinp, &in, &dout});
+  if (in.cols != 2 * dout.cols || dinp.cols != in.cols || is16(dinp))
+    throw std::logic_error("cpu::geglu_backward: in and dinp are [N, 2 I], dinp f32/f64");
+  with_type(in.dtype, [&](auto t) {
+    using I = decltype(t);
+    using T = std::conditional_t<std::is_same_v<I, double>, double, float>;
+    kernels::geglu_backward(ptr<T>(dinp), ptr<const I>(in), ptr<const T>(dout), i32(dout.rows),
+                            i32(dout.cols), mode);
+  });
+}
+
 void tanh_forward(View out, View in) {
   with_wide_type("tanh_forward", in, [&](auto t) {
     using T = decltype(t);

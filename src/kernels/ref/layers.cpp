@@ -190,6 +190,24 @@ void gelu_backward(View dinp, View dbias, View in, View dout, GradWrite mode) {
     }
 }
 
+void geglu_forward(View out, View in) {
+  const int64_t I = out.cols;
+  require(in.cols == 2 * I && in.rows == out.rows, "geglu_forward", "in is [N, 2 I], out [N, I]");
+  for (int64_t r = 0; r < out.rows; ++r)
+    for (int64_t c = 0; c < I; ++c) out.set(r, c, gelu(in.get(r, c)) * in.get(r, I + c));
+}
+
+void geglu_backward(View dinp, View in, View dout, GradWrite mode) {
+  const int64_t I = dout.cols;
+  require(in.cols == 2 * I && dinp.cols == 2 * I, "geglu_backward", "in and dinp are [N, 2 I]");
+  for (int64_t r = 0; r < dout.rows; ++r)
+    for (int64_t c = 0; c < I; ++c) {
+      const double x = in.get(r, c), g = in.get(r, I + c), d = dout.get(r, c);
+      write_grad(dinp, r, c, d * g * gelu_grad(x), mode);
+      write_grad(dinp, r, I + c, d * gelu(x), mode);
+    }
+}
+
 void tanh_forward(View out, View in) {
   for (int64_t i = 0; i < in.numel(); ++i) out.put(i, std::tanh(in.at(i)));
 }
