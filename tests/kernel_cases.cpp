@@ -60,7 +60,9 @@ Shapes bert_base_shapes() {
     const std::string k = key;
     if (kernel == "gelu") return kT * kI;
     if (kernel == "geglu") return k == "N" ? kT : 1152;  // ModernBERT-base's intermediate
-    if (kernel == "tanh") return 3 * kC;                 // the pooler: one row per sequence
+    if (kernel == "rotary")
+      return k == "N" ? kT : k == "heads" ? kNH : k == "D" ? kC / kNH : 160000;
+    if (kernel == "tanh") return 3 * kC;  // the pooler: one row per sequence
     if (kernel == "dropout") return kT * kC;
     if (kernel == "cross_entropy") return k == "N" ? kMasked : kV;
     if (kernel == "squared_error") return 3;
@@ -75,6 +77,12 @@ Shapes bert_base_shapes() {
   s.ints = [](const std::string& kernel, const char* key) {
     const std::string k = key;
     if (k == "cu_seqlens") return kSeqlens;
+    if (kernel == "rotary") {  // each token's place in its sequence of the packed row
+      std::vector<int32_t> v(kT);
+      for (size_t q = 0; q + 1 < kSeqlens.size(); ++q)
+        for (int32_t t = kSeqlens[q]; t < kSeqlens[q + 1]; ++t) v[t] = t - kSeqlens[q];
+      return v;
+    }
     if (kernel == "embedding") {
       if (k == "ids") return uniform_ints(kT, 0, kV - 1, 1);
       std::vector<int32_t> v(kT);
@@ -247,6 +255,42 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
           using T = env_type<decltype(e)>;
           be.geglu_backward(View(e.grad("inp"), N, 2 * I), Stored<T>(e, "inp", N, 2 * I, h),
                             View(e.grad("out"), N, I), kAdd);
+        },
+        true);
+  }
+  {  // rotary embedding over heads of a packed batch, positions restarting in each sequence
+    const int N = s.integer("rotary", "N"), H = s.integer("rotary", "heads"),
+              D = s.integer("rotary", "D");
+    const double theta = s.integer("rotary", "theta");
+    const size_t n = static_cast<size_t>(N) * H * D;
+    KernelCase c{"rotary", "rotary", {{"inp", n}}, {{"out", n}}, {}};
+    c.ints["pos"] = s.ints("rotary", "pos");
+    rows.push_back(row(
+        std::move(c),
+        [=](auto& e) { rotary_forward(e["out"], e["inp"], e.ints("pos"), N, H, D, theta); },
+        [=](auto& e) {
+          rotary_backward(e.grad("inp"), e.grad("out"), e.ints("pos"), N, H, D, theta);
+        }));
+    set_forward16(rows.back(), [=](auto h, Env<float>& e) {
+      using H16 = decltype(h);
+      std::vector<H16> out(n);
+      rotary_forward(out.data(), rounded<H16>(e["inp"], n).data(), e.ints("pos"), N, H, D, theta);
+      to_float(e["out"], out.data(), n);
+    });
+    set_backward16(rows.back(), [=](auto, Env<float>& e) {  // (backward stays fp32)
+      rotary_backward(e.grad("inp"), e.grad("out"), e.ints("pos"), N, H, D, theta);
+    });
+    set_ops(
+        rows.back(),
+        [=](const Backend& be, DType h, auto& e) {
+          using T = env_type<decltype(e)>;
+          const Stored<T> in(e, "inp", N, H * D, h), out(e, "out", N, H * D, h);
+          be.rotary_forward(out, in, e.ints("pos"), H, theta);
+          out.widen();
+        },
+        [=](const Backend& be, DType, auto& e) {
+          be.rotary_backward(View(e.grad("inp"), N, H * D), View(e.grad("out"), N, H * D),
+                             e.ints("pos"), H, theta, kAdd);
         },
         true);
   }

@@ -195,11 +195,33 @@ def geglu():
     return dict(N=N, I=I, inp=t(x), dout=t(dout), out=t(out), dinp=t(x.grad))
 
 
+def rotary():
+    # ModernBERT's rotary embedding as transformers computes it (ModernBertRotaryEmbedding,
+    # rotate_half, apply_rotary_pos_emb) in float32, over the heads of a packed batch of two
+    # sequences (positions restart) and a token far along a third.
+    H, D, theta = 2, 8, 160000.0
+    pos = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 300])
+    N = len(pos)
+    x = leaf(N, H * D)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    freqs = (inv_freq[None, :, None].float() @ pos[None, None, :].float()).transpose(1, 2)[0]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+    q = x.view(N, H, D)
+    rotated = torch.cat((-q[..., D // 2:], q[..., :D // 2]), dim=-1)
+    out = (q * cos + rotated * sin).reshape(N, H * D)
+    dout = torch.randn(N, H * D)
+    out.backward(dout)
+    return dict(N=N, heads=H, D=D, theta=int(theta), pos=pos.tolist(), inp=t(x), dout=t(dout),
+                out=t(out), dinp=t(x.grad))
+
+
 # (each kernel draws from the one seeded stream in this order: add new ones at the end)
 goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu(),
                linear=linear(), cross_entropy=cross_entropy(), attention=attention(),
                embedding=embedding(), tanh=tanh(), gather_rows=gather_rows(),
                span_cross_entropy=span_cross_entropy(),
                **{f"sparse_linear_b{B}": sparse_linear(B) for B in (1, 4, 8, 16)},
-               squared_error=squared_error(), geglu=geglu())
+               squared_error=squared_error(), geglu=geglu(),
+               rotary=rotary())
 print(json.dumps(goldens))

@@ -36,6 +36,8 @@ enum class BackendKind { cpu, ref };
   X(gelu_backward)               \
   X(geglu_forward)               \
   X(geglu_backward)              \
+  X(rotary_forward)              \
+  X(rotary_backward)             \
   X(tanh_forward)                \
   X(tanh_backward)               \
   X(residual_forward)            \

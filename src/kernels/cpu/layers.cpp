@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/fastmath.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/rotary.h"
 
 namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 
@@ -746,6 +747,82 @@ void geglu_backward(T* dinp, const In* in, const T* dout, int N, int I, GradWrit
   else
     geglu_backward_rows<false>(dinp, in, dout, N, I);
 }
+
+// Rotary embedding: each token's cos and sin once (D/2 of each), then every head's pairs.
+template <typename T>
+void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, int D,
+                    double theta) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const std::vector<float> inv = rotary_inv_freq(D, theta);
+  const int half = D / 2;
+#pragma omp parallel
+  {
+    std::vector<A> cs(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      for (int i = 0; i < half; ++i) {
+        const double a = rotary_angle(pos[n], inv[static_cast<size_t>(i)]);
+        cs[static_cast<size_t>(i)] = static_cast<A>(std::cos(a));
+        cs[static_cast<size_t>(half + i)] = static_cast<A>(std::sin(a));
+      }
+      for (int h = 0; h < heads; ++h) {
+        const int64_t at = static_cast<int64_t>(n) * heads * D + static_cast<int64_t>(h) * D;
+        const T* x = in + at;
+        T* o = out + at;
+        for (int i = 0; i < half; ++i) {
+          const A c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
+          const A x1 = static_cast<A>(widen(x[i])), x2 = static_cast<A>(widen(x[half + i]));
+          const A y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+          if constexpr (std::is_same_v<T, A>) {
+            o[i] = y1, o[half + i] = y2;
+          } else {
+            o[i] = to_half<T>(y1), o[half + i] = to_half<T>(y2);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void rotary_backward(T* dinp, const T* dout, const int32_t* pos, int N, int heads, int D,
+                     double theta, GradWrite mode) {
+  const std::vector<float> inv = rotary_inv_freq(D, theta);
+  const int half = D / 2;
+  const bool add = mode == GradWrite::accumulate;
+#pragma omp parallel
+  {
+    std::vector<T> cs(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      for (int i = 0; i < half; ++i) {
+        const double a = rotary_angle(pos[n], inv[static_cast<size_t>(i)]);
+        cs[static_cast<size_t>(i)] = static_cast<T>(std::cos(a));
+        cs[static_cast<size_t>(half + i)] = static_cast<T>(std::sin(a));
+      }
+      for (int h = 0; h < heads; ++h) {
+        const int64_t at = static_cast<int64_t>(n) * heads * D + static_cast<int64_t>(h) * D;
+        const T* g = dout + at;
+        T* d = dinp + at;
+        for (int i = 0; i < half; ++i) {
+          const T c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
+          const T d1 = g[i] * c + g[half + i] * s, d2 = g[half + i] * c - g[i] * s;
+          d[i] = (add ? d[i] : T(0)) + d1;
+          d[half + i] = (add ? d[half + i] : T(0)) + d2;
+        }
+      }
+    }
+  }
+}
+
+template void rotary_forward<double>(double*, const double*, const int32_t*, int, int, int, double);
+template void rotary_forward<float>(float*, const float*, const int32_t*, int, int, int, double);
+template void rotary_forward<bf16>(bf16*, const bf16*, const int32_t*, int, int, int, double);
+template void rotary_forward<f16>(f16*, const f16*, const int32_t*, int, int, int, double);
+template void rotary_backward<double>(double*, const double*, const int32_t*, int, int, int, double,
+                                      GradWrite);
+template void rotary_backward<float>(float*, const float*, const int32_t*, int, int, int, double,
+                                     GradWrite);
 
 template void geglu_forward<double>(double*, const double*, int, int);
 template void geglu_forward<float>(float*, const float*, int, int);

@@ -83,6 +83,15 @@ template <typename T, typename In>
 void geglu_backward(T* dinp, const In* in, const T* dout, int N, int I,
                     GradWrite mode = GradWrite::accumulate);
 
+// Rotary position embedding over each head of in [N, heads * D] (kernels/rotary.h's angles at
+// pos[n]); out may be in. T double, float, or 16-bit computed in fp32. Backward (the inverse
+// rotation): dinp (+)= R^T dout, double or float.
+template <typename T>
+void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, int D, double theta);
+template <typename T>
+void rotary_backward(T* dinp, const T* dout, const int32_t* pos, int N, int heads, int D,
+                     double theta, GradWrite mode = GradWrite::accumulate);
+
 // Linear layer with PyTorch's weight layout: out[N, OC] = inp[N, C] . weight[OC, C]^T + bias.
 // bias may be null.
 template <typename T>

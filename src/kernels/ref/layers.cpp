@@ -6,6 +6,7 @@
 
 #include "kernels/dropout.h"
 #include "kernels/ref/ref.h"
+#include "kernels/rotary.h"
 
 namespace packbert::kernels::ref {
 
@@ -206,6 +207,39 @@ void geglu_backward(View dinp, View in, View dout, GradWrite mode) {
       write_grad(dinp, r, c, d * g * gelu_grad(x), mode);
       write_grad(dinp, r, I + c, d * gelu(x), mode);
     }
+}
+
+void rotary_forward(View out, View in, const int32_t* pos, int heads, double theta) {
+  const int64_t D = in.cols / heads;
+  require(D * heads == in.cols && D % 2 == 0, "rotary_forward", "heads x an even head size");
+  const std::vector<float> inv = rotary_inv_freq(static_cast<int>(D), theta);
+  for (int64_t n = 0; n < in.rows; ++n)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const double a = rotary_angle(pos[n], inv[static_cast<size_t>(i)]);
+        const double c = std::cos(a), s = std::sin(a);
+        const int64_t lo = h * D + i, hi = lo + D / 2;
+        const double x1 = in.get(n, lo), x2 = in.get(n, hi);
+        out.set(n, lo, x1 * c - x2 * s);
+        out.set(n, hi, x2 * c + x1 * s);
+      }
+}
+
+void rotary_backward(View dinp, View dout, const int32_t* pos, int heads, double theta,
+                     GradWrite mode) {
+  const int64_t D = dout.cols / heads;
+  require(D * heads == dout.cols && D % 2 == 0, "rotary_backward", "heads x an even head size");
+  const std::vector<float> inv = rotary_inv_freq(static_cast<int>(D), theta);
+  for (int64_t n = 0; n < dout.rows; ++n)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const double a = rotary_angle(pos[n], inv[static_cast<size_t>(i)]);
+        const double c = std::cos(a), s = std::sin(a);
+        const int64_t lo = h * D + i, hi = lo + D / 2;
+        const double g1 = dout.get(n, lo), g2 = dout.get(n, hi);
+        write_grad(dinp, n, lo, g1 * c + g2 * s, mode);
+        write_grad(dinp, n, hi, g2 * c - g1 * s, mode);
+      }
 }
 
 void tanh_forward(View out, View in) {
