@@ -828,6 +828,18 @@ class Labels : public testing::CliTest {
     EXPECT_EQ(r.code, 0) << r.err;
     return qa;
   }
+  // A dev file whose labels are one off the training rule of tsv() (a "negative" sentence
+  // labelled neutral, ...): the better a model learns the training data, the worse it scores.
+  fs::path mixed_dev() {
+    std::string dev = "label\tsentence\n";
+    const char* names[] = {"negative", "neutral", "positive"};
+    for (int i = 0; i < 30; ++i)
+      dev.append(names[(i + 1) % 3])
+          .append("\tthe ")
+          .append(names[i % 3])
+          .append(" king of the city number " + std::to_string(i) + "\n");
+    return write("dev_mixed.tsv", dev);
+  }
   std::vector<float> tensor(const std::string& dir, const std::string& name) {
     return io::SafetensorsFile::read(dir + "/model.safetensors").floats(name);
   }
@@ -935,12 +947,7 @@ TEST_F(Labels, SaveBestWritesTheBestDevEpochsModel) {
   // Dev labels one off the training rule (a "negative" sentence labelled neutral, ...): the
   // better the model learns the training data, the worse it scores on dev, so the best dev
   // epoch comes before the last.
-  std::string dev = "label\tsentence\n";
-  const char* names[] = {"negative", "neutral", "positive"};
-  for (int i = 0; i < 30; ++i)
-    dev += std::string(names[(i + 1) % 3]) + "\tthe " + names[i % 3] + " king of the city number " +
-           std::to_string(i) + "\n";
-  const fs::path dev_path = write("dev_mixed.tsv", dev);
+  const fs::path dev_path = mixed_dev();
   const fs::path train = tsv("train_best.tsv", {"negative", "neutral", "positive"}, 48);
   const std::string out = (dir_ / "best").string();
   Result r =
@@ -1824,12 +1831,7 @@ TEST_F(TrainerHabits, StepsWarmupRatioAndEvalStepsSetTheSchedule) {
 // checkpoint directories load with an independent reader of the transformers layout.
 TEST_F(TrainerHabits, EarlyStoppingStopsWhereDevStopsImprovingAndCheckpointsLoad) {
   const std::string cls = classifier();
-  std::string dev = "label\tsentence\n";
-  const char* names[] = {"negative", "neutral", "positive"};
-  for (int i = 0; i < 30; ++i)
-    dev += std::string(names[(i + 1) % 3]) + "\tthe " + names[i % 3] + " king of the city number " +
-           std::to_string(i) + "\n";
-  const fs::path dev_path = write("dev_mixed.tsv", dev);
+  const fs::path dev_path = mixed_dev();
   const fs::path train = tsv("train_best.tsv", {"negative", "neutral", "positive"}, 48);
   const std::string out = (dir_ / "early").string();
   Result r = run("finetune --model " + cls + " --train " + train.string() + " --dev " +

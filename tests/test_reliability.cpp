@@ -87,6 +87,16 @@ class Reliability : public testing::CliTest {
     }
     return args;
   }
+  // 48 sentences with decimal scores (a regression task: STS-B's layout).
+  std::string regression_tsv() {
+    std::string tsv = "sentence\tscore\n";
+    for (int i = 0; i < 48; ++i)
+      tsv.append(i % 2 ? "the king of city " : "the war of ")
+          .append(std::to_string(i))
+          .append(i % 2 ? "\t4.25" : "\t1.5")
+          .append(i % 3 ? "\n" : "0\n");
+    return write("s.tsv", tsv).string();
+  }
   std::string checkpoint(const std::string& out) const {
     return (dir_ / out / "checkpoint.safetensors").string();
   }
@@ -1027,11 +1037,7 @@ TEST_F(Reliability, FileSizeLimitsAndClosedPipesDoNotKillARunSilently) {
 // writes the uninterrupted run's model byte for byte.
 TEST_F(Reliability, FinetuneRegressionWithSaveBestResumesBitExactlyAcrossAnEpoch) {
   ASSERT_EQ(run(train_args("run", "--steps 2")).code, 0);
-  std::string tsv = "sentence\tscore\n";
-  for (int i = 0; i < 48; ++i)
-    tsv += (i % 2 ? "the king of city " : "the war of ") + std::to_string(i) + "\t" +
-           (i % 2 ? "4.25" : "1.5") + (i % 3 ? "" : "0") + "\n";
-  const std::string data = write("s.tsv", tsv).string();
+  const std::string data = regression_tsv();
   auto args = [&](const std::string& out, const std::string& extra) {
     return "finetune --model " + checkpoint("run") + " --train " + data + " --dev " + data +
            " --out " + (dir_ / out).string() +
@@ -1060,11 +1066,7 @@ TEST_F(Reliability, FinetuneRegressionWithSaveBestResumesBitExactlyAcrossAnEpoch
 // the same step, keeps the same checkpoints and writes the same model as the unbroken run.
 TEST_F(Reliability, FinetuneWithEvalStepsAndEarlyStoppingResumesToTheSameDecisions) {
   ASSERT_EQ(run(train_args("run", "--steps 2")).code, 0);
-  std::string tsv = "sentence\tscore\n";
-  for (int i = 0; i < 48; ++i)
-    tsv += (i % 2 ? "the king of city " : "the war of ") + std::to_string(i) + "\t" +
-           (i % 2 ? "4.25" : "1.5") + (i % 3 ? "" : "0") + "\n";
-  const std::string data = write("s.tsv", tsv).string();
+  const std::string data = regression_tsv();
   auto args = [&](const std::string& out, const std::string& extra) {
     return "finetune --model " + checkpoint("run") + " --train " + data + " --dev " + data +
            " --out " + (dir_ / out).string() +
