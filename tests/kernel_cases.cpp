@@ -118,22 +118,30 @@ int64_t probs_size(const std::vector<int32_t>& cu, int NH) {
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 std::vector<KernelCase> kernel_cases(const Shapes& s) {
   std::vector<KernelCase> rows;
-  {
-    const int N = s.integer("layernorm", "N"), C = s.integer("layernorm", "C");
+  // BERT's LayerNorm, and ModernBERT's without bias (eps 1e-5, its norm_eps).
+  for (const bool biased : {true, false}) {
+    const std::string name = biased ? "layernorm" : "layernorm_nobias";
+    const int N = s.integer(name, "N"), C = s.integer(name, "C");
     const size_t n = static_cast<size_t>(N) * C, c = C;
+    const double eps = biased ? 1e-12 : 1e-5;
+    std::vector<Tensor> inputs = {{"inp", n}, {"weight", c}};
+    if (biased) inputs.push_back({"bias", c});
+    // The bias and its gradient, or none.
+    auto bias = [biased](auto& e) { return biased ? e["bias"] : nullptr; };
+    auto dbias = [biased](auto& e) { return biased ? e.grad("bias") : nullptr; };
+    auto bias_view = [biased, C](auto& e) { return biased ? View::vector(e["bias"], C) : View(); };
+    auto dbias_view = [biased, C](auto& e) {
+      return biased ? View::vector(e.grad("bias"), C) : View();
+    };
     rows.push_back(row(
-        {"layernorm",
-         "layernorm",
-         {{"inp", n}, {"weight", c}, {"bias", c}},
-         {{"out", n}},
-         {{"mean", size_t(N)}, {"rstd", size_t(N)}}},
+        {name, name, inputs, {{"out", n}}, {{"mean", size_t(N)}, {"rstd", size_t(N)}}},
         [=](auto& e) {
-          layernorm_forward(e["out"], e["mean"], e["rstd"], e["inp"], e["weight"], e["bias"], N, C,
-                            decltype (*e["out"] + 0)(1e-12));
+          layernorm_forward(e["out"], e["mean"], e["rstd"], e["inp"], e["weight"], bias(e), N, C,
+                            decltype (*e["out"] + 0)(eps));
         },
         [=](auto& e) {
-          layernorm_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
-                             e["inp"], e["weight"], e["mean"], e["rstd"], N, C);
+          layernorm_backward(e.grad("inp"), e.grad("weight"), dbias(e), e.grad("out"), e["inp"],
+                             e["weight"], e["mean"], e["rstd"], N, C);
         }));
     // bf16: the input (a residual sum) in bf16, the fp32 output plus its bf16 twin, which must be
     // exactly the rounded output; the column compares the twin (what the next GEMM reads).
@@ -141,7 +149,7 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
       using H = decltype(h);
       std::vector<H> twin(n);
       layernorm_forward(e["out"], e["mean"], e["rstd"], rounded<H>(e["inp"], n).data(), e["weight"],
-                        e["bias"], N, C, 1e-12f, twin.data());
+                        bias(e), N, C, static_cast<float>(eps), twin.data());
       for (size_t i = 0; i < n; ++i) {
         if (twin[i].bits != to_half<H>(e["out"][i]).bits)  // (a failure of the test running it)
           throw std::logic_error("layernorm: the 16-bit twin of out[" + std::to_string(i) +
@@ -151,7 +159,7 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
     });
     set_backward16(rows.back(), [=](auto h, Env<float>& e) {
       using H = decltype(h);
-      layernorm_backward(e.grad("inp"), e.grad("weight"), e.grad("bias"), e.grad("out"),
+      layernorm_backward(e.grad("inp"), e.grad("weight"), dbias(e), e.grad("out"),
                          rounded<H>(e["inp"], n).data(), e["weight"], e["mean"], e["rstd"], N, C);
     });
     set_ops(
@@ -162,13 +170,13 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
           const Stored<T> in(e, "inp", N, C, h), out16(e, "out", N, C, h);
           be.layernorm_forward(half ? View() : View(e["out"], N, C), View::vector(e["mean"], N),
                                View::vector(e["rstd"], N), in, View::vector(e["weight"], C),
-                               View::vector(e["bias"], C), 1e-12, half ? out16.view : View());
+                               bias_view(e), eps, half ? out16.view : View());
           out16.widen();
         },
         [=](const Backend& be, DType h, auto& e) {
           using T = env_type<decltype(e)>;
           be.layernorm_backward(View(e.grad("inp"), N, C), View::vector(e.grad("weight"), C),
-                                View::vector(e.grad("bias"), C), View(e.grad("out"), N, C),
+                                dbias_view(e), View(e.grad("out"), N, C),
                                 Stored<T>(e, "inp", N, C, h), View::vector(e["weight"], C),
                                 View::vector(e["mean"], N), View::vector(e["rstd"], N), kAdd);
         },

@@ -216,6 +216,17 @@ def rotary():
                 out=t(out), dinp=t(x.grad))
 
 
+def layernorm_nobias():
+    # ModernBERT's LayerNorm: no bias (norm_bias false), eps 1e-5 (norm_eps).
+    N, C = 5, 12
+    x, w = leaf(N, C), leaf(C)
+    out = F.layer_norm(x, (C,), w, None, eps=1e-5)
+    dout = torch.randn(N, C)
+    out.backward(dout)
+    return dict(N=N, C=C, inp=t(x), weight=t(w), dout=t(dout), out=t(out), dinp=t(x.grad),
+                dweight=t(w.grad))
+
+
 # (each kernel draws from the one seeded stream in this order: add new ones at the end)
 goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu(),
                linear=linear(), cross_entropy=cross_entropy(), attention=attention(),
@@ -223,5 +234,5 @@ goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu
                span_cross_entropy=span_cross_entropy(),
                **{f"sparse_linear_b{B}": sparse_linear(B) for B in (1, 4, 8, 16)},
                squared_error=squared_error(), geglu=geglu(),
-               rotary=rotary())
+               rotary=rotary(), layernorm_nobias=layernorm_nobias())
 print(json.dumps(goldens))

@@ -44,6 +44,11 @@ inline float widen(f16 x) {
 template <typename T, typename I>
 inline void normalize_row(T* __restrict o, const I* __restrict x, T m, T s, const T* weight,
                           const T* bias, int C) {
+  if (!bias) {  // (a LayerNorm without bias: ModernBERT's)
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = (widen(x[c]) - m) * s * weight[c];
+    return;
+  }
 #pragma omp simd
   for (int c = 0; c < C; ++c) o[c] = (widen(x[c]) - m) * s * weight[c] + bias[c];
 }
@@ -53,6 +58,12 @@ inline void normalize_row(T* __restrict o, const I* __restrict x, T m, T s, cons
 template <typename T, typename I, typename H>
 inline void normalize_row16(H* __restrict o, const I* __restrict x, T m, T s, const T* weight,
                             const T* bias, int C) {
+  if (!bias) {
+#pragma omp simd
+    for (int c = 0; c < C; ++c)
+      o[c] = to_half<H>(static_cast<float>((widen(x[c]) - m) * s * weight[c]));
+    return;
+  }
 #pragma omp simd
   for (int c = 0; c < C; ++c)
     o[c] = to_half<H>(static_cast<float>((widen(x[c]) - m) * s * weight[c] + bias[c]));
@@ -153,10 +164,9 @@ void layernorm_backward_from(T* dinp, T* dweight, T* dbias, const T* dout, const
         db[j] += g[j];
       }
     }
-    for (int j = 0; j < w; ++j) {
-      dweight[c0 + j] += dw[j];
-      dbias[c0 + j] += db[j];
-    }
+    for (int j = 0; j < w; ++j) dweight[c0 + j] += dw[j];
+    if (dbias)
+      for (int j = 0; j < w; ++j) dbias[c0 + j] += db[j];
   });
 }
 

@@ -119,7 +119,8 @@ void linear_block_grad_norms(View block_l1, View dout, View in, int block, View,
 void layernorm_apply(View out, View in, View mean, View rstd, View weight, View bias, View out16) {
   for (int64_t n = 0; n < in.rows; ++n)
     for (int64_t c = 0; c < in.cols; ++c) {
-      const double y = (in.get(n, c) - mean.at(n)) * rstd.at(n) * weight.at(c) + bias.at(c);
+      const double y =
+          (in.get(n, c) - mean.at(n)) * rstd.at(n) * weight.at(c) + (bias ? bias.at(c) : 0.0);
       if (out) out.set(n, c, y);
       if (out16) out16.set(n, c, y);
     }
@@ -152,7 +153,7 @@ void layernorm_backward(View dinp, View dweight, View dbias, View dout, View in,
       mean_d += dnorm;
       mean_dx += dnorm * xhat;
       dweight.put(c, dweight.at(c) + dout.get(n, c) * xhat);
-      dbias.put(c, dbias.at(c) + dout.get(n, c));
+      if (dbias) dbias.put(c, dbias.at(c) + dout.get(n, c));
     }
     mean_d /= static_cast<double>(C);
     mean_dx /= static_cast<double>(C);
