@@ -27,6 +27,7 @@
 #include "stopwatch.h"
 #include "text.h"
 #include "train/checkpoint.h"
+#include "train/finetune_loop.h"
 #include "train/finetune_resume.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
@@ -53,178 +54,6 @@ std::unique_ptr<model::BertModel> model_from(const std::string& init, model::Hea
   auto m = load_model(init, heads, {}, &fresh);
   initialized = std::move(fresh.initialized);
   return m;
-}
-
-// The recompute policy a fine-tuning step of full rows fits memory with (`auto` resolved).
-model::Recompute step_policy(const model::BertModel& m, const FinetuneOptions& o) {
-  const LoopOptions& lo = o.loop;
-  PlanRequest plan{m.config(),
-                   m.layout().heads(),
-                   lo.optimizer.kind,
-                   {},
-                   lo.precision,
-                   lo.optimizer.masters,
-                   m.layout().sparsity(),
-                   {},
-                   1};
-  plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
-                             lo.rows_per_batch, omp_get_max_threads());
-  return check_step_fits(plan, lo.recompute, lo.memory_limit);
-}
-
-// Whether any rank was asked to stop (SIGINT/SIGTERM): every rank stops after the same step.
-bool stop_requested(const FinetuneOptions& o, dist::Comm& comm) {
-  double stop_now = o.stop && o.stop->load() ? 1.0 : 0.0;
-  comm.allreduce_max(&stop_now, 1);
-  return stop_now > 0;
-}
-
-// The order an epoch visits n rows in: a shuffle seeded by (seed, epoch).
-std::vector<size_t> epoch_order(size_t n, uint64_t seed, int epoch) {
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  SplitMix64 rng(seed * kGolden64 + static_cast<uint64_t>(epoch));
-  shuffle(order, rng);
-  return order;
-}
-
-// The training both tasks share: rows shuffled per epoch, the one training step (train/loop.h)
-// over steps of processes x rows_per_batch rows x accumulation, a JSONL line per step (rank 0),
-// and `evaluate(epoch, elapsed)` (which logs its own line, at that many training seconds) after
-// every epoch or every eval_steps steps, with the best model kept, early stopping, the resume
-// file and the checkpoint directories (`files`: what one holds beside the weights).
-template <typename Seq, typename Evaluate>
-void train_epochs(model::BertModel& m, const FinetuneOptions& o, const std::vector<Seq>& seqs,
-                  const std::vector<std::vector<int64_t>>& rows, std::ostream& log,
-                  FinetuneResult& res, const ModelFiles& files, Evaluate evaluate) {
-  dist::Comm& comm = dist::Comm::world();
-  LoopOptions lo = o.loop;
-  const int64_t step_rows = static_cast<int64_t>(comm.size()) * lo.rows_per_batch;
-  const int64_t micros = (static_cast<int64_t>(rows.size()) + step_rows - 1) / step_rows;
-  RunLength length;
-  length.steps_per_epoch = (micros + lo.accumulation - 1) / lo.accumulation;
-  length.max_steps = o.max_steps > 0 ? o.max_steps : length.steps_per_epoch * o.epochs;
-  length.epochs =
-      static_cast<int>((length.max_steps + length.steps_per_epoch - 1) / length.steps_per_epoch);
-  const int64_t total = length.max_steps, per_epoch = length.steps_per_epoch;
-  res.max_steps = total;
-  if (o.warmup_ratio)
-    lo.warmup_steps = static_cast<int64_t>(std::ceil(*o.warmup_ratio * static_cast<double>(total)));
-  const model::Recompute recompute = step_policy(m, o);
-  // --resume: the weights before the Stepper is made (it may turn them into 16-bit masters), then
-  // the optimizer's state and the place.
-  FinetunePlace at;
-  std::optional<io::SafetensorsFile> resumed;
-  nlohmann::json state;
-  const nlohmann::json identity = resume_identity(o);
-  if (o.resume) {
-    state = read_resume_state(o, identity, resumed);
-    model::load_model_weights(m, *resumed);
-  }
-  Stepper stepper(m, lo, lo.optimizer, lo.accumulation, recompute, comm);
-  if (resumed) {
-    load_stepper_state(stepper, m.layout(), *resumed, state);
-    res.steps = state.at("steps").get<int64_t>();
-    at = {state.at("epoch").get<int>(), state.at("step_in_epoch").get<int64_t>(),
-          state.value("elapsed", 0.0), state.value("train_flops", 0.0)};
-    restore_dev_results(state.at("dev"), o.task, res);
-    if (comm.root() && state.contains("metrics") && state["metrics"].is_string())
-      log << state["metrics"].get<std::string>() << std::flush;
-  }
-  // A save of the run's state: the resume file and, under keep_checkpoints, a directory.
-  auto save = [&] {
-    save_resume(o, m, stepper, identity, res, at, log);
-    save_checkpoint_dir(o, m, files, res, at, length, log);
-  };
-  // An evaluation after the step just done: its scores, the best model kept, whether to stop.
-  auto evaluate_now = [&](int epoch, int64_t steps_in_epoch) {
-    const double epoch_done =
-        epoch + static_cast<double>(steps_in_epoch) / static_cast<double>(per_epoch);
-    res.dev_steps.push_back(res.steps);
-    res.dev_epochs.push_back(epoch_done);
-    evaluate(epoch_done, at.elapsed);
-    // Said when measured: a run stopped later has shown this one's.
-    std::ostringstream when;
-    when << "finetune: epoch "
-         << (steps_in_epoch == per_epoch ? std::to_string(epoch + 1) : fixed(epoch_done, 2)) << "/"
-         << length.epochs << " (step " << res.steps << ") dev " << latest_dev_scores(res);
-    say(o.say, when.str());
-    keep_if_best(o, m, res, log);
-    return early_stopping_reached(o, res);
-  };
-  const int first_epoch = at.epoch;
-  const double flops_per_token = nonembedding_flops_per_token(m.layout());
-  ProgressLine progress("finetune", "step", res.steps, total, "tok", o.logging_steps);
-  // (a run resumed after early stopping had stopped it has nothing left to train)
-  bool done = early_stopping_reached(o, res);
-  for (int epoch = first_epoch; epoch < length.epochs && !done; ++epoch) {
-    const std::vector<size_t> order = epoch_order(rows.size(), lo.seed, epoch);
-    // (a resumed epoch skips the rows of the steps it had done: every one of them full)
-    const int64_t s0 = epoch == first_epoch ? at.step_in_epoch : 0;
-    const int64_t epoch_steps =
-        std::min(per_epoch, total - static_cast<int64_t>(epoch) * per_epoch);
-    size_t next_row = static_cast<size_t>(
-        std::min<int64_t>(static_cast<int64_t>(order.size()), s0 * lo.accumulation * step_rows));
-    auto next = [&] {
-      std::vector<std::vector<int64_t>> batch_rows;
-      for (; batch_rows.size() < static_cast<size_t>(step_rows) && next_row < order.size();
-           ++next_row)
-        batch_rows.push_back(rows[order[next_row]]);
-      return make_batch(seqs, batch_rows, o.max_seq_len);
-    };
-    for (int64_t s = s0; s < epoch_steps && !done; ++s) {
-      const int n =
-          static_cast<int>(std::min<int64_t>(lo.accumulation, micros - s * lo.accumulation));
-      const double t0 = now_seconds();
-      const StepResult r = stepper.step(res.steps, total, next, "no model written", n);
-      StepMetrics sm = StepMetrics::of(r, m.layout().heads(), stepper, lo, comm.size());
-      sm.regression = m.config().regression();
-      sm.step = ++res.steps, sm.epoch = epoch + 1;
-      sm.seconds = now_seconds() - t0;
-      sm.elapsed = at.elapsed += sm.seconds;
-      sm.train_flops = at.train_flops += flops_per_token * static_cast<double>(r.real_tokens);
-      if (comm.root()) {
-        log << sm.to_json().dump() << std::endl;
-        char fields[128];
-        std::snprintf(fields, sizeof fields, "epoch %d/%d  loss %.4f  lr %.2e%s", epoch + 1,
-                      length.epochs, r.loss(), r.lr, r.skipped ? "  (update skipped)" : "");
-        progress.update(res.steps, static_cast<double>(r.real_tokens), sm.seconds, fields);
-      }
-      io::crash_point("step");
-      const bool epoch_end = s + 1 == epoch_steps;
-      if (epoch_end)
-        at.epoch = epoch + 1, at.step_in_epoch = 0;
-      else
-        at.epoch = epoch, at.step_in_epoch = s + 1;
-      if (stop_requested(o, comm)) {
-        if (comm.root()) progress.finish();
-        save();
-        res.stopped = true;
-        return;
-      }
-      const bool evaluates =
-          o.eval_steps > 0 ? res.steps % o.eval_steps == 0 || res.steps == total : epoch_end;
-      if (evaluates) {
-        if (comm.root()) progress.finish();
-        done = evaluate_now(epoch, s + 1);
-      }
-      if (evaluates || epoch_end || (o.checkpoint_every > 0 && res.steps % o.checkpoint_every == 0))
-        save();
-    }
-    if (comm.root()) progress.finish();
-  }
-  if (done && res.steps < total) {
-    res.stopped_early = true;
-    const int best = best_evaluation(o, res);
-    say(o.say,
-        "finetune: early stopping at step " + std::to_string(res.steps) + " of " +
-            std::to_string(total) + ": " + std::to_string(o.early_stopping_patience) +
-            " evaluations without `save_best` " + o.save_best + " beating " +
-            fixed(dev_metric(res, o.save_best, static_cast<size_t>(best)), 4) + " by more than " +
-            fixed(o.early_stopping_threshold, 4) + "; the model of step " +
-            std::to_string(res.dev_steps[static_cast<size_t>(best)]) + " is the one written");
-  }
-  res.best = best_evaluation(o, res);
 }
 
 // Regression (STS-B): one output trained towards each example's value by mean squared error,
@@ -405,9 +234,8 @@ FinetuneResult finetune_squad(const FinetuneOptions& o, const data::Tokenizer& t
   return res;
 }
 
-}  // namespace
-
-FinetuneResult finetune(const FinetuneOptions& o) {
+// The options' own checks (one line each, naming the field), before anything is read.
+void check_finetune_options(const FinetuneOptions& o) {
   check_loop_options(o.loop);
   if (o.epochs < 1) throw OptionError("epochs", "must be at least 1");
   if (o.max_seq_len < 8) throw OptionError("max_seq_len", "must be at least 8");
@@ -432,6 +260,12 @@ FinetuneResult finetune(const FinetuneOptions& o) {
                                        (squad ? "squad (exact_match, f1)"
                                               : "classify (accuracy, f1, mcc; regression: "
                                                 "pearson, spearman)"));
+}
+
+}  // namespace
+
+FinetuneResult finetune(const FinetuneOptions& o) {
+  check_finetune_options(o);
   const std::string resume_path = o.out_dir + ".resume.safetensors";
   const std::string best_path = o.out_dir + ".best.safetensors";
   if (o.resume && !std::filesystem::exists(resume_path))
