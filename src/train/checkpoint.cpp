@@ -1,5 +1,6 @@
 #include "train/checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -238,6 +239,26 @@ void truncate_metrics(const std::string& path, int64_t step) {
     if (r["step"].get<int64_t>() <= step) kept += line + "\n";
   }
   io::write_file_atomic(path, kept);
+}
+
+std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& dir,
+                                                            const std::string& suffix,
+                                                            bool directories) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() != directories || !name.starts_with("checkpoint-") ||
+        !name.ends_with(suffix))
+      continue;
+    const std::string digits = name.substr(11, name.size() - 11 - suffix.size());
+    if (digits.empty() || digits.size() > 18 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    out.push_back({std::stoll(digits), e.path().string()});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 bool is_run_output(const std::string& name) {

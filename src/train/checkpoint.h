@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "io/safetensors.h"
 #include "model/params.h"
@@ -92,6 +94,11 @@ void load_stepper_state(Stepper& stepper, const model::ParamLayout& layout,
 // Keeps the metrics.jsonl records of steps up to `step` (a resumed run writes the later ones
 // again); a last line cut short by a kill is dropped, any other bad line refused.
 void truncate_metrics(const std::string& path, int64_t step);
+// The checkpoint-<step><suffix> entries of `dir` (files, or directories when `directories`), by
+// step, with their paths; names whose step is not a number of at most 18 digits are not theirs.
+std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& dir,
+                                                            const std::string& suffix,
+                                                            bool directories);
 // The name of a file pretrain writes into its run directory (an input must not be one).
 bool is_run_output(const std::string& name);
 

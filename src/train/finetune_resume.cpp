@@ -166,8 +166,12 @@ void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper
       {{"config", model::config_to_json(m.config()).dump()}, {"packbert", st.dump()}});
 }
 
+size_t evaluations(const FinetuneResult& res) {
+  return res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
+}
+
 int best_evaluation(const FinetuneOptions& o, const FinetuneResult& res) {
-  const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
+  const size_t n = evaluations(res);
   if (o.save_best.empty()) return -1;
   int best = -1;
   double best_value = 0;
@@ -180,7 +184,7 @@ int best_evaluation(const FinetuneOptions& o, const FinetuneResult& res) {
 }
 
 int evaluations_without_improvement(const FinetuneOptions& o, const FinetuneResult& res) {
-  const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
+  const size_t n = evaluations(res);
   if (o.save_best.empty()) return 0;
   std::optional<double> best;
   int count = 0;
@@ -206,7 +210,7 @@ bool early_stopping_reached(const FinetuneOptions& o, const FinetuneResult& res)
 
 void keep_if_best(const FinetuneOptions& o, const model::BertModel& m, const FinetuneResult& res,
                   std::ostream& log) {
-  const size_t n = res.dev_squad.size() + res.dev_scores.size() + res.dev_regression.size();
+  const size_t n = evaluations(res);
   if (o.save_best.empty() || n == 0 || best_evaluation(o, res) != static_cast<int>(n) - 1) return;
   if (!dist::Comm::world().root()) return;
   std::vector<float> widened;
@@ -241,21 +245,6 @@ void write_task_model(const model::BertModel& m, const std::string& dir, const M
   nlohmann::json lj = nlohmann::json::object();
   for (size_t id = 0; id < files.label_names.size(); ++id) lj[files.label_names[id]] = id;
   io::write_file_atomic(dir + "/labels.json", lj.dump(1) + "\n");
-}
-
-// The checkpoint-STEP directories under `dir`, by step.
-std::vector<std::pair<int64_t, std::filesystem::path>> checkpoint_dirs(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::filesystem::path>> out;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || !name.starts_with("checkpoint-")) continue;
-    const std::string digits = name.substr(11);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    out.emplace_back(std::stoll(digits), entry.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 }  // namespace
@@ -298,7 +287,7 @@ void save_checkpoint_dir(const FinetuneOptions& o, const model::BertModel& m,
                         trainer_state(info, records).dump(2) + "\n");
   dir.publish();
   // The latest keep_checkpoints and the best evaluation's stay (HF's save_total_limit).
-  auto kept = checkpoint_dirs(o.checkpoints_dir);
+  const auto kept = checkpoints_in(o.checkpoints_dir, "", true);
   const int64_t best_step = info.best_global_step.value_or(-1);
   int64_t newer = 0;
   for (auto it = kept.rbegin(); it != kept.rend(); ++it, ++newer)
@@ -308,8 +297,9 @@ void save_checkpoint_dir(const FinetuneOptions& o, const model::BertModel& m,
 
 void move_checkpoints(const FinetuneOptions& o) {
   if (o.keep_checkpoints <= 0 || !std::filesystem::is_directory(o.checkpoints_dir)) return;
-  for (const auto& [step, path] : checkpoint_dirs(o.checkpoints_dir))
-    std::filesystem::rename(path, std::filesystem::path(o.final_dir) / path.filename());
+  for (const auto& [step, path] : checkpoints_in(o.checkpoints_dir, "", true))
+    std::filesystem::rename(
+        path, std::filesystem::path(o.final_dir) / std::filesystem::path(path).filename());
   std::filesystem::remove_all(o.checkpoints_dir);
 }
 

@@ -43,6 +43,8 @@ nlohmann::json read_resume_state(const FinetuneOptions& o, const nlohmann::json&
 void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper,
                  const nlohmann::json& identity, const FinetuneResult& res, const FinetunePlace& at,
                  std::ostream& log);
+// The dev evaluations made so far (whichever task's scores they are).
+size_t evaluations(const FinetuneResult& res);
 // Which evaluation's save_best metric is best: the highest (all are higher-is-better), a tie
 // keeping the earlier, a NaN (a constant prediction's correlation) beaten by any number; -1 when
 // there is none or no save_best.

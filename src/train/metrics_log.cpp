@@ -73,22 +73,14 @@ int MetricsLog::LineBuf::sync() {
   return file ? 0 : -1;
 }
 
-// A whole line: to metrics.jsonl as it is, and each JSON record in it to the event file.
+// A whole line (overflow hands over each one at its newline; close() a last one without):
+// to metrics.jsonl as it is, and its JSON record's numbers to the event file.
 void MetricsLog::LineBuf::take_line() {
   file << line;
   if (events) {
-    // (a replayed block of records arrives as one write: every line of it)
-    size_t at = 0;
-    while (at < line.size()) {
-      size_t end = line.find('\n', at);
-      if (end == std::string::npos) end = line.size();
-      const nlohmann::json record =
-          nlohmann::json::parse(line.begin() + static_cast<std::ptrdiff_t>(at),
-                                line.begin() + static_cast<std::ptrdiff_t>(end), nullptr, false);
-      if (record.is_object() && record.contains("step") && record["step"].is_number_integer())
-        events->scalars(record["step"].get<int64_t>(), tensorboard_scalars(record));
-      at = end + 1;
-    }
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_object() && record.contains("step") && record["step"].is_number_integer())
+      events->scalars(record["step"].get<int64_t>(), tensorboard_scalars(record));
   }
   line.clear();
 }

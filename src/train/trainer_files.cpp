@@ -48,19 +48,7 @@ std::string Trainer::best_path() const {
 }
 
 std::vector<std::pair<int64_t, std::string>> Trainer::earlier_checkpoints() const {
-  std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(opt_.out_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!name.starts_with("checkpoint-") || !name.ends_with(".safetensors")) continue;
-    const std::string digits = name.substr(11, name.size() - 11 - 12);
-    if (digits.empty() || digits.size() > 18 ||
-        digits.find_first_not_of("0123456789") != std::string::npos)
-      continue;
-    out.push_back({std::stoll(digits), e.path().string()});
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+  return checkpoints_in(opt_.out_dir, ".safetensors", false);
 }
 
 void Trainer::clear_earlier_run() {

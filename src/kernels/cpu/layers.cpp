@@ -758,6 +758,17 @@ void geglu_backward(T* dinp, const In* in, const T* dout, int N, int I, GradWrit
     geglu_backward_rows<false>(dinp, in, dout, N, I);
 }
 
+// A token's cos (cs[0, D/2)) and sin (cs[D/2, D)) at each of the D/2 frequencies.
+template <typename A>
+void rotary_cos_sin(A* cs, int32_t pos, const std::vector<float>& inv_freq) {
+  const size_t half = inv_freq.size();
+  for (size_t i = 0; i < half; ++i) {
+    const double a = rotary_angle(pos, inv_freq[i]);
+    cs[i] = static_cast<A>(std::cos(a));
+    cs[half + i] = static_cast<A>(std::sin(a));
+  }
+}
+
 // Rotary embedding: each token's cos and sin once (D/2 of each), then every head's pairs.
 template <typename T>
 void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, int D,
@@ -770,11 +781,7 @@ void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, i
     std::vector<A> cs(static_cast<size_t>(D));
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
-      for (int i = 0; i < half; ++i) {
-        const double a = rotary_angle(pos[n], inv[static_cast<size_t>(i)]);
-        cs[static_cast<size_t>(i)] = static_cast<A>(std::cos(a));
-        cs[static_cast<size_t>(half + i)] = static_cast<A>(std::sin(a));
-      }
+      rotary_cos_sin(cs.data(), pos[n], inv);
       for (int h = 0; h < heads; ++h) {
         const int64_t at = static_cast<int64_t>(n) * heads * D + static_cast<int64_t>(h) * D;
         const T* x = in + at;
@@ -805,11 +812,7 @@ void rotary_backward(T* dinp, const T* dout, const int32_t* pos, int N, int head
     std::vector<T> cs(static_cast<size_t>(D));
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
-      for (int i = 0; i < half; ++i) {
-        const double a = rotary_angle(pos[n], inv[static_cast<size_t>(i)]);
-        cs[static_cast<size_t>(i)] = static_cast<T>(std::cos(a));
-        cs[static_cast<size_t>(half + i)] = static_cast<T>(std::sin(a));
-      }
+      rotary_cos_sin(cs.data(), pos[n], inv);
       for (int h = 0; h < heads; ++h) {
         const int64_t at = static_cast<int64_t>(n) * heads * D + static_cast<int64_t>(h) * D;
         const T* g = dout + at;
