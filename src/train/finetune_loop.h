@@ -195,8 +195,9 @@ class FinetuneLoop {
 
   // A save of the run's state: the resume file and, under keep_checkpoints, a directory.
   void save() {
-    save_resume(o_, m_, *stepper_, identity_, res_, at_, log_);
-    save_checkpoint_dir(o_, m_, files_, res_, at_, length_, log_);
+    const std::string records = comm_.root() ? run_records(o_, log_) : std::string();
+    save_resume(o_, m_, *stepper_, identity_, res_, at_, records);
+    save_checkpoint_dir(o_, m_, files_, res_, at_, length_, records);
   }
 
   void say_early_stop() {

@@ -143,9 +143,15 @@ nlohmann::json read_resume_state(const FinetuneOptions& o, const nlohmann::json&
   return state;
 }
 
+std::string run_records(const FinetuneOptions& o, std::ostream& log) {
+  log.flush();
+  const std::string metrics = o.out_dir + "/metrics.jsonl";
+  return std::filesystem::exists(metrics) ? io::read_file(metrics) : std::string();
+}
+
 void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper,
                  const nlohmann::json& identity, const FinetuneResult& res, const FinetunePlace& at,
-                 std::ostream& log) {
+                 const std::string& records) {
   std::vector<float> m_all, v_all, widened;
   const auto [mm, vv] = stepper.whole_moments(m_all, v_all);
   const float* w = m.weights_fp32(widened);
@@ -158,9 +164,7 @@ void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper
   st["dev"] = dev_results(res);
   // The metrics records so far, which a resumed run writes again before its own: its
   // metrics.jsonl then holds the whole run, as an unbroken one's does.
-  log.flush();
-  const std::string metrics = o.out_dir + "/metrics.jsonl";
-  st["metrics"] = std::filesystem::exists(metrics) ? io::read_file(metrics) : std::string();
+  st["metrics"] = records;
   io::write_safetensors(
       o.resume_path, weight_and_moment_tensors(m.layout(), w, mm, vv),
       {{"config", model::config_to_json(m.config()).dump()}, {"packbert", st.dump()}});
@@ -258,7 +262,8 @@ ModelFiles task_model_files(const FinetuneOptions& o, const data::Casing& casing
 
 void save_checkpoint_dir(const FinetuneOptions& o, const model::BertModel& m,
                          const ModelFiles& files, const FinetuneResult& res,
-                         const FinetunePlace& at, const RunLength& length, std::ostream& log) {
+                         const FinetunePlace& at, const RunLength& length,
+                         const std::string& records) {
   if (o.keep_checkpoints <= 0 || !dist::Comm::world().root()) return;
   io::make_output_dir(o.checkpoints_dir, "`keep_checkpoints`'s directory");
   const std::string name = "checkpoint-" + std::to_string(res.steps);
@@ -280,9 +285,6 @@ void save_checkpoint_dir(const FinetuneOptions& o, const model::BertModel& m,
     info.best_model_checkpoint =
         o.final_dir + "/checkpoint-" + std::to_string(*info.best_global_step);
   }
-  log.flush();
-  const std::string metrics = o.out_dir + "/metrics.jsonl";
-  const std::string records = std::filesystem::exists(metrics) ? io::read_file(metrics) : "";
   io::write_file_atomic(dir.path() + "/trainer_state.json",
                         trainer_state(info, records).dump(2) + "\n");
   dir.publish();

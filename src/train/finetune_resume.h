@@ -38,11 +38,14 @@ void restore_dev_results(const nlohmann::json& j, FinetuneTask task, FinetuneRes
 // and flags it must share); the file itself in `file`.
 nlohmann::json read_resume_state(const FinetuneOptions& o, const nlohmann::json& identity,
                                  std::optional<io::SafetensorsFile>& file);
-// Writes the resume file: weights, moments, the optimizer's state and the place to go on from;
-// atomically, rank 0 alone (the moments gathered under ZeRO-1).
+// The run's metrics.jsonl so far (`log` flushed first), read once per save for the resume file
+// and the checkpoint directory's trainer_state.json.
+std::string run_records(const FinetuneOptions& o, std::ostream& log);
+// Writes the resume file: weights, moments, the optimizer's state, the place to go on from and
+// the metrics `records`; atomically, rank 0 alone (the moments gathered under ZeRO-1).
 void save_resume(const FinetuneOptions& o, model::BertModel& m, Stepper& stepper,
                  const nlohmann::json& identity, const FinetuneResult& res, const FinetunePlace& at,
-                 std::ostream& log);
+                 const std::string& records);
 // The dev evaluations made so far (whichever task's scores they are).
 size_t evaluations(const FinetuneResult& res);
 // Which evaluation's save_best metric is best: the highest (all are higher-is-better), a tie
@@ -76,7 +79,8 @@ struct RunLength {
 // then only the latest keep_checkpoints and the best evaluation's are kept.
 void save_checkpoint_dir(const FinetuneOptions& o, const model::BertModel& m,
                          const ModelFiles& files, const FinetuneResult& res,
-                         const FinetunePlace& at, const RunLength& length, std::ostream& log);
+                         const FinetunePlace& at, const RunLength& length,
+                         const std::string& records);
 // Once the model is published: the checkpoint directories move into final_dir.
 void move_checkpoints(const FinetuneOptions& o);
 // Rank 0 writes the model to publish (published_model) to out_dir, with the classifier's label
