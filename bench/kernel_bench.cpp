@@ -9,6 +9,7 @@
 // master-weights setting (an op the table has no row for: it has no gradient). The context
 // lines name the CPU, its instruction sets and the kernels' build.
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #include <iostream>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "kernel_cases.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/features.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
@@ -80,9 +82,8 @@ void time_row(benchmark::State& s, const KernelCase& c, const Backend& be, DType
   }
   const double flops = backward ? c.flops_backward : c.flops_forward;
   if (flops > 0)
-    s.counters["GFLOP/s"] =
-        benchmark::Counter(flops * static_cast<double>(s.iterations()) * 1e-9,
-                           benchmark::Counter::kIsRate);
+    s.counters["GFLOP/s"] = benchmark::Counter(flops * static_cast<double>(s.iterations()) * 1e-9,
+                                               benchmark::Counter::kIsRate);
 }
 
 void register_rows(const std::vector<KernelCase>& rows) {
@@ -138,9 +139,41 @@ void BM_lamb_update(benchmark::State& s) {
   s.SetItemsProcessed(s.iterations() * static_cast<int64_t>(layout.total()));
 }
 
+// Attention over 4 sequences of 512 tokens at BERT-base's width (12 heads of 64), f32 through
+// the op seam, probabilities kept: global (window 0) against ModernBERT's sliding window (128),
+// forward (direction 0) and backward (1) on the same batch.
+void BM_attention_window(benchmark::State& s) {
+  const int window = static_cast<int>(s.range(0)), NH = 12, C = 768, n_seq = 4, T = 512 * n_seq;
+  const bool backward = s.range(1) == 1;
+  std::vector<int32_t> cu(n_seq + 1);
+  for (int q = 0; q <= n_seq; ++q) cu[q] = 512 * q;
+  const std::vector<int64_t> offsets = attention_probs_offsets(cu.data(), n_seq, NH, window);
+  auto qkv = randn(size_t(T) * 3 * C), out = randn(size_t(T) * C), dqkv = randn(qkv.size());
+  std::vector<float> probs(static_cast<size_t>(offsets.back()));
+  std::vector<float> scratch(attention_scratch_elems(512, omp_get_max_threads(), C / NH));
+  const View vq(qkv.data(), T, 3 * C), vo(out.data(), T, C), vd(dqkv.data(), T, 3 * C);
+  const View vp = View::vector(probs.data(), offsets.back());
+  const View vs = View::vector(scratch.data(), static_cast<int64_t>(scratch.size()));
+  const Backend& be = backend(BackendKind::cpu);
+  be.attention_forward(vo, vp, vq, cu.data(), n_seq, NH, window, {}, offsets.data(), vs);
+  for (auto _ : s) {
+    if (backward)
+      be.attention_backward(vd, vo, vq, vp, cu.data(), n_seq, NH, window, {}, offsets.data(), vs,
+                            GradWrite::overwrite);
+    else
+      be.attention_forward(vo, vp, vq, cu.data(), n_seq, NH, window, {}, offsets.data(), vs);
+  }
+  s.SetLabel(std::string(window == 0 ? "global" : "window " + std::to_string(window)) +
+             (backward ? ", backward" : ", forward"));
+}
+
 }  // namespace
 
 BENCHMARK(BM_lamb_update)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_window)
+    ->ArgsProduct({{0, 128}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 int main(int argc, char** argv) {
   const CpuFeatures& cpu = cpu_features();

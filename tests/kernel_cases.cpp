@@ -67,6 +67,7 @@ Shapes bert_base_shapes() {
     if (kernel == "cross_entropy") return k == "N" ? kMasked : kV;
     if (kernel == "squared_error") return 3;
     if (kernel == "attention") return k == "C" ? kC : kNH;
+    if (kernel == "attention_local") return k == "C" ? kC : k == "NH" ? kNH : 128;
     if (kernel == "embedding") return k == "V" ? kV : k == "P" ? kP : k == "Y" ? 2 : kC;
     if (kernel == "linear" || kernel.starts_with("sparse_linear"))
       return k == "N" ? kT : k == "OC" ? kI : kC;
@@ -108,8 +109,8 @@ Shapes bert_base_shapes() {
   return s;
 }
 
-int64_t probs_size(const std::vector<int32_t>& cu, int NH) {
-  return attention_probs_offsets(cu.data(), static_cast<int>(cu.size()) - 1, NH).back();
+int64_t probs_size(const std::vector<int32_t>& cu, int NH, int window) {
+  return attention_probs_offsets(cu.data(), static_cast<int>(cu.size()) - 1, NH, window).back();
 }
 
 // Rows list only the fields they use; the rest (ints, tolerance, the per-type functions that
@@ -456,31 +457,35 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
         },
         false);
   }
-  {
-    const int C = s.integer("attention", "C"), NH = s.integer("attention", "NH");
-    const std::vector<int32_t> cu = s.ints("attention", "cu_seqlens");
+  // Global attention ("attention") and sliding-window attention ("attention_local": sequences
+  // longer than the band, a short one seen whole, one a single masked tile).
+  for (const std::string kernel : {"attention", "attention_local"}) {
+    const int C = s.integer(kernel, "C"), NH = s.integer(kernel, "NH");
+    const int W = kernel == "attention" ? kGlobalAttention : s.integer(kernel, "window");
+    const std::vector<int32_t> cu = s.ints(kernel, "cu_seqlens");
     const int n_seq = static_cast<int>(cu.size()) - 1, T = cu.back();
     const size_t nq = static_cast<size_t>(T) * 3 * C, no = static_cast<size_t>(T) * C;
-    const size_t np = static_cast<size_t>(probs_size(cu, NH));
+    const size_t np = static_cast<size_t>(probs_size(cu, NH, W));
     for (const double p : {0.0, 0.3})
       for (const bool keep : {true, false}) {
-        const std::string name = std::string("attention varlen") + (p > 0 ? ", dropout" : "") +
-                                 (keep ? "" : ", probabilities recomputed");
+        const std::string name =
+            (W == kGlobalAttention ? "attention varlen" : "attention sliding window") +
+            std::string(p > 0 ? ", dropout" : "") + (keep ? "" : ", probabilities recomputed");
         const AttentionDropout drop{p, 99, 5};
         rows.push_back(row(
             {name,
-             p == 0 ? "attention" : "",
+             p == 0 ? kernel : "",
              {{"qkv", nq}},
              {{"out", no}},
              {{"probs", np}},
              {{"cu_seqlens", cu}}},
             [=](auto& e) {
               attention_forward(e["out"], keep ? e["probs"] : nullptr, e["qkv"],
-                                e.ints("cu_seqlens"), n_seq, C, NH, drop);
+                                e.ints("cu_seqlens"), n_seq, C, NH, W, drop);
             },
             [=](auto& e) {
               attention_backward(e.grad("qkv"), e.grad("out"), e["qkv"],
-                                 keep ? e["probs"] : nullptr, e.ints("cu_seqlens"), n_seq, C, NH,
+                                 keep ? e["probs"] : nullptr, e.ints("cu_seqlens"), n_seq, C, NH, W,
                                  drop);
             }));
         // bf16: the output exists only in bf16 (its reader is a GEMM); backward stays fp32.
@@ -490,7 +495,7 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
           std::vector<H> out(no);
           std::vector<H> probs(np);
           attention_forward(out.data(), keep ? probs.data() : nullptr,
-                            rounded<H>(e["qkv"], nq).data(), e.ints("cu_seqlens"), n_seq, C, NH,
+                            rounded<H>(e["qkv"], nq).data(), e.ints("cu_seqlens"), n_seq, C, NH, W,
                             drop);
           to_float(e["out"], out.data(), static_cast<int64_t>(no));
           to_float(e["probs"], probs.data(), static_cast<int64_t>(np));
@@ -499,7 +504,7 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
           using H = decltype(h);
           attention_backward(e.grad("qkv"), e.grad("out"), rounded<H>(e["qkv"], nq).data(),
                              keep ? rounded<H>(e["probs"], np).data() : nullptr,
-                             e.ints("cu_seqlens"), n_seq, C, NH, drop);
+                             e.ints("cu_seqlens"), n_seq, C, NH, W, drop);
         });
         set_ops(
             rows.back(),
@@ -508,7 +513,7 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
               const Stored<E> out(e, "out", T, C, h), probs(e, "probs", 1, int64_t(np), h);
               be.attention_forward(out, keep ? probs.view : View(),
                                    Stored<E>(e, "qkv", T, 3 * C, h), e.ints("cu_seqlens"), n_seq,
-                                   NH, drop, nullptr, View());
+                                   NH, W, drop, nullptr, View());
               out.widen();
               probs.widen();
             },
@@ -517,7 +522,8 @@ std::vector<KernelCase> kernel_cases(const Shapes& s) {
               const Stored<E> probs(e, "probs", 1, int64_t(np), h);
               be.attention_backward(View(e.grad("qkv"), T, 3 * C), View(e.grad("out"), T, C),
                                     Stored<E>(e, "qkv", T, 3 * C, h), keep ? probs.view : View(),
-                                    e.ints("cu_seqlens"), n_seq, NH, drop, nullptr, View(), kAdd);
+                                    e.ints("cu_seqlens"), n_seq, NH, W, drop, nullptr, View(),
+                                    kAdd);
             },
             true);
         rows.back().exact16 = false;

@@ -47,21 +47,84 @@ TEST(KernelAttention, NoCrossContaminationAndPackedEqualsSeparate) {
   std::vector<int32_t> cu = {0, 5, 7, 12};
   const int T = 12;
   Vec qkv = random_vec(T * 3 * C, rng), out(T * C);
-  Vec probs(attention_probs_offsets(cu.data(), 3, NH).back());
-  attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), 3, C, NH);
+  Vec probs(attention_probs_offsets(cu.data(), 3, NH, 0).back());
+  attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), 3, C, NH, 0);
   for (int s = 0; s < 3; ++s) {  // each sequence alone
     int start = cu[s], L = cu[s + 1] - cu[s];
     std::vector<int32_t> one = {0, L};
     Vec q(qkv.begin() + start * 3 * C, qkv.begin() + (start + L) * 3 * C), o(L * C), p(NH * L * L);
-    attention_forward(o.data(), p.data(), q.data(), one.data(), 1, C, NH);
+    attention_forward(o.data(), p.data(), q.data(), one.data(), 1, C, NH, 0);
     for (int i = 0; i < L * C; ++i) EXPECT_EQ(o[i], out[start * C + i]);
   }
   Vec changed = qkv;  // perturb sequence 1 only: sequences 0 and 2 must not move
   for (int i = 5 * 3 * C; i < 7 * 3 * C; ++i) changed[i] += 1.0;
   Vec out2(T * C);
-  attention_forward(out2.data(), probs.data(), changed.data(), cu.data(), 3, C, NH);
+  attention_forward(out2.data(), probs.data(), changed.data(), cu.data(), 3, C, NH, 0);
   for (int t : {0, 1, 2, 3, 4, 7, 8, 9, 10, 11})
     for (int c = 0; c < C; ++c) EXPECT_EQ(out2[t * C + c], out[t * C + c]);
+}
+
+// Sliding-window attention: a token's output moves with the keys within window / 2 of it and
+// with no other (a key just outside, in the same tile's band, or in another tile, changes
+// nothing, bit for bit); packed equals separate; and a window reaching across every sequence
+// is global attention bit for bit.
+TEST(KernelAttention, SlidingWindowSeesOnlyItsWindowInItsOwnSequence) {
+  std::mt19937 rng(8);
+  const int C = 8, NH = 2, window = 10, half = window / 2;
+  const std::vector<int32_t> cu = {0, 90, 97, 160};  // 90: three tiles; 7: whole; 63: two
+  const int T = 160, n_seq = 3;
+  const Vec qkv = random_vec(T * 3 * C, rng);
+  Vec out(T * C), probs(attention_probs_offsets(cu.data(), n_seq, NH, window).back());
+  attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), n_seq, C, NH, window);
+  for (int s = 0; s < n_seq; ++s) {
+    const int start = cu[s], L = cu[s + 1] - cu[s];
+    const std::vector<int32_t> one = {0, L};
+    const Vec q(qkv.begin() + start * 3 * C, qkv.begin() + (start + L) * 3 * C);
+    Vec o(L * C), p(attention_probs_offsets(one.data(), 1, NH, window).back());
+    attention_forward(o.data(), p.data(), q.data(), one.data(), 1, C, NH, window);
+    for (int i = 0; i < L * C; ++i) ASSERT_EQ(o[i], out[start * C + i]) << "sequence " << s;
+  }
+  // Query 40 of sequence 0 sees keys 35..45: move key (and value) 46, inside its tile's band
+  // (32..63 sees 27..68), and key 34, and key 80 (another tile): row 40 stays; rows that see the
+  // moved token move.
+  for (const int moved : {46, 34, 80}) {
+    Vec changed = qkv;
+    for (int c = C; c < 3 * C; ++c) changed[moved * 3 * C + c] += 1.0;
+    Vec out2(T * C);
+    attention_forward(out2.data(), probs.data(), changed.data(), cu.data(), n_seq, C, NH, window);
+    for (int c = 0; c < C; ++c) EXPECT_EQ(out2[40 * C + c], out[40 * C + c]) << "key " << moved;
+    for (int t = 0; t < T; ++t) {
+      const bool sees = t < 90 && std::abs(t - moved) <= half;
+      bool same = true;
+      for (int c = 0; c < C; ++c) same = same && out2[t * C + c] == out[t * C + c];
+      EXPECT_EQ(same, !sees) << "row " << t << ", key " << moved;
+    }
+  }
+  // A window reaching across every sequence (and the longest's band is the whole sequence):
+  // global attention, bit for bit, probabilities and all.
+  const int wide = 2 * 90;
+  ASSERT_EQ(attention_probs_offsets(cu.data(), n_seq, NH, wide),
+            attention_probs_offsets(cu.data(), n_seq, NH, kGlobalAttention));
+  Vec wide_out(T * C), global_out(T * C), wide_p(probs.size() * 3), global_p(wide_p.size());
+  attention_forward(wide_out.data(), wide_p.data(), qkv.data(), cu.data(), n_seq, C, NH, wide);
+  attention_forward(global_out.data(), global_p.data(), qkv.data(), cu.data(), n_seq, C, NH,
+                    kGlobalAttention);
+  EXPECT_EQ(wide_out, global_out);
+  EXPECT_EQ(wide_p, global_p);
+}
+
+// The probabilities a sliding window keeps grow with the window, not the sequence: at length 512
+// and ModernBERT's window of 128, L * (tile + window) = 512 * 160 per head, against 512^2.
+TEST(KernelAttention, SlidingWindowKeepsABandNotASquare) {
+  const std::vector<int32_t> cu = {0, 512, 1024, 1030};
+  const std::vector<int64_t> local = attention_probs_offsets(cu.data(), 3, 12, 128);
+  const std::vector<int64_t> global = attention_probs_offsets(cu.data(), 3, 12, kGlobalAttention);
+  EXPECT_EQ(local[1], 12 * 512 * (kAttentionTile + 128));
+  EXPECT_EQ(local[3] - local[2], 12 * 6 * 6);  // a short sequence is seen whole
+  EXPECT_EQ(global[1], 12 * 512 * 512);
+  EXPECT_EQ(attention_band_start(0, 512, 128), 0);
+  EXPECT_EQ(attention_band_start(100, 512, 128), 96 - 64);
+  EXPECT_EQ(attention_band_start(511, 512, 128), 512 - 160);
 }
 
 TEST(KernelDropout, MaskIsDeterministicThreadIndependentAndUnbiased) {
@@ -110,8 +173,8 @@ TEST(KernelPrecision, FloatAgreesWithDouble) {
   std::vector<int32_t> cu = {0, 6, 9};
   Vec qkv = random_vec(9 * 3 * C, rng), out(9 * C), probs(NH * (36 + 9));
   std::vector<float> qf(qkv.begin(), qkv.end()), of(9 * C), pf(probs.size());
-  attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), 2, C, NH);
-  attention_forward(of.data(), pf.data(), qf.data(), cu.data(), 2, C, NH);
+  attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), 2, C, NH, 0);
+  attention_forward(of.data(), pf.data(), qf.data(), cu.data(), 2, C, NH, 0);
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(of[i], out[i], 1e-5);
 }
 
@@ -1051,15 +1114,15 @@ TEST(KernelBf16, AttentionKeyGradientsSumToZeroPerSequence) {
   const AttentionInputs16 in(T, C, 17);
   const std::vector<bf16>& qkv16 = in.qkv16;
   const std::vector<float>&qkv = in.qkv, &dout = in.dout;
-  const int64_t np = attention_probs_offsets(cu.data(), n_seq, NH).back();
+  const int64_t np = attention_probs_offsets(cu.data(), n_seq, NH, 0).back();
   const AttentionDropout drop{0.1, 3, 4};
   std::vector<bf16> out16(static_cast<size_t>(T) * C), probs16(np);
-  attention_forward(out16.data(), probs16.data(), qkv16.data(), cu.data(), n_seq, C, NH, drop);
+  attention_forward(out16.data(), probs16.data(), qkv16.data(), cu.data(), n_seq, C, NH, 0, drop);
   std::vector<float> probs(np), out(out16.size()), d16(qkv.size()), d32(qkv.size());
   to_float(probs.data(), probs16.data(), np);
   attention_backward(d16.data(), dout.data(), qkv16.data(), probs16.data(), cu.data(), n_seq, C, NH,
-                     drop, {}, GradWrite::overwrite);
-  attention_backward(d32.data(), dout.data(), qkv.data(), probs.data(), cu.data(), n_seq, C, NH,
+                     0, drop, {}, GradWrite::overwrite);
+  attention_backward(d32.data(), dout.data(), qkv.data(), probs.data(), cu.data(), n_seq, C, NH, 0,
                      drop, {}, GradWrite::overwrite);
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {
@@ -1101,22 +1164,22 @@ TEST(KernelBf16, AttentionOverSeveralStripsAgreesWithFp32) {
     const AttentionInputs16 in(T, C, C);
     const std::vector<bf16>& qkv16 = in.qkv16;
     const std::vector<float>&qkv = in.qkv, &dout = in.dout;
-    const int64_t np = attention_probs_offsets(cu.data(), n_seq, NH).back();
+    const int64_t np = attention_probs_offsets(cu.data(), n_seq, NH, 0).back();
     const AttentionDropout drop{0.1, 5, 6};
     std::vector<bf16> out16(static_cast<size_t>(T) * C), probs16(np);
     std::vector<float> out(out16.size()), probs(np);
-    attention_forward(out16.data(), probs16.data(), qkv16.data(), cu.data(), n_seq, C, NH, drop);
-    attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), n_seq, C, NH, drop);
+    attention_forward(out16.data(), probs16.data(), qkv16.data(), cu.data(), n_seq, C, NH, 0, drop);
+    attention_forward(out.data(), probs.data(), qkv.data(), cu.data(), n_seq, C, NH, 0, drop);
     std::vector<float> d16(qkv.size()), d32(qkv.size()), rebuilt(qkv.size()), acc(qkv.size());
     attention_backward(d16.data(), dout.data(), qkv16.data(), probs16.data(), cu.data(), n_seq, C,
-                       NH, drop, {}, GradWrite::overwrite);
+                       NH, 0, drop, {}, GradWrite::overwrite);
     attention_backward(d32.data(), dout.data(), qkv.data(), probs.data(), cu.data(), n_seq, C, NH,
-                       drop, {}, GradWrite::overwrite);
+                       0, drop, {}, GradWrite::overwrite);
     attention_backward(rebuilt.data(), dout.data(), qkv16.data(), static_cast<const bf16*>(nullptr),
-                       cu.data(), n_seq, C, NH, drop, {}, GradWrite::overwrite);
+                       cu.data(), n_seq, C, NH, 0, drop, {}, GradWrite::overwrite);
     for (size_t i = 0; i < acc.size(); ++i) acc[i] = static_cast<float>(i % 7) - 3.0f;
     attention_backward(acc.data(), dout.data(), qkv16.data(), probs16.data(), cu.data(), n_seq, C,
-                       NH, drop);
+                       NH, 0, drop);
     // Normwise over rows [t0, t1) and columns [c0, c0 + w) of [T, ld] tensors.
     auto rel = [](const auto& x, const std::vector<float>& ref, int ld, int t0, int t1, int c0,
                   int w) {
@@ -1284,31 +1347,38 @@ TEST(KernelGradWrite, OverwriteIgnoresTheBufferAndEqualsAccumulatingIntoZeros) {
   check_overwrites16<f16>("fp16", N, C, OC, x, w, dout, mean, rstd, wc);
 
   // Attention: every row of dqkv belongs to one sequence, so overwriting writes all of it (with
-  // dropout on, and over bf16 and fp16 q | k | v, whose products differ from fp32's).
-  const std::vector<int32_t> cu = {0, 5, 7, 19};
-  const int T = 19, AC = 32, NH = 2;
+  // dropout on, and over bf16 and fp16 q | k | v, whose products differ from fp32's); under a
+  // sliding window too, where the last sequence (50 tokens) goes in two tiles whose key bands
+  // overlap.
+  const std::vector<int32_t> cu = {0, 5, 7, 19, 69};
+  const int T = 69, AC = 32, NH = 2;
   const std::vector<float> qkv = draw(size_t(T) * 3 * AC), datt = draw(size_t(T) * AC);
   const AttentionDropout drop{0.1, 5, 9};
-  std::vector<float> att(size_t(T) * AC), probs(attention_probs_offsets(cu.data(), 3, NH).back());
-  attention_forward(att.data(), probs.data(), qkv.data(), cu.data(), 3, AC, NH, drop);
-  check_overwrites("attention_backward", size_t(T) * 3 * AC, 0,
-                   [&](float* dqkv, float*, GradWrite mode) {
-                     attention_backward(dqkv, datt.data(), qkv.data(), probs.data(), cu.data(), 3,
-                                        AC, NH, drop, {}, mode);
-                   });
-  auto attention16 = [&](auto h, const std::string& name) {
-    using H = decltype(h);
-    const std::vector<H> qkv16 = rounded<H>(qkv.data(), qkv.size());
-    std::vector<H> att16(att.size()), probs16(probs.size());
-    attention_forward(att16.data(), probs16.data(), qkv16.data(), cu.data(), 3, AC, NH, drop);
-    check_overwrites("attention_backward, " + name, size_t(T) * 3 * AC, 0,
+  for (const int window : {kGlobalAttention, 6}) {
+    const std::string w = window == kGlobalAttention ? "" : ", window " + std::to_string(window);
+    std::vector<float> att(size_t(T) * AC),
+        probs(attention_probs_offsets(cu.data(), 4, NH, window).back());
+    attention_forward(att.data(), probs.data(), qkv.data(), cu.data(), 4, AC, NH, window, drop);
+    check_overwrites("attention_backward" + w, size_t(T) * 3 * AC, 0,
                      [&](float* dqkv, float*, GradWrite mode) {
-                       attention_backward(dqkv, datt.data(), qkv16.data(), probs16.data(),
-                                          cu.data(), 3, AC, NH, drop, {}, mode);
+                       attention_backward(dqkv, datt.data(), qkv.data(), probs.data(), cu.data(), 4,
+                                          AC, NH, window, drop, {}, mode);
                      });
-  };
-  attention16(bf16{}, "bf16");
-  attention16(f16{}, "fp16");
+    auto attention16 = [&](auto h, const std::string& name) {
+      using H = decltype(h);
+      const std::vector<H> qkv16 = rounded<H>(qkv.data(), qkv.size());
+      std::vector<H> att16(att.size()), probs16(probs.size());
+      attention_forward(att16.data(), probs16.data(), qkv16.data(), cu.data(), 4, AC, NH, window,
+                        drop);
+      check_overwrites("attention_backward, " + name + w, size_t(T) * 3 * AC, 0,
+                       [&](float* dqkv, float*, GradWrite mode) {
+                         attention_backward(dqkv, datt.data(), qkv16.data(), probs16.data(),
+                                            cu.data(), 4, AC, NH, window, drop, {}, mode);
+                       });
+    };
+    attention16(bf16{}, "bf16");
+    attention16(f16{}, "fp16");
+  }
 }
 
 TEST(KernelRebuild, LayerNormApplyEqualsForwardBitwise) {

@@ -227,6 +227,34 @@ def layernorm_nobias():
                 dweight=t(w.grad))
 
 
+def attention_local():
+    # Sliding-window attention as transformers' ModernBERT masks its local layers: query i sees
+    # key j of its own sequence when |i - j| <= local_attention // 2 (here window 8: 4 each
+    # side), the others at -inf before the softmax. Sequences longer than packbert's band of 40
+    # keys (70: three tiles, 45: two), one seen whole (5) and one a single masked tile (20).
+    C, NH, window = 8, 2, 8
+    hs = C // NH
+    lengths = [70, 5, 20, 45]
+    cu = [0]
+    for L in lengths:
+        cu.append(cu[-1] + L)
+    T = cu[-1]
+    qkv = leaf(T, 3 * C)
+    outs = []
+    for s, L in enumerate(lengths):
+        block = qkv[cu[s]:cu[s + 1]]
+        q, k, v = (x.view(L, NH, hs).transpose(0, 1) for x in block.split(C, dim=1))
+        rows = torch.arange(L).unsqueeze(0)
+        far = (rows - rows.T).abs() > window // 2
+        scores = (q @ k.transpose(1, 2) / math.sqrt(hs)).masked_fill(far, float("-inf"))
+        outs.append((torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(L, C))
+    out = torch.cat(outs)
+    dout = torch.randn(T, C)
+    out.backward(dout)
+    return dict(C=C, NH=NH, window=window, cu_seqlens=cu, qkv=t(qkv), dout=t(dout), out=t(out),
+                dqkv=t(qkv.grad))
+
+
 # (each kernel draws from the one seeded stream in this order: add new ones at the end)
 goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu(),
                linear=linear(), cross_entropy=cross_entropy(), attention=attention(),
@@ -234,5 +262,6 @@ goldens = dict(torch_version=torch.__version__, layernorm=layernorm(), gelu=gelu
                span_cross_entropy=span_cross_entropy(),
                **{f"sparse_linear_b{B}": sparse_linear(B) for B in (1, 4, 8, 16)},
                squared_error=squared_error(), geglu=geglu(),
-               rotary=rotary(), layernorm_nobias=layernorm_nobias())
+               rotary=rotary(), layernorm_nobias=layernorm_nobias(),
+               attention_local=attention_local())
 print(json.dumps(goldens))

@@ -159,16 +159,17 @@ void BertModel::keep_masters16(Masters masters) {
   Buffer kept(backend_->device(), DType::f32, static_cast<int64_t>(arena.total));
   std::map<size_t, size_t> at;  // whole offset -> kept offset
   for (const KeptPlace& k : kept_fp32_) {
-    std::copy_n(params_.span<float>().data() + k.whole, k.numel, kept.span<float>().data() + k.kept);
+    std::copy_n(params_.span<float>().data() + k.whole, k.numel,
+                kept.span<float>().data() + k.kept);
     at[k.whole] = k.kept;
   }
   params_ = std::move(kept);
   const View base = params_.view();
   p_ = ParamView(layout_, [&](const TensorSpec& t) {
     auto it = at.find(t.offset);
-    return it == at.end() ? View()
-                          : base.slice(static_cast<int64_t>(it->second),
-                                       static_cast<int64_t>(t.numel));
+    return it == at.end()
+               ? View()
+               : base.slice(static_cast<int64_t>(it->second), static_cast<int64_t>(t.numel));
   });
   masters16_ = true;
   weights16_written();
@@ -197,7 +198,16 @@ const float* BertModel::weights_fp32(std::vector<float>& scratch) const {
 
 StepContext BertModel::context() {
   const BertConfig& c = config();
-  StepContext s{c, cur_->tl, cur_->probs_offsets.data(), cur_->ws, cur_->opt.recompute, *backend_, nullptr, nullptr, nullptr, {}};
+  StepContext s{c,
+                cur_->tl,
+                cur_->probs_offsets.data(),
+                cur_->ws,
+                cur_->opt.recompute,
+                *backend_,
+                nullptr,
+                nullptr,
+                nullptr,
+                {}};
   if (is_16bit(cur_->opt.precision)) s.p16 = &p16_;
   if (!patterns_.empty()) s.patterns = patterns_.data();
   if (!block_grads_.empty()) {
@@ -244,7 +254,8 @@ View BertModel::input_of(int l) const {
   return cur_->ws.get(s.rec, s.copy);
 }
 View BertModel::output_of(int l) const {
-  return kept(l + 1) ? input_of(l + 1) : cur_->ws.get(Rec::seg_hidden, l % cur_->opt.recompute.every);
+  return kept(l + 1) ? input_of(l + 1)
+                     : cur_->ws.get(Rec::seg_hidden, l % cur_->opt.recompute.every);
 }
 View BertModel::top() const {
   const View wide = cur_->ws.get(Rec::top);
@@ -334,7 +345,8 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
     if (input.dtype != in.dtype || input.numel() != in.numel())
       throw std::logic_error("forward: the stage input is not [T, C] as the layers hold it");
     s.be.convert(in, input.shaped(Tn, c.hidden_size));
-  } else if (in.is_16bit()) {  // the embeddings in the scalar in scratch (dx is free until backward)
+  } else if (in.is_16bit()) {  // the embeddings in the scalar in scratch (dx is free until
+                               // backward)
     const View staged = cur_->ws.get(Rec::dx).shaped(Tn, c.hidden_size);
     embeddings_forward(s, p_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), staged);
     s.be.convert(in, staged);
@@ -385,7 +397,7 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
   }
   cur_->probs_offsets.resize(n_seq + 1);
   kernels::attention_probs_offsets(cur_->tl.cu_seqlens.data(), n_seq, c.num_attention_heads,
-                                   cur_->probs_offsets.data());
+                                   kernels::kGlobalAttention, cur_->probs_offsets.data());
   cur_->share = batch.share;
   if (!cur_->share.places.empty()) place_rows(batch);
   StepShape shape = shape_of(cur_->tl, omp_get_max_threads());
@@ -397,9 +409,8 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
 const int32_t* BertModel::span_targets(const PackedBatch& batch) {
   const int n_seq = cur_->tl.sequences();
   if (batch.span_starts.size() != static_cast<size_t>(n_seq) ||
-        batch.span_ends.size() != static_cast<size_t>(n_seq))
-      throw InputError("batch: span labels do not match the " + std::to_string(n_seq) +
-                       " sequences");
+      batch.span_ends.size() != static_cast<size_t>(n_seq))
+    throw InputError("batch: span labels do not match the " + std::to_string(n_seq) + " sequences");
   cur_->span_targets.resize(2 * static_cast<size_t>(n_seq));
   for (int i = 0; i < n_seq; ++i) {
     const int len = cur_->tl.cu_seqlens[i + 1] - cur_->tl.cu_seqlens[i];

@@ -92,7 +92,8 @@ std::vector<float>* block_grads_of(const StepContext& s, int layer,
 }
 
 // A layer's pattern of one of its linear layers, or null when the model is dense.
-const BlockPattern* pattern_of(const StepContext& s, int layer, BlockPattern LayerPatterns::*which) {
+const BlockPattern* pattern_of(const StepContext& s, int layer,
+                               BlockPattern LayerPatterns::*which) {
   return s.patterns ? &(s.patterns[layer].*which) : nullptr;
 }
 
@@ -114,9 +115,9 @@ void residual_site(const StepContext& s, View r, View x, View skip, int64_t n, u
 void ln_forward(const StepContext& s, View out, View mean, View rstd, View inp, View w, View b,
                 int N, int C, View out_wide = {}) {
   const auto [wide, out16] = wide_and_16(out, out_wide);
-  s.be.layernorm_forward(wide.shaped(N, C), mean.shaped(1, N), rstd.shaped(1, N),
-                         inp.shaped(N, C), w.shaped(1, C), b.shaped(1, C),
-                         s.config.layer_norm_eps, out16.shaped(N, C));
+  s.be.layernorm_forward(wide.shaped(N, C), mean.shaped(1, N), rstd.shaped(1, N), inp.shaped(N, C),
+                         w.shaped(1, C), b.shaped(1, C), s.config.layer_norm_eps,
+                         out16.shaped(N, C));
 }
 void ln_backward(const StepContext& s, View dinp, View dw, View db, View dout, View inp, View w,
                  View mean, View rstd, int N, int C) {
@@ -127,8 +128,8 @@ void ln_backward(const StepContext& s, View dinp, View dw, View db, View dout, V
 
 }  // namespace
 
-void ln_apply(const StepContext& s, View out, View inp, View mean, View rstd, View w, View b,
-              int N, int C) {
+void ln_apply(const StepContext& s, View out, View inp, View mean, View rstd, View w, View b, int N,
+              int C) {
   const auto [wide, out16] = wide_and_16(out);
   s.be.layernorm_apply(wide.shaped(N, C), inp.shaped(N, C), mean.shaped(1, N), rstd.shaped(1, N),
                        w.shaped(1, C), b.shaped(1, C), out16.shaped(N, C));
@@ -158,9 +159,8 @@ bool ffn_up_backward_16(const StepContext& s, const LayerRecord& a, const LayerV
   const View d16 = s.ws.get(Rec::dout16).shaped(Tn, I);
   s.be.gelu_backward(d16, g.inter_b.shaped(1, I), a.inter.shaped(Tn, I), dgelu.shaped(Tn, I),
                      GradWrite::overwrite);
-  s.be.linear_backward(dh1.shaped(Tn, C), g.inter_w.shaped(I, C), View(), d16,
-                       a.h1.shaped(Tn, C), W16.shaped(I, C), nullptr, GradWrite::accumulate,
-                       View());
+  s.be.linear_backward(dh1.shaped(Tn, C), g.inter_w.shaped(I, C), View(), d16, a.h1.shaped(Tn, C),
+                       W16.shaped(I, C), nullptr, GradWrite::accumulate, View());
   return true;
 }
 
@@ -180,8 +180,9 @@ void attention_grad(const StepContext& s, int layer, const LayerRecord& a, View 
   const int Tn = s.T_(), C = s.config.hidden_size;
   s.be.attention_backward(dqkv.shaped(Tn, 3 * C), datt.shaped(Tn, C), a.qkv.shaped(Tn, 3 * C),
                           probs_of(s, a), s.tokens.cu_seqlens.data(), s.n_seq(),
-                          s.config.num_attention_heads, attention_dropout(s, layer),
-                          s.probs_offsets, s.ws.get(Rec::attn_work), GradWrite::overwrite);
+                          s.config.num_attention_heads, kernels::kGlobalAttention,
+                          attention_dropout(s, layer), s.probs_offsets, s.ws.get(Rec::attn_work),
+                          GradWrite::overwrite);
 }
 
 }  // namespace
@@ -284,8 +285,8 @@ void encoder_layer_forward(const StepContext& s, int layer, const LayerView& w,
          w.qkv_b, Tn, C, 3 * C);
   s.tick();
   s.be.attention_forward(a.att.shaped(Tn, C), probs_of(s, a), qkv, s.tokens.cu_seqlens.data(),
-                         s.n_seq(), c.num_attention_heads, attention_dropout(s, layer),
-                         s.probs_offsets, s.ws.get(Rec::attn_work));
+                         s.n_seq(), c.num_attention_heads, kernels::kGlobalAttention,
+                         attention_dropout(s, layer), s.probs_offsets, s.ws.get(Rec::attn_work));
   s.tick();
   linear(s, pattern_of(s, layer, &LayerPatterns::attn_out), tmp.shaped(Tn, C), a.att, w.attn_out_w,
          W16(&LayerView::attn_out_w), w.attn_out_b, Tn, C, C);
@@ -302,9 +303,8 @@ void encoder_layer_forward(const StepContext& s, int layer, const LayerView& w,
   ln_forward(s, out, a.ln2_mean, a.ln2_rstd, a.r2, w.ln2_w, w.ln2_b, Tn, C, out_wide);
 }
 
-void encoder_layer_backward(const StepContext& s, int layer, const LayerView& w,
-                            const LayerView& g, const LayerRecord& a, View in, View dout,
-                            View dinp) {
+void encoder_layer_backward(const StepContext& s, int layer, const LayerView& w, const LayerView& g,
+                            const LayerRecord& a, View in, View dout, View dinp) {
   const BertConfig& c = s.config;
   const int Tn = s.T_(), C = c.hidden_size, I = c.intermediate_size;
   const int64_t TC = static_cast<int64_t>(Tn) * C, TI = static_cast<int64_t>(Tn) * I;

@@ -165,19 +165,6 @@ int64_t attention_scratch_elems(int max_len, int threads, int head_size) {
 
 namespace {
 
-// The probabilities of one (sequence, head) block: P = softmax(Q Kᵀ / sqrt(hs)) row by row. The
-// forward pass and the recomputing backward pass both call this, so a rebuilt block is the kept
-// one bit for bit.
-// Q: the block's queries, rows `ld` apart, its keys `off` further on (a Head below).
-template <typename T>
-void probs_block(T* P, const T* Q, int ld, int off, int L, int hs, T scale) {
-  gemm(false, true, L, L, hs, scale, Q, ld, Q + off, ld, T(0), P, L);
-  for (int i = 0; i < L; ++i) {
-    const int64_t r = static_cast<int64_t>(i) * L;
-    softmax_row(P + r, P + r, L);
-  }
-}
-
 // One (sequence, head) block's q | k | v as T rows: q at `q`, rows `ld` apart, k and v `off` and
 // 2 * `off` further on. A T qkv is read in place (ld = 3C, off = C); a bf16 qkv is widened into
 // the thread's scratch ([L, 3 hs]: ld = 3 hs, off = hs), once per block.
@@ -234,13 +221,13 @@ struct Work {
   T* scratch;
   int64_t per_thread;
   int max_len;
-  Work(AttentionWork<T> w, const int32_t* cu_seqlens, int n_seq, int C, int NH) {
+  Work(AttentionWork<T> w, const int32_t* cu_seqlens, int n_seq, int C, int NH, int window) {
     const int L = max_length(cu_seqlens, n_seq);
     max_len = L;
     per_thread = attention_scratch_elems(L, 1, C / NH);
     offsets = w.offsets;
     if (!offsets) {
-      own_offsets = attention_probs_offsets(cu_seqlens, n_seq, NH);
+      own_offsets = attention_probs_offsets(cu_seqlens, n_seq, NH, window);
       offsets = own_offsets.data();
     }
     scratch = w.scratch;
@@ -314,22 +301,56 @@ Operands<T> block_operands(const S* qkv, int a, int L, int h, int hs, int C, T* 
   return b;
 }
 
-// The T form's products, each a T gemm over the whole block. P = softmax(scale Q Kᵀ) row by row:
-// forward and a recomputing backward both call this, so a rebuilt block is the kept one bit for
-// bit.
-template <typename T>
-void block_probs(T* P, const Operands<T>& b, T scale) {
-  probs_block(P, b.x.q, b.x.ld, b.x.off, b.L, b.hs, scale);
+// The T form goes through a block a tile at a time (attention_layout.h): queries i0 .. i0 + rows
+// against the band of B keys from k0; global attention is one tile of the whole block (rows = B
+// = L, k0 = 0). half: window / 2, the reach of a query under sliding-window attention.
+struct Tile {
+  int i0, rows, k0, B, half;
+  bool global;
+  // Row i's keys within reach, as columns of the band: [lo(i), hi(i)).
+  int lo(int i) const { return global ? 0 : std::max(0, i0 + i - half - k0); }
+  int hi(int i) const { return global ? B : std::min(B, i0 + i + half + 1 - k0); }
+};
+Tile tile_at(int i0, int L, int window) {
+  const int tile = static_cast<int>(attention_tile(L, window));
+  return {i0,
+          std::min(tile, L - i0),
+          static_cast<int>(attention_band_start(i0, L, window)),
+          static_cast<int>(attention_band(L, window)),
+          window / 2,
+          attention_band(L, window) == L && window <= 0};
 }
-// out[L, hs] (rows ldo apart) = Pv V.
+
+// The T form's products, each a T gemm over a tile. P[rows, B] = softmax(scale Q Kᵀ) row by row
+// over the keys within each row's reach (0 elsewhere): forward and a recomputing backward both
+// call this, so a rebuilt block is the kept one bit for bit.
 template <typename T>
-void block_pv(T* out, int ldo, const T* Pv, const Operands<T>& b) {
-  gemm(false, false, b.L, b.hs, b.L, T(1), Pv, b.L, b.x.q + 2 * b.x.off, b.x.ld, T(0), out, ldo);
+void tile_probs(T* P, const Operands<T>& b, const Tile& t, T scale) {
+  const int ld = b.x.ld;
+  const T* q = b.x.q + static_cast<int64_t>(t.i0) * ld;
+  const T* k = b.x.q + b.x.off + static_cast<int64_t>(t.k0) * ld;
+  gemm(false, true, t.rows, t.B, b.hs, scale, q, ld, k, ld, T(0), P, t.B);
+  for (int i = 0; i < t.rows; ++i) {
+    T* p = P + static_cast<int64_t>(i) * t.B;
+    const int lo = t.lo(i), hi = t.hi(i);
+    softmax_row(p + lo, p + lo, hi - lo);
+    std::fill(p, p + lo, T(0));
+    std::fill(p + hi, p + t.B, T(0));
+  }
 }
-// dP[L, L] = dO Vᵀ (dO rows ldo apart).
+// The tile's rows of out (rows ldo apart from the block's first) = Pv V.
 template <typename T>
-void block_dp(T* dP, const T* dO, int ldo, const Operands<T>& b) {
-  gemm(false, true, b.L, b.L, b.hs, T(1), dO, ldo, b.x.q + 2 * b.x.off, b.x.ld, T(0), dP, b.L);
+void tile_pv(T* out, int ldo, const T* Pv, const Operands<T>& b, const Tile& t) {
+  const T* v = b.x.q + 2 * b.x.off + static_cast<int64_t>(t.k0) * b.x.ld;
+  gemm(false, false, t.rows, b.hs, t.B, T(1), Pv, t.B, v, b.x.ld, T(0),
+       out + static_cast<int64_t>(t.i0) * ldo, ldo);
+}
+// dP[rows, B] = dO Vᵀ (dO: the block's, rows ldo apart).
+template <typename T>
+void tile_dp(T* dP, const T* dO, int ldo, const Operands<T>& b, const Tile& t) {
+  const T* v = b.x.q + 2 * b.x.off + static_cast<int64_t>(t.k0) * b.x.ld;
+  gemm(false, true, t.rows, t.B, b.hs, T(1), dO + static_cast<int64_t>(t.i0) * ldo, ldo, v, b.x.ld,
+       T(0), dP, t.B);
 }
 
 // The bf16 form goes through a block kStrip rows at a time, with the keys and the values (or
@@ -378,15 +399,21 @@ void probs_strip(float* P, const Operands<float>& b, const Strips& st, int i0, i
 // rounding), applied after the bf16 products as rank-one corrections:
 //   dQ' = dS K - e ⊗ mean_j(k_j),   dK' = dSᵀ Q - 1 ⊗ (Σ_i e_i q_i) / L,
 // whose rows sum, for dK', to 0 up to fp32 rounding.
+// The T form, a tile at a time: dV and dK of the band's keys, dQ of the tile's queries (dQ, dO:
+// the block's first rows).
 template <typename T>
-void block_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int ldo,
-                       const Operands<T>& b, GradWrite mode) {
-  const int L = b.L, hs = b.hs, C = ld / 3;
+void tile_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int ldo,
+                      const Operands<T>& b, const Tile& t, GradWrite mode) {
+  const int hs = b.hs, C = ld / 3, xl = b.x.ld;
   const T beta = mode == GradWrite::accumulate ? T(1) : T(0);
   const T* Q = b.x.q;
-  gemm(true, false, L, hs, L, T(1), Pv, L, dO, ldo, beta, dQ + 2 * C, ld);       // dV
-  gemm(false, false, L, hs, L, T(1), dS, L, Q + b.x.off, b.x.ld, beta, dQ, ld);  // dQ
-  gemm(true, false, L, hs, L, T(1), dS, L, Q, b.x.ld, beta, dQ + C, ld);         // dK
+  const int64_t i0 = t.i0, k0 = t.k0;
+  gemm(true, false, t.B, hs, t.rows, T(1), Pv, t.B, dO + i0 * ldo, ldo, beta, dQ + 2 * C + k0 * ld,
+       ld);  // dV
+  gemm(false, false, t.rows, hs, t.B, T(1), dS, t.B, Q + b.x.off + k0 * xl, xl, beta, dQ + i0 * ld,
+       ld);  // dQ
+  gemm(true, false, t.B, hs, t.rows, T(1), dS, t.B, Q + i0 * xl, xl, beta, dQ + C + k0 * ld,
+       ld);  // dK
 }
 // row_sums: e (at b.corrections + 2 hs).
 void block_input_grads16(float* dQ, int ld, const bf16* Pv16, const bf16* dS16, const float* dO,
@@ -503,14 +530,18 @@ struct BlockConstants {
   DropoutMask mask;
   Work<T> w;
   bool products16;
-  BlockConstants(const int32_t* cu_seqlens, int n_seq, int C, int NH,
+  int window;
+  BlockConstants(const int32_t* cu_seqlens, int n_seq, int C, int NH, int window_,
                  const AttentionDropout& dropout, AttentionWork<T> work)
       : hs(C / NH),
         scale(T(1) / std::sqrt(static_cast<T>(hs))),
         keep_scale(static_cast<T>(1.0 / (1.0 - dropout.p))),
         mask(dropout.seed, dropout.key, dropout.p),
-        w(work, cu_seqlens, n_seq, C, NH),
-        products16(std::is_same_v<S, bf16> && block_gemm_bf16_available()) {}
+        w(work, cu_seqlens, n_seq, C, NH, window_),
+        products16(std::is_same_v<S, bf16> && block_gemm_bf16_available()),
+        window(window_) {}
+  // The probabilities' row length in a sequence of L tokens (L: global attention).
+  int band(int L) const { return static_cast<int>(attention_band(L, window)); }
 };
 
 // S: the storage of qkv (T, or bf16 | f16 widened per block; bf16 products read bf16 as stored).
@@ -520,18 +551,22 @@ struct BlockConstants {
 // reads the rounded ones).
 template <typename T, typename O, typename S, typename P_>
 void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seqlens, int n_seq,
-                          int C, int NH, AttentionDropout dropout, AttentionWork<T> work) {
-  const BlockConstants<T, S> k(cu_seqlens, n_seq, C, NH, dropout, work);
+                          int C, int NH, int window, AttentionDropout dropout,
+                          AttentionWork<T> work) {
+  const BlockConstants<T, S> k(cu_seqlens, n_seq, C, NH, window, dropout, work);
   const Work<T>& w = k.w;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {
-      const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
-      const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * L * L;
+      const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a, B = k.band(L);
+      const int64_t LB = static_cast<int64_t>(L) * B;
+      const int64_t first = w.offsets[s] + h * LB;
       const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) +
-                            static_cast<int64_t>(h) * L * L;  // its place in the dropout stream
+                            h * LB;  // its place in the dropout stream
       T* mine = w.thread_scratch();
-      const Operands<T> x = block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16);
+      // bf16 block products take whole blocks of global attention only.
+      const Operands<T> x =
+          block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16 && B == L);
       // out = Pv V through `into(dst, ld)`, in place, or into scratch and rounded.
       auto write_out = [&](auto into) {
         if constexpr (std::is_same_v<O, T>) {
@@ -554,20 +589,26 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
           });
           continue;
         }
-      T* P = mine;  // the probabilities (kept in place when stored in T)
-      if constexpr (std::is_same_v<P_, T>)
-        if (probs) P = probs + first;
-      T* Pd = mine + static_cast<int64_t>(L) * L;  // their dropped copy
-      block_probs(P, x, k.scale);
-      if constexpr (!std::is_same_v<P_, T>)
-        if (probs) store_rounded_nt(probs + first, P, static_cast<int64_t>(L) * L);
-      // Pv = P or its dropped copy.
-      if (dropout.p > 0)
-        for (int i = 0; i < L; ++i) {
-          const int64_t r = static_cast<int64_t>(i) * L;
-          drop_row(Pd + r, P + r, L, k.mask, drawn + r, k.keep_scale);
+      write_out([&](T* dst, int ld) {
+        for (int i0 = 0; i0 < L; i0 += static_cast<int>(attention_tile(L, window))) {
+          const Tile t = tile_at(i0, L, window);
+          const int64_t at = static_cast<int64_t>(i0) * B, n = static_cast<int64_t>(t.rows) * B;
+          T* P = mine;  // the tile's probabilities (kept in place when stored in T)
+          if constexpr (std::is_same_v<P_, T>)
+            if (probs) P = probs + first + at;
+          T* Pd = mine + static_cast<int64_t>(L) * L;  // their dropped copy
+          tile_probs(P, x, t, k.scale);
+          if constexpr (!std::is_same_v<P_, T>)
+            if (probs) store_rounded_nt(probs + first + at, P, n);
+          // Pv = P or its dropped copy.
+          if (dropout.p > 0)
+            for (int i = 0; i < t.rows; ++i) {
+              const int64_t r = static_cast<int64_t>(i) * B;
+              drop_row(Pd + r, P + r, B, k.mask, drawn + at + r, k.keep_scale);
+            }
+          tile_pv(dst, ld, dropout.p > 0 ? Pd : P, x, t);
         }
-      write_out([&](T* dst, int ld) { block_pv(dst, ld, dropout.p > 0 ? Pd : P, x); });
+      });
     }
 }
 
@@ -575,18 +616,19 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
 
 template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const int32_t* cu_seqlens, int n_seq, int C,
-                       int NH, AttentionDropout dropout, AttentionWork<T> work) {
-  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
+                       int NH, int window, AttentionDropout dropout, AttentionWork<T> work) {
+  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, window, dropout, work);
 }
 
 void attention_forward(bf16* out, bf16* probs, const bf16* qkv, const int32_t* cu_seqlens,
-                       int n_seq, int C, int NH, AttentionDropout dropout,
+                       int n_seq, int C, int NH, int window, AttentionDropout dropout,
                        AttentionWork<float> work) {
-  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
+  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, window, dropout, work);
 }
 void attention_forward(f16* out, f16* probs, const f16* qkv, const int32_t* cu_seqlens, int n_seq,
-                       int C, int NH, AttentionDropout dropout, AttentionWork<float> work) {
-  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, dropout, work);
+                       int C, int NH, int window, AttentionDropout dropout,
+                       AttentionWork<float> work) {
+  attention_forward_to(out, probs, qkv, cu_seqlens, n_seq, C, NH, window, dropout, work);
 }
 
 namespace {
@@ -595,20 +637,21 @@ namespace {
 // (probs null) rounded through bf16 first, so that backward sees the same values either way.
 template <typename T, typename S, typename P_>
 void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* probs,
-                             const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                             const int32_t* cu_seqlens, int n_seq, int C, int NH, int window,
                              AttentionDropout dropout, AttentionWork<T> work, GradWrite mode) {
-  const BlockConstants<T, S> k(cu_seqlens, n_seq, C, NH, dropout, work);
+  const BlockConstants<T, S> k(cu_seqlens, n_seq, C, NH, window, dropout, work);
   const Work<T>& w = k.w;
   const int C3 = 3 * C;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < NH; ++h) {
-      const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
-      const int64_t LL = static_cast<int64_t>(L) * L;
-      const int64_t first = w.offsets[s] + static_cast<int64_t>(h) * LL;
-      const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) + h * LL;
+      const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a, B = k.band(L);
+      const int64_t LL = static_cast<int64_t>(L) * L, LB = static_cast<int64_t>(L) * B;
+      const int64_t first = w.offsets[s] + h * LB;
+      const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) + h * LB;
       T* mine = w.thread_scratch();
-      const Operands<T> x = block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16);
+      const Operands<T> x =
+          block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16 && B == L);
       T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * k.hs;
       const T* dO = dout + static_cast<int64_t>(a) * C + h * k.hs;
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
@@ -620,30 +663,43 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
           block_input_grads16(dQ, C3, Pv16, dS16, dO, C, x, mode);  // dV, dQ, dK
           continue;
         }
-      T* rebuilt = mine + 2 * LL;
-      const T* P = rebuilt;  // the kept probabilities, or rebuilt ones in scratch
-      if constexpr (std::is_same_v<P_, T>) {
-        if (probs)
-          P = probs + first;
-        else
-          block_probs(rebuilt, x, k.scale);
-      } else {
-        if (probs)
-          for (int64_t i = 0; i < LL; ++i) rebuilt[i] = to_float(probs[first + i]);
-        else
-          block_probs(rebuilt, x, k.scale);
+      // Tiles' bands overlap in dK and dV: written over, the block is cleared, then summed into.
+      const int tile = static_cast<int>(attention_tile(L, window));
+      GradWrite tile_mode = mode;
+      if (tile < L && mode == GradWrite::overwrite) {
         for (int i = 0; i < L; ++i)
-          decode_probs_row<P_>(rebuilt + static_cast<int64_t>(i) * L, L, probs == nullptr);
+          for (int part = 0; part < 3; ++part)
+            std::fill_n(dQ + static_cast<int64_t>(i) * C3 + part * C, k.hs, T(0));
+        tile_mode = GradWrite::accumulate;
       }
-      block_dp(dP, dO, C, x);  // dO Vᵀ
-      // Through the dropout k.mask, then the softmax: dS = P (dP - rowsum(P dP)) * k.scale.
-      for (int i = 0; i < L; ++i) {
-        const int64_t r = static_cast<int64_t>(i) * L;
-        if (dropout.p > 0)
-          drop_rows_backward(Pd + r, dP + r, P + r, L, k.mask, drawn + r, k.keep_scale);
-        softmax_backward_row(dP + r, P + r, L, k.scale);
+      for (int i0 = 0; i0 < L; i0 += tile) {
+        const Tile t = tile_at(i0, L, window);
+        const int64_t at = static_cast<int64_t>(i0) * B, n = static_cast<int64_t>(t.rows) * B;
+        T* rebuilt = mine + 2 * LL;
+        const T* P = rebuilt;  // the kept probabilities, or rebuilt ones in scratch
+        if constexpr (std::is_same_v<P_, T>) {
+          if (probs)
+            P = probs + first + at;
+          else
+            tile_probs(rebuilt, x, t, k.scale);
+        } else {
+          if (probs)
+            for (int64_t i = 0; i < n; ++i) rebuilt[i] = to_float(probs[first + at + i]);
+          else
+            tile_probs(rebuilt, x, t, k.scale);
+          for (int i = 0; i < t.rows; ++i)
+            decode_probs_row<P_>(rebuilt + static_cast<int64_t>(i) * B, B, probs == nullptr);
+        }
+        tile_dp(dP, dO, C, x, t);  // dO Vᵀ
+        // Through the dropout k.mask, then the softmax: dS = P (dP - rowsum(P dP)) * k.scale.
+        for (int i = 0; i < t.rows; ++i) {
+          const int64_t r = static_cast<int64_t>(i) * B;
+          if (dropout.p > 0)
+            drop_rows_backward(Pd + r, dP + r, P + r, B, k.mask, drawn + at + r, k.keep_scale);
+          softmax_backward_row(dP + r, P + r, B, k.scale);
+        }
+        tile_input_grads(dQ, C3, dropout.p > 0 ? Pd : P, dP, dO, C, x, t, tile_mode);
       }
-      block_input_grads(dQ, C3, dropout.p > 0 ? Pd : P, dP, dO, C, x, mode);  // dV, dQ, dK
     }
 }
 
@@ -651,31 +707,34 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs,
-                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH, int window,
                         AttentionDropout dropout, AttentionWork<T> work, GradWrite mode) {
-  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work, mode);
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, window, dropout, work,
+                          mode);
 }
 
 void attention_backward(float* dqkv, const float* dout, const bf16* qkv, const bf16* probs,
-                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH, int window,
                         AttentionDropout dropout, AttentionWork<float> work, GradWrite mode) {
-  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work, mode);
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, window, dropout, work,
+                          mode);
 }
 void attention_backward(float* dqkv, const float* dout, const f16* qkv, const f16* probs,
-                        const int32_t* cu_seqlens, int n_seq, int C, int NH,
+                        const int32_t* cu_seqlens, int n_seq, int C, int NH, int window,
                         AttentionDropout dropout, AttentionWork<float> work, GradWrite mode) {
-  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, dropout, work, mode);
+  attention_backward_from(dqkv, dout, qkv, probs, cu_seqlens, n_seq, C, NH, window, dropout, work,
+                          mode);
 }
 
 template void attention_forward<float>(float*, float*, const float*, const int32_t*, int, int, int,
-                                       AttentionDropout, AttentionWork<float>);
+                                       int, AttentionDropout, AttentionWork<float>);
 template void attention_forward<double>(double*, double*, const double*, const int32_t*, int, int,
-                                        int, AttentionDropout, AttentionWork<double>);
+                                        int, int, AttentionDropout, AttentionWork<double>);
 template void attention_backward<float>(float*, const float*, const float*, const float*,
-                                        const int32_t*, int, int, int, AttentionDropout,
+                                        const int32_t*, int, int, int, int, AttentionDropout,
                                         AttentionWork<float>, GradWrite);
 template void attention_backward<double>(double*, const double*, const double*, const double*,
-                                         const int32_t*, int, int, int, AttentionDropout,
+                                         const int32_t*, int, int, int, int, AttentionDropout,
                                          AttentionWork<double>, GradWrite);
 
 }  // namespace packbert::kernels::inline PACKBERT_CPU_ISA

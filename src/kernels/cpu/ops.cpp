@@ -424,27 +424,27 @@ void cross_entropy_backward(View dlogits, View dbias, View logits, View lse, con
 }
 
 void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq, int NH,
-                       AttentionDropout dropout, const int64_t* offsets, View scratch) {
+                       int window, AttentionDropout dropout, const int64_t* offsets, View scratch) {
   require_contiguous("attention_forward", {&out, &probs, &qkv});
   const int C = i32(out.cols);
   with_type(qkv.dtype, [&](auto t) {
     using T = decltype(t);
     using W = std::conditional_t<std::is_same_v<T, double>, double, float>;
     kernels::attention_forward(ptr<T>(out), ptr<T>(probs), ptr<const T>(qkv), cu_seqlens, n_seq, C,
-                               NH, dropout, AttentionWork<W>{offsets, ptr<W>(scratch)});
+                               NH, window, dropout, AttentionWork<W>{offsets, ptr<W>(scratch)});
   });
 }
 
 void attention_backward(View dqkv, View dout, View qkv, View probs, const int32_t* cu_seqlens,
-                        int n_seq, int NH, AttentionDropout dropout, const int64_t* offsets,
-                        View scratch, GradWrite mode) {
+                        int n_seq, int NH, int window, AttentionDropout dropout,
+                        const int64_t* offsets, View scratch, GradWrite mode) {
   require_contiguous("attention_backward", {&dqkv, &dout, &qkv, &probs});
   const int C = i32(dout.cols);
   with_type(qkv.dtype, [&](auto t) {
     using I = decltype(t);
     using T = std::conditional_t<std::is_same_v<I, double>, double, float>;
     kernels::attention_backward(ptr<T>(dqkv), ptr<const T>(dout), ptr<const I>(qkv),
-                                ptr<const I>(probs), cu_seqlens, n_seq, C, NH, dropout,
+                                ptr<const I>(probs), cu_seqlens, n_seq, C, NH, window, dropout,
                                 AttentionWork<T>{offsets, ptr<T>(scratch)}, mode);
   });
 }
