@@ -3,6 +3,8 @@
 // to what PyTorch held, and nothing in a hostile file may run or crash the reader.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "cli_runner.h"
@@ -10,7 +12,10 @@
 #include "io/safetensors.h"
 #include "io/torch_file.h"
 #include "io/zip.h"
+#include "model/bert.h"
+#include "model/config.h"
 #include "model/hf_import.h"
+#include "model/params.h"
 #include "train/model_files.h"
 #include "train/trainer.h"
 
@@ -20,6 +25,7 @@ namespace {
 using testing::CliTest;
 using testing::Result;
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 const std::string kTorch = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/torch";
 
@@ -234,6 +240,136 @@ TEST_F(Convert, APackbertCheckpointIsExported) {
 }
 
 // --init (train::load_model) reads every form convert does, with the same values.
+// ModernBERT directories as transformers' save_pretrained writes them (tools/make_modernbert_
+// fixture.py, torch modules written from modeling_modernbert.py; the tied decoder weight left
+// out): a masked-LM model, a sequence classifier with every bias and mean pooling, a QA model.
+// convert keeps every tensor, the config and the tokenizer.json; export of the converted
+// directory, which loads it into packbert's ModernBERT layout, writes every tensor bit-identical
+// under the same names and shapes (no more, no fewer), the architecture and every config field.
+const std::string kModernBert = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/modernbert";
+const char* kTokenizerJson =
+    R"({"version":"1.0","model":{"type":"BPE","vocab":{"a":0},"merges":[]}})"
+    "\n";
+
+TEST_F(Convert, ModernBertDirectoriesConvertAndExportBitIdentical) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"mlm", "pre-training"}, {"classifier", "classifier"}, {"qa", "span (SQuAD)"}};
+  for (const auto& [name, head] : cases) {
+    SCOPED_TRACE(name);
+    const fs::path src = dir_ / (std::string("src_") + name);
+    fs::copy(kModernBert + "/" + name, src);
+    std::ofstream(src / "tokenizer.json") << kTokenizerJson;
+    const fs::path converted = dir_ / (std::string("c_") + name);
+    const Result c = run("convert " + src.string() + " --out " + converted.string());
+    ASSERT_EQ(c.code, 0) << c.err;
+    EXPECT_NE(c.out.find(std::string("heads:   ") + head), std::string::npos) << c.out;
+    EXPECT_EQ(c.out.find("absent:"), std::string::npos) << c.out;
+    const io::SafetensorsFile source =
+        io::SafetensorsFile::read((src / "model.safetensors").string());
+    expect_identical(io::SafetensorsFile::read((converted / "model.safetensors").string()), source);
+    EXPECT_EQ(testing::slurp(converted / "config.json"), testing::slurp(src / "config.json"));
+    EXPECT_EQ(testing::slurp(converted / "tokenizer.json"), kTokenizerJson);
+    EXPECT_FALSE(fs::exists(converted / "vocab.txt"));
+
+    const fs::path exported = dir_ / (std::string("e_") + name);
+    const Result e = run("export --model " + converted.string() + " --out " + exported.string());
+    ASSERT_EQ(e.code, 0) << e.err;
+    expect_identical(io::SafetensorsFile::read((exported / "model.safetensors").string()), source);
+    const json want = json::parse(testing::slurp(src / "config.json"));
+    const json got = json::parse(testing::slurp(exported / "config.json"));
+    for (const auto& [key, value] : want.items())
+      if (key != "transformers_version") {
+        ASSERT_TRUE(got.contains(key)) << key;
+        EXPECT_EQ(got[key], value) << key;
+      }
+    EXPECT_EQ(testing::slurp(exported / "tokenizer.json"), kTokenizerJson);
+    EXPECT_FALSE(fs::exists(exported / "vocab.txt"));
+  }
+}
+
+// What ModernBERT's tensors and config come to in packbert: the layout's names are transformers'
+// (layer 0 without an attention norm, a bias only where the config asks for one), the older and
+// newer config keys read the same, and what packbert cannot run is refused by its key.
+TEST(ModernBertConfig, ReadsBothFormsAndRefusesWhatItCannotRun) {
+  const json mlm = json::parse(testing::slurp(kModernBert + "/mlm/config.json"));
+  const model::BertConfig c = model::config_from_json(mlm, "mlm");
+  EXPECT_EQ(c.family, model::Family::modernbert);
+  EXPECT_EQ(c.modern.local_attention, 8);
+  EXPECT_EQ(c.modern.window(0), 0);  // global every 3rd layer from layer 0
+  EXPECT_EQ(c.modern.window(1), 8);
+  EXPECT_EQ(c.modern.window(3), 0);
+  EXPECT_EQ(c.modern.rope_theta(0), 160000.0);
+  EXPECT_EQ(c.modern.rope_theta(2), 10000.0);
+  EXPECT_EQ(c.layer_norm_eps, 1e-5);
+  const model::ParamLayout layout(c, model::Heads{true, false, false});
+  EXPECT_EQ(layout.find("model.layers.0.attn_norm.weight"), nullptr);
+  EXPECT_NE(layout.find("model.layers.1.attn_norm.weight"), nullptr);
+  EXPECT_EQ(layout.find("model.layers.1.attn.Wqkv.bias"), nullptr);
+  ASSERT_NE(layout.find("model.layers.1.mlp.Wi.weight"), nullptr);
+  EXPECT_EQ(layout.find("model.layers.1.mlp.Wi.weight")->shape, (std::vector<int64_t>{2 * 24, 16}));
+  EXPECT_TRUE(layout.find("model.final_norm.weight")->no_decay);
+  EXPECT_TRUE(layout.find("decoder.bias")->no_decay);
+  EXPECT_FALSE(layout.find("head.dense.weight")->no_decay);
+
+  // transformers 5's keys: layer_types and rope_parameters.
+  json modern = mlm;
+  for (const char* key : {"global_attn_every_n_layers", "global_rope_theta", "local_rope_theta"})
+    modern.erase(key);
+  modern["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
+                           "full_attention"};
+  modern["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "default"}, {"rope_theta", 160000.0}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
+  EXPECT_EQ(model::config_from_json(modern, "new").modern, c.modern);
+  // And back: what packbert writes reads as it was read.
+  EXPECT_EQ(model::config_from_json(model::config_to_json(c, "ModernBertForMaskedLM"), "w").modern,
+            c.modern);
+
+  const std::pair<json, const char*> refused[] = {
+      {{{"hidden_activation", "silu"}}, "hidden_activation \"silu\" is not supported"},
+      {{{"classifier_activation", "tanh"}}, "classifier_activation \"tanh\" is not supported"},
+      {{{"tie_word_embeddings", false}}, "tie_word_embeddings false is not supported"},
+      {{{"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}}}, "rope_scaling"},
+      {{{"rope_parameters", {{"full_attention", {{"rope_type", "yarn"}}}}}}, "rope_type \"yarn\""},
+      {{{"layer_types",
+         {"full_attention", "full_attention", "sliding_attention", "sliding_attention"}}},
+       "layer_types is not periodic"},
+      {{{"layer_types",
+         {"sliding_attention", "full_attention", "full_attention", "full_attention"}}},
+       "layer_types starts with a sliding layer"},
+      {{{"classifier_pooling", "max"}}, "classifier_pooling \"max\""},
+      {{{"local_attention", 7}}, "local_attention 7 must be positive and even"},
+      {{{"model_type", "roberta"}}, "model_type \"roberta\" is not BERT or ModernBERT"},
+  };
+  for (const auto& [change, message] : refused) {
+    json j = mlm;
+    j.update(change);
+    try {
+      (void)model::config_from_json(j, "cfg");
+      ADD_FAILURE() << change.dump() << " was read";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Until ModernBERT's layers are built, running the model (every step, evaluation and prediction
+// goes through forward) is refused in one line naming what is missing, before it reads anything.
+TEST(ModernBertModel, RunningItIsRefusedUntilItsLayersAreBuilt) {
+  const model::BertConfig c =
+      model::config_from_json(json::parse(testing::slurp(kModernBert + "/mlm/config.json")), "mlm");
+  model::BertModel m(c, model::Heads{true, false, false});
+  try {
+    (void)m.forward(model::PackedBatch{}, model::StepOptions{});
+    ADD_FAILURE() << "ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("ModernBERT's encoder layers are not built yet"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Import, LoadModelReadsEveryForm) {
   const io::SafetensorsFile want = expected();
   for (const std::string src : {"/tied", "/sharded", "/sharded/pytorch_model.bin.index.json",

@@ -50,7 +50,7 @@ void run_convert(const ConvertArgs& a) {
     return;
   }
   const model::ImportedModel m = model::import_model(a.src, a.config, /*infer=*/true);
-  const model::Heads heads = model::heads_present(m.weights);
+  const model::Heads heads = model::heads_present(m);
   const std::vector<std::string> absent = model::check_imported(m, heads);
   const std::string vocab = a.vocab.empty() ? m.vocab : a.vocab;
   if (!vocab.empty()) check_vocab(vocab, m.config.vocab_size);
@@ -72,7 +72,7 @@ void run_convert(const ConvertArgs& a) {
   std::cout << "converted " << a.src << " (" << m.format << ") -> " << a.out
             << "/{config.json, model.safetensors"
             << (vocab.empty() ? "" : ", vocab.txt, tokenizer_config.json, special_tokens_map.json")
-            << "}\n"
+            << (m.tokenizer_json.empty() ? "" : ", tokenizer.json") << "}\n"
             << "  tensors: " << m.weights.tensors().size() << " (" << dtype_text
             << "; values as stored)";
   if (m.renamed) std::cout << ", " << m.renamed << " renamed to BertForPreTraining's names";
@@ -88,7 +88,11 @@ void run_convert(const ConvertArgs& a) {
               << " tensor(s) of packbert's layout for these heads (" << absent.front()
               << (absent.size() > 1 ? ", ..." : "") << "); --init needs them for those heads\n";
   }
-  if (vocab.empty())
+  if (!m.tokenizer_json.empty() && vocab.empty())
+    std::cout << "  tokenizer: " << m.tokenizer_json << " (copied)\n";
+  else if (m.config.family == model::Family::modernbert)
+    std::cout << "  tokenizer: no tokenizer.json beside the source\n";
+  else if (vocab.empty())
     std::cout << "  vocab:   none beside the source; give --vocab to include one\n";
 }
 

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "error.h"
 #include "io/paths.h"
 #include "train/model_files.h"
 #include "train/trainer.h"
@@ -32,25 +33,38 @@ void register_export(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   ex->callback([x, xv, xo, dtype] {
-    const std::string vocab = model_vocab(*xv, x->first);
+    const train::ModelLabels source = train::model_labels(x->first);
+    // A ModernBERT's tokenizer is its tokenizer.json, copied as it is; BERT's is a vocab.txt.
+    const bool modern = source.family == model::Family::modernbert;
+    if (modern && !xv->empty())
+      throw InputError("--vocab: " + x->first +
+                       " is a ModernBERT model, whose tokenizer is the tokenizer.json beside it "
+                       "(export copies it)");
+    const std::string vocab = modern ? "" : model_vocab(*xv, x->first);
     io::refuse_directory_over_inputs({x->second, "--out"},
                                      {{x->first, "--checkpoint"}, {vocab, "--vocab"}});
-    const train::ModelLabels source = train::model_labels(x->first);
     // A masked-LM model has no pooler or NSP head: they are filled for loading and left out.
     train::FreshTensors fresh{1, 0, {}};
     auto m = train::load_model(x->first, source.heads, {}, source.masked_lm ? &fresh : nullptr);
     train::ModelFiles files;
     files.vocab = vocab;
-    files.lower_case = model_lower_case(x->first, vocab);
+    if (!modern) files.lower_case = model_lower_case(x->first, vocab);
+    if (modern) files.tokenizer_dir = source.tokenizer_dir;
     files.label_names = source.names;
     files.dtype = model::parse_precision(*dtype);
     files.masked_lm = source.masked_lm;
     files.pooler = source.pooler;
     train::export_model(*m, x->second, files, *xo);
-    std::cout << "wrote " << x->second
-              << "/{config.json, model.safetensors, vocab.txt, tokenizer_config.json, "
-                 "special_tokens_map.json} ("
-              << *dtype << ", vocabulary " << vocab << ")\n";
+    if (modern)
+      std::cout << "wrote " << x->second << "/{config.json, model.safetensors"
+                << (files.tokenizer_dir.empty() ? "" : ", tokenizer.json") << "} (" << *dtype
+                << (files.tokenizer_dir.empty() ? ", no tokenizer.json beside the model" : "")
+                << ")\n";
+    else
+      std::cout << "wrote " << x->second
+                << "/{config.json, model.safetensors, vocab.txt, tokenizer_config.json, "
+                   "special_tokens_map.json} ("
+                << *dtype << ", vocabulary " << vocab << ")\n";
   });
 }
 

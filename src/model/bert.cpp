@@ -46,16 +46,21 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
   };
   const Stage& st = layout_.stage();
   size_t end = layout_.total();
-  const size_t layers_begin = at(p_.layers[st.first].qkv_w);
+  // (a layer's first tensor: its query weight; a ModernBERT layer's attention norm, but layer 0's)
+  auto layer_begin = [&](int l) {
+    return at(p_.layers[l].ln1_w && config.family == Family::modernbert ? p_.layers[l].ln1_w
+                                                                        : p_.layers[l].qkv_w);
+  };
+  const size_t layers_begin = layer_begin(st.first);
   if (layout_.has_heads()) {
-    const size_t heads_begin = at(p_.pool_w);
+    const size_t heads_begin = at(config.family == Family::modernbert ? p_.final_ln_w : p_.pool_w);
     grad_ranges_.push_back({heads_begin, end});
     end = heads_begin;
     word_with_heads_ = !layout_.has_embeddings() && layers_begin > 0;
     if (word_with_heads_) grad_ranges_.push_back({0, layers_begin});
   }
   for (int l = st.end - 1; l >= st.first; --l) {
-    const size_t begin = at(p_.layers[l].qkv_w);
+    const size_t begin = layer_begin(l);
     grad_ranges_.push_back({begin, end});
     end = begin;
   }
@@ -325,6 +330,10 @@ ClassTargets BertModel::class_targets(const PackedBatch& batch) {
 
 Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options, View input,
                            const std::function<void()>& progress) {
+  if (config().family == Family::modernbert)
+    throw InputError(
+        "ModernBERT's encoder layers are not built yet: packbert converts and exports ModernBERT "
+        "models (convert, export), it does not yet train or evaluate them");
   if (layout_.has_embeddings() == static_cast<bool>(input))
     throw std::logic_error(layout_.has_embeddings()
                                ? "forward: a first stage computes its input (the embeddings)"

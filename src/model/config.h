@@ -6,7 +6,39 @@
 
 namespace packbert::model {
 
+// The model families packbert reads (docs/DESIGN.md §7c): BERT (2018) and ModernBERT (2024). A
+// family is its config.json fields, its tensor names (model/params.cpp) and its layer recipe.
+enum class Family { bert, modernbert };
+// config.json's model_type: "bert", "modernbert".
+const char* family_name(Family f);
+
+// ModernBERT's fields of config.json beyond BERT's, as transformers' ModernBertConfig reads them
+// (the older keys global_attn_every_n_layers / global_rope_theta / local_rope_theta, or the newer
+// layer_types / rope_parameters).
+struct ModernBertFields {
+  int global_attn_every_n_layers = 3;  // layer l attends globally when l % n == 0
+  int local_attention = 128;           // the other layers' window: local_attention / 2 each side
+  double global_rope_theta = 160000, local_rope_theta = 10000;
+  bool norm_bias = false, attention_bias = false, mlp_bias = false, classifier_bias = false;
+  bool decoder_bias = true;
+  std::string classifier_pooling = "cls";  // or "mean"
+  double embedding_dropout = 0, mlp_dropout = 0, classifier_dropout = 0;
+  double initializer_cutoff_factor = 2.0;
+  // Inference switches of transformers' ModernBERT, kept for the config packbert writes back.
+  bool deterministic_flash_attn = false, sparse_prediction = false;
+  int sparse_pred_ignore_index = -100;
+  int pad_token_id = 50283, eos_token_id = 50282, bos_token_id = 50281, cls_token_id = 50281,
+      sep_token_id = 50282;
+
+  bool global_layer(int l) const { return l % global_attn_every_n_layers == 0; }
+  // The attention window of layer l: 0 (global) or local_attention.
+  int window(int l) const { return global_layer(l) ? 0 : local_attention; }
+  double rope_theta(int l) const { return global_layer(l) ? global_rope_theta : local_rope_theta; }
+  bool operator==(const ModernBertFields&) const = default;
+};
+
 struct BertConfig {
+  Family family = Family::bert;
   int vocab_size = 30522;
   int hidden_size = 768;
   int num_hidden_layers = 12;
@@ -21,6 +53,9 @@ struct BertConfig {
   // The classification head's outputs; one output is a regression head (Hugging Face's rule for
   // BertForSequenceClassification: num_labels 1 is problem_type "regression", MSE loss).
   int num_labels = 2;
+  // ModernBERT's own fields (family modernbert; layer_norm_eps is its norm_eps and
+  // attention_probs_dropout_prob its attention_dropout; it has no token types).
+  ModernBertFields modern;
 
   bool regression() const { return num_labels == 1; }
 
@@ -54,11 +89,14 @@ BertConfig resolve_shape(const ShapeRequest& r);
 // A config.json read from `path` (InputError when it cannot be opened or parsed).
 BertConfig config_from_file(const std::string& path);
 
-// Hugging Face config.json <-> BertConfig. Unknown keys are ignored; keys that packbert cannot
-// honour (hidden_act other than gelu, position_embedding_type other than absolute) are errors.
+// Hugging Face config.json <-> BertConfig, for model_type "bert" (or none) and "modernbert".
+// Unknown keys are ignored; keys that packbert cannot honour (hidden_act other than gelu,
+// position_embedding_type other than absolute; ModernBERT's rope scaling, untied decoder, a layer
+// pattern other than a global layer every n) are errors naming the key.
 BertConfig config_from_json(const nlohmann::json& j, const std::string& source);
 // `architecture` is what transformers instantiates (BertForPreTraining,
-// BertForSequenceClassification, BertForQuestionAnswering); `label_names`, in id order, name the
+// BertForSequenceClassification, BertForQuestionAnswering; ModernBertForMaskedLM, ...); with
+// ModernBERT the keys every transformers since 4.48 reads; `label_names`, in id order, name the
 // classifier's outputs in id2label / label2id (LABEL_<i> when empty).
 nlohmann::json config_to_json(const BertConfig& c,
                               const std::string& architecture = "BertForPreTraining",

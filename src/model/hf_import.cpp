@@ -99,11 +99,26 @@ std::vector<io::TorchTensor> read_shards(const std::string& index, int& shards,
   return out;
 }
 
-// BertForPreTraining's name for a tensor (see the header); `bare`: the file is a BertModel's.
-std::string hf_name(std::string n, bool bare) {
+// What a file's tensor names say of it: a bare BertModel's (no "bert."), a bare ModernBertModel's
+// ("embeddings.tok_embeddings.weight").
+struct Bare {
+  bool bert = true, modernbert = false;
+  void see(const std::string& name) {
+    bert = bert && !name.starts_with("bert.");
+    modernbert = modernbert || name == "embeddings.tok_embeddings.weight";
+  }
+};
+
+// BertForPreTraining's (ModernBertForMaskedLM's) name for a tensor (see the header).
+std::string hf_name(std::string n, const Bare& bare) {
+  if (bare.modernbert) {
+    if (n.starts_with("embeddings.") || n.starts_with("layers.") || n.starts_with("final_norm."))
+      n = "model." + n;
+    return n;
+  }
   if (n.ends_with(".gamma")) n.replace(n.size() - 6, 6, ".weight");
   if (n.ends_with(".beta")) n.replace(n.size() - 5, 5, ".bias");
-  if (bare &&
+  if (bare.bert &&
       (n.starts_with("embeddings.") || n.starts_with("encoder.") || n.starts_with("pooler.")))
     n = "bert." + n;
   return n;
@@ -162,9 +177,14 @@ ImportedModel finish_import(ImportedModel m, const std::string& src, const std::
     }
     if (!j.is_object()) throw InputError(m.config_from + ": not a JSON object");
     m.config = config_from_json(j, m.config_from);
+    if (j.contains("architectures") && j["architectures"].is_array() &&
+        !j["architectures"].empty() && j["architectures"][0].is_string())
+      m.architecture = j["architectures"][0].get<std::string>();
   }
   const std::string vocab = (fs::path(dir) / "vocab.txt").string();
   if (fs::exists(vocab)) m.vocab = vocab;
+  const std::string tokenizer = (fs::path(dir) / "tokenizer.json").string();
+  if (fs::exists(tokenizer)) m.tokenizer_json = tokenizer;
   return m;
 }
 
@@ -197,8 +217,9 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
     io::FileBytes bytes = io::FileBytes::map(weights);
     if (is_safetensors(bytes.view())) {
       io::SafetensorsFile f = io::SafetensorsFile::parse(std::move(bytes), weights);
-      bool bare = true, same = true;
-      for (const auto& [name, e] : f.tensors()) bare = bare && !name.starts_with("bert.");
+      Bare bare;
+      bool same = true;
+      for (const auto& [name, e] : f.tensors()) bare.see(name);
       for (const auto& [name, e] : f.tensors()) same = same && hf_name(name, bare) == name;
       if (same) {
         m.format = "safetensors";
@@ -212,8 +233,8 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
                                              : read_tensors(weights, m.format);
   if (shards) m.format += ", " + std::to_string(shards) + " shards";
 
-  bool bare = true;
-  for (const io::TorchTensor& t : tensors) bare = bare && !t.name.starts_with("bert.");
+  Bare bare;
+  for (const io::TorchTensor& t : tensors) bare.see(t.name);
   std::vector<io::TensorToWrite> out;
   std::set<std::string> seen;
   for (io::TorchTensor& t : tensors) {
@@ -237,6 +258,25 @@ Heads heads_present(const io::SafetensorsFile& w) {
   return h;
 }
 
+Heads heads_present(const ImportedModel& m) {
+  if (m.config.family != Family::modernbert) return heads_present(m.weights);
+  Heads h;
+  const bool task = m.weights.has("classifier.weight");
+  h.span = task && m.architecture == "ModernBertForQuestionAnswering";
+  h.classifier = task && !h.span;
+  h.pretraining = !task && m.weights.has("head.dense.weight");
+  return h;
+}
+
+std::string architecture_of(const BertConfig& config, const Heads& h, bool masked_lm) {
+  const bool modern = config.family == Family::modernbert;
+  const char* task = h.classifier    ? "ForSequenceClassification"
+                     : h.span        ? "ForQuestionAnswering"
+                     : h.pretraining ? (masked_lm || modern ? "ForMaskedLM" : "ForPreTraining")
+                                     : "Model";
+  return std::string(modern ? "ModernBert" : "Bert") + task;
+}
+
 std::vector<std::string> check_imported(const ImportedModel& m, const Heads& heads) {
   const ParamLayout layout(m.config, heads);
   std::vector<std::string> absent;
@@ -255,14 +295,8 @@ std::vector<std::string> check_imported(const ImportedModel& m, const Heads& hea
 
 void write_imported(const ImportedModel& m, const std::string& dir) {
   std::string config = m.config_json;
-  if (config.empty()) {
-    const Heads h = heads_present(m.weights);
-    const char* architecture = h.classifier    ? "BertForSequenceClassification"
-                               : h.span        ? "BertForQuestionAnswering"
-                               : h.pretraining ? "BertForPreTraining"
-                                               : "BertModel";
-    config = config_to_json(m.config, architecture).dump(2) + "\n";
-  }
+  if (config.empty())
+    config = config_to_json(m.config, architecture_of(m.config, heads_present(m))).dump(2) + "\n";
   io::write_file_atomic(dir + "/config.json", config);
   std::vector<io::TensorToWrite> out;
   for (const auto& [name, e] : m.weights.tensors()) {
@@ -270,6 +304,15 @@ void write_imported(const ImportedModel& m, const std::string& dir) {
     out.push_back({name, e.dtype, e.shape, raw.data(), raw.size()});
   }
   io::write_safetensors(dir + "/model.safetensors", out, {{"format", "pt"}});
+  if (!m.tokenizer_json.empty())
+    copy_tokenizer_files(fs::path(m.tokenizer_json).parent_path(), dir);
+}
+
+void copy_tokenizer_files(const std::string& from, const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path file = fs::path(from) / name;
+    if (fs::exists(file)) io::write_file_atomic(dir + "/" + name, io::read_file(file.string()));
+  }
 }
 
 bool is_packbert_checkpoint(const std::string& path) {

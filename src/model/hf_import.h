@@ -24,6 +24,9 @@ struct ImportedModel {
   std::string format;           // "safetensors" or "torch.save", and "N shards" when sharded
   std::string vocab;            // vocab.txt beside the source, "" when there is none
   int renamed = 0;              // tensors whose names were brought to BertForPreTraining's
+  std::string architecture;     // config.json's first `architectures` entry ("" when none)
+  // A tokenizer.json beside the source (ModernBERT's tokenizer), "" when there is none.
+  std::string tokenizer_json;
 };
 
 // `config_path` (when not empty) replaces the config.json found beside the source. Without
@@ -33,8 +36,16 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
                            bool infer = false);
 
 // The heads whose tensors the weights hold (classifier: classifier.weight, span: qa_outputs.*,
-// pretraining: the MLM transform).
+// pretraining: the MLM transform): a BERT's, as a packbert checkpoint holds them.
 Heads heads_present(const io::SafetensorsFile& weights);
+// The same for an imported model of either family: a ModernBERT's prediction head (head.dense)
+// with no classifier is its masked-LM head; its classifier is the span head when the config
+// names ModernBertForQuestionAnswering, else the sequence classifier.
+Heads heads_present(const ImportedModel& m);
+// What transformers instantiates for a model of `config`'s family with these heads:
+// BertForPreTraining / BertForMaskedLM / ..., ModernBertForMaskedLM / ... (`masked_lm`: a BERT
+// masked-LM model, without NSP).
+std::string architecture_of(const BertConfig& config, const Heads& heads, bool masked_lm = false);
 
 // Checks the weights against the layout of `config` and `heads`: every tensor present has the
 // layout's shape, and the embeddings and encoder are whole. Returns the layout's tensors that
@@ -43,8 +54,13 @@ std::vector<std::string> check_imported(const ImportedModel& m, const Heads& hea
 
 // Writes config.json (the source's as written, or the inferred config with the architecture of
 // the heads present) and model.safetensors (every tensor, bytes and dtype as read, sorted by
-// name) into the existing directory `dir`, each file atomically.
+// name) into the existing directory `dir`, each file atomically; and the source's tokenizer.json
+// with its tokenizer_config.json and special_tokens_map.json, where it has one.
 void write_imported(const ImportedModel& m, const std::string& dir);
+
+// Copies tokenizer.json, tokenizer_config.json and special_tokens_map.json, those of them that
+// are in directory `from`, into the existing directory `dir`, each atomically.
+void copy_tokenizer_files(const std::string& from, const std::string& dir);
 
 // True when `path` is a file written by packbert (a checkpoint: safetensors with a "config" in
 // its metadata).

@@ -18,8 +18,7 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity, St
   if (stage_.end == -1) stage_.end = L;
   if (!(0 <= stage_.first && stage_.first < stage_.end && stage_.end <= L))
     throw InputError("pipeline stage: layers [" + std::to_string(stage_.first) + ", " +
-                     std::to_string(stage_.end) + ") of a " + std::to_string(L) +
-                     "-layer model");
+                     std::to_string(stage_.end) + ") of a " + std::to_string(L) + "-layer model");
   stage_config_ = c;
   stage_config_.num_hidden_layers = stage_.end - stage_.first;
   if (sparsity.on()) {
@@ -33,36 +32,41 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity, St
       throw InputError("`sparsity` " + std::to_string(sparsity.sparsity) + ": expected [0, 1)");
   }
   const bool sp = sparsity.on();
-  if (has_embeddings() || (has_heads() && heads.pretraining))
-    add("bert.embeddings.word_embeddings.weight", {c.vocab_size, C});
-  if (has_embeddings()) {
-    add("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, C});
-    add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, C});
-    add("bert.embeddings.LayerNorm.weight", {C});
-    add("bert.embeddings.LayerNorm.bias", {C});
+  if (c.family == Family::modernbert) {
+    if (sp) throw InputError("block-sparse weights: BERT's layers only; not ModernBERT's yet");
+    add_modernbert();
+  } else {
+    if (has_embeddings() || (has_heads() && heads.pretraining))
+      add("bert.embeddings.word_embeddings.weight", {c.vocab_size, C});
+    if (has_embeddings()) {
+      add("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, C});
+      add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, C});
+      add("bert.embeddings.LayerNorm.weight", {C});
+      add("bert.embeddings.LayerNorm.bias", {C});
+    }
+    for (int l = stage_.first; l < stage_.end; ++l) {
+      std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
+      // query/key/value weights adjacent, then their biases adjacent: the fused QKV views.
+      // (no alignment padding between the three, or the fused [3C, C] / [3C] views would break).
+      add(p + "attention.self.query.weight", {C, C}, true, sp);
+      add(p + "attention.self.key.weight", {C, C}, false, sp);
+      add(p + "attention.self.value.weight", {C, C}, false, sp);
+      add(p + "attention.self.query.bias", {C});
+      add(p + "attention.self.key.bias", {C}, false);
+      add(p + "attention.self.value.bias", {C}, false);
+      add(p + "attention.output.dense.weight", {C, C}, true, sp);
+      add(p + "attention.output.dense.bias", {C});
+      add(p + "attention.output.LayerNorm.weight", {C});
+      add(p + "attention.output.LayerNorm.bias", {C});
+      add(p + "intermediate.dense.weight", {I, C}, true, sp);
+      add(p + "intermediate.dense.bias", {I});
+      add(p + "output.dense.weight", {C, I}, true, sp);
+      add(p + "output.dense.bias", {C});
+      add(p + "output.LayerNorm.weight", {C});
+      add(p + "output.LayerNorm.bias", {C});
+    }
+    if (has_heads()) add_heads();
   }
-  for (int l = stage_.first; l < stage_.end; ++l) {
-    std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
-    // query/key/value weights adjacent, then their biases adjacent: the fused QKV views.
-    // (no alignment padding between the three, or the fused [3C, C] / [3C] views would break).
-    add(p + "attention.self.query.weight", {C, C}, true, sp);
-    add(p + "attention.self.key.weight", {C, C}, false, sp);
-    add(p + "attention.self.value.weight", {C, C}, false, sp);
-    add(p + "attention.self.query.bias", {C});
-    add(p + "attention.self.key.bias", {C}, false);
-    add(p + "attention.self.value.bias", {C}, false);
-    add(p + "attention.output.dense.weight", {C, C}, true, sp);
-    add(p + "attention.output.dense.bias", {C});
-    add(p + "attention.output.LayerNorm.weight", {C});
-    add(p + "attention.output.LayerNorm.bias", {C});
-    add(p + "intermediate.dense.weight", {I, C}, true, sp);
-    add(p + "intermediate.dense.bias", {I});
-    add(p + "output.dense.weight", {C, I}, true, sp);
-    add(p + "output.dense.bias", {C});
-    add(p + "output.LayerNorm.weight", {C});
-    add(p + "output.LayerNorm.bias", {C});
-  }
-  if (has_heads()) add_heads();
   // Where each tensor sits in the whole model (the same place unless this is a stage).
   if (whole()) {
     for (size_t k = 0; k < tensors_.size(); ++k)
@@ -74,6 +78,56 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity, St
     const TensorSpec* w = all.find(t.name);
     t.whole_index = static_cast<size_t>(w - all.tensors().data()), t.whole_offset = w->offset;
   }
+}
+
+void ParamLayout::add_modernbert() {
+  const BertConfig& c = config_;
+  const ModernBertFields& m = c.modern;
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  // A LayerNorm: its weight, and its bias under norm_bias; a linear layer's bias under `bias`.
+  auto norm = [&](const std::string& name) {
+    add(name + ".weight", {C});
+    if (m.norm_bias) add(name + ".bias", {C});
+  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+    add(name + ".weight", {out, in});
+    if (bias) add(name + ".bias", {out});
+  };
+  if (heads_.classifier && heads_.span)
+    throw InputError("ModernBERT carries one task head (classifier or span), not both");
+  if (has_embeddings() || (has_heads() && heads_.pretraining))
+    add(word_table_name(Family::modernbert), {c.vocab_size, C});
+  if (has_embeddings()) norm("model.embeddings.norm");
+  for (int l = stage_.first; l < stage_.end; ++l) {
+    const std::string p = layer_prefix(Family::modernbert, l);
+    if (l > 0) norm(p + "attn_norm");  // layer 0's is an identity
+    linear(p + "attn.Wqkv", 3 * C, C, m.attention_bias);
+    linear(p + "attn.Wo", C, C, m.attention_bias);
+    norm(p + "mlp_norm");
+    linear(p + "mlp.Wi", 2 * I, C, m.mlp_bias);
+    linear(p + "mlp.Wo", C, I, m.mlp_bias);
+  }
+  if (!has_heads()) return;
+  norm("model.final_norm");
+  if (heads_.pretraining || heads_.classifier || heads_.span) {  // the prediction head
+    linear("head.dense", C, C, m.classifier_bias);
+    norm("head.norm");
+  }
+  if (heads_.pretraining && m.decoder_bias) add("decoder.bias", {c.vocab_size});
+  // ModernBertForSequenceClassification's and ModernBertForQuestionAnswering's (two outputs,
+  // start and end) output layer are both named classifier.
+  if (heads_.classifier) linear("classifier", c.num_labels, C, true);
+  if (heads_.span) linear("classifier", 2, C, true);
+}
+
+const char* ParamLayout::word_table_name(Family f) {
+  return f == Family::modernbert ? "model.embeddings.tok_embeddings.weight"
+                                 : "bert.embeddings.word_embeddings.weight";
+}
+
+std::string ParamLayout::layer_prefix(Family f, int l) {
+  return (f == Family::modernbert ? "model.layers." : "bert.encoder.layer.") + std::to_string(l) +
+         ".";
 }
 
 void ParamLayout::add_heads() {
@@ -119,7 +173,8 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool 
   // arena's own storage is (a std::vector's: 16 bytes guaranteed).
   t.offset = align ? (total_ + 15) / 16 * 16 : total_;
   total_ = t.offset + t.numel;
-  bool is_ln = name.find("LayerNorm") != std::string::npos;
+  const bool is_ln = name.find("LayerNorm") != std::string::npos || name.ends_with("norm.weight") ||
+                     name.ends_with("norm.bias");
   bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
   t.no_decay = is_ln || is_bias;
   t.is_layernorm_weight = is_ln && !is_bias;
@@ -135,7 +190,7 @@ const TensorSpec* ParamLayout::find(const std::string& name) const {
 
 size_t layer_linear_numel(const ParamLayout& layout) {
   size_t n = 0;  // (of a stage's first layer: every layer holds the same)
-  const std::string first = "bert.encoder.layer." + std::to_string(layout.stage().first) + ".";
+  const std::string first = ParamLayout::layer_prefix(layout.config().family, layout.stage().first);
   for (const TensorSpec& t : layout.tensors())
     if (t.name.rfind(first, 0) == 0 && t.shape.size() == 2) n += t.numel;
   return n;
@@ -149,6 +204,11 @@ bool read_only_in_16bit(const TensorSpec& t) {
   if (t.name == "bert.embeddings.word_embeddings.weight" ||
       t.name == "cls.predictions.transform.dense.weight")
     return true;
+  if (t.name == "model.embeddings.tok_embeddings.weight" || t.name == "head.dense.weight")
+    return true;
+  if (t.name.starts_with("model.layers."))
+    return t.name.ends_with(".Wqkv.weight") || t.name.ends_with(".Wo.weight") ||
+           t.name.ends_with(".Wi.weight");
   if (t.name.rfind("bert.encoder.layer.", 0) != 0) return false;
   return ends_with(".query.weight") || ends_with(".key.weight") || ends_with(".value.weight") ||
          ends_with(".dense.weight");
@@ -176,60 +236,83 @@ namespace {
 
 using kernels::View;
 
-// Where each named view of ParamView / LayerView lies: its Hugging Face name (a layer's after
-// "bert.encoder.layer.<l>."). qkv_w and qkv_b start at the query's tensor and span query, key
-// and value.
-const std::pair<View ParamView::*, const char*> kModelTensors[] = {
-    {&ParamView::word, "bert.embeddings.word_embeddings.weight"},
-    {&ParamView::position, "bert.embeddings.position_embeddings.weight"},
-    {&ParamView::token_type, "bert.embeddings.token_type_embeddings.weight"},
-    {&ParamView::emb_ln_w, "bert.embeddings.LayerNorm.weight"},
-    {&ParamView::emb_ln_b, "bert.embeddings.LayerNorm.bias"},
-    {&ParamView::pool_w, "bert.pooler.dense.weight"},
-    {&ParamView::pool_b, "bert.pooler.dense.bias"},
-    {&ParamView::mlm_w, "cls.predictions.transform.dense.weight"},
-    {&ParamView::mlm_b, "cls.predictions.transform.dense.bias"},
-    {&ParamView::mlm_ln_w, "cls.predictions.transform.LayerNorm.weight"},
-    {&ParamView::mlm_ln_b, "cls.predictions.transform.LayerNorm.bias"},
-    {&ParamView::mlm_bias, "cls.predictions.bias"},
-    {&ParamView::nsp_w, "cls.seq_relationship.weight"},
-    {&ParamView::nsp_b, "cls.seq_relationship.bias"},
-    {&ParamView::cls_w, "classifier.weight"},
-    {&ParamView::cls_b, "classifier.bias"},
-    {&ParamView::span_w, "qa_outputs.weight"},
-    {&ParamView::span_b, "qa_outputs.bias"},
+// Where each named view of ParamView / LayerView lies in a family: its Hugging Face name (a
+// layer's after the family's layer prefix). BERT's qkv_w and qkv_b start at the query's tensor and
+// span query, key and value; ModernBERT's Wqkv is one tensor.
+struct ModelTensor {
+  View ParamView::*field;
+  const char* bert;
+  const char* modernbert;  // (null: the family has none)
 };
-const std::pair<View LayerView::*, const char*> kLayerTensors[] = {
-    {&LayerView::qkv_w, "attention.self.query.weight"},
-    {&LayerView::qkv_b, "attention.self.query.bias"},
-    {&LayerView::attn_out_w, "attention.output.dense.weight"},
-    {&LayerView::attn_out_b, "attention.output.dense.bias"},
-    {&LayerView::ln1_w, "attention.output.LayerNorm.weight"},
-    {&LayerView::ln1_b, "attention.output.LayerNorm.bias"},
-    {&LayerView::inter_w, "intermediate.dense.weight"},
-    {&LayerView::inter_b, "intermediate.dense.bias"},
-    {&LayerView::out_w, "output.dense.weight"},
-    {&LayerView::out_b, "output.dense.bias"},
-    {&LayerView::ln2_w, "output.LayerNorm.weight"},
-    {&LayerView::ln2_b, "output.LayerNorm.bias"},
+const ModelTensor kModelTensors[] = {
+    {&ParamView::word, "bert.embeddings.word_embeddings.weight",
+     "model.embeddings.tok_embeddings.weight"},
+    {&ParamView::position, "bert.embeddings.position_embeddings.weight", nullptr},
+    {&ParamView::token_type, "bert.embeddings.token_type_embeddings.weight", nullptr},
+    {&ParamView::emb_ln_w, "bert.embeddings.LayerNorm.weight", "model.embeddings.norm.weight"},
+    {&ParamView::emb_ln_b, "bert.embeddings.LayerNorm.bias", "model.embeddings.norm.bias"},
+    {&ParamView::final_ln_w, nullptr, "model.final_norm.weight"},
+    {&ParamView::final_ln_b, nullptr, "model.final_norm.bias"},
+    {&ParamView::pool_w, "bert.pooler.dense.weight", nullptr},
+    {&ParamView::pool_b, "bert.pooler.dense.bias", nullptr},
+    {&ParamView::mlm_w, "cls.predictions.transform.dense.weight", "head.dense.weight"},
+    {&ParamView::mlm_b, "cls.predictions.transform.dense.bias", "head.dense.bias"},
+    {&ParamView::mlm_ln_w, "cls.predictions.transform.LayerNorm.weight", "head.norm.weight"},
+    {&ParamView::mlm_ln_b, "cls.predictions.transform.LayerNorm.bias", "head.norm.bias"},
+    {&ParamView::mlm_bias, "cls.predictions.bias", "decoder.bias"},
+    {&ParamView::nsp_w, "cls.seq_relationship.weight", nullptr},
+    {&ParamView::nsp_b, "cls.seq_relationship.bias", nullptr},
+    {&ParamView::cls_w, "classifier.weight", "classifier.weight"},
+    {&ParamView::cls_b, "classifier.bias", "classifier.bias"},
+    {&ParamView::span_w, "qa_outputs.weight", "classifier.weight"},
+    {&ParamView::span_b, "qa_outputs.bias", "classifier.bias"},
+};
+struct LayerTensor {
+  View LayerView::*field;
+  const char* bert;
+  const char* modernbert;
+};
+const LayerTensor kLayerTensors[] = {
+    {&LayerView::qkv_w, "attention.self.query.weight", "attn.Wqkv.weight"},
+    {&LayerView::qkv_b, "attention.self.query.bias", "attn.Wqkv.bias"},
+    {&LayerView::attn_out_w, "attention.output.dense.weight", "attn.Wo.weight"},
+    {&LayerView::attn_out_b, "attention.output.dense.bias", "attn.Wo.bias"},
+    {&LayerView::ln1_w, "attention.output.LayerNorm.weight", "attn_norm.weight"},
+    {&LayerView::ln1_b, "attention.output.LayerNorm.bias", "attn_norm.bias"},
+    {&LayerView::inter_w, "intermediate.dense.weight", "mlp.Wi.weight"},
+    {&LayerView::inter_b, "intermediate.dense.bias", "mlp.Wi.bias"},
+    {&LayerView::out_w, "output.dense.weight", "mlp.Wo.weight"},
+    {&LayerView::out_b, "output.dense.bias", "mlp.Wo.bias"},
+    {&LayerView::ln2_w, "output.LayerNorm.weight", "mlp_norm.weight"},
+    {&LayerView::ln2_b, "output.LayerNorm.bias", "mlp_norm.bias"},
 };
 
 }  // namespace
 
 ParamView::ParamView(const ParamLayout& layout,
                      const std::function<kernels::View(const TensorSpec&)>& place) {
-  auto at = [&](const std::string& name) -> View {
-    const TensorSpec* t = layout.find(name);
+  const Family family = layout.config().family;
+  const bool modern = family == Family::modernbert;
+  auto at = [&](const char* name) -> View {
+    const TensorSpec* t = name ? layout.find(name) : nullptr;
     return t ? place(*t) : View();
   };
-  for (const auto& [field, name] : kModelTensors) this->*field = at(name);
+  for (const ModelTensor& m : kModelTensors) {
+    // ModernBERT names both task heads' output layer `classifier`: it is the head the model has.
+    const bool span = m.field == &ParamView::span_w || m.field == &ParamView::span_b;
+    const bool cls = m.field == &ParamView::cls_w || m.field == &ParamView::cls_b;
+    if (modern && ((span && !layout.heads().span) || (cls && !layout.heads().classifier))) continue;
+    this->*m.field = at(modern ? m.modernbert : m.bert);
+  }
   for (int l = 0; l < layout.config().num_hidden_layers; ++l) {
-    const std::string prefix = "bert.encoder.layer." + std::to_string(l) + ".";
+    const std::string prefix = ParamLayout::layer_prefix(family, l);
     LayerView& v = layers.emplace_back();
-    for (const auto& [field, name] : kLayerTensors) v.*field = at(prefix + name);
-    // query | key | value, adjacent in every arena (ParamLayout's fused groups).
-    for (View LayerView::*fused : {&LayerView::qkv_w, &LayerView::qkv_b})
-      (v.*fused).cols = (v.*fused).ld = 3 * (v.*fused).cols;
+    for (const LayerTensor& t : kLayerTensors)
+      v.*t.field = at((prefix + (modern ? t.modernbert : t.bert)).c_str());
+    // BERT's query | key | value, adjacent in every arena (ParamLayout's fused groups).
+    if (!modern)
+      for (View LayerView::*fused : {&LayerView::qkv_w, &LayerView::qkv_b})
+        (v.*fused).cols = (v.*fused).ld = 3 * (v.*fused).cols;
   }
 }
 
@@ -285,7 +368,8 @@ template void init_params<float>(const ParamLayout&, float*, uint64_t, SparseIni
 template void init_params<double>(const ParamLayout&, double*, uint64_t, SparseInit);
 
 bool is_encoder_tensor(const std::string& name) {
-  return name.starts_with("bert.embeddings.") || name.starts_with("bert.encoder.");
+  return name.starts_with("bert.embeddings.") || name.starts_with("bert.encoder.") ||
+         name.starts_with("model.");
 }
 
 }  // namespace packbert::model

@@ -87,7 +87,12 @@ class ParamLayout {
   size_t total() const { return total_; }
   const TensorSpec* find(const std::string& name) const;  // null if absent
   // The word table (tied to the MLM decoder), where this stage holds it; null elsewhere.
-  const TensorSpec* word_table() const { return find("bert.embeddings.word_embeddings.weight"); }
+  const TensorSpec* word_table() const { return find(word_table_name(config_.family)); }
+  // Its name in a family: bert.embeddings.word_embeddings.weight,
+  // model.embeddings.tok_embeddings.weight.
+  static const char* word_table_name(Family f);
+  // Where layer l's tensors are named from: "bert.encoder.layer.<l>.", "model.layers.<l>.".
+  static std::string layer_prefix(Family f, int l);
   const BertConfig& config() const { return config_; }
   const Heads& heads() const { return heads_; }
   const Sparsity& sparsity() const { return sparsity_; }
@@ -96,6 +101,8 @@ class ParamLayout {
   void add(const std::string& name, std::vector<int64_t> shape, bool align = true,
            bool sparse = false);
   void add_heads();  // the pooler and the heads_ (a last stage's, or the whole model's)
+  // ModernBERT's tensors under transformers' names (its embeddings, layers and heads).
+  void add_modernbert();
   BertConfig config_;
   Heads heads_;
   Sparsity sparsity_;
@@ -115,9 +122,13 @@ struct LayerView {
   kernels::View inter_w, inter_b, out_w, out_b, ln2_w, ln2_b;
 };
 
+// A ModernBERT layer's ln1 is its attention norm (before attention; absent in layer 0, whose
+// input is the embeddings' norm) and ln2 its MLP norm; qkv is its Wqkv, inter its Wi [2I, C] (the
+// GeGLU's two halves), out its Wo of the MLP; final_ln the norm after the last layer.
 struct ParamView {
   kernels::View word, position, token_type, emb_ln_w, emb_ln_b;
   std::vector<LayerView> layers;
+  kernels::View final_ln_w, final_ln_b;
   kernels::View pool_w, pool_b;
   kernels::View mlm_w, mlm_b, mlm_ln_w, mlm_ln_b, mlm_bias;
   kernels::View nsp_w, nsp_b;
@@ -128,8 +139,7 @@ struct ParamView {
   // Each tensor at its layout offset in `arena` (a vector of layout.total() elements).
   ParamView(const ParamLayout& layout, const kernels::View& arena);
   // Each tensor where `at` places it (an empty View: nowhere in this view).
-  ParamView(const ParamLayout& layout,
-            const std::function<kernels::View(const TensorSpec&)>& at);
+  ParamView(const ParamLayout& layout, const std::function<kernels::View(const TensorSpec&)>& at);
 };
 
 // Elements one encoder layer's linear weights hold (query, key, value, attention output, FFN up
@@ -137,8 +147,9 @@ struct ParamView {
 // holds the same; the FLOP counts of plan, metrics and benchmarks derive from it.
 size_t layer_linear_numel(const ParamLayout& layout);
 
-// Whether a tensor is part of the embeddings or encoder (bert.embeddings.*, bert.encoder.*): what
-// every model needs from its source, where heads and the pooler may start fresh.
+// Whether a tensor is part of the embeddings or encoder (bert.embeddings.*, bert.encoder.*;
+// ModernBERT's model.*): what every model needs from its source, where heads and the pooler may
+// start fresh.
 bool is_encoder_tensor(const std::string& name);
 
 // Whether a 16-bit step reads tensor t only in 16 bits: the encoder layers' and the MLM

@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "error.h"
@@ -90,10 +91,13 @@ ModelLabels model_labels(const std::string& path) {
     return out;
   }
   const model::ImportedModel hf = model::import_model(path);
-  out.heads = model::heads_present(hf.weights);
+  out.heads = model::heads_present(hf);
   out.masked_lm = out.heads.pretraining && !hf.weights.has("cls.seq_relationship.weight") &&
                   !hf.weights.has("bert.pooler.dense.weight");
   out.pooler = hf.weights.has("bert.pooler.dense.weight");
+  out.family = hf.config.family;
+  if (!hf.tokenizer_json.empty())
+    out.tokenizer_dir = std::filesystem::path(hf.tokenizer_json).parent_path().string();
   out.source = hf.config_from;
   out.num_labels = hf.config.num_labels;
   if (!hf.config_json.empty())
@@ -122,11 +126,9 @@ void write_tokenizer_files(const std::string& dir, const ModelFiles& f, int mode
 void write_model_files(const model::BertModel& m, const std::string& dir, const ModelFiles& f) {
   const model::Heads& h = m.layout().heads();
   const bool bare = !h.classifier && !h.span && !h.pretraining;
-  const char* architecture = h.classifier    ? "BertForSequenceClassification"
-                             : h.span        ? "BertForQuestionAnswering"
-                             : f.masked_lm   ? "BertForMaskedLM"
-                             : h.pretraining ? "BertForPreTraining"
-                                             : "BertModel";
+  const std::string architecture = model::architecture_of(m.config(), h, f.masked_lm);
+  // A base model's tensors go without their prefix, as transformers saves one.
+  const std::string prefix = m.config().family == model::Family::modernbert ? "model." : "bert.";
   const bool pooler = h.classifier || (h.pretraining && !f.masked_lm) || (bare && f.pooler);
   const kernels::DTypeTraits& stored = kernels::traits(model::storage_dtype(f.dtype));
   json config = model::config_to_json(m.config(), architecture, f.label_names);
@@ -144,7 +146,8 @@ void write_model_files(const model::BertModel& m, const std::string& dir, const 
   if (bare) {
     names.reserve(tensors.size());
     for (io::TensorToWrite& t : tensors)
-      if (t.name.starts_with("bert.")) names.push_back(t.name.substr(5)), t.name = names.back();
+      if (t.name.starts_with(prefix))
+        names.push_back(t.name.substr(prefix.size())), t.name = names.back();
   }
   std::vector<std::vector<uint16_t>> narrow;
   if (stored.is_16bit) {
@@ -168,6 +171,7 @@ void write_model_files(const model::BertModel& m, const std::string& dir, const 
   io::write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
   io::write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   if (!f.vocab.empty()) write_tokenizer_files(dir, f, m.config().max_position_embeddings);
+  if (!f.tokenizer_dir.empty()) model::copy_tokenizer_files(f.tokenizer_dir, dir);
 }
 
 std::string non_finite_weights(const model::BertModel& m) {

@@ -38,6 +38,9 @@ struct ModelLabels {
   model::Heads heads;
   // A masked-LM model (BertForMaskedLM): the MLM head without the pooler and the NSP head.
   bool masked_lm = false;
+  // The directory of its tokenizer.json, where the model has one beside it ("" otherwise).
+  std::string tokenizer_dir;
+  model::Family family = model::Family::bert;
   bool pooler = true;  // the weights hold bert.pooler.* (a QA model or a bare BertModel may not)
   std::string source;  // where the names came from (config.json, a checkpoint's config)
   // The classifier's outputs (its config's num_labels): 1 is a regression head.
@@ -67,6 +70,9 @@ struct ModelFiles {
   model::Precision dtype = model::Precision::fp32;
   bool masked_lm = false;  // an MLM head without NSP: BertForMaskedLM
   bool pooler = true;      // a bare encoder's source had a pooler (BertModel's default)
+  // A directory whose tokenizer.json (with tokenizer_config.json and special_tokens_map.json) to
+  // copy in: a ModernBERT's tokenizer ("" for none).
+  std::string tokenizer_dir;
 };
 
 // vocab.txt, tokenizer_config.json and special_tokens_map.json (f.vocab, f.lower_case) into dir.
@@ -78,8 +84,10 @@ void write_tokenizer_files(const std::string& dir, const ModelFiles& f, int mode
 // BertForQuestionAnswering (qa_outputs.*; no pooler, as transformers has none there),
 // BertForMaskedLM when `masked_lm` (no pooler, no NSP head), BertForPreTraining (MLM + NSP), and
 // BertModel for an encoder without heads (its tensors named without "bert.", as transformers
-// saves a base model). Refused (InputError naming the tensor) when a 16-bit dtype cannot hold a
-// weight (fp16 above 65,504 would become inf).
+// saves a base model); a ModernBERT's as ModernBertForSequenceClassification,
+// ModernBertForQuestionAnswering, ModernBertForMaskedLM or ModernBertModel (without "model.").
+// Refused (InputError naming the tensor) when a 16-bit dtype cannot hold a weight (fp16 above
+// 65,504 would become inf).
 void write_model_files(const model::BertModel& m, const std::string& dir, const ModelFiles& f);
 // The same as a whole: `dir` appears complete or not at all; an earlier model directory there
 // is replaced only with `overwrite` (io::StagedDirectory). Refused (InputError, nothing
