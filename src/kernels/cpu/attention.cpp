@@ -318,7 +318,7 @@ Tile tile_at(int i0, int L, int window) {
           static_cast<int>(attention_band_start(i0, L, window)),
           static_cast<int>(attention_band(L, window)),
           window / 2,
-          attention_band(L, window) == L && window <= 0};
+          window <= 0};
 }
 
 // The T form's products, each a T gemm over a tile. P[rows, B] = softmax(scale Q Kᵀ) row by row
@@ -589,8 +589,9 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
           });
           continue;
         }
+      const int tile = static_cast<int>(attention_tile(L, window));
       write_out([&](T* dst, int ld) {
-        for (int i0 = 0; i0 < L; i0 += static_cast<int>(attention_tile(L, window))) {
+        for (int i0 = 0; i0 < L; i0 += tile) {
           const Tile t = tile_at(i0, L, window);
           const int64_t at = static_cast<int64_t>(i0) * B, n = static_cast<int64_t>(t.rows) * B;
           T* P = mine;  // the tile's probabilities (kept in place when stored in T)
