@@ -542,6 +542,10 @@ struct BlockConstants {
         window(window_) {}
   // The probabilities' row length in a sequence of L tokens (L: global attention).
   int band(int L) const { return static_cast<int>(attention_band(L, window)); }
+  // Whether every token of a sequence of L sees every other (global attention, or a window as
+  // wide as the sequence): the only blocks the bf16 block products take. (A band of L is not
+  // enough: a sequence shorter than a tile's band still has keys outside a row's window.)
+  bool sees_all(int L) const { return window <= 0 || window / 2 >= L - 1; }
 };
 
 // S: the storage of qkv (T, or bf16 | f16 widened per block; bf16 products read bf16 as stored).
@@ -566,7 +570,7 @@ void attention_forward_to(O* out, P_* probs, const S* qkv, const int32_t* cu_seq
       T* mine = w.thread_scratch();
       // bf16 block products take whole blocks of global attention only.
       const Operands<T> x =
-          block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16 && B == L);
+          block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16 && k.sees_all(L));
       // out = Pv V through `into(dst, ld)`, in place, or into scratch and rounded.
       auto write_out = [&](auto into) {
         if constexpr (std::is_same_v<O, T>) {
@@ -652,7 +656,7 @@ void attention_backward_from(T* dqkv, const T* dout, const S* qkv, const P_* pro
       const int64_t drawn = (dropout.first ? dropout.first[s] : w.offsets[s]) + h * LB;
       T* mine = w.thread_scratch();
       const Operands<T> x =
-          block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16 && B == L);
+          block_operands(qkv, a, L, h, k.hs, C, mine, w.max_len, k.products16 && k.sees_all(L));
       T* dQ = dqkv + static_cast<int64_t>(a) * C3 + h * k.hs;
       const T* dO = dout + static_cast<int64_t>(a) * C + h * k.hs;
       T *dP = mine, *Pd = mine + LL;  // gradient of the (dropped) probabilities, dropped copy
