@@ -596,6 +596,59 @@ TEST(KernelBackends, OpsWithoutGradientsAgreeWithTheReferenceInBf16) {
   if (!why.empty()) GTEST_SKIP() << "bf16 products not compared: " << why;
 }
 
+// Rotary in place on q | k inside q | k | v (ModernBERT's use: rows 3C apart, v untouched) is the
+// rotation of the contiguous q | k, forward and backward, on every cpu build (f32, and bf16 /
+// f16 as stored) and on the reference backend.
+TEST(KernelBackends, RotaryOnRowsOfAWiderMatrixIsTheContiguousRotation) {
+  std::mt19937 rng(61);
+  const int N = 7, NH = 3, D = 8, C = NH * D;
+  std::vector<int32_t> pos = {0, 1, 2, 0, 1, 5, 40};
+  std::vector<const Backend*> backends = cpu_backends();
+  backends.push_back(&backend(BackendKind::ref));
+  for (const Backend* be : backends)
+    for (const DType t : {DType::f32, DType::bf16, DType::f16}) {
+      if (t != DType::f32 && be->kind == BackendKind::ref) continue;
+      SCOPED_TRACE(std::string(be->name) + " " + dtype_name(t));
+      const Vec x = random_vec(static_cast<size_t>(N) * 3 * C, rng);
+      Buffer qkv(host_device(), t, N * 3 * C), qk(host_device(), t, N * 2 * C);
+      for (int n = 0; n < N; ++n)
+        for (int c = 0; c < 3 * C; ++c) {
+          qkv.view().put(n * 3 * C + c, x[n * 3 * C + c]);
+          if (c < 2 * C) qk.view().put(n * 2 * C + c, x[n * 3 * C + c]);
+        }
+      std::vector<double> stored(static_cast<size_t>(N) * 3 * C);  // x as t holds it
+      for (size_t i = 0; i < stored.size(); ++i) stored[i] = qkv.view().at(static_cast<int64_t>(i));
+      View strided = qkv.view().shaped(N, 3 * C);
+      strided.cols = 2 * C;
+      be->rotary_forward(strided, strided, pos.data(), 2 * NH, 10000.0);
+      const View dense = qk.view().shaped(N, 2 * C);
+      be->rotary_forward(dense, dense, pos.data(), 2 * NH, 10000.0);
+      for (int n = 0; n < N; ++n)
+        for (int c = 0; c < 3 * C; ++c)
+          ASSERT_EQ(qkv.view().at(n * 3 * C + c),
+                    c < 2 * C ? qk.view().at(n * 2 * C + c) : stored[n * 3 * C + c])
+              << "row " << n << " column " << c;
+      if (t != DType::f32) continue;  // gradients are f32 / f64
+      Buffer g(host_device(), t, N * 3 * C), gd(host_device(), t, N * 2 * C);
+      for (int n = 0; n < N; ++n)
+        for (int c = 0; c < 3 * C; ++c) {
+          g.view().put(n * 3 * C + c, x[n * 3 * C + c] - 0.5);
+          if (c < 2 * C) gd.view().put(n * 2 * C + c, x[n * 3 * C + c] - 0.5);
+        }
+      View gs = g.view().shaped(N, 3 * C);
+      gs.cols = 2 * C;
+      be->rotary_backward(gs, gs, pos.data(), 2 * NH, 10000.0, GradWrite::overwrite);
+      const View gdense = gd.view().shaped(N, 2 * C);
+      be->rotary_backward(gdense, gdense, pos.data(), 2 * NH, 10000.0, GradWrite::overwrite);
+      for (int n = 0; n < N; ++n)
+        for (int c = 0; c < 3 * C; ++c)
+          ASSERT_EQ(g.view().at(n * 3 * C + c),
+                    c < 2 * C ? gd.view().at(n * 2 * C + c)
+                              : static_cast<double>(static_cast<float>(x[n * 3 * C + c] - 0.5)))
+              << "gradient row " << n << " column " << c;
+    }
+}
+
 // The gradients a pipeline's stages leave out (the tied MLM decoder: the last stage forms no
 // weight gradient, the first stage no bias gradient): linear_backward without dweight writes the
 // same dinp and dbias as with it, and cross_entropy_backward into 16 bits without dbias the

@@ -81,7 +81,9 @@ void check_computed(const PackedBatch& b, const BertConfig& c, int p, int s, siz
     fail_at(p, s,
             "input id " + std::to_string(b.input_ids[i]) + " outside the vocabulary of " +
                 std::to_string(c.vocab_size));
-  if (b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size)
+  // (a family without token types, ModernBERT, reads none)
+  if (c.family == Family::bert &&
+      (b.token_type_ids[i] < 0 || b.token_type_ids[i] >= c.type_vocab_size))
     fail_at(p, s, "token type " + std::to_string(b.token_type_ids[i]) + " out of range");
   if (b.position_ids[i] < 0 || b.position_ids[i] >= c.max_position_embeddings)
     fail_at(p, s,
@@ -291,7 +293,8 @@ PackedBatch take_sequences(const PackedBatch& whole, const BatchShare& share,
                   (b.*field).begin() + static_cast<long>(r * S));
     std::fill_n(b.sequence_ids.begin() + static_cast<long>(r * S), n, 1);
     const int k = whole.sequence_ids[from] - 1;  // the sequence's index in its row
-    b.nsp_labels[r * K] = whole.nsp_labels[static_cast<size_t>(at.row) * K + static_cast<size_t>(k)];
+    b.nsp_labels[r * K] =
+        whole.nsp_labels[static_cast<size_t>(at.row) * K + static_cast<size_t>(k)];
     b.share.places.push_back(places[q]);
     const size_t global = static_cast<size_t>(places[q].sequence);
     auto take = [&](const auto& from_labels, auto& to) {

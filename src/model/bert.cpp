@@ -13,6 +13,7 @@
 #include "kernels/cpu/layers.h"
 #include "kernels/tensor.h"
 #include "model/heads.h"
+#include "model/modernbert.h"
 
 namespace packbert::model {
 
@@ -27,6 +28,10 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
   use_pass(0);
   if (!layout_.whole() && sparsity.on())
     throw InputError("pipeline stages of a block-sparse model are not built");
+  if (config.family == Family::modernbert && sparsity.on())
+    throw InputError("block-sparse ModernBERT layers are not built (sparsity is BERT's)");
+  if (config.family == Family::modernbert && !layout_.whole())
+    throw InputError("pipeline stages of a ModernBERT are not built");
   patterns_ = random_patterns(layout_, 0);
   if (dtype != DType::f32 && dtype != DType::f64)
     throw std::logic_error(std::string("a model's scalar is f32 or f64, not ") +
@@ -155,6 +160,9 @@ View BertModel::copy16_for_optimizer(Precision p) {
 void BertModel::keep_masters16(Masters masters) {
   if (dtype() != DType::f32) throw std::logic_error("16-bit master weights need an f32 model");
   if (masters16_) return;
+  if (config().family == Family::modernbert)
+    throw InputError(
+        "16-bit master weights for a ModernBERT are not built (--master-weights fp32)");
   if (!patterns_.empty())  // the block-sparse kernels read their values in fp32
     throw std::logic_error("block-sparse layers need fp32 master weights");
   hold_copy16(masters_dtype(masters));
@@ -219,8 +227,12 @@ StepContext BertModel::context() {
     s.block_grads = block_grads_.data();
     s.dense_scratch = dense_grad_scratch_.view();
   }
-  s.p_hidden = cur_->opt.training ? c.hidden_dropout_prob : 0.0;
-  s.p_attn = cur_->opt.training ? c.attention_probs_dropout_prob : 0.0;
+  // (ModernBERT trains without dropout: forward refuses a config with any)
+  const bool dropout = cur_->opt.training && c.family == Family::bert;
+  s.p_hidden = dropout ? c.hidden_dropout_prob : 0.0;
+  s.p_attn = dropout ? c.attention_probs_dropout_prob : 0.0;
+  s.positions = cur_->pos.data();
+  s.probs_offsets_local = cur_->probs_offsets_local.data();
   s.seed = cur_->opt.seed;
   s.step = cur_->opt.step;
   s.loss_scale = cur_->opt.loss_scale;
@@ -244,7 +256,7 @@ bool BertModel::kept(int l) const {
 
 BertModel::Slot BertModel::input_slot(int l) const {
   const int K = cur_->opt.recompute.every, L = layout_.stage_config().num_hidden_layers;
-  if (rebuilds_layer_inputs(cur_->opt.recompute)) {  // (implies K == 0)
+  if (rebuilds_layer_inputs(cur_->opt.recompute, config().family)) {  // (implies K == 0)
     if (l == 0 || l == L) return {Rec::hidden, l == 0 ? 0 : 1};
     return {Rec::hidden_rebuilt, l % 2};
   }
@@ -269,7 +281,15 @@ View BertModel::top() const {
 
 LayerRecord BertModel::record_of(int l) const {
   const int K = cur_->opt.recompute.every;
-  return cur_->ws.layer(K ? l % K : l);
+  LayerRecord r = cur_->ws.layer(K ? l % K : l);
+  const ModernBertFields& m = config().modern;
+  if (config().family == Family::modernbert) {  // a global layer's probabilities, or a local one's
+    const bool global = m.global_layer(l);
+    int same_kind = 0;  // the layers of l's kind below it
+    for (int j = 0; j < l; ++j) same_kind += m.global_layer(j) == global;
+    r.probs = cur_->ws.get(global ? Rec::probs : Rec::probs_local, K ? l % K : same_kind);
+  }
+  return r;
 }
 
 // The dropout places of a share's tokens and sequences: each row is a run of both, starting at
@@ -330,10 +350,7 @@ ClassTargets BertModel::class_targets(const PackedBatch& batch) {
 
 Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options, View input,
                            const std::function<void()>& progress) {
-  if (config().family == Family::modernbert)
-    throw InputError(
-        "ModernBERT's encoder layers are not built yet: packbert converts and exports ModernBERT "
-        "models (convert, export), it does not yet train or evaluate them");
+  if (config().family == Family::modernbert) refuse_unbuilt_modernbert(options);
   if (layout_.has_embeddings() == static_cast<bool>(input))
     throw std::logic_error(layout_.has_embeddings()
                                ? "forward: a first stage computes its input (the embeddings)"
@@ -345,7 +362,7 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
   const int Tn = cur_->tl.tokens();
-  const int first = layout_.stage().first, L = layout_.stage_config().num_hidden_layers;
+  const int L = layout_.stage_config().num_hidden_layers;
   StepContext s = context();
   if (progress) s.progress = &progress;
 
@@ -357,15 +374,18 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
   } else if (in.is_16bit()) {  // the embeddings in the scalar in scratch (dx is free until
                                // backward)
     const View staged = cur_->ws.get(Rec::dx).shaped(Tn, c.hidden_size);
-    embeddings_forward(s, p_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), staged);
+    embeddings_of(s, staged);
     s.be.convert(in, staged);
   } else {
-    embeddings_forward(s, p_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), in);
+    embeddings_of(s, in);
   }
-  for (int l = 0; l < L; ++l)
-    encoder_layer_forward(s, first + l, p_.layers[first + l], record_of(l), input_of(l),
-                          output_of(l), l == L - 1 ? cur_->ws.get(Rec::top) : View());
+  for (int l = 0; l < L; ++l) layer_forward(s, l, l == L - 1 ? cur_->ws.get(Rec::top) : View());
   if (!layout_.has_heads()) return cur_->out;
+  if (c.family == Family::modernbert) {
+    const View top_held = final_norm_forward(s, p_, input_of(L));
+    if (heads.pretraining) mlm_forward(s, p_, top_held, cur_->out);
+    return cur_->out;
+  }
   pooler_forward(s, p_, top());
 
   if (heads.pretraining) {
@@ -407,9 +427,16 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
   cur_->probs_offsets.resize(n_seq + 1);
   kernels::attention_probs_offsets(cur_->tl.cu_seqlens.data(), n_seq, c.num_attention_heads,
                                    kernels::kGlobalAttention, cur_->probs_offsets.data());
+  cur_->probs_offsets_local.clear();
+  if (c.family == Family::modernbert) {  // the local layers' bands
+    cur_->probs_offsets_local.resize(n_seq + 1);
+    kernels::attention_probs_offsets(cur_->tl.cu_seqlens.data(), n_seq, c.num_attention_heads,
+                                     c.modern.local_attention, cur_->probs_offsets_local.data());
+  }
   cur_->share = batch.share;
   if (!cur_->share.places.empty()) place_rows(batch);
-  StepShape shape = shape_of(cur_->tl, omp_get_max_threads());
+  StepShape shape = shape_of(cur_->tl, omp_get_max_threads(),
+                             c.family == Family::modernbert ? c.modern.local_attention : 0);
   shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
   cur_->ws.prepare(layout_.stage_config(), layout_.workspace_heads(), cur_->opt.recompute, shape,
                    cur_->opt.precision, dtype(), backend_->device());
@@ -472,14 +499,18 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   // l: the stage's own index of a layer (records, slots); first + l: the model's (weights,
   // dropout streams).
   auto layer_backward = [&](int l) {
-    if (rebuilds_layer_inputs(cur_->opt.recompute) && l > 0) {  // LN2 of layer l - 1, bit for bit
+    if (rebuilds_layer_inputs(cur_->opt.recompute, c.family) && l > 0) {
+      // LN2 of layer l - 1, bit for bit
       const LayerRecord below = record_of(l - 1);
       const LayerView& w = p_.layers[first + l - 1];
       ln_apply(s, input_of(l), below.r2, below.ln2_mean, below.ln2_rstd, w.ln2_w, w.ln2_b, Tn,
                c.hidden_size);
     }
-    encoder_layer_backward(s, first + l, p_.layers[first + l], g_.layers[first + l], record_of(l),
-                           input_of(l), dh, dx);
+    const LayerView &w = p_.layers[first + l], &g = g_.layers[first + l];
+    if (c.family == Family::modernbert)
+      modernbert_layer_backward(s, first + l, w, g, record_of(l), input_of(l), dh, dx);
+    else
+      encoder_layer_backward(s, first + l, w, g, record_of(l), input_of(l), dh, dx);
     std::swap(dh, dx);
     finished();
   };
@@ -490,9 +521,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
     // Segments [a, b) from the top: re-run their forward from the kept input, then backward.
     for (int a = (L - 1) / K * K; a >= 0; a -= K) {
       const int b = std::min(a + K, L);
-      for (int l = a; l < b; ++l)
-        encoder_layer_forward(s, first + l, p_.layers[first + l], record_of(l), input_of(l),
-                              cur_->ws.get(Rec::seg_hidden, l - a));
+      for (int l = a; l < b; ++l) layer_forward(s, l, View(), cur_->ws.get(Rec::seg_hidden, l - a));
       for (int l = b - 1; l >= a; --l) layer_backward(l);
     }
   }
@@ -531,7 +560,15 @@ void BertModel::add_decoder_grad(const DecoderInput& d, const std::function<void
 void BertModel::heads_backward(const StepContext& s, View dh) {
   const Heads& heads = layout_.heads();
   const int n_seq = cur_->tl.sequences();
-  s.be.zero(dh.shaped(1, static_cast<int64_t>(cur_->tl.tokens()) * config().hidden_size));
+  const int64_t TC = static_cast<int64_t>(cur_->tl.tokens()) * config().hidden_size;
+  if (config().family == Family::modernbert) {  // the heads read the final norm's output
+    const View dtop = cur_->ws.get(Rec::dx).shaped(1, TC);
+    s.be.zero(dtop);
+    if (heads.pretraining) mlm_backward(s, p_, g_, cur_->out, dtop);
+    final_norm_backward(s, p_, g_, input_of(layout_.stage_config().num_hidden_layers), dtop, dh);
+    return;
+  }
+  s.be.zero(dh.shaped(1, TC));
   s.be.zero(cur_->ws.get(Rec::dpooled).shaped(n_seq, config().hidden_size));
   if (heads.pretraining) {
     mlm_backward(s, p_, g_, cur_->out, dh);
@@ -546,8 +583,12 @@ void BertModel::heads_backward(const StepContext& s, View dh) {
 }
 
 void BertModel::embeddings_backward_of(const StepContext& s, View dh) {
+  const bool modern = config().family == Family::modernbert;
   if (word_rows_.empty()) {
-    embeddings_backward(s, p_, g_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), dh);
+    if (modern)
+      modernbert_embeddings_backward(s, p_, g_, cur_->ids.data(), dh);
+    else
+      embeddings_backward(s, p_, g_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), dh);
     return;
   }
   // The word table's share into word_rows_grads(), at each id's place among the rows.
@@ -558,8 +599,42 @@ void BertModel::embeddings_backward_of(const StepContext& s, View dh) {
       throw std::logic_error("a token id outside the deferred word rows");
     cur_->word_ids[t] = static_cast<int32_t>(at - word_rows_.begin());
   }
-  embeddings_backward(s, p_, g_, cur_->word_ids.data(), cur_->pos.data(), cur_->types.data(), dh,
-                      word_rows_grads());
+  if (modern)
+    modernbert_embeddings_backward(s, p_, g_, cur_->word_ids.data(), dh, word_rows_grads());
+  else
+    embeddings_backward(s, p_, g_, cur_->word_ids.data(), cur_->pos.data(), cur_->types.data(), dh,
+                        word_rows_grads());
+}
+
+void BertModel::embeddings_of(const StepContext& s, View out) {
+  if (config().family == Family::modernbert)
+    modernbert_embeddings_forward(s, p_, cur_->ids.data(), out);
+  else
+    embeddings_forward(s, p_, cur_->ids.data(), cur_->pos.data(), cur_->types.data(), out);
+}
+
+void BertModel::layer_forward(const StepContext& s, int l, View out_wide, View out) {
+  const int at = layout_.stage().first + l;
+  if (!out) out = output_of(l);
+  if (config().family == Family::modernbert)
+    modernbert_layer_forward(s, at, p_.layers[at], record_of(l), input_of(l), out);
+  else
+    encoder_layer_forward(s, at, p_.layers[at], record_of(l), input_of(l), out, out_wide);
+}
+
+void BertModel::refuse_unbuilt_modernbert(const StepOptions& options) const {
+  const BertConfig& c = config();
+  const Heads& heads = layout_.heads();
+  if (heads.classifier || heads.span)
+    throw InputError(
+        "ModernBERT's classification and question-answering heads are not built yet: packbert "
+        "pre-trains and evaluates ModernBERT's masked-LM model, and converts and exports all "
+        "three");
+  if (options.training && (c.attention_probs_dropout_prob > 0 || c.modern.embedding_dropout > 0 ||
+                           c.modern.mlp_dropout > 0))
+    throw InputError(
+        "a ModernBERT trains without dropout here (attention_dropout, embedding_dropout and "
+        "mlp_dropout 0, transformers' defaults): dropout in its layers is not built");
 }
 
 }  // namespace packbert::model

@@ -185,7 +185,7 @@ class BertModel {
     Rec rec;
     int64_t copy;
   };
-  Slot input_slot(int l) const;   // the input of layer l (l = L: the encoder's output)
+  Slot input_slot(int l) const;  // the input of layer l (l = L: the encoder's output)
   // The input / output of layer l as the layers hold it (16 bits under a 16-bit precision).
   kernels::View input_of(int l) const;
   kernels::View output_of(int l) const;
@@ -204,6 +204,12 @@ class BertModel {
   // Backward's parts: the heads (pooler included) into dh, which starts zeroed; the embeddings
   // from dh (the word table's share deferred when defer_word_rows is on).
   void heads_backward(const StepContext& s, kernels::View dh);
+  // The family's embeddings into out ([T, C] in the scalar), and layer l's forward (the stage's
+  // index) into out (default: output_of(l)).
+  void embeddings_of(const StepContext& s, kernels::View out);
+  void layer_forward(const StepContext& s, int l, kernels::View out_wide, kernels::View out = {});
+  // What a ModernBERT step cannot run yet, refused in one line (InputError).
+  void refuse_unbuilt_modernbert(const StepOptions& options) const;
   void embeddings_backward_of(const StepContext& s, kernels::View dh);
 
   ParamLayout layout_;
@@ -226,10 +232,10 @@ class BertModel {
     StepOptions opt;
     TokenLayout tl;
     std::vector<int32_t> ids, pos, types;
-    std::vector<int64_t> probs_offsets;
+    std::vector<int64_t> probs_offsets, probs_offsets_local;  // (local: ModernBERT's window)
     DropoutPlaces places;  // of a batch that is a share of a whole (empty otherwise)
     BatchShare share;
-    std::vector<int32_t> word_ids;  // deferral: the batch's ids among the rows
+    std::vector<int32_t> word_ids;                   // deferral: the batch's ids among the rows
     std::vector<int32_t> cls_targets, span_targets;  // span: (start, end) pairs
     kernels::Buffer cls_values;                      // a regression head's targets
     Workspace ws;
@@ -242,7 +248,7 @@ class BertModel {
   std::vector<std::pair<size_t, size_t>> grad_ranges_, deferred_ranges_;
   std::vector<int32_t> word_rows_;  // deferral: the rows
   kernels::Buffer word_rows_grads_;
-  bool word_with_heads_ = false;  // a last stage's word table: finished with the heads
+  bool word_with_heads_ = false;    // a last stage's word table: finished with the heads
   bool decoder_elsewhere_ = false;  // hand_decoder_to_first_stage()
 };
 

@@ -39,6 +39,8 @@ View sparse_output(const StepContext& s) {
   return out;
 }
 
+}  // namespace
+
 // The step's linear layers: out = in . W^T + b, [N, OC] from [N, C], out as held (16 bits under
 // a 16-bit precision for an output only 16-bit readers take: q | k | v, GELU's input). Dense
 // under a 16-bit precision: the 16-bit operands in and W16 (a 16-bit out is rounded once, inside
@@ -85,6 +87,8 @@ void linear_grad(const StepContext& s, const BlockPattern* pattern, View dinp, V
                      mode, s.ws.get(Rec::sparse));
 }
 
+namespace {
+
 // The block gradient norms backward collects for one of a layer's linear layers, or null.
 std::vector<float>* block_grads_of(const StepContext& s, int layer,
                                    std::vector<float> LayerBlockGrads::*which) {
@@ -110,10 +114,12 @@ void residual_site(const StepContext& s, View r, View x, View skip, int64_t n, u
   s.be.residual_forward(r.shaped(1, n), r.shaped(1, n), skip.shaped(1, n));
 }
 
+}  // namespace
+
 // LayerNorm forward and backward (dinp written over: each call's is a fresh buffer) of [N, C]
 // from a residual sum as held; out as held, and out_wide as ln_apply's.
 void ln_forward(const StepContext& s, View out, View mean, View rstd, View inp, View w, View b,
-                int N, int C, View out_wide = {}) {
+                int N, int C, View out_wide) {
   const auto [wide, out16] = wide_and_16(out, out_wide);
   s.be.layernorm_forward(wide.shaped(N, C), mean.shaped(1, N), rstd.shaped(1, N), inp.shaped(N, C),
                          w.shaped(1, C), b.shaped(1, C), s.config.layer_norm_eps,
@@ -125,8 +131,6 @@ void ln_backward(const StepContext& s, View dinp, View dw, View db, View dout, V
                           inp.shaped(N, C), w.shaped(1, C), mean.shaped(1, N), rstd.shaped(1, N),
                           GradWrite::overwrite);
 }
-
-}  // namespace
 
 void ln_apply(const StepContext& s, View out, View inp, View mean, View rstd, View w, View b, int N,
               int C) {
@@ -164,10 +168,14 @@ bool ffn_up_backward_16(const StepContext& s, const LayerRecord& a, const LayerV
   return true;
 }
 
+}  // namespace
+
 AttentionDropout attention_dropout(const StepContext& s, int layer) {
   return {s.p_attn, s.seed, dropout_key(s.step, static_cast<uint32_t>(layer), kAttnProbs),
           s.places && !s.places->attention.empty() ? s.places->attention.data() : nullptr};
 }
+
+namespace {
 
 // The attention probabilities as kept (empty when rebuilt).
 View probs_of(const StepContext& s, const LayerRecord& a) {
@@ -260,14 +268,9 @@ void embeddings_backward(const StepContext& s, const ParamView& p, const ParamVi
   s.be.embedding_backward(dword ? dword : dtable, dposition, dtoken_type, dsum, ids, pos, types);
 }
 
-namespace {
-
-// The 16-bit copy of one of a layer's weights (empty under fp32).
 View weight16(const StepContext& s, int layer, View LayerView::*field) {
   return s.p16 ? s.p16->layers[layer].*field : View();
 }
-
-}  // namespace
 
 void encoder_layer_forward(const StepContext& s, int layer, const LayerView& w,
                            const LayerRecord& a, View in, View out, View out_wide) {

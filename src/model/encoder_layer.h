@@ -67,6 +67,15 @@ struct StepContext {
   // A pipeline's last stage: the MLM backward leaves the word table's gradient to the first
   // stage (BertModel::hand_decoder_to_first_stage).
   bool decoder_elsewhere = false;
+  // Each token's position inside its own sequence ([T]: rotary's angles, ModernBERT).
+  const int32_t* positions = nullptr;
+  // attention_probs_offsets of the batch for the local layers' window (ModernBERT).
+  const int64_t* probs_offsets_local = nullptr;
+  // Layer l's attention window (0: global) and its probabilities' offsets.
+  int window(int l) const {
+    return config.family == Family::modernbert ? config.modern.window(l) : 0;
+  }
+  const int64_t* offsets(int l) const { return window(l) ? probs_offsets_local : probs_offsets; }
   void tick() const {
     if (progress) (*progress)();
   }
@@ -91,8 +100,8 @@ constexpr uint32_t kNoLayer = 0xffffffffu;
 void dropout_site(const StepContext& s, kernels::View out, kernels::View inp, int64_t n,
                   uint32_t layer, uint32_t site);
 // dinp += the gradient through that site's mask (dropout on).
-void dropout_site_backward(const StepContext& s, kernels::View dinp, kernels::View dout,
-                           int64_t n, uint32_t layer, uint32_t site);
+void dropout_site_backward(const StepContext& s, kernels::View dinp, kernels::View dout, int64_t n,
+                           uint32_t layer, uint32_t site);
 
 // out = dropout(LayerNorm(word[ids] + position[pos] + type[types])), out: [T, C] in the step's
 // scalar; keeps the sum and its LayerNorm statistics (Rec::emb_*).
@@ -108,6 +117,32 @@ void embeddings_backward(const StepContext& s, const ParamView& p, const ParamVi
 void ln_apply(const StepContext& s, kernels::View out, kernels::View inp, kernels::View mean,
               kernels::View rstd, kernels::View w, kernels::View b, int N, int C);
 
+// The parts every family's layers are made of (model/encoder_layer.cpp).
+// A linear layer out = in . W^T + b, [N, OC] from [N, C], out as held: dense (W16, the weight's
+// 16-bit copy, under a 16-bit precision) or block-sparse when the layer has a pattern. b may be
+// empty (no bias).
+void linear(const StepContext& s, const kernels::BlockPattern* pattern, kernels::View out,
+            kernels::View in, kernels::View W, kernels::View W16, kernels::View b, int N, int C,
+            int OC);
+// Its backward: dinp written as `mode` says, dW and db (either may be empty) accumulated;
+// block_l1 (gradient regrow, a sparse layer) also receives the dense gradient's block norms.
+void linear_grad(const StepContext& s, const kernels::BlockPattern* pattern, kernels::View dinp,
+                 kernels::View dW, kernels::View db, kernels::View dout, kernels::View in,
+                 kernels::View W, kernels::View W16, int N, int C, int OC,
+                 std::vector<float>* block_l1, kernels::GradWrite mode);
+// LayerNorm of [N, C] (b may be empty: no bias): out as held, out_wide as ln_apply's; backward
+// writes dinp over.
+void ln_forward(const StepContext& s, kernels::View out, kernels::View mean, kernels::View rstd,
+                kernels::View inp, kernels::View w, kernels::View b, int N, int C,
+                kernels::View out_wide = {});
+void ln_backward(const StepContext& s, kernels::View dinp, kernels::View dw, kernels::View db,
+                 kernels::View dout, kernels::View inp, kernels::View w, kernels::View mean,
+                 kernels::View rstd, int N, int C);
+// Layer l's attention probability dropout, and the 16-bit copy of one of its weights (empty under
+// fp32).
+kernels::AttentionDropout attention_dropout(const StepContext& s, int layer);
+kernels::View weight16(const StepContext& s, int layer, kernels::View LayerView::*field);
+
 // One layer: in, out: [T, C] as held (16 bits under a 16-bit precision); fills the record a (all
 // fields; those the policy does not keep point to shared slots). out_wide, when given (the
 // encoder's output under a 16-bit precision, which the heads read in the step's scalar), also
@@ -118,8 +153,8 @@ void encoder_layer_forward(const StepContext& s, int layer, const LayerView& w,
 // dinp = d loss / d in (written over), given dout = d loss / d out and the record of the forward
 // (rebuilding what the policy did not keep: GELU's output, LN1's output, the attention
 // probabilities).
-void encoder_layer_backward(const StepContext& s, int layer, const LayerView& w,
-                            const LayerView& g, const LayerRecord& a, kernels::View in,
-                            kernels::View dout, kernels::View dinp);
+void encoder_layer_backward(const StepContext& s, int layer, const LayerView& w, const LayerView& g,
+                            const LayerRecord& a, kernels::View in, kernels::View dout,
+                            kernels::View dinp);
 
 }  // namespace packbert::model

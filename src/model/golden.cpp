@@ -22,8 +22,6 @@ const GoldenRow& GoldenReport::worst_grad() const {
   return worst ? *worst : rows.front();
 }
 
-namespace {
-
 // The golden file's model config (dropout off: the golden is deterministic).
 BertConfig golden_config(const io::SafetensorsFile& f, const std::string& path) {
   auto meta = f.metadata().find("config");
@@ -62,8 +60,6 @@ PackedBatch golden_batch(const io::SafetensorsFile& f, const std::string& path) 
   b.nsp_labels = f.ints("nsp_labels");
   return b;
 }
-
-}  // namespace
 
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
                           const Recompute& recompute, Precision precision, double loss_scale,

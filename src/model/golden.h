@@ -5,7 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "io/safetensors.h"
 #include "kernels/ops.h"
+#include "model/batch.h"
+#include "model/config.h"
 #include "model/workspace.h"
 
 namespace packbert::model {
@@ -32,7 +35,12 @@ struct GoldenReport {
 // max(||expected||, the same floor), since 16-bit rounding (relative 2^-9 per operand with 8
 // significant bits, 2^-12 with 11) perturbs every entry a little. Backward starts from the
 // losses times loss_scale (fp16's gradients underflow without one) and the gradients are
-// divided by it. The model runs on `backend`. Throws InputError for a malformed or inconsistent golden file.
+// divided by it. The model runs on `backend`. Throws InputError for a malformed or inconsistent
+// golden file. A golden file's parts: its model config (dropout off) and its batch ([B, S] ids,
+// types, positions, sequence ids and MLM labels, [B, K] NSP labels). InputError when malformed.
+BertConfig golden_config(const io::SafetensorsFile& f, const std::string& path);
+PackedBatch golden_batch(const io::SafetensorsFile& f, const std::string& path);
+
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
                           const Recompute& recompute = {}, Precision precision = Precision::fp32,
                           double loss_scale = 1,

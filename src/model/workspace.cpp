@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "io/memory.h"
+#include "kernels/attention_layout.h"
 #include "kernels/cpu/attention.h"
 
 namespace packbert::model {
@@ -61,7 +62,7 @@ Recompute parse_recompute(const std::string& text) {
   return r;
 }
 
-StepShape shape_of(const TokenLayout& tl, int threads) {
+StepShape shape_of(const TokenLayout& tl, int threads, int local_window) {
   StepShape s;
   s.tokens = tl.tokens();
   s.sequences = tl.sequences();
@@ -69,6 +70,7 @@ StepShape shape_of(const TokenLayout& tl, int threads) {
   for (int i = 0; i < tl.sequences(); ++i) {
     const int64_t L = tl.cu_seqlens[i + 1] - tl.cu_seqlens[i];
     s.attention += L * L;
+    s.attention_local += L * (local_window ? kernels::attention_band(L, local_window) : L);
     s.max_len = std::max(s.max_len, L);
   }
   s.threads = threads;
@@ -92,8 +94,8 @@ enum class Role {
   rebuilt_input,
 };
 
-// Which heads a record belongs to (encoder records: all).
-enum class Need { encoder, pooler, pretraining, classifier, span };
+// Which heads a record belongs to (encoder records: all), or which family's layers hold it.
+enum class Need { encoder, pooler, pretraining, classifier, span, bert, modernbert };
 
 // A record's number format, which Workspace::get's View carries: the step's scalar (f32, or f64
 // in the finite-difference tests); the scalar under fp32 and 16 bits under a 16-bit precision
@@ -122,6 +124,10 @@ constexpr int64_t TC(S s, B c) {
 constexpr int64_t TI(S s, B c) {
   return s.tokens * c.intermediate_size;
 }
+// The up-projection's output: [T, I], or ModernBERT's GeGLU input [T, 2I].
+constexpr int64_t TU(S s, B c) {
+  return (c.family == Family::modernbert ? 2 : 1) * TI(s, c);
+}
 constexpr int64_t T1(S s, B) {
   return s.tokens;
 }
@@ -140,21 +146,28 @@ const RecordSpec kRecords[] = {
     {Rec::hidden, "layer.input", Role::hidden, Need::encoder, TC, Dtype::narrowed},
     {Rec::hidden_rebuilt, "layer.input_rebuilt", Role::rebuilt_input, Need::encoder, TC,
      Dtype::narrowed},
-    {Rec::top, "encoder.output", Role::model, Need::encoder, TC, Dtype::wide_twin},
+    {Rec::top, "encoder.output", Role::model, Need::bert, TC, Dtype::wide_twin},
     {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); },
      Dtype::narrowed},
     {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
      [](S s, B c) { return c.num_attention_heads * s.attention; }, Dtype::narrowed},
+    {Rec::probs_local, "layer.attention_probs_local", Role::probs, Need::modernbert,
+     [](S s, B c) { return c.num_attention_heads * s.attention_local; }, Dtype::narrowed},
     {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC, Dtype::narrowed},
     {Rec::r1, "layer.residual1", Role::residual, Need::encoder, TC, Dtype::narrowed},
     {Rec::ln1_mean, "layer.ln1_mean", Role::layer, Need::encoder, T1},
     {Rec::ln1_rstd, "layer.ln1_rstd", Role::layer, Need::encoder, T1},
     {Rec::h1, "layer.ln1_out", Role::ln, Need::encoder, TC, Dtype::narrowed},
-    {Rec::inter, "layer.gelu_in", Role::layer, Need::encoder, TI, Dtype::narrowed},
+    {Rec::inter, "layer.gelu_in", Role::layer, Need::encoder, TU, Dtype::narrowed},
     {Rec::gelu, "layer.gelu_out", Role::gelu, Need::encoder, TI, Dtype::narrowed},
-    {Rec::r2, "layer.residual2", Role::layer, Need::encoder, TC, Dtype::narrowed},
+    {Rec::r2, "layer.residual2", Role::layer, Need::bert, TC, Dtype::narrowed},
     {Rec::ln2_mean, "layer.ln2_mean", Role::layer, Need::encoder, T1},
     {Rec::ln2_rstd, "layer.ln2_rstd", Role::layer, Need::encoder, T1},
+    {Rec::attn_in, "layer.attn_norm_out", Role::ln, Need::modernbert, TC, Dtype::narrowed},
+    {Rec::final_mean, "encoder.final_norm_mean", Role::model, Need::modernbert, T1},
+    {Rec::final_rstd, "encoder.final_norm_rstd", Role::model, Need::modernbert, T1},
+    {Rec::final_out, "encoder.final_norm_out", Role::model, Need::modernbert, TC},
+    {Rec::final16, "encoder.final_norm_out16", Role::model, Need::modernbert, TC, Dtype::twin},
     {Rec::cls_in, "pooler.cls", Role::model, Need::pooler, NC},
     {Rec::pooled, "pooler.out", Role::model, Need::pooler, NC},
     {Rec::mlm_in, "mlm.in", Role::model, Need::pretraining, MC, Dtype::narrowed},
@@ -190,7 +203,7 @@ const RecordSpec kRecords[] = {
     // logits).
     {Rec::dout16, "scratch.grad16", Role::scratch, Need::encoder,
      [](S s, B c) {
-       return std::max({3 * TC(s, c), TI(s, c), s.masked * static_cast<int64_t>(c.vocab_size)});
+       return std::max({3 * TC(s, c), TU(s, c), s.masked * static_cast<int64_t>(c.vocab_size)});
      },
      Dtype::twin},
     // The block-sparse linear layers' packed activations (0 when dense).
@@ -215,8 +228,10 @@ const RecordSpec kRecords[] = {
     // Under 16 bits GELU's backward writes the FFN up-projection's 16-bit operand straight into
     // scratch.grad16 (ffn_up_backward_16; a sparse up-projection takes it in fp32 from
     // scratch.sparse_output).
-    {Rec::dinter, "grad.gelu_in", Role::scratch, Need::encoder, TI, Dtype::fp32_only},
+    {Rec::dinter, "grad.gelu_in", Role::scratch, Need::bert, TI, Dtype::fp32_only},
     {Rec::dgelu, "grad.gelu_out", Role::scratch, Need::encoder, TI},
+    // ModernBERT's GeGLU input gradient [T, 2I], in the scalar under every precision.
+    {Rec::dglu, "grad.geglu_in", Role::scratch, Need::modernbert, TU},
     {Rec::head_dloss, "grad.losses", Role::scratch, Need::encoder,
      [](S s, B) { return std::max(s.masked, s.sequences); }},
     {Rec::head_losses, "scratch.losses", Role::scratch, Need::encoder,
@@ -239,8 +254,13 @@ const RecordSpec kRecords[] = {
      [](S s, B) { return 2 * s.tokens; }},
 };
 
-bool needed(Need n, const Heads& h) {
+bool needed(Need n, const Heads& h, Family family) {
   switch (n) {
+    case Need::pooler:
+    case Need::bert:
+      return family == Family::bert;
+    case Need::modernbert:
+      return family == Family::modernbert;
     case Need::pretraining:
       return h.pretraining;
     case Need::classifier:
@@ -270,10 +290,11 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
     case Role::model:
       return {1, Storage::activation};
     case Role::hidden:
-      if (rebuilds_layer_inputs(p)) return {std::min<int64_t>(L + 1, 2), Storage::activation};
+      if (rebuilds_layer_inputs(p, c.family))
+        return {std::min<int64_t>(L + 1, 2), Storage::activation};
       return {p.every ? (L + p.every - 1) / p.every + 1 : L + 1, Storage::activation};
     case Role::rebuilt_input:
-      return {rebuilds_layer_inputs(p) ? 2 : 0, Storage::scratch};
+      return {rebuilds_layer_inputs(p, c.family) ? 2 : 0, Storage::scratch};
     case Role::layer:
       return {layer_copies, layer_storage};
     case Role::gelu:
@@ -282,8 +303,15 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
       return rebuilt(r.role, p) ? std::pair{int64_t{1}, Storage::scratch}
                                 : std::pair{layer_copies, layer_storage};
     case Role::probs:
-      return p.attention ? std::pair{int64_t{0}, Storage::scratch}
-                         : std::pair{layer_copies, layer_storage};
+      if (p.attention) return {0, Storage::scratch};
+      // ModernBERT: the global layers' squares and the local layers' bands, a copy per layer of
+      // the kind (every:K: K of each, a segment may hold either)
+      if (c.family == Family::modernbert && !p.every) {
+        int64_t global = 0;
+        for (int l = 0; l < L; ++l) global += c.modern.global_layer(l);
+        return {r.id == Rec::probs_local ? L - global : global, layer_storage};
+      }
+      return {layer_copies, layer_storage};
     case Role::segment:
       return {p.every ? K : 0, Storage::scratch};
     case Role::scratch:
@@ -302,7 +330,8 @@ void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& p
   for (const RecordSpec& r : kRecords) {
     auto [copies, storage] = placement(r, c, policy);
     const bool only_16 = r.dtype == Dtype::twin || r.dtype == Dtype::wide_twin;
-    if (!needed(r.need, heads) || (only_16 && !b16) || (r.dtype == Dtype::fp32_only && b16))
+    if (!needed(r.need, heads, c.family) || (only_16 && !b16) ||
+        (r.dtype == Dtype::fp32_only && b16))
       copies = 0;
     const bool in16 = b16 && (r.dtype == Dtype::narrowed || r.dtype == Dtype::twin);
     visit(r, copies, storage, copies ? r.elements(shape, c) : 0, in16);

@@ -38,8 +38,9 @@ struct Recompute {
 // Whether the inner layers' inputs (LN2's outputs of the layer below) are rebuilt rather than
 // kept: under `ln` when whole layers are not re-run (every:K keeps its checkpoints as they are).
 // The first layer's input (the embeddings' dropout output) and the encoder's output stay kept.
-inline bool rebuilds_layer_inputs(const Recompute& p) {
-  return p.ln && p.every == 0;
+// A pre-LN family's layer input is the residual stream, which no LayerNorm rebuilds: kept.
+inline bool rebuilds_layer_inputs(const Recompute& p, Family family = Family::bert) {
+  return p.ln && p.every == 0 && family == Family::bert;
 }
 
 // "none", "gelu", "gelu,ln", "attention", "layer", "every:K", "auto", or a comma list of the
@@ -49,15 +50,17 @@ Recompute parse_recompute(const std::string& text);
 
 // The sizes a step's records are functions of.
 struct StepShape {
-  int64_t tokens = 0;          // real tokens T
-  int64_t sequences = 0;       // n_seq
-  int64_t masked = 0;          // MLM positions M
-  int64_t attention = 0;       // sum over sequences of L^2
-  int64_t max_len = 0;         // longest sequence
-  int threads = 1;             // OpenMP threads (attention scratch is per thread)
-  int64_t sparse_scratch = 0;  // elements the block-sparse linear layers need (model/sparse.h)
+  int64_t tokens = 0;           // real tokens T
+  int64_t sequences = 0;        // n_seq
+  int64_t masked = 0;           // MLM positions M
+  int64_t attention = 0;        // sum over sequences of L^2
+  int64_t attention_local = 0;  // sum over sequences of L x band(L, local window) (ModernBERT)
+  int64_t max_len = 0;          // longest sequence
+  int threads = 1;              // OpenMP threads (attention scratch is per thread)
+  int64_t sparse_scratch = 0;   // elements the block-sparse linear layers need (model/sparse.h)
 };
-StepShape shape_of(const TokenLayout& tl, int threads);
+// local_window: the local layers' attention window (ModernBERT; 0: none).
+StepShape shape_of(const TokenLayout& tl, int threads, int local_window = 0);
 
 // Where a record lives.
 enum class Storage { activation, scratch };
@@ -89,6 +92,7 @@ enum class Rec : uint8_t {
   // per layer
   qkv,
   probs,
+  probs_local,  // a local layer's attention probabilities, [L, band] per head (ModernBERT)
   att,
   r1,
   ln1_mean,
@@ -99,6 +103,13 @@ enum class Rec : uint8_t {
   r2,
   ln2_mean,
   ln2_rstd,
+  attn_in,  // a pre-LN layer's attention norm output (ModernBERT)
+  // a pre-LN encoder's final norm (ModernBERT): its statistics and output, in the scalar and, under
+  // a 16-bit precision, in 16 bits (the heads' GEMM operand)
+  final_mean,
+  final_rstd,
+  final_out,
+  final16,
   // heads
   cls_in,
   pooled,
@@ -129,6 +140,7 @@ enum class Rec : uint8_t {
   dqkv,
   dinter,
   dgelu,
+  dglu,
   head_dloss,
   head_losses,
   seg_hidden,
@@ -154,8 +166,13 @@ enum class Rec : uint8_t {
 // rebuilds it into; probs is empty when the attention probabilities are recomputed), each a
 // vector View in the DType the workspace holds it in: the step's scalar, or under a 16-bit
 // precision every record but the LayerNorm statistics in that 16-bit type.
+// A ModernBERT layer: attn_in = attention norm(in) (layer 0: in itself, no record), qkv after
+// rotary, r1 = in + attention's projection, h1 = MLP norm(r1) with ln2's statistics, inter the
+// Wi projection [T, 2I], gelu the GeGLU's output [T, I]; r2 not held (the output is the next
+// layer's input).
 struct LayerRecord {
   kernels::View qkv, probs, att, r1, ln1_mean, ln1_rstd, h1, inter, gelu, r2, ln2_mean, ln2_rstd;
+  kernels::View attn_in;
 };
 
 // The arena: one 64-byte-aligned allocation from the backend's Device, grown to the largest step
@@ -176,10 +193,11 @@ class Workspace {
   kernels::View get(Rec r, int64_t copy = 0) const;
   int64_t copies(Rec r) const { return copies_[static_cast<int>(r)]; }
   LayerRecord layer(int64_t copy) const {
-    return {get(Rec::qkv, copy),   get(Rec::probs, copy),    get(Rec::att, copy),
-            get(Rec::r1, copy),    get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
-            get(Rec::h1, copy),    get(Rec::inter, copy),    get(Rec::gelu, copy),
-            get(Rec::r2, copy),    get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy)};
+    return {get(Rec::qkv, copy),    get(Rec::probs, copy),    get(Rec::att, copy),
+            get(Rec::r1, copy),     get(Rec::ln1_mean, copy), get(Rec::ln1_rstd, copy),
+            get(Rec::h1, copy),     get(Rec::inter, copy),    get(Rec::gelu, copy),
+            get(Rec::r2, copy),     get(Rec::ln2_mean, copy), get(Rec::ln2_rstd, copy),
+            get(Rec::attn_in, copy)};
   }
   size_t activation_bytes() const { return activation_bytes_; }
   size_t scratch_bytes() const { return scratch_bytes_; }

@@ -771,8 +771,10 @@ void rotary_cos_sin(A* cs, int32_t pos, const std::vector<float>& inv_freq) {
 
 // Rotary embedding: each token's cos and sin once (D/2 of each), then every head's pairs.
 template <typename T>
-void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, int D,
-                    double theta) {
+void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, int D, double theta,
+                    int64_t ld_out, int64_t ld_in) {
+  if (!ld_out) ld_out = static_cast<int64_t>(heads) * D;
+  if (!ld_in) ld_in = static_cast<int64_t>(heads) * D;
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const std::vector<float> inv = rotary_inv_freq(D, theta);
   const int half = D / 2;
@@ -783,9 +785,9 @@ void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, i
     for (int n = 0; n < N; ++n) {
       rotary_cos_sin(cs.data(), pos[n], inv);
       for (int h = 0; h < heads; ++h) {
-        const int64_t at = static_cast<int64_t>(n) * heads * D + static_cast<int64_t>(h) * D;
-        const T* x = in + at;
-        T* o = out + at;
+        const int64_t at = static_cast<int64_t>(h) * D;
+        const T* x = in + n * ld_in + at;
+        T* o = out + n * ld_out + at;
         for (int i = 0; i < half; ++i) {
           const A c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
           const A x1 = static_cast<A>(widen(x[i])), x2 = static_cast<A>(widen(x[half + i]));
@@ -803,7 +805,9 @@ void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, i
 
 template <typename T>
 void rotary_backward(T* dinp, const T* dout, const int32_t* pos, int N, int heads, int D,
-                     double theta, GradWrite mode) {
+                     double theta, GradWrite mode, int64_t ld_dinp, int64_t ld_dout) {
+  if (!ld_dinp) ld_dinp = static_cast<int64_t>(heads) * D;
+  if (!ld_dout) ld_dout = static_cast<int64_t>(heads) * D;
   const std::vector<float> inv = rotary_inv_freq(D, theta);
   const int half = D / 2;
   const bool add = mode == GradWrite::accumulate;
@@ -814,9 +818,9 @@ void rotary_backward(T* dinp, const T* dout, const int32_t* pos, int N, int head
     for (int n = 0; n < N; ++n) {
       rotary_cos_sin(cs.data(), pos[n], inv);
       for (int h = 0; h < heads; ++h) {
-        const int64_t at = static_cast<int64_t>(n) * heads * D + static_cast<int64_t>(h) * D;
-        const T* g = dout + at;
-        T* d = dinp + at;
+        const int64_t at = static_cast<int64_t>(h) * D;
+        const T* g = dout + n * ld_dout + at;
+        T* d = dinp + n * ld_dinp + at;
         for (int i = 0; i < half; ++i) {
           const T c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
           const T d1 = g[i] * c + g[half + i] * s, d2 = g[half + i] * c - g[i] * s;
@@ -828,14 +832,18 @@ void rotary_backward(T* dinp, const T* dout, const int32_t* pos, int N, int head
   }
 }
 
-template void rotary_forward<double>(double*, const double*, const int32_t*, int, int, int, double);
-template void rotary_forward<float>(float*, const float*, const int32_t*, int, int, int, double);
-template void rotary_forward<bf16>(bf16*, const bf16*, const int32_t*, int, int, int, double);
-template void rotary_forward<f16>(f16*, const f16*, const int32_t*, int, int, int, double);
+template void rotary_forward<double>(double*, const double*, const int32_t*, int, int, int, double,
+                                     int64_t, int64_t);
+template void rotary_forward<float>(float*, const float*, const int32_t*, int, int, int, double,
+                                    int64_t, int64_t);
+template void rotary_forward<bf16>(bf16*, const bf16*, const int32_t*, int, int, int, double,
+                                   int64_t, int64_t);
+template void rotary_forward<f16>(f16*, const f16*, const int32_t*, int, int, int, double, int64_t,
+                                  int64_t);
 template void rotary_backward<double>(double*, const double*, const int32_t*, int, int, int, double,
-                                      GradWrite);
+                                      GradWrite, int64_t, int64_t);
 template void rotary_backward<float>(float*, const float*, const int32_t*, int, int, int, double,
-                                     GradWrite);
+                                     GradWrite, int64_t, int64_t);
 
 template void geglu_forward<double>(double*, const double*, int, int);
 template void geglu_forward<float>(float*, const float*, int, int);

@@ -85,12 +85,15 @@ void geglu_backward(T* dinp, const In* in, const T* dout, int N, int I,
 
 // Rotary position embedding over each head of in [N, heads * D] (kernels/rotary.h's angles at
 // pos[n]); out may be in. T double, float, or 16-bit computed in fp32. Backward (the inverse
-// rotation): dinp (+)= R^T dout, double or float.
+// rotation): dinp (+)= R^T dout, double or float. ld_*: the rows' strides (0: heads * D), so q | k
+// can be rotated inside q | k | v.
 template <typename T>
-void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, int D, double theta);
+void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, int D, double theta,
+                    int64_t ld_out = 0, int64_t ld_in = 0);
 template <typename T>
 void rotary_backward(T* dinp, const T* dout, const int32_t* pos, int N, int heads, int D,
-                     double theta, GradWrite mode = GradWrite::accumulate);
+                     double theta, GradWrite mode = GradWrite::accumulate, int64_t ld_dinp = 0,
+                     int64_t ld_dout = 0);
 
 // Linear layer with PyTorch's weight layout: out[N, OC] = inp[N, C] . weight[OC, C]^T + bias.
 // bias may be null.

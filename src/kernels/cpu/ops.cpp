@@ -311,27 +311,29 @@ void geglu_backward(View dinp, View in, View dout, GradWrite mode) {
   });
 }
 
+// (rotary's views may be rows of a wider matrix: q | k inside q | k | v)
 void rotary_forward(View out, View in, const int32_t* pos, int heads, double theta) {
-  require_contiguous("rotary_forward", {&out, &in});
   const int D = heads > 0 ? i32(in.cols) / heads : 0;
-  if (D * heads != in.cols || D % 2 || out.dtype != in.dtype || out.numel() != in.numel())
+  if (D * heads != in.cols || D % 2 || out.dtype != in.dtype || out.rows != in.rows ||
+      out.cols != in.cols || in.batch != 1 || out.batch != 1)
     throw std::logic_error("cpu::rotary_forward: in and out [N, heads x an even D] of one dtype");
   with_type(in.dtype, [&](auto t) {
     using T = decltype(t);
-    kernels::rotary_forward(ptr<T>(out), ptr<const T>(in), pos, i32(in.rows), heads, D, theta);
+    kernels::rotary_forward(ptr<T>(out), ptr<const T>(in), pos, i32(in.rows), heads, D, theta,
+                            out.ld, in.ld);
   });
 }
 
 void rotary_backward(View dinp, View dout, const int32_t* pos, int heads, double theta,
                      GradWrite mode) {
-  require_contiguous("rotary_backward", {&dinp, &dout});
   const int D = heads > 0 ? i32(dout.cols) / heads : 0;
-  if (D * heads != dout.cols || D % 2 || dinp.dtype != dout.dtype || is16(dinp))
+  if (D * heads != dout.cols || D % 2 || dinp.dtype != dout.dtype || is16(dinp) ||
+      dinp.rows != dout.rows || dinp.cols != dout.cols || dinp.batch != 1 || dout.batch != 1)
     throw std::logic_error("cpu::rotary_backward: dinp and dout [N, heads x an even D], f32/f64");
   with_wide_type("rotary_backward", dout, [&](auto t) {
     using T = decltype(t);
     kernels::rotary_backward(ptr<T>(dinp), ptr<const T>(dout), pos, i32(dout.rows), heads, D, theta,
-                             mode);
+                             mode, dinp.ld, dout.ld);
   });
 }
 

@@ -1,0 +1,208 @@
+// ModernBERT's layers: packed forward and backward against an independent PyTorch ModernBERT
+// (tools/make_modernbert_golden.py, written from transformers' modeling_modernbert.py and run on
+// the sequences padded, one per row), on the cpu and the reference backends, in fp32 and 16 bits;
+// every recompute policy bit for bit; the plan's bytes; what is not built refused in one line.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "io/safetensors.h"
+#include "kernels/cpu/features.h"
+#include "model/bert.h"
+#include "model/golden.h"
+#include "model/weights.h"
+
+namespace packbert::model {
+namespace {
+
+const std::string kGoldenDir = std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/";
+const char* const kGoldens[] = {"modernbert_mlm.safetensors", "modernbert_bias.safetensors"};
+
+void expect_all_ok(const GoldenReport& r, const std::string& what) {
+  for (const GoldenRow& row : r.rows)
+    EXPECT_TRUE(row.ok()) << what << " " << row.quantity << " " << row.error;
+}
+
+// Both goldens' configs are what they claim: ModernBERT, sequences longer than the window, local
+// and global layers, biases off in one and on in the other.
+TEST(ModernBertGolden, GoldensHoldWhatTheTestsNeed) {
+  for (const char* file : kGoldens) {
+    const std::string path = kGoldenDir + file;
+    const io::SafetensorsFile f = io::SafetensorsFile::read(path);
+    const BertConfig c = golden_config(f, path);
+    ASSERT_EQ(c.family, Family::modernbert) << file;
+    bool local = false, global = false;
+    for (int l = 0; l < c.num_hidden_layers; ++l) (c.modern.window(l) ? local : global) = true;
+    EXPECT_TRUE(local && global) << file;
+    const PackedBatch b = golden_batch(f, path);
+    int longest = 0, run = 0;
+    for (size_t i = 0; i < b.sequence_ids.size(); ++i) {
+      run = (i % b.S && b.sequence_ids[i] == b.sequence_ids[i - 1]) ? run + 1 : 1;
+      if (b.sequence_ids[i] > 0) longest = std::max(longest, run);
+    }
+    EXPECT_GT(longest, 2 * c.modern.local_attention)
+        << file << ": a sequence over twice the window";
+  }
+  const std::string bias = kGoldenDir + kGoldens[1];
+  const BertConfig c = golden_config(io::SafetensorsFile::read(bias), bias);
+  EXPECT_TRUE(c.modern.norm_bias && c.modern.attention_bias && c.modern.mlp_bias &&
+              c.modern.classifier_bias);
+}
+
+// The row of #61: loss within 1e-5 relative and every gradient within 1e-4 (fp32), every tensor.
+TEST(ModernBertGolden, PackedForwardBackwardMatchesPyTorch) {
+  for (const char* file : kGoldens) {
+    const std::string path = kGoldenDir + file;
+    const GoldenReport r = check_golden(path, 1e-5, 1e-4);
+    expect_all_ok(r, file);
+    const BertModel m(golden_config(io::SafetensorsFile::read(path), path), Heads{});
+    EXPECT_EQ(r.rows.size(), 2u + m.layout().tensors().size()) << file;
+  }
+}
+
+TEST(ModernBertGolden, RefBackendMatchesPyTorch) {
+  const auto ref = kernels::BackendKind::ref;
+  for (const char* file : kGoldens)
+    expect_all_ok(check_golden(kGoldenDir + file, 1e-5, 1e-4, {}, Precision::fp32, 1, ref), file);
+}
+
+// 16-bit steps at check-golden's tolerances (bf16 1e-2 / 5e-2, fp16 2e-3 / 1e-2), on the cpu
+// backend where the CPU runs bf16 products, and on the reference backend everywhere.
+TEST(ModernBertGolden, SixteenBitStepsMatchPyTorchAtTheirTolerances) {
+  std::vector<kernels::BackendKind> backends = {kernels::BackendKind::ref};
+  if (kernels::bf16_unavailable_reason().empty()) backends.push_back(kernels::BackendKind::cpu);
+  for (const kernels::BackendKind be : backends)
+    for (const char* file : kGoldens) {
+      const std::string path = kGoldenDir + file;
+      expect_all_ok(check_golden(path, 1e-2, 5e-2, {}, Precision::bf16, 1, be),
+                    std::string(file) + " bf16");
+      expect_all_ok(check_golden(path, 2e-3, 1e-2, {}, Precision::fp16, 65536, be),
+                    std::string(file) + " fp16");
+    }
+  for (const char* file : kGoldens)  // fp16 on the cpu backend needs no bf16 instruction
+    expect_all_ok(check_golden(kGoldenDir + file, 2e-3, 1e-2, {}, Precision::fp16, 65536),
+                  std::string(file) + " cpu fp16");
+}
+
+// A golden's model and batch, loaded.
+struct Loaded {
+  BertConfig config;
+  PackedBatch batch;
+  std::unique_ptr<BertModel> model;
+};
+Loaded load(const char* file) {
+  const std::string path = kGoldenDir + file;
+  const io::SafetensorsFile f = io::SafetensorsFile::read(path);
+  Loaded g{golden_config(f, path), golden_batch(f, path), nullptr};
+  g.model = std::make_unique<BertModel>(g.config, Heads{});
+  load_weights(g.model->layout(), g.model->params().data(), f);
+  return g;
+}
+
+std::vector<float> grads_of(const BertModel& m) {
+  return {m.grads().begin(), m.grads().end()};
+}
+
+// What a policy rebuilds is rebuilt bit for bit: the loss and every gradient equal the policy
+// none's under fp32 and 16 bits, and each policy keeps fewer bytes; plan's bytes are the engine's.
+TEST(ModernBertRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicyAndThePlanIsExact) {
+  Loaded g = load(kGoldens[0]);
+  BertModel& m = *g.model;
+  std::vector<Precision> precisions = {Precision::fp32, Precision::fp16};
+  if (kernels::bf16_unavailable_reason().empty()) precisions.push_back(Precision::bf16);
+  for (const Precision precision : precisions) {
+    const std::string p = precision_name(precision) + " ";
+    auto run = [&](const std::string& policy) {
+      m.zero_grads();
+      const Recompute r = parse_recompute(policy);
+      Outputs out = m.forward(g.batch, {true, 7, 2, r, precision});
+      size_t act = 0, scratch = 0;
+      for (const RecordSize& rec : workspace_records(
+               g.config, Heads{}, r,
+               shape_of(m.tokens(), omp_get_max_threads(), g.config.modern.local_attention),
+               precision))
+        (rec.storage == Storage::activation ? act : scratch) += rec.bytes();
+      EXPECT_EQ(act, m.activation_bytes()) << p << policy;
+      EXPECT_EQ(scratch, m.scratch_bytes()) << p << policy;
+      m.backward();
+      return std::pair{out.loss(), grads_of(m)};
+    };
+    const auto [loss0, grads0] = run("none");
+    const size_t bytes0 = m.activation_bytes();
+    for (const std::string policy :
+         {"gelu", "ln", "gelu,ln", "residual", "attention", "gelu,ln,residual,attention", "layer",
+          "every:2", "every:3", "layer,gelu,ln,residual,attention"}) {
+      const auto [loss, grads] = run(policy);
+      EXPECT_EQ(loss, loss0) << p << policy;
+      ASSERT_EQ(grads.size(), grads0.size());
+      EXPECT_EQ(std::memcmp(grads.data(), grads0.data(), grads.size() * sizeof(float)), 0)
+          << p << policy << ": gradients differ from the policy none";
+      EXPECT_LT(m.activation_bytes(), bytes0) << p << policy << " keeps no less than none";
+    }
+  }
+}
+
+// A local layer's probabilities are kept as a band, not a square: the model keeps fewer bytes
+// than the same model with every layer global, and the loss differs (the window is real).
+TEST(ModernBertAttention, LocalLayersKeepBandsAndSeeOnlyTheirWindow) {
+  Loaded g = load(kGoldens[0]);
+  g.batch = [] {  // one sequence of 200 tokens: bands of 32 + 8 against 200
+    PackedBatch b;
+    b.B = 1, b.S = 200, b.K = 1;
+    for (int i = 0; i < 200; ++i) {
+      b.input_ids.push_back(1 + (i * 37) % 90);
+      b.token_type_ids.push_back(0);
+      b.position_ids.push_back(i);
+      b.sequence_ids.push_back(1);
+      b.mlm_labels.push_back(i % 7 == 3 ? (i * 11) % 90 : -100);
+    }
+    b.nsp_labels = {-100};
+    return b;
+  }();
+  const Outputs local = g.model->forward(g.batch, {false, 0, 0, {}, Precision::fp32});
+  const size_t local_bytes = g.model->activation_bytes();
+  BertConfig all_global = g.config;
+  all_global.modern.global_attn_every_n_layers = 1;
+  BertModel m(all_global, Heads{});
+  std::copy(g.model->params().begin(), g.model->params().end(), m.params().begin());
+  const Outputs global = m.forward(g.batch, {false, 0, 0, {}, Precision::fp32});
+  EXPECT_NE(local.mlm_loss, global.mlm_loss);
+  const int64_t NH = g.config.num_attention_heads, locals = 2;  // layers 1 and 2 of 4
+  const size_t square = static_cast<size_t>(NH * 200 * 200) * 4, band = NH * 200 * 40 * 4;
+  EXPECT_EQ(m.activation_bytes() - local_bytes, locals * (square - band));
+}
+
+// What the family does not run yet is refused in one line, not run wrong.
+TEST(ModernBertModel, WhatIsNotBuiltIsRefusedInOneLine) {
+  Loaded g = load(kGoldens[0]);
+  Heads cls;
+  cls.pretraining = false;
+  cls.classifier = true;
+  BertConfig c = g.config;
+  c.num_labels = 3;
+  BertModel classifier(c, cls);
+  try {
+    classifier.forward(g.batch, {false, 0, 0, {}, Precision::fp32});
+    FAIL() << "a ModernBERT classifier ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("not built yet"), std::string::npos) << e.what();
+  }
+  BertConfig with_dropout = g.config;
+  with_dropout.modern.mlp_dropout = 0.1;
+  BertModel dropped(with_dropout, Heads{});
+  EXPECT_THROW(dropped.forward(g.batch, {true, 1, 1, {}, Precision::fp32}), InputError);
+  EXPECT_NO_THROW(
+      dropped.forward(g.batch, {false, 1, 1, {}, Precision::fp32}));  // eval: no dropout
+  Sparsity sparse;
+  sparse.block = 4;
+  sparse.sparsity = 0.5;
+  EXPECT_THROW(BertModel(g.config, Heads{}, sparse), InputError);
+  EXPECT_THROW(g.model->keep_masters16(Masters::bf16), InputError);
+}
+
+}  // namespace
+}  // namespace packbert::model
