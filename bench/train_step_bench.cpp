@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
       throw InputError(std::string("--backend: ") + e.what());
     }
     c = model::resolve_shape(shape);
+    if (c.family == model::Family::modernbert && dropout > 0)
+      throw InputError("a ModernBERT step runs without dropout here: --dropout 0");
     c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
     c.max_position_embeddings = std::max(c.max_position_embeddings, max_len);
     precision = model::parse_precision(precision_text);
@@ -192,10 +194,21 @@ int main(int argc, char** argv) {
   // sparse layer's kept blocks only.
   const double C = c.hidden_size, V = c.vocab_size, T = real_tokens;
   const double layer_weights = static_cast<double>(model::layer_linear_numel(m.layout()));
-  double att = 0;
-  for (int l : lengths) att += 2.0 * 2.0 * static_cast<double>(l) * l * C;
-  double fwd = c.num_hidden_layers * (2 * T * layer_weights + att) + 2.0 * masked * C * (C + V) +
-               2.0 * static_cast<double>(lengths.size()) * C * (C + 2);
+  // Attention: Q K^T and P V over the keys each query sees (a ModernBERT local layer's window:
+  // |i - j| <= window / 2, inside the sequence; the global layers', the whole sequence).
+  auto attention_flops = [&](int window) {
+    double pairs = 0;
+    for (int L : lengths)
+      for (int i = 0; i < L; ++i)
+        pairs += window ? std::min(L - 1, i + window / 2) - std::max(0, i - window / 2) + 1 : L;
+    return 2.0 * 2.0 * pairs * C;
+  };
+  double fwd = 2.0 * masked * C * (C + V);
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    fwd += 2 * T * layer_weights +
+           attention_flops(c.family == model::Family::modernbert ? c.modern.window(l) : 0);
+  if (c.family == model::Family::bert)  // the pooler and NSP
+    fwd += 2.0 * static_cast<double>(lengths.size()) * C * (C + 2);
   flops = 3 * fwd;
   std::sort(times.begin(), times.end());
   std::sort(gemm_share.begin(), gemm_share.end());

@@ -6,9 +6,11 @@
 #include <omp.h>
 
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "cli_runner.h"
 #include "error.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/features.h"
@@ -202,6 +204,63 @@ TEST(ModernBertModel, WhatIsNotBuiltIsRefusedInOneLine) {
   sparse.sparsity = 0.5;
   EXPECT_THROW(BertModel(g.config, Heads{}, sparse), InputError);
   EXPECT_THROW(g.model->keep_masters16(Masters::bf16), InputError);
+}
+
+// The user's path: `pretrain --family modernbert` packed, resumed bit for bit, exported as a
+// ModernBertForMaskedLM directory whose eval equals the checkpoint's.
+class ModernBertCli : public testing::CliTest {};
+
+TEST_F(ModernBertCli, PretrainsPackedResumesExactlyExportsAndEvaluates) {
+  using testing::Result;
+  using testing::slurp;
+  const std::string seqs = prepared_corpus("s", 12, 3), packs = seqs.substr(0, seqs.size() - 5);
+  const std::string common = "pretrain --data " + seqs + " --packs " + packs +
+                             ".packs --family modernbert --preset tiny --batch-rows 2 "
+                             "--eval-fraction 0.2 --dynamic-masking --lr 1e-3";
+  const std::string whole = (dir_ / "whole").string(), parts = (dir_ / "parts").string();
+  Result a = run(common + " --steps 6 --out " + whole);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.err.find("3 layers, hidden 128"), std::string::npos) << a.err;
+  EXPECT_EQ(a.err.find("nsp"), std::string::npos) << "no NSP head, none shown: " << a.err;
+  ASSERT_EQ(run(common + " --steps 3 --out " + parts).code, 0);
+  Result b = run(common + " --steps 6 --out " + parts + " --resume");
+  ASSERT_EQ(b.code, 0) << b.err;
+  const io::SafetensorsFile w = io::SafetensorsFile::read(whole + "/checkpoint.safetensors"),
+                            p = io::SafetensorsFile::read(parts + "/checkpoint.safetensors");
+  size_t compared = 0;
+  for (const auto& [name, e] : w.tensors()) {
+    if (!name.starts_with("model.") && !name.starts_with("head.") && name != "decoder.bias")
+      continue;
+    ASSERT_EQ(w.raw(name), p.raw(name)) << name << ": resumed != uninterrupted";
+    ++compared;
+  }
+  EXPECT_GT(compared, 20u);
+  // Exported: transformers' ModernBertForMaskedLM, the data's special tokens; eval equal.
+  const std::string hf = (dir_ / "hf").string();
+  Result ex = run("export --checkpoint " + whole + "/checkpoint.safetensors --out " + hf);
+  ASSERT_EQ(ex.code, 0) << ex.err;
+  const nlohmann::json c = nlohmann::json::parse(slurp(hf + "/config.json"));
+  EXPECT_EQ(c["model_type"], "modernbert");
+  EXPECT_EQ(c["architectures"][0], "ModernBertForMaskedLM");
+  EXPECT_EQ(c["intermediate_size"], 192);
+  EXPECT_EQ(c["global_attn_every_n_layers"], 3);
+  EXPECT_EQ(c["local_attention"], 128);
+  EXPECT_EQ(c["cls_token_id"], 101);  // bert-base-uncased's [CLS], the data's vocabulary
+  EXPECT_EQ(c["sep_token_id"], 102);
+  EXPECT_EQ(c["pad_token_id"], 0);
+  Result from_ckpt = run("eval --model " + whole + "/checkpoint.safetensors --data " + seqs);
+  Result from_dir = run("eval --model " + hf + " --data " + seqs);
+  ASSERT_EQ(from_dir.code, 0) << from_dir.err;
+  EXPECT_EQ(from_dir.out, from_ckpt.out);
+  EXPECT_NE(from_dir.out.find("absent (ModernBERT has no NSP head)"), std::string::npos)
+      << from_dir.out;
+  // Refused in one line: a family beside a config file, an unknown family.
+  const std::string cfg = write("c.json", R"({"hidden_size": 32})").string();
+  Result both = run(common + " --steps 1 --out " + (dir_ / "x").string() + " --config " + cfg);
+  EXPECT_EQ(both.code, 2);
+  Result other = run("pretrain --data " + seqs + " --family gpt --out " + (dir_ / "y").string());
+  EXPECT_EQ(other.code, 2);
+  EXPECT_NE(other.err.find("--family"), std::string::npos) << other.err;
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ void run_eval(const EvalArgs& a) {
   train::FreshTensors fresh{1, 0, {}};
   auto m = train::load_model(a.model, model::Heads{}, {}, &fresh);
   m->set_backend(a.backend);
-  bool nsp = true;
+  bool nsp = m->config().family == model::Family::bert;  // (ModernBERT has no NSP head)
   for (const std::string& t : fresh.initialized) {
     if (t.starts_with("cls.seq_relationship.") || t.starts_with("bert.pooler.")) {
       nsp = false;
@@ -142,8 +142,11 @@ void run_eval(const EvalArgs& a) {
   Table t({"metric", "value"});
   t.add_row({"MLM loss", fixed(e.mlm_loss, 4)});
   t.add_row({"MLM accuracy", fixed(e.mlm_acc, 4)});
-  t.add_row({"NSP loss", nsp ? fixed(e.nsp_loss, 4) : "absent (a masked-LM model)"});
-  t.add_row({"NSP accuracy", nsp ? fixed(e.nsp_acc, 4) : "absent (a masked-LM model)"});
+  const std::string no_nsp = m->config().family == model::Family::modernbert
+                                 ? "absent (ModernBERT has no NSP head)"
+                                 : "absent (a masked-LM model)";
+  t.add_row({"NSP loss", nsp ? fixed(e.nsp_loss, 4) : no_nsp});
+  t.add_row({"NSP accuracy", nsp ? fixed(e.nsp_acc, 4) : no_nsp});
   t.add_row({"masked tokens", with_commas(e.mlm_count)});
   t.add_row({"sequences", with_commas(e.sequences)});
   t.print(std::cout);

@@ -60,7 +60,8 @@ void run_plan(const PlanArgs& a) {
     throw InputError("--tokens / --sequences = " + std::to_string(a.tokens / a.sequences) +
                      " tokens per sequence, more than the model's " +
                      std::to_string(r.config.max_position_embeddings) + " positions");
-  r.shape = train::uniform_shape(a.tokens, a.sequences, omp_get_max_threads());
+  r.shape =
+      train::uniform_shape(a.tokens, a.sequences, omp_get_max_threads(), r.config.local_window());
   r.precision = a.precision;
   r.masters = a.masters;
   r.sparsity = a.sparse.sparsity;
@@ -149,9 +150,8 @@ void run_plan(const PlanArgs& a) {
       pj["stages"].push_back(
           {{"first_layer", stages[s].first},
            {"end_layer", stages[s].end},
-           {"forwards_in_flight",
-            train::forwards_in_flight(static_cast<int>(stages.size()), static_cast<int>(s),
-                                      a.accumulation)},
+           {"forwards_in_flight", train::forwards_in_flight(static_cast<int>(stages.size()),
+                                                            static_cast<int>(s), a.accumulation)},
            {"params_bytes", p.params_bytes},
            {"grads_bytes", p.grads_bytes},
            {"optimizer_bytes", p.optimizer_bytes},
@@ -198,7 +198,8 @@ void run_plan(const PlanArgs& a) {
   }
   if (pipeline) {
     const size_t P = pipeline->stages.size();
-    std::cout << "\n" << P << " pipeline stages, --recompute " << asked.policy.name() << ", "
+    std::cout << "\n"
+              << P << " pipeline stages, --recompute " << asked.policy.name() << ", "
               << a.accumulation << " micro-batches a step (1F1B): bubble (P - 1) / (M + P - 1) = "
               << fixed(pipeline->bubble, 3) << " of the step\n";
     Table pt({"stage", "layers", "in flight", "params GiB", "grads GiB", "optimizer GiB",
@@ -210,8 +211,8 @@ void run_plan(const PlanArgs& a) {
       if (st.first == 0) held += " + embeddings";
       if (st.end == r.config.num_hidden_layers) held += " + heads";
       pt.add_row({std::to_string(s), held,
-                  std::to_string(train::forwards_in_flight(static_cast<int>(P),
-                                                           static_cast<int>(s), a.accumulation)),
+                  std::to_string(train::forwards_in_flight(static_cast<int>(P), static_cast<int>(s),
+                                                           a.accumulation)),
                   gib(p.params_bytes), gib(p.grads_bytes), gib(p.optimizer_bytes),
                   gib(p.activation_bytes), gib(p.workspace_bytes), gib(p.total_bytes),
                   fixed(pipeline->forward_flops[s] * 1e-9, 1)});

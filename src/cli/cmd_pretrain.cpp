@@ -64,6 +64,7 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_ste
               << "); they start from --seed's initialisation\n";
   double tokens = 0, seconds = 0;
   const int64_t first = trainer.step();
+  const bool nsp_head = trainer.model().config().family == model::Family::bert;
   const train::StopReason reason = trainer.run(
       signals.stop(),
       [&](const train::StepMetrics& s) {
@@ -72,13 +73,14 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_ste
         double rate = tokens / std::max(seconds, 1e-9);
         double eta = seconds / static_cast<double>(s.step - first) *
                      static_cast<double>(opt.max_steps - s.step);
+        char nsp[32] = "";  // (a family without NSP, ModernBERT, shows none)
+        if (nsp_head) std::snprintf(nsp, sizeof nsp, "  nsp acc %.3f", s.nsp_acc);
         char line[256];
-        std::snprintf(
-            line, sizeof line,
-            "step %lld/%lld  loss %.4f  mlm acc %.3f  nsp acc %.3f  lr %.2e  %.0f tok/s  ETA %s%s",
-            static_cast<long long>(s.step), static_cast<long long>(opt.max_steps), s.loss,
-            s.mlm_acc, s.nsp_acc, s.lr, rate, train::clock_text(eta).c_str(),
-            s.skipped ? ("  (update skipped: " + s.skip_reason + ")").c_str() : "");
+        std::snprintf(line, sizeof line,
+                      "step %lld/%lld  loss %.4f  mlm acc %.3f%s  lr %.2e  %.0f tok/s  ETA %s%s",
+                      static_cast<long long>(s.step), static_cast<long long>(opt.max_steps), s.loss,
+                      s.mlm_acc, nsp, s.lr, rate, train::clock_text(eta).c_str(),
+                      s.skipped ? ("  (update skipped: " + s.skip_reason + ")").c_str() : "");
         if (tty)
           std::cerr << '\r' << line << "\033[K" << std::flush;
         else if (s.skipped || s.step % logging_steps == 0 || s.step == opt.max_steps)
@@ -86,8 +88,9 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_ste
       },
       [&](const train::EvalMetrics& e) {
         std::cerr << (tty ? "\n" : "") << "eval @ step " << e.step << ": mlm acc "
-                  << fixed(e.mlm_acc, 4) << ", mlm loss " << fixed(e.mlm_loss, 4) << ", nsp acc "
-                  << fixed(e.nsp_acc, 4) << " (" << with_commas(e.mlm_count) << " masked tokens)\n";
+                  << fixed(e.mlm_acc, 4) << ", mlm loss " << fixed(e.mlm_loss, 4)
+                  << (nsp_head ? ", nsp acc " + fixed(e.nsp_acc, 4) : std::string()) << " ("
+                  << with_commas(e.mlm_count) << " masked tokens)\n";
       });
   const int sig = signals.signal() ? signals.signal() : SIGTERM;  // (a stop another rank got)
   if (!root) return reason == train::StopReason::requested ? 128 + sig : 0;

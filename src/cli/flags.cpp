@@ -276,12 +276,20 @@ void master_weights_flag(CLI::App* cmd, train::Masters& masters) {
 }
 
 void shape_flags(CLI::App* cmd, model::ShapeRequest& s, const std::string& preset_help) {
+  CLI::Option* family =
+      cmd->add_option("--family", s.family,
+                      "The preset's model family: bert (post-LN, learned positions) or modernbert "
+                      "(pre-LN, rotary, GeGLU, alternating global and 128-token local attention, "
+                      "no biases; masked-LM only)")
+          ->check(CLI::IsMember({"bert", "modernbert"}))
+          ->capture_default_str();
   CLI::Option* preset = cmd->add_option("--preset", s.preset, preset_help);
   if (!s.preset.empty()) preset->capture_default_str();
   cmd->add_option("--config", s.config,
                   "A Hugging Face config.json (BertConfig: sizes, dropout, eps) instead of a "
                   "preset; the vocabulary must be the data's")
-      ->excludes(preset);
+      ->excludes(preset)
+      ->excludes(family);
   // 0 keeps the preset's or file's size, as each help says, so no "=0" is shown.
   number(cmd, "--layers", s.layers, "Encoder layers (0 = the preset's or config's)", 0, 1000)
       ->default_str("");

@@ -435,8 +435,7 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
   }
   cur_->share = batch.share;
   if (!cur_->share.places.empty()) place_rows(batch);
-  StepShape shape = shape_of(cur_->tl, omp_get_max_threads(),
-                             c.family == Family::modernbert ? c.modern.local_attention : 0);
+  StepShape shape = shape_of(cur_->tl, omp_get_max_threads(), c.local_window());
   shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
   cur_->ws.prepare(layout_.stage_config(), layout_.workspace_heads(), cur_->opt.recompute, shape,
                    cur_->opt.precision, dtype(), backend_->device());

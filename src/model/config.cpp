@@ -63,8 +63,39 @@ BertConfig bert_preset(const std::string& name) {
                    "', expected tiny|mini|small|medium|base|large");
 }
 
+// ModernBERT's shapes: base and large are answerdotai's (22 x 768, 28 x 1024, intermediate 1152
+// and 2624); the smaller ones keep base's proportions (head size 64, intermediate 1.5 x hidden)
+// with BERT's presets' widths, mini at about bert-mini's encoder parameters (6 layers of 3.3M in
+// all, against bert-mini's 4 layers of 3.1M). Everything else is ModernBERT's defaults: a global
+// layer every 3rd, a 128-token window, rotary thetas 160,000 and 10,000, no biases but the
+// decoder's, norm eps 1e-5, no dropout.
+BertConfig modernbert_preset(const std::string& name) {
+  struct Preset {
+    const char* name;
+    int layers, hidden, heads, intermediate;
+  } presets[] = {{"tiny", 3, 128, 2, 192},    {"mini", 6, 256, 4, 384},
+                 {"small", 6, 512, 8, 768},   {"medium", 12, 512, 8, 768},
+                 {"base", 22, 768, 12, 1152}, {"large", 28, 1024, 16, 2624}};
+  for (const Preset& p : presets)
+    if (name == p.name) {
+      BertConfig c;
+      c.family = Family::modernbert;
+      c.num_hidden_layers = p.layers;
+      c.hidden_size = p.hidden;
+      c.num_attention_heads = p.heads;
+      c.intermediate_size = p.intermediate;
+      c.type_vocab_size = 0;
+      c.layer_norm_eps = 1e-5;
+      c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+      c.max_position_embeddings = 8192;
+      return c;
+    }
+  throw InputError("unknown model preset '" + name +
+                   "', expected tiny|mini|small|medium|base|large");
+}
+
 std::string ShapeRequest::name() const {
-  std::string base = config.empty() ? "bert-" + preset : config;
+  std::string base = config.empty() ? family + "-" + preset : config;
   std::string sizes;
   auto add = [&](int value, const char* what) {
     if (value) sizes += (sizes.empty() ? "" : ", ") + std::to_string(value) + " " + what;
@@ -79,7 +110,14 @@ std::string ShapeRequest::name() const {
 BertConfig resolve_shape(const ShapeRequest& r) {
   if (r.config.empty() && r.preset.empty())
     throw InputError("give a model shape: `preset` or `config`");
-  BertConfig c = r.config.empty() ? bert_preset(r.preset) : config_from_file(r.config);
+  if (r.family != "bert" && r.family != "modernbert")
+    throw InputError("unknown model family '" + r.family + "', expected bert|modernbert");
+  if (!r.config.empty() && r.family != "bert")
+    throw InputError("`family` is a preset's: a config.json names its own (model_type)");
+  const bool modern = r.family == "modernbert";
+  BertConfig c = !r.config.empty() ? config_from_file(r.config)
+                 : modern          ? modernbert_preset(r.preset)
+                                   : bert_preset(r.preset);
   const bool follow = r.config.empty() && r.hidden;  // a preset's heads and FFN follow its width
   if (r.layers) c.num_hidden_layers = r.layers;
   if (r.hidden) c.hidden_size = r.hidden;
@@ -90,7 +128,7 @@ BertConfig resolve_shape(const ShapeRequest& r) {
   if (r.intermediate)
     c.intermediate_size = r.intermediate;
   else if (follow)
-    c.intermediate_size = 4 * r.hidden;
+    c.intermediate_size = modern ? 3 * r.hidden / 2 : 4 * r.hidden;
   c.validate(r.name());
   return c;
 }

@@ -60,6 +60,8 @@ struct BertConfig {
   bool regression() const { return num_labels == 1; }
 
   int head_size() const { return hidden_size / num_attention_heads; }
+  // The local layers' attention window (ModernBERT's local_attention), 0 for a family without.
+  int local_window() const { return family == Family::modernbert ? modern.local_attention : 0; }
   // Throws InputError naming `source` and the offending field if the shape is unusable.
   void validate(const std::string& source) const;
 };
@@ -67,12 +69,15 @@ struct BertConfig {
 // Presets by name: tiny 2/128/2, mini 4/256/4, small 4/512/8, medium 8/512/8, base 12/768/12,
 // large 24/1024/16 (layers/hidden/heads; intermediate = 4 x hidden). Throws InputError.
 BertConfig bert_preset(const std::string& name);
+// ModernBERT's presets of the same names (model/config.cpp says their shapes).
+BertConfig modernbert_preset(const std::string& name);
 
 // A model shape as the flags ask for it (pretrain, plan, demo): a preset or a Hugging Face
 // config.json, with any of the four sizes overridden (0 = as the preset or file has it). When
 // --hidden overrides a preset's width, its heads and intermediate size follow BERT's rule (head
 // size 64, intermediate 4 x hidden) unless they are given too; a config file's stay as written.
 struct ShapeRequest {
+  std::string family = "bert";  // the preset's family: bert or modernbert
   std::string preset = "mini";
   std::string config;  // a config.json path, used instead of the preset when set
   int layers = 0, hidden = 0, heads = 0, intermediate = 0;

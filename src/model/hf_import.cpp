@@ -252,6 +252,11 @@ ImportedModel import_model(const std::string& src, const std::string& config_pat
 
 Heads heads_present(const io::SafetensorsFile& w) {
   Heads h;
+  if (w.has(ParamLayout::word_table_name(Family::modernbert))) {  // a ModernBERT's names
+    h.classifier = w.has("classifier.weight");  // (its QA head is told by its architecture)
+    h.pretraining = !h.classifier && w.has("head.dense.weight");
+    return h;
+  }
   h.pretraining = w.has("cls.predictions.transform.dense.weight");
   h.classifier = w.has("classifier.weight");
   h.span = w.has("qa_outputs.weight");

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "error.h"
+#include "kernels/attention_layout.h"
 #include "model/params.h"
 #include "model/sparse.h"
 #include "train/pipeline.h"
@@ -57,7 +58,7 @@ Flops step_flops(const model::ParamLayout& layout, const model::StepShape& s,
 
 }  // namespace
 
-model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads) {
+model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads, int local_window) {
   model::StepShape s;
   sequences = std::max<int64_t>(1, std::min(sequences, tokens));
   const int64_t len = (tokens + sequences - 1) / sequences;
@@ -68,6 +69,7 @@ model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads) {
   for (int64_t i = 0, left = tokens; i < sequences; ++i) {
     const int64_t L = std::min(len, left - (sequences - 1 - i));  // every sequence >= 1 token
     s.attention += L * L;
+    s.attention_local += L * (local_window ? kernels::attention_band(L, local_window) : L);
     left -= L;
   }
   s.max_len = len;
@@ -218,7 +220,7 @@ int64_t max_tokens_that_fit(const PlanRequest& request, const model::Recompute& 
   auto fits = [&](int64_t tokens) {
     PlanRequest r = request;
     const int64_t seqs = std::max<int64_t>(1, std::llround(static_cast<double>(tokens) / per_seq));
-    r.shape = uniform_shape(tokens, seqs, request.shape.threads);
+    r.shape = uniform_shape(tokens, seqs, request.shape.threads, request.config.local_window());
     return static_cast<double>(plan_step(r, policy).total_bytes) <= limit;
   };
   if (!fits(1)) return 0;

@@ -65,7 +65,9 @@ std::vector<model::Stage> stages_of_layers(const std::vector<int>& layers, int m
                                            const std::string& flag);
 
 // A micro-batch of `tokens` tokens in `sequences` equal-length sequences, 15% of tokens masked.
-model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads);
+// local_window: ModernBERT's local layers' window (0: none), for their probabilities' bands.
+model::StepShape uniform_shape(int64_t tokens, int64_t sequences, int threads,
+                               int local_window = 0);
 
 // The policies `auto` chooses among, cheapest in time first.
 std::vector<model::Recompute> auto_candidates();

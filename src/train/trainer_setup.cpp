@@ -101,7 +101,7 @@ model::Stage Trainer::stage_of(const model::BertConfig& c) {
                   tokens = rows * (packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
     PlanRequest plan;
     plan.config = c;
-    plan.shape = uniform_shape(tokens, rows, 1);
+    plan.shape = uniform_shape(tokens, rows, 1, c.local_window());
     stages = balance_stages(plan, grid_->stages());
   }
   stages_ = stages;
@@ -312,7 +312,14 @@ void Trainer::make_model(const io::SafetensorsFile* ckpt, const TrainingState* s
     model::BertConfig c = *new_shape;
     if (opt_.shape.config.empty()) {  // a preset fits the data; a config file says its own
       c.vocab_size = seqs_.vocab_size;
-      c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
+      if (c.family == model::Family::bert)  // (ModernBERT's rotary positions have no table)
+        c.max_position_embeddings = std::max(512, packs_ ? packs_->max_seq_len : seqs_.max_seq_len);
+      if (c.family == model::Family::modernbert && vocab_) {  // the special tokens' ids: the data's
+        model::ModernBertFields& m = c.modern;
+        m.pad_token_id = vocab_->pad();
+        m.cls_token_id = m.bos_token_id = vocab_->cls();
+        m.sep_token_id = m.eos_token_id = vocab_->sep();
+      }
     }
     io::AllocationScope scope("the parameters and gradients of " + opt_.shape.name());
     model_ = std::make_unique<model::BertModel>(c, heads, opt_.sparse.sparsity, kernels::DType::f32,
@@ -366,7 +373,7 @@ OptimizerConfig Trainer::plan_steps() {
       rows *= static_cast<int64_t>(most);
     }
     const int64_t tokens = rows * (opt_.one_per_row ? seqs_.max_seq_len : row_len);
-    plan.shape = uniform_shape(tokens, rows, omp_get_max_threads());
+    plan.shape = uniform_shape(tokens, rows, omp_get_max_threads(), c.local_window());
     plan.shape.masked = (tokens + 4) / 5;
     plan.stage = model_->layout().stage();
     plan.in_flight = forwards_in_flight(grid_->stages(), grid_->stage(), accumulation_);
@@ -398,6 +405,12 @@ void Trainer::split_rows() {
   train_rows_.rows_per_batch = static_cast<int>(step_rows_);  // every rank reads the whole step
   train_rows_.seed = lo.seed;
   train_rows_.dynamic_masking = opt_.dynamic_masking;
+  if (model_->config().family == model::Family::modernbert) {
+    // ModernBERT's recipe masks 30% of the tokens (its dynamic masks; a prepared file's are its
+    // own: prepare --masked-lm-prob 0.3), with no cap below that share of a row.
+    train_rows_.masking.masked_lm_prob = 0.3;
+    train_rows_.masking.max_predictions_per_seq = packs_ ? packs_->max_seq_len : seqs_.max_seq_len;
+  }
   train_rows_.compute_padding = opt_.compute_padding;
   train_rows_.one_per_row = opt_.one_per_row;
   if (packs_) {
