@@ -11,12 +11,16 @@
 #include <vector>
 
 #include "cli_runner.h"
+#include "data/sequences.h"
 #include "error.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/features.h"
 #include "model/bert.h"
 #include "model/golden.h"
 #include "model/weights.h"
+#include "train/loader.h"
+#include "train/model_files.h"
+#include "train/trainer.h"
 
 namespace packbert::model {
 namespace {
@@ -261,6 +265,59 @@ TEST_F(ModernBertCli, PretrainsPackedResumesExactlyExportsAndEvaluates) {
   Result other = run("pretrain --data " + seqs + " --family gpt --out " + (dir_ / "y").string());
   EXPECT_EQ(other.code, 2);
   EXPECT_NE(other.err.find("--family"), std::string::npos) << other.err;
+}
+
+// The row of #61: `eval --model DIR` of a ModernBertForMaskedLM directory made with torch
+// (tools/make_modernbert_golden.py, the golden's model in transformers' layout) on a sequences
+// file holding the golden's sequences and masks: the MLM loss is PyTorch's within 1e-5, through
+// the command's own path (load_model, the one-per-row loader, evaluate_mlm), and the command
+// prints it.
+TEST_F(ModernBertCli, EvalOfATorchMadeDirectoryIsPyTorchsLossOnTheSameMasks) {
+  const std::string path = kGoldenDir + kGoldens[0],
+                    dir = std::string(PACKBERT_SOURCE_DIR) + "/tests/data/modernbert/golden_mlm";
+  const io::SafetensorsFile f = io::SafetensorsFile::read(path);
+  const PackedBatch b = golden_batch(f, path);
+  const double want = f.floats("expected.mlm_loss").at(0);
+  data::SequencesFile seqs;
+  seqs.max_seq_len = b.S;
+  seqs.vocab_size = golden_config(f, path).vocab_size;
+  size_t masked = 0;
+  for (int row = 0; row < b.B; ++row)
+    for (int32_t k = 1;; ++k) {  // the row's sequences in order
+      data::Example e;
+      for (int j = 0; j < b.S; ++j) {
+        const size_t i = static_cast<size_t>(row) * b.S + j;
+        if (b.sequence_ids[i] != k) continue;
+        const bool m = b.mlm_labels[i] >= 0;  // the original token, the model sees input_ids
+        if (m) {
+          e.mlm_positions.push_back(static_cast<int32_t>(e.tokens.size()));
+          e.mlm_inputs.push_back(b.input_ids[i]);
+        }
+        e.tokens.push_back(m ? b.mlm_labels[i] : b.input_ids[i]);
+      }
+      if (e.tokens.empty()) break;
+      e.b_start = static_cast<int32_t>(e.tokens.size());
+      masked += e.mlm_positions.size();
+      seqs.append(e);
+    }
+  ASSERT_EQ(seqs.size(), 6u);  // the golden's packs: 20 + 13, 34, 5 + 9 + 11
+  const std::string file = (dir_ / "golden.seqs").string();
+  data::write_sequences(file, seqs);
+  const data::SequencesFile read = data::read_sequences(file);
+  auto m = train::load_model(dir, Heads{});
+  ASSERT_EQ(m->config().family, Family::modernbert);
+  train::LoaderOptions lo;
+  lo.rows_per_batch = 3;
+  lo.shuffle = false;
+  train::BatchLoader loader(read, data::sequences_checksum(file), nullptr, nullptr, lo, {});
+  const train::EvalMetrics e = train::evaluate_mlm(*m, loader);
+  EXPECT_EQ(e.mlm_count, static_cast<int64_t>(masked));
+  EXPECT_NEAR(e.mlm_loss, want, 1e-5 * want) << "packbert " << e.mlm_loss << ", PyTorch " << want;
+  const testing::Result r = run("eval --model " + dir + " --data " + file);
+  ASSERT_EQ(r.code, 0) << r.err;
+  char shown[32];
+  std::snprintf(shown, sizeof shown, "%.4f", want);
+  EXPECT_NE(r.out.find(std::string("MLM loss       ") + shown), std::string::npos) << r.out;
 }
 
 }  // namespace

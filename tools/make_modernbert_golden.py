@@ -2,7 +2,7 @@
 """Whole-model goldens from a ModernBertForMaskedLM written in plain PyTorch.
 
 Run with Debian's torch (no `transformers` needed):
-    /usr/bin/python3 tools/make_modernbert_golden.py tests/golden
+    /usr/bin/python3 tools/make_modernbert_golden.py tests/golden tests/data/modernbert/golden_mlm
 
 The model is written from transformers' modeling_modernbert.py, eager attention path: embeddings
 (tok_embeddings, norm), pre-LN layers (layer 0's attn_norm an Identity; Wqkv viewed as
@@ -22,6 +22,7 @@ expected.nsp_loss (0: ModernBERT has no NSP head) and grad.<name> for every para
 in the metadata under "config". Reference arithmetic is float64 on float32-rounded parameters.
 """
 import json
+import os
 import sys
 
 import torch
@@ -135,7 +136,7 @@ def padded(batch):
     return ids, valid, labels
 
 
-def golden(name, cfg, packs, S, seed, out_dir):
+def golden(name, cfg, packs, S, seed, out_dir, model_dir=None):
     torch.manual_seed(seed)
     model = ModernBertForMaskedLM(cfg)
     with torch.no_grad():  # values large enough that every gradient is well above noise
@@ -169,6 +170,13 @@ def golden(name, cfg, packs, S, seed, out_dir):
                                      "source": "tools/make_modernbert_golden.py",
                                      "torch": torch.__version__})
     print(f"{path}: mlm {float(mlm):.6f}")
+    if model_dir:  # the same model as a transformers-layout directory (eval --model's input)
+        os.makedirs(model_dir, exist_ok=True)
+        save_safetensors(f"{model_dir}/model.safetensors", params, {"format": "pt"})
+        with open(f"{model_dir}/config.json", "w") as f:
+            json.dump(dict(cfg, transformers_version="4.48.0", torch_dtype="float32"), f, indent=2)
+            f.write("\n")
+        print(f"{model_dir}: config.json, model.safetensors")
 
 
 def config(vocab, C, layers, heads, inter, every, window, **changes):
@@ -187,8 +195,11 @@ if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/golden"
     # ModernBERT's defaults (no biases but the decoder's), 4 layers with global attention on
     # layers 0 and 3, window 8 (4 each side): sequences up to 4x the window, and some shorter.
+    # Its model is also written as a ModernBertForMaskedLM directory, which
+    # tests/test_modernbert.cpp evaluates (`eval --model`) on these sequences and masks.
     golden("modernbert_mlm", config(96, 32, 4, 2, 40, 3, 8),
-           [[20, 13], [34], [5, 9, 11]], 36, 3, out)
+           [[20, 13], [34], [5, 9, 11]], 36, 3, out,
+           model_dir=sys.argv[2] if len(sys.argv) > 2 else "tests/data/modernbert/golden_mlm")
     # Every bias on, a global layer every 2nd, window 6 and other thetas, 3 heads of 8.
     golden("modernbert_bias", config(80, 24, 3, 3, 30, 2, 6, norm_bias=True, attention_bias=True,
                                      mlp_bias=True, classifier_bias=True, global_rope_theta=5000.0,
