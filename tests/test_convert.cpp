@@ -356,23 +356,6 @@ TEST(ModernBertConfig, ReadsBothFormsAndRefusesWhatItCannotRun) {
 
 // Until ModernBERT's layers are built, running the model (every step, evaluation and prediction
 // goes through forward) is refused in one line naming what is missing, before it reads anything.
-// The converted classifier's task head is not built yet: its forward is refused in one line, not
-// run wrong (the masked-LM model runs: tests/test_modernbert.cpp).
-TEST(ModernBertModel, TaskHeadsAreRefusedUntilBuilt) {
-  const model::BertConfig c = model::config_from_json(
-      json::parse(testing::slurp(kModernBert + "/classifier/config.json")), "classifier");
-  model::BertModel m(c, model::Heads{false, true, false});
-  try {
-    (void)m.forward(model::PackedBatch{}, model::StepOptions{});
-    ADD_FAILURE() << "ran";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("classification and question-answering heads are not "
-                                         "built yet"),
-              std::string::npos)
-        << e.what();
-  }
-}
-
 TEST(Import, LoadModelReadsEveryForm) {
   const io::SafetensorsFile want = expected();
   for (const std::string src : {"/tied", "/sharded", "/sharded/pytorch_model.bin.index.json",

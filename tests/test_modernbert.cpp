@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@
 
 namespace packbert::model {
 namespace {
+
+namespace fs = std::filesystem;
 
 const std::string kGoldenDir = std::string(PACKBERT_SOURCE_DIR) + "/tests/golden/";
 const char* const kGoldens[] = {"modernbert_mlm.safetensors", "modernbert_bias.safetensors"};
@@ -68,6 +71,33 @@ TEST(ModernBertGolden, PackedForwardBackwardMatchesPyTorch) {
     const BertModel m(golden_config(io::SafetensorsFile::read(path), path), Heads{});
     EXPECT_EQ(r.rows.size(), 2u + m.layout().tensors().size()) << file;
   }
+}
+
+// The task heads (#61's fine-tuning rows start here): sequence classification with mean pooling
+// over each packed sequence's own tokens (every bias on) and with first-token pooling, and the
+// QA head's span loss over each sequence's own tokens; loss within 1e-5, every gradient 1e-4.
+const char* const kTaskGoldens[] = {"modernbert_cls_mean.safetensors",
+                                    "modernbert_cls_first.safetensors",
+                                    "modernbert_qa.safetensors"};
+
+TEST(ModernBertGolden, TaskHeadsMatchPyTorch) {
+  for (const char* file : kTaskGoldens) {
+    const std::string path = kGoldenDir + file;
+    const io::SafetensorsFile f = io::SafetensorsFile::read(path);
+    const Heads heads = golden_heads(f);
+    ASSERT_TRUE(heads.classifier != heads.span) << file;
+    const GoldenReport r = check_golden(path, 1e-5, 1e-4);
+    expect_all_ok(r, file);
+    const BertModel m(golden_config(f, path), heads);
+    EXPECT_EQ(r.rows.size(), 1u + m.layout().tensors().size()) << file;
+    expect_all_ok(
+        check_golden(path, 1e-5, 1e-4, parse_recompute("layer,gelu,ln,attention"), Precision::fp32),
+        std::string(file) + " recomputed");
+    expect_all_ok(check_golden(path, 2e-3, 1e-2, {}, Precision::fp16, 65536),
+                  std::string(file) + " fp16");
+  }
+  const std::string mean = kGoldenDir + kTaskGoldens[0];
+  EXPECT_EQ(golden_config(io::SafetensorsFile::read(mean), mean).modern.classifier_pooling, "mean");
 }
 
 TEST(ModernBertGolden, RefBackendMatchesPyTorch) {
@@ -185,22 +215,16 @@ TEST(ModernBertAttention, LocalLayersKeepBandsAndSeeOnlyTheirWindow) {
 // What the family does not run yet is refused in one line, not run wrong.
 TEST(ModernBertModel, WhatIsNotBuiltIsRefusedInOneLine) {
   Loaded g = load(kGoldens[0]);
-  Heads cls;
-  cls.pretraining = false;
-  cls.classifier = true;
-  BertConfig c = g.config;
-  c.num_labels = 3;
-  BertModel classifier(c, cls);
-  try {
-    classifier.forward(g.batch, {false, 0, 0, {}, Precision::fp32});
-    FAIL() << "a ModernBERT classifier ran";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("not built yet"), std::string::npos) << e.what();
-  }
   BertConfig with_dropout = g.config;
   with_dropout.modern.mlp_dropout = 0.1;
   BertModel dropped(with_dropout, Heads{});
-  EXPECT_THROW(dropped.forward(g.batch, {true, 1, 1, {}, Precision::fp32}), InputError);
+  try {
+    dropped.forward(g.batch, {true, 1, 1, {}, Precision::fp32});
+    FAIL() << "a ModernBERT with dropout trained";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("its dropout is not built"), std::string::npos)
+        << e.what();
+  }
   EXPECT_NO_THROW(
       dropped.forward(g.batch, {false, 1, 1, {}, Precision::fp32}));  // eval: no dropout
   Sparsity sparse;
@@ -318,6 +342,89 @@ TEST_F(ModernBertCli, EvalOfATorchMadeDirectoryIsPyTorchsLossOnTheSameMasks) {
   char shown[32];
   std::snprintf(shown, sizeof shown, "%.4f", want);
   EXPECT_NE(r.out.find(std::string("MLM loss       ") + shown), std::string::npos) << r.out;
+}
+
+// The row of #61: a ModernBERT fine-tuned as a sequence classifier and as a QA model (from a
+// ModernBERT pre-trained here, exported as transformers' ModernBertForMaskedLM), each exported
+// as transformers' ModernBertFor* directory: every tensor bit-identical to the fine-tuned model,
+// re-imported (convert) bit-identical again, and eval's metrics equal before and after.
+TEST_F(ModernBertCli, FineTunedClassifierAndQaExportAndReimportBitIdentical) {
+  using testing::Result;
+  using testing::slurp;
+  const std::string seqs = prepared_corpus("s", 12, 3), pre = (dir_ / "pre").string(),
+                    hf = (dir_ / "hf").string();
+  ASSERT_EQ(run("pretrain --data " + seqs +
+                " --family modernbert --preset tiny --steps 3 "
+                "--batch-rows 2 --eval-fraction 0.2 --out " +
+                pre)
+                .code,
+            0);
+  ASSERT_EQ(run("export --model " + pre + "/checkpoint.safetensors --out " + hf).code, 0);
+  std::string tsv = "index\tsentence1\tsentence2\tlabel\n", squad;
+  for (int i = 0; i < 24; ++i)
+    tsv += std::to_string(i) + "\tthe king of city " + std::to_string(i) + " was known\t" +
+           (i % 2 ? "the king was known\tentailment\n" : "the war ended\tnot_entailment\n");
+  squad = R"({"version": "v2.0", "data": [{"title": "t", "paragraphs": [)";
+  for (int i = 1; i <= 6; ++i) {
+    const std::string year = std::to_string(2010 + i);
+    const std::string ctx =
+        "packbert version " + std::to_string(i) + " was released in " + year + " by its engineers.";
+    squad += std::string(i > 1 ? "," : "") + R"({"context": ")" + ctx + R"(", "qas": [{"id": "a)" +
+             std::to_string(i) + R"(", "question": "When was it released?", "is_impossible": false,
+             "answers": [{"text": ")" +
+             year + R"(", "answer_start": )" + std::to_string(ctx.find(year)) +
+             R"(}]}, {"id": "n)" + std::to_string(i) +
+             R"(", "question": "Who painted the moon?", "is_impossible": true, "answers": []}]})";
+  }
+  squad += "]}]}";
+  const std::string train_tsv = write("train.tsv", tsv).string(),
+                    train_squad = write("squad.json", squad).string();
+  struct Task {
+    std::string name, flags, data, architecture;
+  };
+  for (const Task& t : {Task{"classify", "", train_tsv, "ModernBertForSequenceClassification"},
+                        Task{"squad", "--task squad --max-seq-len 64", train_squad,
+                             "ModernBertForQuestionAnswering"}}) {
+    SCOPED_TRACE(t.name);
+    const std::string ft = (dir_ / (t.name + "_ft")).string(),
+                      ex = (dir_ / (t.name + "_ex")).string(),
+                      again = (dir_ / (t.name + "_again")).string();
+    Result r = run("finetune " + t.flags + " --model " + hf + " --train " + t.data + " --dev " +
+                   t.data + " --epochs 2 --out " + ft);
+    ASSERT_EQ(r.code, 0) << r.err;
+    ASSERT_EQ(run("export --model " + ft + " --out " + ex).code, 0);
+    ASSERT_EQ(run("convert " + ex + " --out " + again).code, 0);
+    const nlohmann::json c = nlohmann::json::parse(slurp(ex + "/config.json"));
+    EXPECT_EQ(c["model_type"], "modernbert");
+    EXPECT_EQ(c["architectures"][0], t.architecture);
+    const io::SafetensorsFile a = io::SafetensorsFile::read(ft + "/model.safetensors"),
+                              b = io::SafetensorsFile::read(ex + "/model.safetensors"),
+                              d = io::SafetensorsFile::read(again + "/model.safetensors");
+    EXPECT_EQ(a.tensors().size(), b.tensors().size());
+    for (const auto& [name, e] : a.tensors()) {
+      ASSERT_TRUE(b.has(name) && d.has(name)) << name;
+      EXPECT_EQ(a.raw(name), b.raw(name)) << name << ": exported";
+      EXPECT_EQ(a.raw(name), d.raw(name)) << name << ": re-imported";
+    }
+    const std::string task = t.name == "classify" ? "classify" : "squad --max-seq-len 64";
+    const Result before = run("eval --task " + task + " --model " + ft + " --data " + t.data),
+                 after = run("eval --task " + task + " --model " + again + " --data " + t.data);
+    ASSERT_EQ(before.code, 0) << before.err;
+    EXPECT_EQ(before.out, after.out);
+  }
+  // A Hub ModernBERT's tokenizer is a tokenizer.json (byte-level BPE): task data is not tokenised
+  // with a WordPiece vocabulary instead, silently; one line says why.
+  const fs::path hub = dir_ / "hub";
+  fs::create_directories(hub);
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(std::string(PACKBERT_SOURCE_DIR) + "/tests/data/modernbert/classifier/" + f,
+                  hub / f);
+  write("hub/tokenizer.json", "{}");
+  const Result refused = run("finetune --model " + hub.string() + " --train " + train_tsv +
+                             " --dev " + train_tsv + " --out " + (dir_ / "no").string());
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_NE(refused.err.find("does not yet tokenise task data with"), std::string::npos)
+      << refused.err;
 }
 
 }  // namespace

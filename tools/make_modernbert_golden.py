@@ -92,6 +92,12 @@ class ModernBertForMaskedLM(nn.Module):
 
     def forward(self, ids, valid):
         """ids, valid: [n, S] (valid: a real token). Returns the MLM logits [n, S, V]."""
+        h = self.encode(ids, valid)
+        t = self.head.norm(F.gelu(self.head.dense(h)))
+        return t @ self.model.embeddings.tok_embeddings.weight.T + self.decoder_bias
+
+    def encode(self, ids, valid):
+        """The final norm's output [n, S, C]."""
         c = self.c
         n, S = ids.shape
         NH = c["num_attention_heads"]
@@ -114,9 +120,28 @@ class ModernBertForMaskedLM(nn.Module):
             h = h + layer.attn.Wo(att.transpose(1, 2).reshape(n, S, C))
             x, gate = layer.mlp.Wi(layer.mlp_norm(h)).chunk(2, dim=-1)
             h = h + layer.mlp.Wo(F.gelu(x) * gate)
-        h = self.model.final_norm(h)
-        t = self.head.norm(F.gelu(self.head.dense(h)))
-        return t @ self.model.embeddings.tok_embeddings.weight.T + self.decoder_bias
+        return self.model.final_norm(h)
+
+
+class ModernBertForTask(ModernBertForMaskedLM):
+    """ModernBertForSequenceClassification (outputs = num_labels) or ModernBertForQuestionAnswering
+    (outputs = 2): the prediction head, then `classifier`; no decoder."""
+
+    def __init__(self, c, outputs):
+        super().__init__(c)
+        del self.decoder_bias
+        self.classifier = nn.Linear(c["hidden_size"], outputs)
+
+    def sequence_logits(self, ids):
+        """One sequence [L] alone: its pooled logits [outputs]."""
+        h = self.encode(ids[None], torch.ones(1, len(ids), dtype=torch.bool))[0]
+        pooled = h.mean(dim=0) if self.c["classifier_pooling"] == "mean" else h[0]
+        return self.classifier(self.head.norm(F.gelu(self.head.dense(pooled))))
+
+    def token_logits(self, ids):
+        """One sequence [L] alone: start and end logits [L, 2]."""
+        h = self.encode(ids[None], torch.ones(1, len(ids), dtype=torch.bool))[0]
+        return self.classifier(self.head.norm(F.gelu(self.head.dense(h))))
 
 
 def padded(batch):
@@ -179,6 +204,65 @@ def golden(name, cfg, packs, S, seed, out_dir, model_dir=None):
         print(f"{model_dir}: config.json, model.safetensors")
 
 
+def task_golden(name, cfg, packs, S, seed, out_dir, outputs):
+    """A classifier (outputs = num_labels) or QA (outputs = 2) golden: the batch's class_labels
+    or span_starts / span_ends [n_seq], expected.cls_loss or expected.span_loss (the mean over
+    sequences; QA: of (start CE + end CE) / 2 over each sequence's own tokens), each sequence
+    run alone."""
+    torch.manual_seed(seed)
+    model = ModernBertForTask(cfg, outputs)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm.weight" in pname:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif pname.endswith("bias"):
+                p.copy_(0.05 * torch.randn_like(p))
+            else:
+                p.copy_(0.1 * torch.randn_like(p))
+    params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    model = model.double()
+    g = torch.Generator().manual_seed(seed + 1)
+    batch = make_batch(g, cfg, packs, S)
+    batch["token_type_ids"].zero_()
+    batch["nsp_labels"].fill_(-100)
+    batch["mlm_labels"].fill_(-100)
+    ids, valid, _ = padded(batch)
+    lengths = valid.sum(dim=1).tolist()
+    qa = outputs == 2 and cfg["architectures"][0] == "ModernBertForQuestionAnswering"
+    losses, labels, starts, ends = [], [], [], []
+    for i, L in enumerate(lengths):
+        x = ids[i, :L]
+        if qa:
+            a = int(torch.randint(0, L, (1,), generator=g))
+            b = min(L - 1, a + int(torch.randint(0, 4, (1,), generator=g)))
+            z = model.token_logits(x)
+            losses.append((F.cross_entropy(z[:, 0][None], torch.tensor([a])) +
+                           F.cross_entropy(z[:, 1][None], torch.tensor([b]))) / 2)
+            starts.append(a), ends.append(b)
+        else:
+            y = int(torch.randint(0, outputs, (1,), generator=g))
+            losses.append(F.cross_entropy(model.sequence_logits(x)[None], torch.tensor([y])))
+            labels.append(y)
+    loss = torch.stack(losses).mean()
+    loss.backward()
+    tensors = dict(params)
+    tensors.update(batch)
+    if qa:
+        tensors["span_starts"] = torch.tensor(starts, dtype=torch.int32)
+        tensors["span_ends"] = torch.tensor(ends, dtype=torch.int32)
+        tensors["expected.span_loss"] = torch.tensor(float(loss), dtype=torch.float32)
+    else:
+        tensors["class_labels"] = torch.tensor(labels, dtype=torch.int32)
+        tensors["expected.cls_loss"] = torch.tensor(float(loss), dtype=torch.float32)
+    for n, p in model.named_parameters():
+        tensors["grad." + n] = p.grad.float()
+    path = f"{out_dir}/{name}.safetensors"
+    save_safetensors(path, tensors, {"config": json.dumps(cfg),
+                                     "source": "tools/make_modernbert_golden.py",
+                                     "torch": torch.__version__})
+    print(f"{path}: {'span' if qa else 'cls'} {float(loss):.6f}")
+
+
 def config(vocab, C, layers, heads, inter, every, window, **changes):
     c = dict(architectures=["ModernBertForMaskedLM"], model_type="modernbert", vocab_size=vocab,
              hidden_size=C, intermediate_size=inter, num_hidden_layers=layers,
@@ -205,3 +289,17 @@ if __name__ == "__main__":
                                      mlp_bias=True, classifier_bias=True, global_rope_theta=5000.0,
                                      local_rope_theta=500.0, norm_eps=1e-6),
            [[17, 2, 9], [25], [1, 12, 14]], 30, 4, out)
+    # The task heads: mean pooling with every bias on, first-token pooling, and QA; sequences
+    # longer than the window, packed three to a row.
+    task_golden("modernbert_cls_mean",
+                config(64, 24, 3, 3, 30, 2, 6, architectures=["ModernBertForSequenceClassification"],
+                       classifier_pooling="mean", norm_bias=True, attention_bias=True,
+                       mlp_bias=True, classifier_bias=True, num_labels=3),
+                [[17, 2, 9], [25], [1, 12, 14]], 30, 5, out, 3)
+    task_golden("modernbert_cls_first",
+                config(64, 24, 3, 3, 30, 2, 6, architectures=["ModernBertForSequenceClassification"],
+                       classifier_pooling="cls", num_labels=4),
+                [[17, 2, 9], [25], [1, 12, 14]], 30, 6, out, 4)
+    task_golden("modernbert_qa",
+                config(64, 24, 3, 3, 30, 2, 6, architectures=["ModernBertForQuestionAnswering"]),
+                [[17, 2, 9], [25], [1, 12, 14]], 30, 7, out, 2)

@@ -1,4 +1,5 @@
 // `packbert export`: a checkpoint to the Hugging Face layout.
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -34,8 +35,16 @@ void register_export(CLI::App& app) {
       ->capture_default_str();
   ex->callback([x, xv, xo, dtype] {
     const train::ModelLabels source = train::model_labels(x->first);
-    // A ModernBERT's tokenizer is its tokenizer.json, copied as it is; BERT's is a vocab.txt.
-    const bool modern = source.family == model::Family::modernbert;
+    // A model with a tokenizer.json beside it (a ModernBERT from the Hub) keeps it, copied as it
+    // is; any other model's tokenizer is a vocab.txt (BERT's, or a ModernBERT trained here on a
+    // WordPiece vocabulary).
+    // A ModernBERT directory with neither beside it (and no --vocab) is written without one.
+    const bool family = source.family == model::Family::modernbert;
+    std::error_code ec;
+    const bool bare = family && source.tokenizer_dir.empty() && xv->empty() &&
+                      std::filesystem::is_directory(x->first, ec) &&
+                      !std::filesystem::exists(std::filesystem::path(x->first) / "vocab.txt", ec);
+    const bool modern = family && (!source.tokenizer_dir.empty() || bare);
     if (modern && !xv->empty())
       throw InputError("--vocab: " + x->first +
                        " is a ModernBERT model, whose tokenizer is the tokenizer.json beside it "

@@ -233,6 +233,7 @@ StepContext BertModel::context() {
   s.p_attn = dropout ? c.attention_probs_dropout_prob : 0.0;
   s.positions = cur_->pos.data();
   s.probs_offsets_local = cur_->probs_offsets_local.data();
+  s.token_sequence = cur_->token_sequence.data();
   s.seed = cur_->opt.seed;
   s.step = cur_->opt.step;
   s.loss_scale = cur_->opt.loss_scale;
@@ -383,7 +384,11 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
   if (!layout_.has_heads()) return cur_->out;
   if (c.family == Family::modernbert) {
     const View top_held = final_norm_forward(s, p_, input_of(L));
+    const View top = cur_->ws.get(Rec::final_out).shaped(Tn, c.hidden_size);
     if (heads.pretraining) mlm_forward(s, p_, top_held, cur_->out);
+    if (heads.classifier)
+      modernbert_classifier_forward(s, p_, top, class_targets(batch), cur_->out);
+    if (heads.span) modernbert_span_forward(s, p_, top, span_targets(batch), cur_->out);
     return cur_->out;
   }
   pooler_forward(s, p_, top());
@@ -392,7 +397,8 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
     mlm_forward(s, p_, input_of(L), cur_->out);
     nsp_forward(s, p_, cur_->tl.nsp_label.data(), cur_->out);
   }
-  if (heads.classifier) classifier_forward(s, p_, class_targets(batch), cur_->out);
+  if (heads.classifier)
+    classifier_forward(s, p_, cur_->ws.get(Rec::pooled), class_targets(batch), cur_->out);
   if (heads.span) span_forward(s, p_, top(), span_targets(batch), cur_->out);
   return cur_->out;
 }
@@ -428,6 +434,11 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
   kernels::attention_probs_offsets(cur_->tl.cu_seqlens.data(), n_seq, c.num_attention_heads,
                                    kernels::kGlobalAttention, cur_->probs_offsets.data());
   cur_->probs_offsets_local.clear();
+  cur_->token_sequence.clear();
+  if (c.family == Family::modernbert && layout_.heads().classifier)  // mean pooling's rows
+    for (int i = 0; i < n_seq; ++i)
+      cur_->token_sequence.insert(cur_->token_sequence.end(),
+                                  cur_->tl.cu_seqlens[i + 1] - cur_->tl.cu_seqlens[i], i);
   if (c.family == Family::modernbert) {  // the local layers' bands
     cur_->probs_offsets_local.resize(n_seq + 1);
     kernels::attention_probs_offsets(cur_->tl.cu_seqlens.data(), n_seq, c.num_attention_heads,
@@ -562,8 +573,16 @@ void BertModel::heads_backward(const StepContext& s, View dh) {
   const int64_t TC = static_cast<int64_t>(cur_->tl.tokens()) * config().hidden_size;
   if (config().family == Family::modernbert) {  // the heads read the final norm's output
     const View dtop = cur_->ws.get(Rec::dx).shaped(1, TC);
+    const View top = cur_->ws.get(Rec::final_out);
     s.be.zero(dtop);
     if (heads.pretraining) mlm_backward(s, p_, g_, cur_->out, dtop);
+    if (heads.classifier) {
+      const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
+      modernbert_classifier_backward(s, p_, g_, top, {cur_->cls_targets.data(), values}, cur_->out,
+                                     dtop);
+    }
+    if (heads.span)
+      modernbert_span_backward(s, p_, g_, top, cur_->span_targets.data(), cur_->out, dtop);
     final_norm_backward(s, p_, g_, input_of(layout_.stage_config().num_hidden_layers), dtop, dh);
     return;
   }
@@ -575,7 +594,8 @@ void BertModel::heads_backward(const StepContext& s, View dh) {
   }
   if (heads.classifier) {
     const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
-    classifier_backward(s, p_, g_, {cur_->cls_targets.data(), values}, cur_->out);
+    classifier_backward(s, p_, g_, {cur_->cls_targets.data(), values}, cur_->out,
+                        cur_->ws.get(Rec::dpooled));
   }
   if (heads.span) span_backward(s, p_, g_, top(), cur_->span_targets.data(), cur_->out, dh);
   pooler_backward(s, p_, g_, dh);
@@ -623,17 +643,11 @@ void BertModel::layer_forward(const StepContext& s, int l, View out_wide, View o
 
 void BertModel::refuse_unbuilt_modernbert(const StepOptions& options) const {
   const BertConfig& c = config();
-  const Heads& heads = layout_.heads();
-  if (heads.classifier || heads.span)
-    throw InputError(
-        "ModernBERT's classification and question-answering heads are not built yet: packbert "
-        "pre-trains and evaluates ModernBERT's masked-LM model, and converts and exports all "
-        "three");
   if (options.training && (c.attention_probs_dropout_prob > 0 || c.modern.embedding_dropout > 0 ||
-                           c.modern.mlp_dropout > 0))
+                           c.modern.mlp_dropout > 0 || c.modern.classifier_dropout > 0))
     throw InputError(
-        "a ModernBERT trains without dropout here (attention_dropout, embedding_dropout and "
-        "mlp_dropout 0, transformers' defaults): dropout in its layers is not built");
+        "a ModernBERT trains without dropout here (attention_dropout, embedding_dropout, "
+        "mlp_dropout and classifier_dropout 0, transformers' defaults): its dropout is not built");
 }
 
 }  // namespace packbert::model

@@ -233,7 +233,8 @@ class BertModel {
     TokenLayout tl;
     std::vector<int32_t> ids, pos, types;
     std::vector<int64_t> probs_offsets, probs_offsets_local;  // (local: ModernBERT's window)
-    DropoutPlaces places;  // of a batch that is a share of a whole (empty otherwise)
+    std::vector<int32_t> token_sequence;  // each token's sequence (ModernBERT's mean pooling)
+    DropoutPlaces places;                 // of a batch that is a share of a whole (empty otherwise)
     BatchShare share;
     std::vector<int32_t> word_ids;                   // deferral: the batch's ids among the rows
     std::vector<int32_t> cls_targets, span_targets;  // span: (start, end) pairs

@@ -71,6 +71,8 @@ struct StepContext {
   const int32_t* positions = nullptr;
   // attention_probs_offsets of the batch for the local layers' window (ModernBERT).
   const int64_t* probs_offsets_local = nullptr;
+  // Each token's sequence ([T]: ModernBERT's mean pooling).
+  const int32_t* token_sequence = nullptr;
   // Layer l's attention window (0: global) and its probabilities' offsets.
   int window(int l) const {
     return config.family == Family::modernbert ? config.modern.window(l) : 0;

@@ -14,7 +14,7 @@
 namespace packbert::model {
 
 struct GoldenRow {
-  std::string quantity;  // "mlm_loss", "nsp_loss", or "grad.<name>"
+  std::string quantity;  // "mlm_loss", "nsp_loss", "cls_loss", "span_loss", or "grad.<name>"
   double error = 0;      // relative error (see check_golden)
   double tolerance = 0;
   bool ok() const { return error <= tolerance; }
@@ -40,6 +40,9 @@ struct GoldenReport {
 // types, positions, sequence ids and MLM labels, [B, K] NSP labels). InputError when malformed.
 BertConfig golden_config(const io::SafetensorsFile& f, const std::string& path);
 PackedBatch golden_batch(const io::SafetensorsFile& f, const std::string& path);
+// The heads a golden checks: the classifier when it holds class_labels, the span head when it
+// holds span_starts / span_ends, else pre-training (MLM, and NSP where the model has it).
+Heads golden_heads(const io::SafetensorsFile& f);
 
 GoldenReport check_golden(const std::string& path, double rtol_loss, double rtol_grad,
                           const Recompute& recompute = {}, Precision precision = Precision::fp32,

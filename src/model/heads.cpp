@@ -92,8 +92,7 @@ void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, 
   const View d3 = ws.get(Rec::mlm_d3).shaped(M, C), d2 = ws.get(Rec::mlm_d2).shaped(M, C),
              d1 = ws.get(Rec::mlm_d1).shaped(M, C), din = ws.get(Rec::mlm_din).shaped(M, C);
   const View dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
-  const View logits = ws.get(Rec::mlm_logits).shaped(M, V),
-             lse = ws.get(Rec::mlm_lse).shaped(1, M);
+  const View logits = ws.get(Rec::mlm_logits).shaped(M, V), lse = ws.get(Rec::mlm_lse).shaped(1, M);
   const View in = ws.get(Rec::mlm_in).shaped(M, C), t3 = ws.get(Rec::mlm_t3).shaped(M, C);
   const int32_t* labels = s.tokens.mlm_label.data();
   // (the word table's gradient: on a pipeline's last stage, the first stage's to form)
@@ -103,8 +102,7 @@ void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, 
   // operand) with the bias gradient in the same pass: no fp32 [M, V] gradient.
   if (s.p16) {
     const View dlogits16 = ws.get(Rec::dout16).shaped(M, V);
-    be.cross_entropy_backward(dlogits16, g.mlm_bias.shaped(1, V), logits, lse, labels, dloss,
-                              over);
+    be.cross_entropy_backward(dlogits16, g.mlm_bias.shaped(1, V), logits, lse, labels, dloss, over);
     be.linear_backward(d3, decoder_dW, View(), dlogits16, t3, s.p16->word.shaped(V, C), nullptr,
                        over, View());
     s.tick();
@@ -153,8 +151,8 @@ void linear_cross_entropy_backward(const StepContext& s, View in, View W, View d
   s.be.cross_entropy_backward(dz, View(), s.ws.get(logits).shaped(n, out),
                               s.ws.get(lse).shaped(1, n), targets, mean_dloss(s, n, count),
                               GradWrite::overwrite);
-  s.be.linear_backward(din.shaped(n, C), dW.shaped(out, C), db.shaped(1, out), dz,
-                       in.shaped(n, C), W.shaped(out, C), nullptr, GradWrite::accumulate, View());
+  s.be.linear_backward(din.shaped(n, C), dW.shaped(out, C), db.shaped(1, out), dz, in.shaped(n, C),
+                       W.shaped(out, C), nullptr, GradWrite::accumulate, View());
 }
 
 }  // namespace
@@ -198,11 +196,11 @@ void nsp_backward(const StepContext& s, const ParamView& p, const ParamView& g,
                                 s.ws.get(Rec::dpooled));
 }
 
-void classifier_forward(const StepContext& s, const ParamView& p, const ClassTargets& targets,
-                        Outputs& out) {
+void classifier_forward(const StepContext& s, const ParamView& p, View pooled,
+                        const ClassTargets& targets, Outputs& out) {
   const int n = s.n_seq(), C = s.config.hidden_size;
   const View in = s.ws.get(Rec::cls_drop);
-  dropout_site(s, in, s.ws.get(Rec::pooled), static_cast<int64_t>(n) * C, kNoLayer, kPooled);
+  dropout_site(s, in, pooled, static_cast<int64_t>(n) * C, kNoLayer, kPooled);
   const View losses = s.ws.get(Rec::head_losses);
   if (s.config.regression()) {  // one output, squared error towards each sequence's value
     const View z = s.ws.get(Rec::cls_logits).shaped(n, 1);
@@ -220,12 +218,12 @@ void classifier_forward(const StepContext& s, const ParamView& p, const ClassTar
 }
 
 void classifier_backward(const StepContext& s, const ParamView& p, const ParamView& g,
-                         const ClassTargets& targets, const Outputs& out) {
+                         const ClassTargets& targets, const Outputs& out, View dpooled) {
   const int n = s.n_seq(), C = s.config.hidden_size;
   if (out.cls_count == 0) return;
   const int64_t nC = static_cast<int64_t>(n) * C;
   const int64_t count = s.cls_total ? s.cls_total : out.cls_count;
-  const View din = s.ws.get(Rec::cls_ddrop).shaped(n, C), dpooled = s.ws.get(Rec::dpooled);
+  const View din = s.ws.get(Rec::cls_ddrop).shaped(n, C);
   const View in = s.ws.get(Rec::cls_drop);
   s.be.zero(din);
   if (s.config.regression()) {

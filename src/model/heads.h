@@ -41,10 +41,12 @@ struct ClassTargets {
   const int32_t* labels = nullptr;
   kernels::View values;
 };
-void classifier_forward(const StepContext& s, const ParamView& p, const ClassTargets& targets,
-                        Outputs& out);
+// pooled: the classifier's input [n_seq, C] (BERT's pooler output, ModernBERT's head output);
+// backward adds its gradient into dpooled.
+void classifier_forward(const StepContext& s, const ParamView& p, kernels::View pooled,
+                        const ClassTargets& targets, Outputs& out);
 void classifier_backward(const StepContext& s, const ParamView& p, const ParamView& g,
-                         const ClassTargets& targets, const Outputs& out);
+                         const ClassTargets& targets, const Outputs& out, kernels::View dpooled);
 
 // targets: [n_seq, 2] (start, end) within each sequence (< 0 = none; checked < length).
 void span_forward(const StepContext& s, const ParamView& p, kernels::View top,

@@ -155,4 +155,93 @@ void final_norm_backward(const StepContext& s, const ParamView& p, const ParamVi
               s.ws.get(Rec::final_rstd), Tn, C);
 }
 
+namespace {
+
+// The prediction head's transform on N rows of `in` [N, C]: task_t3 = norm(GELU(in . W^T + b)).
+View head_transform_forward(const StepContext& s, const ParamView& p, View in, int N) {
+  const Workspace& ws = s.ws;
+  const int C = s.config.hidden_size;
+  const View t1 = ws.get(Rec::task_t1).shaped(N, C), t2 = ws.get(Rec::task_t2).shaped(N, C),
+             t3 = ws.get(Rec::task_t3).shaped(N, C);
+  s.be.linear_forward(t1, in.shaped(N, C), p.mlm_w.shaped(C, C), p.mlm_b.shaped(1, C), nullptr,
+                      View());
+  s.be.gelu_forward(t2, t1);
+  s.be.layernorm_forward(t3, ws.get(Rec::task_mean).shaped(1, N),
+                         ws.get(Rec::task_rstd).shaped(1, N), t2, p.mlm_ln_w.shaped(1, C),
+                         p.mlm_ln_b.shaped(1, C), s.config.layer_norm_eps, View());
+  return t3;
+}
+// din += the input gradient, from d3 = d loss / d task_t3 ([N, C]; scratch dh1 and dtmp used).
+void head_transform_backward(const StepContext& s, const ParamView& p, const ParamView& g, View in,
+                             int N, View d3, View din) {
+  const Workspace& ws = s.ws;
+  const int C = s.config.hidden_size;
+  constexpr GradWrite over = GradWrite::overwrite;
+  const View d2 = ws.get(Rec::dh1).shaped(N, C), d1 = ws.get(Rec::dtmp).shaped(N, C);
+  s.be.layernorm_backward(d2, g.mlm_ln_w.shaped(1, C), g.mlm_ln_b.shaped(1, C), d3.shaped(N, C),
+                          ws.get(Rec::task_t2).shaped(N, C), p.mlm_ln_w.shaped(1, C),
+                          ws.get(Rec::task_mean).shaped(1, N), ws.get(Rec::task_rstd).shaped(1, N),
+                          over);
+  s.be.gelu_backward(d1, View(), ws.get(Rec::task_t1).shaped(N, C), d2, over);
+  s.be.linear_backward(din.shaped(N, C), g.mlm_w.shaped(C, C), g.mlm_b.shaped(1, C), d1,
+                       in.shaped(N, C), p.mlm_w.shaped(C, C), nullptr, GradWrite::accumulate,
+                       View());
+}
+
+bool mean_pooling(const StepContext& s) {
+  return s.config.modern.classifier_pooling == "mean";
+}
+
+}  // namespace
+
+void modernbert_classifier_forward(const StepContext& s, const ParamView& p, View top,
+                                   const ClassTargets& targets, Outputs& out) {
+  const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
+  const View pooled = s.ws.get(Rec::task_in).shaped(n, C);
+  if (mean_pooling(s)) {  // each sequence's tokens summed into its row, then divided by its length
+    s.be.zero(pooled);
+    s.be.gather_rows_backward(pooled, top.shaped(Tn, C), s.token_sequence);
+    for (int i = 0; i < n; ++i)
+      s.be.scale(pooled.slice(static_cast<int64_t>(i) * C, C),
+                 1.0f / static_cast<float>(s.tokens.cu_seqlens[i + 1] - s.tokens.cu_seqlens[i]));
+  } else {  // each sequence's first token
+    s.be.gather_rows_forward(pooled, top.shaped(Tn, C), s.tokens.cu_seqlens.data());
+  }
+  classifier_forward(s, p, head_transform_forward(s, p, pooled, n), targets, out);
+}
+
+void modernbert_classifier_backward(const StepContext& s, const ParamView& p, const ParamView& g,
+                                    View top, const ClassTargets& targets, const Outputs& out,
+                                    View dtop) {
+  const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
+  const View d3 = s.ws.get(Rec::datt).shaped(n, C), dpooled = s.ws.get(Rec::dqkv).shaped(n, C);
+  s.be.zero(d3);
+  s.be.zero(dpooled);
+  classifier_backward(s, p, g, targets, out, d3);
+  head_transform_backward(s, p, g, s.ws.get(Rec::task_in), n, d3, dpooled);
+  (void)top;
+  if (!mean_pooling(s))
+    return s.be.gather_rows_backward(dtop.shaped(Tn, C), dpooled, s.tokens.cu_seqlens.data());
+  for (int i = 0; i < n; ++i)  // each token's share: its sequence's gradient over its length
+    s.be.scale(dpooled.slice(static_cast<int64_t>(i) * C, C),
+               1.0f / static_cast<float>(s.tokens.cu_seqlens[i + 1] - s.tokens.cu_seqlens[i]));
+  const View spread = s.ws.get(Rec::dtmp).shaped(Tn, C);
+  s.be.gather_rows_forward(spread, dpooled, s.token_sequence);
+  s.be.residual_forward(dtop.shaped(Tn, C), dtop.shaped(Tn, C), spread);
+}
+
+void modernbert_span_forward(const StepContext& s, const ParamView& p, View top,
+                             const int32_t* targets, Outputs& out) {
+  span_forward(s, p, head_transform_forward(s, p, top, s.T_()), targets, out);
+}
+
+void modernbert_span_backward(const StepContext& s, const ParamView& p, const ParamView& g,
+                              View top, const int32_t* targets, const Outputs& out, View dtop) {
+  const int Tn = s.T_(), C = s.config.hidden_size;
+  const View d3 = s.ws.get(Rec::datt).shaped(Tn, C);
+  s.be.zero(d3);
+  span_backward(s, p, g, s.ws.get(Rec::task_t3).shaped(Tn, C), targets, out, d3);
+  head_transform_backward(s, p, g, top, Tn, d3, dtop);
+}
+
 }  // namespace packbert::model

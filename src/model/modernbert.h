@@ -15,6 +15,7 @@
 
 #include "kernels/tensor.h"
 #include "model/encoder_layer.h"
+#include "model/heads.h"
 
 namespace packbert::model {
 
@@ -43,5 +44,21 @@ kernels::View final_norm_forward(const StepContext& s, const ParamView& p, kerne
 // dx = d loss / d x (written over) from dtop = d loss / d final_out.
 void final_norm_backward(const StepContext& s, const ParamView& p, const ParamView& g,
                          kernels::View x, kernels::View dtop, kernels::View dx);
+
+// The task heads on the final norm's output `top` [T, C] (the scalar): a sequence classifier
+// (each sequence's first token, or the mean of its tokens, as classifier_pooling says, through
+// the prediction head's dense, GELU and norm, then the classifier: model/heads.h's) and the span
+// head (the prediction head on every token, then the two-output classifier). Backward adds the
+// gradient of top into dtop.
+void modernbert_classifier_forward(const StepContext& s, const ParamView& p, kernels::View top,
+                                   const ClassTargets& targets, Outputs& out);
+void modernbert_classifier_backward(const StepContext& s, const ParamView& p, const ParamView& g,
+                                    kernels::View top, const ClassTargets& targets,
+                                    const Outputs& out, kernels::View dtop);
+void modernbert_span_forward(const StepContext& s, const ParamView& p, kernels::View top,
+                             const int32_t* targets, Outputs& out);
+void modernbert_span_backward(const StepContext& s, const ParamView& p, const ParamView& g,
+                              kernels::View top, const int32_t* targets, const Outputs& out,
+                              kernels::View dtop);
 
 }  // namespace packbert::model

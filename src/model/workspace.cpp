@@ -95,7 +95,7 @@ enum class Role {
 };
 
 // Which heads a record belongs to (encoder records: all), or which family's layers hold it.
-enum class Need { encoder, pooler, pretraining, classifier, span, bert, modernbert };
+enum class Need { encoder, pooler, pretraining, classifier, span, bert, modernbert, modern_task };
 
 // A record's number format, which Workspace::get's View carries: the step's scalar (f32, or f64
 // in the finite-difference tests); the scalar under fp32 and 16 bits under a 16-bit precision
@@ -168,6 +168,12 @@ const RecordSpec kRecords[] = {
     {Rec::final_rstd, "encoder.final_norm_rstd", Role::model, Need::modernbert, T1},
     {Rec::final_out, "encoder.final_norm_out", Role::model, Need::modernbert, TC},
     {Rec::final16, "encoder.final_norm_out16", Role::model, Need::modernbert, TC, Dtype::twin},
+    {Rec::task_in, "task_head.pooled", Role::model, Need::modern_task, NC},
+    {Rec::task_t1, "task_head.gelu_in", Role::model, Need::modern_task, TC},
+    {Rec::task_t2, "task_head.ln_in", Role::model, Need::modern_task, TC},
+    {Rec::task_mean, "task_head.ln_mean", Role::model, Need::modern_task, T1},
+    {Rec::task_rstd, "task_head.ln_rstd", Role::model, Need::modern_task, T1},
+    {Rec::task_t3, "task_head.ln_out", Role::model, Need::modern_task, TC},
     {Rec::cls_in, "pooler.cls", Role::model, Need::pooler, NC},
     {Rec::pooled, "pooler.out", Role::model, Need::pooler, NC},
     {Rec::mlm_in, "mlm.in", Role::model, Need::pretraining, MC, Dtype::narrowed},
@@ -261,6 +267,8 @@ bool needed(Need n, const Heads& h, Family family) {
       return family == Family::bert;
     case Need::modernbert:
       return family == Family::modernbert;
+    case Need::modern_task:
+      return family == Family::modernbert && (h.classifier || h.span);
     case Need::pretraining:
       return h.pretraining;
     case Need::classifier:

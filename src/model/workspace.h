@@ -110,6 +110,14 @@ enum class Rec : uint8_t {
   final_rstd,
   final_out,
   final16,
+  // ModernBERT's task heads: the pooled sequences [n_seq, C] (classifier), and the prediction
+  // head's transform (dense, GELU, norm) on them or on every token (QA): [T, C] records
+  task_in,
+  task_t1,
+  task_t2,
+  task_mean,
+  task_rstd,
+  task_t3,
   // heads
   cls_in,
   pooled,

@@ -87,7 +87,11 @@ ModelLabels model_labels(const std::string& path) {
     out.source = path + " (its config)";
     const json config = json::parse(f.metadata().at("config"), nullptr, false);
     out.names = id2label_of(config, out.source);
-    if (config.is_object()) out.num_labels = model::config_from_json(config, out.source).num_labels;
+    if (config.is_object()) {
+      const model::BertConfig c = model::config_from_json(config, out.source);
+      out.num_labels = c.num_labels;
+      out.family = c.family;
+    }
     return out;
   }
   const model::ImportedModel hf = model::import_model(path);
