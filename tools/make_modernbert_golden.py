@@ -144,6 +144,18 @@ class ModernBertForTask(ModernBertForMaskedLM):
         return self.classifier(self.head.norm(F.gelu(self.head.dense(h))))
 
 
+def randomize(model):
+    """Values large enough that every gradient is well above noise."""
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm.weight" in pname:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif pname.endswith("bias"):
+                p.copy_(0.05 * torch.randn_like(p))
+            else:
+                p.copy_(0.1 * torch.randn_like(p))
+
+
 def padded(batch):
     """The packed batch's sequences one per row, padded: ids, valid, labels [n, S]."""
     seqs = []
@@ -164,14 +176,7 @@ def padded(batch):
 def golden(name, cfg, packs, S, seed, out_dir, model_dir=None):
     torch.manual_seed(seed)
     model = ModernBertForMaskedLM(cfg)
-    with torch.no_grad():  # values large enough that every gradient is well above noise
-        for pname, p in model.named_parameters():
-            if "norm.weight" in pname:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif pname.endswith("bias"):
-                p.copy_(0.05 * torch.randn_like(p))
-            else:
-                p.copy_(0.1 * torch.randn_like(p))
+    randomize(model)
     params = {n.replace("decoder_bias", "decoder.bias"): p.detach().float().clone()
               for n, p in model.named_parameters()}
     model = model.double()
@@ -211,14 +216,7 @@ def task_golden(name, cfg, packs, S, seed, out_dir, outputs):
     run alone."""
     torch.manual_seed(seed)
     model = ModernBertForTask(cfg, outputs)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "norm.weight" in pname:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif pname.endswith("bias"):
-                p.copy_(0.05 * torch.randn_like(p))
-            else:
-                p.copy_(0.1 * torch.randn_like(p))
+    randomize(model)
     params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     model = model.double()
     g = torch.Generator().manual_seed(seed + 1)
