@@ -157,17 +157,23 @@ def save_safetensors(path, tensors, metadata):
             f.write(blob)
 
 
-def golden(name, cfg, packs, S, seed, out_dir):
-    torch.manual_seed(seed)
-    model = BertForPreTraining(cfg)
-    with torch.no_grad():  # larger-than-default values so every gradient is well above noise
+def randomize(model):
+    """Larger-than-default values so every gradient is well above noise: norm weights (BERT's
+    LayerNorm, ModernBERT's norm) near 1, biases near 0, the rest N(0, 0.1^2)."""
+    with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "LayerNorm.weight" in pname:
+            if "norm.weight" in pname.lower():
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             elif pname.endswith("bias"):
                 p.copy_(0.05 * torch.randn_like(p))
             else:
                 p.copy_(0.1 * torch.randn_like(p))
+
+
+def golden(name, cfg, packs, S, seed, out_dir):
+    torch.manual_seed(seed)
+    model = BertForPreTraining(cfg)
+    randomize(model)
     params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     model = model.double()
     g = torch.Generator().manual_seed(seed + 1)

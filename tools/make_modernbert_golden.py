@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from make_model_golden import make_batch, save_safetensors  # noqa: E402
+from make_model_golden import make_batch, randomize, save_safetensors  # noqa: E402
 
 
 class Norm(nn.Module):
@@ -142,18 +142,6 @@ class ModernBertForTask(ModernBertForMaskedLM):
         """One sequence [L] alone: start and end logits [L, 2]."""
         h = self.encode(ids[None], torch.ones(1, len(ids), dtype=torch.bool))[0]
         return self.classifier(self.head.norm(F.gelu(self.head.dense(h))))
-
-
-def randomize(model):
-    """Values large enough that every gradient is well above noise."""
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "norm.weight" in pname:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif pname.endswith("bias"):
-                p.copy_(0.05 * torch.randn_like(p))
-            else:
-                p.copy_(0.1 * torch.randn_like(p))
 
 
 def padded(batch):

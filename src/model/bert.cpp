@@ -435,7 +435,8 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
                                    kernels::kGlobalAttention, cur_->probs_offsets.data());
   cur_->probs_offsets_local.clear();
   cur_->token_sequence.clear();
-  if (c.family == Family::modernbert && layout_.heads().classifier)  // mean pooling's rows
+  if (c.family == Family::modernbert && layout_.heads().classifier &&
+      c.modern.mean_pooling())  // mean pooling's rows
     for (int i = 0; i < n_seq; ++i)
       cur_->token_sequence.insert(cur_->token_sequence.end(),
                                   cur_->tl.cu_seqlens[i + 1] - cur_->tl.cu_seqlens[i], i);
@@ -578,7 +579,7 @@ void BertModel::heads_backward(const StepContext& s, View dh) {
     if (heads.pretraining) mlm_backward(s, p_, g_, cur_->out, dtop);
     if (heads.classifier) {
       const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
-      modernbert_classifier_backward(s, p_, g_, top, {cur_->cls_targets.data(), values}, cur_->out,
+      modernbert_classifier_backward(s, p_, g_, {cur_->cls_targets.data(), values}, cur_->out,
                                      dtop);
     }
     if (heads.span)

@@ -31,6 +31,8 @@ struct ModernBertFields {
       sep_token_id = 50282;
 
   bool global_layer(int l) const { return l % global_attn_every_n_layers == 0; }
+  // The classifier pools each sequence's mean (else its first token).
+  bool mean_pooling() const { return classifier_pooling == "mean"; }
   // The attention window of layer l: 0 (global) or local_attention.
   int window(int l) const { return global_layer(l) ? 0 : local_attention; }
   double rope_theta(int l) const { return global_layer(l) ? global_rope_theta : local_rope_theta; }

@@ -188,17 +188,14 @@ void head_transform_backward(const StepContext& s, const ParamView& p, const Par
                        View());
 }
 
-bool mean_pooling(const StepContext& s) {
-  return s.config.modern.classifier_pooling == "mean";
-}
-
 }  // namespace
 
 void modernbert_classifier_forward(const StepContext& s, const ParamView& p, View top,
                                    const ClassTargets& targets, Outputs& out) {
   const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
   const View pooled = s.ws.get(Rec::task_in).shaped(n, C);
-  if (mean_pooling(s)) {  // each sequence's tokens summed into its row, then divided by its length
+  if (s.config.modern.mean_pooling()) {  // each sequence's tokens summed into its row, then divided
+                                         // by its length
     s.be.zero(pooled);
     s.be.gather_rows_backward(pooled, top.shaped(Tn, C), s.token_sequence);
     for (int i = 0; i < n; ++i)
@@ -211,16 +208,14 @@ void modernbert_classifier_forward(const StepContext& s, const ParamView& p, Vie
 }
 
 void modernbert_classifier_backward(const StepContext& s, const ParamView& p, const ParamView& g,
-                                    View top, const ClassTargets& targets, const Outputs& out,
-                                    View dtop) {
+                                    const ClassTargets& targets, const Outputs& out, View dtop) {
   const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
   const View d3 = s.ws.get(Rec::datt).shaped(n, C), dpooled = s.ws.get(Rec::dqkv).shaped(n, C);
   s.be.zero(d3);
   s.be.zero(dpooled);
   classifier_backward(s, p, g, targets, out, d3);
   head_transform_backward(s, p, g, s.ws.get(Rec::task_in), n, d3, dpooled);
-  (void)top;
-  if (!mean_pooling(s))
+  if (!s.config.modern.mean_pooling())
     return s.be.gather_rows_backward(dtop.shaped(Tn, C), dpooled, s.tokens.cu_seqlens.data());
   for (int i = 0; i < n; ++i)  // each token's share: its sequence's gradient over its length
     s.be.scale(dpooled.slice(static_cast<int64_t>(i) * C, C),

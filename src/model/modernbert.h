@@ -53,8 +53,8 @@ void final_norm_backward(const StepContext& s, const ParamView& p, const ParamVi
 void modernbert_classifier_forward(const StepContext& s, const ParamView& p, kernels::View top,
                                    const ClassTargets& targets, Outputs& out);
 void modernbert_classifier_backward(const StepContext& s, const ParamView& p, const ParamView& g,
-                                    kernels::View top, const ClassTargets& targets,
-                                    const Outputs& out, kernels::View dtop);
+                                    const ClassTargets& targets, const Outputs& out,
+                                    kernels::View dtop);
 void modernbert_span_forward(const StepContext& s, const ParamView& p, kernels::View top,
                              const int32_t* targets, Outputs& out);
 void modernbert_span_backward(const StepContext& s, const ParamView& p, const ParamView& g,
