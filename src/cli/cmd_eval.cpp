@@ -173,7 +173,7 @@ void register_eval(CLI::App& app) {
                  "mlm: the sequences file's packs file (same result; about as fast, since one "
                  "sequence per row computes no padding either)");
   number(ev, "--batch-rows", e->rows, "Rows per forward pass", 1, 1e6);
-  model_vocab_option(ev, e->vocab, "classify/squad: vocab.txt for tokenising");
+  model_vocab_option(ev, e->vocab, "classify/squad: vocab.txt or tokenizer.json for tokenising");
   casing_flags(ev, e->lower_case);
   column_flags(ev, e->columns);
   number(ev, "--max-seq-len", e->max_seq_len,

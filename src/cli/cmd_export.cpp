@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "data/vocab.h"
 #include "error.h"
 #include "io/paths.h"
 #include "train/model_files.h"
@@ -23,7 +24,7 @@ void register_export(CLI::App& app) {
                  "name every command takes)")
       ->required();
   ex->add_option("--out", x->second, "Directory to write")->required();
-  model_vocab_option(ex, *xv, "vocab.txt to include");
+  model_vocab_option(ex, *xv, "vocab.txt (or tokenizer.json) to include");
   auto xo = std::make_shared<bool>(false);
   ex->add_flag("--overwrite", *xo, "Replace a model directory already at --out");
   auto dtype = std::make_shared<std::string>("fp32");
@@ -69,6 +70,9 @@ void register_export(CLI::App& app) {
                 << (files.tokenizer_dir.empty() ? "" : ", tokenizer.json") << "} (" << *dtype
                 << (files.tokenizer_dir.empty() ? ", no tokenizer.json beside the model" : "")
                 << ")\n";
+    else if (data::is_tokenizer_json(vocab))
+      std::cout << "wrote " << x->second << "/{config.json, model.safetensors, tokenizer.json} ("
+                << *dtype << ", tokenizer " << vocab << ")\n";
     else
       std::cout << "wrote " << x->second
                 << "/{config.json, model.safetensors, vocab.txt, tokenizer_config.json, "

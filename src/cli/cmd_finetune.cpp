@@ -141,7 +141,7 @@ void register_finetune(CLI::App& app, int& exit_code) {
   cmd->add_flag_callback(
       "--classification", [kind] { kind(false); },
       "classify: train a classifier even when the labels are decimal numbers");
-  model_vocab_option(cmd, o->vocab, "vocab.txt to tokenise the examples with");
+  model_vocab_option(cmd, o->vocab, "vocab.txt or tokenizer.json to tokenise the examples with");
   casing_flags(cmd, o->lower_case);
   column_flags(cmd, o->columns);
   CLI::Option* len =

@@ -80,7 +80,7 @@ void register_predict(CLI::App& app) {
                   "predictions.json), for v2.0 with the null odds beside it (...predictions.json: "
                   "...null_odds.json, as run_qa names them; another name: NAME.null_odds.json)");
   number(cmd, "--batch-rows", p->rows, "Rows per forward pass", 1, 1e6);
-  model_vocab_option(cmd, p->vocab, "vocab.txt for tokenising");
+  model_vocab_option(cmd, p->vocab, "vocab.txt or tokenizer.json for tokenising");
   casing_flags(cmd, p->lower_case);
   cmd->add_option("--text-columns", p->text_columns,
                   "classify: the text column, or two for a pair (A,B); default: recognised from "

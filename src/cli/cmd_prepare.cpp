@@ -50,9 +50,13 @@ void run_prepare(const PrepareArgs& a) {
                                  inputs);
   const Stopwatch total;
   data::Vocab vocab = data::Vocab::load(a.vocab);
-  if (const data::Casing c = data::decide_casing(!a.cased, "", vocab, a.vocab); !c.warning.empty())
+  // (a tokenizer.json decides its own casing: only an explicit --cased contradicts it)
+  const std::optional<bool> flag =
+      vocab.json() && !a.cased ? std::nullopt : std::optional<bool>(!a.cased);
+  const data::Casing casing = data::decide_casing(flag, "", vocab, a.vocab);
+  if (const data::Casing& c = casing; !c.warning.empty())
     std::cerr << "prepare: warning: " << with_flags(c.warning) << '\n';
-  data::Tokenizer tok(vocab, !a.cased);
+  data::Tokenizer tok(vocab, casing.lower_case);
   size_t skipped = 0;
   std::vector<data::Document> docs = data::read_corpus(
       a.inputs, tok, {.split_sentences = a.split, .skip_invalid_utf8 = a.skip_invalid_utf8},
@@ -109,7 +113,7 @@ void register_prepare(CLI::App& app) {
   cmd->add_option("inputs", a->inputs, "Text: one sentence per line, blank line between documents")
       ->required();
   cmd->add_option("--out", a->out, "Sequences file to write (e.g. data.seqs)")->required();
-  vocab_option(cmd, a->vocab, "vocab.txt to tokenise with");
+  vocab_option(cmd, a->vocab, "vocab.txt, or a Hugging Face tokenizer.json, to tokenise with");
   cmd->add_flag("--cased", a->cased, "Keep case and accents (cased models)");
   cmd->add_flag("--split-sentences", a->split,
                 "Input is raw text: split documents (blank-line separated) into sentences");

@@ -137,7 +137,7 @@ void casing_flags(CLI::App* cmd, std::optional<bool>& lower_case) {
   cmd->add_flag_callback(
       "--cased", [set] { set(false); },
       "Keep case and accents (default: the model's tokenizer_config.json do_lower_case, else "
-      "cased when the vocabulary has entries with capitals)");
+      "cased when the vocabulary has entries with capitals; a tokenizer.json decides its own)");
   cmd->add_flag_callback(
       "--uncased", [set] { set(true); }, "Lowercase and strip accents");
 }
@@ -476,22 +476,13 @@ CLI::Option* model_vocab_option(CLI::App* cmd, std::string& value, const std::st
   value.clear();
   return cmd->add_option(
       "--vocab", value,
-      help + " (default: the model directory's vocab.txt, else bert-base-uncased, " + d.found +
-          ": " + d.path + ")");
+      help +
+          " (default: the model directory's vocab.txt, else its tokenizer.json, else "
+          "bert-base-uncased, " +
+          d.found + ": " + d.path + ")");
 }
 
 std::string model_vocab(const std::string& given, const std::string& model) {
-  // A model whose tokenizer is a tokenizer.json alone (a ModernBERT from the Hub: byte-level
-  // BPE) is not tokenised with a WordPiece vocabulary it was not trained on.
-  std::error_code ec;
-  const std::filesystem::path dir = std::filesystem::is_directory(model, ec)
-                                        ? std::filesystem::path(model)
-                                        : std::filesystem::path(model).parent_path();
-  if (given.empty() && !model.empty() && !std::filesystem::exists(dir / "vocab.txt", ec) &&
-      std::filesystem::exists(dir / "tokenizer.json", ec))
-    throw InputError(model + ": its tokenizer is " + (dir / "tokenizer.json").string() +
-                     ", which packbert reads (`packbert tokenize`) but does not yet tokenise "
-                     "task data with; --vocab names a vocab.txt if the model was trained on one");
   const data::VocabChoice c = data::choose_vocab(given, model, default_vocab().path);
   if (!c.warning.empty() && dist::Comm::world().root()) say_on_stderr("warning: " + c.warning);
   return c.path;

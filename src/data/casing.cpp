@@ -4,6 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/tokenizer_json.h"
+#include "error.h"
 #include "io/input_file.h"
 
 namespace packbert::data {
@@ -51,9 +53,11 @@ VocabChoice choose_vocab(const std::string& given, const std::string& model,
   VocabChoice c;
   std::string own;
   if (!model.empty()) {
-    const fs::path p = model_dir(model) / "vocab.txt";
+    // (its vocab.txt, else its tokenizer.json: a ModernBERT from the Hub has only that)
     std::error_code ec;
-    if (fs::is_regular_file(p, ec)) own = p.string();
+    for (const char* name : {"vocab.txt", "tokenizer.json"})
+      if (const fs::path p = model_dir(model) / name; own.empty() && fs::is_regular_file(p, ec))
+        own = p.string();
   }
   if (given.empty()) {
     c.path = own.empty() ? fallback : own;
@@ -88,6 +92,15 @@ int capitalised_entries(const Vocab& v) {
 
 Casing decide_casing(std::optional<bool> flag, const std::string& model, const Vocab& vocab,
                      const std::string& vocab_name) {
+  if (const JsonTokenizer* json = vocab.json()) {
+    if (flag)
+      throw InputError(std::string(*flag ? "`uncased`" : "`cased`") + ": " + vocab_name +
+                       " is a tokenizer.json, whose own normalizer decides the casing");
+    Casing c;
+    c.lower_case = json->lower_case().value_or(false);
+    c.note = std::string(c.lower_case ? "uncased" : "cased") + " (" + vocab_name + "'s normalizer)";
+    return c;
+  }
   std::string config;
   const std::optional<bool> said = model_lower_case(model, config);
   const int capitals = capitalised_entries(vocab);

@@ -23,8 +23,8 @@ int capitalised_entries(const Vocab& v);
 
 // The vocabulary a command that reads `model` (a directory, or a file whose directory holds its
 // tokenizer files) tokenises with: `given` (--vocab) when not empty, else the model's own
-// vocab.txt, else `fallback` (the bundled bert-base-uncased). `warning` is set when `given`
-// overrides a model vocabulary that differs from it (its size and casing named).
+// vocab.txt, else its tokenizer.json, else `fallback` (the bundled bert-base-uncased). `warning` is
+// set when `given` overrides a model vocabulary that differs from it (its size and casing named).
 struct VocabChoice {
   std::string path, warning;
 };

@@ -1,6 +1,7 @@
 #include "data/squad.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -41,9 +42,11 @@ bool squad_space(const std::string& s, size_t i, size_t n) {
 
 // s split on SQuAD whitespace, and per code point of s the word it belongs to (a space: the
 // word before it, -1 before the first word).
+// With each word's byte offset past its end in s.
 struct Words {
   std::vector<std::string> words;
   std::vector<int32_t> char_word;
+  std::vector<size_t> word_end;
 };
 Words split_words(const std::string& s) {
   Words out;
@@ -53,8 +56,9 @@ Words split_words(const std::string& s) {
     if (squad_space(s, b, n)) {
       prev_space = true;
     } else {
-      if (prev_space) out.words.emplace_back();
+      if (prev_space) out.words.emplace_back(), out.word_end.emplace_back();
       out.words.back().append(s, b, n);
+      out.word_end.back() = b + n;
       prev_space = false;
     }
     out.char_word.push_back(static_cast<int32_t>(out.words.size()) - 1);
@@ -70,6 +74,64 @@ std::string join(const std::vector<std::string>& words, size_t first, size_t las
     out += words[w];
   }
   return out;
+}
+
+// A byte-level BPE's pieces of context[from, to) (a word with the whitespace before it, so that
+// the pieces of all words are those of the whole context, whose pre-tokenizer never joins
+// whitespace to the text before it), each with the bytes of the context it stands for, leading
+// and trailing whitespace left out (the tokenizers library's trim_offsets). Where the
+// normaliser changed the text (the pieces' bytes are not the context's), each piece spans the
+// whole word. A piece holding part of a character (byte-level BPE splits emoji) spans all of it.
+void encode_with_spans(const Tokenizer& tok, const std::string& context, size_t from, size_t to,
+                       SquadExample& e) {
+  const std::vector<int32_t> ids = tok.encode(std::string_view(context).substr(from, to - from));
+  std::vector<std::string> bytes;
+  std::string joined;
+  for (int32_t id : ids) joined += bytes.emplace_back(tok.token_bytes(id));
+  const bool exact = context.compare(from, to - from, joined) == 0;
+  auto continuation = [&](size_t i) {
+    return (static_cast<unsigned char>(context[i]) & 0xC0) == 0x80;
+  };
+  // (whitespace: ASCII's and SQuAD's U+202F)
+  auto space_at = [&](size_t i, size_t b) -> size_t {
+    if (std::isspace(static_cast<unsigned char>(context[i]))) return 1;
+    return b - i >= 3 && context.compare(i, 3, "\xE2\x80\xAF") == 0 ? 3 : 0;
+  };
+  auto space_before = [&](size_t a, size_t b) -> size_t {
+    if (std::isspace(static_cast<unsigned char>(context[b - 1]))) return 1;
+    return b - a >= 3 && context.compare(b - 3, 3, "\xE2\x80\xAF") == 0 ? 3 : 0;
+  };
+  size_t at = from;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    size_t a = exact ? at : from, b = exact ? at + bytes[k].size() : to;
+    at += bytes[k].size();
+    while (a > from && continuation(a)) --a;  // whole characters (a piece may hold part of one)
+    while (b < to && continuation(b)) ++b;
+    for (size_t n; a < b && (n = space_at(a, b)) > 0;) a += n;
+    for (size_t n; b > a && (n = space_before(a, b)) > 0;) b -= n;
+    e.pieces.push_back(ids[k]);
+    e.piece_begin.push_back(static_cast<int32_t>(a));
+    e.piece_end.push_back(static_cast<int32_t>(b));
+  }
+}
+
+// The first and last piece of `e` that the answer's bytes [begin, begin + size) overlap, within
+// [first, last] (the pieces of the words it lies in); false when none does.
+bool answer_pieces(const SquadExample& e, size_t begin, size_t size, int32_t& first,
+                   int32_t& last) {
+  const auto end = static_cast<int32_t>(begin + size), start = static_cast<int32_t>(begin);
+  int32_t s = -1, t = -1;
+  for (int32_t p = first; p <= last; ++p) {
+    const size_t k = static_cast<size_t>(p);
+    if (e.piece_end[k] <= e.piece_begin[k]) continue;  // (whitespace)
+    if (e.piece_end[k] > start && e.piece_begin[k] < end) {
+      if (s < 0) s = p;
+      t = p;
+    }
+  }
+  if (s < 0) return false;
+  first = s, last = t;
+  return true;
 }
 
 const json& field(const json& obj, const char* key, json::value_t type, const std::string& where) {
@@ -226,17 +288,18 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenize
   SquadFeatures out;
   for (size_t i = 0; i < examples.size(); ++i) {
     SquadExample& e = examples[i];
-    e.pieces.clear(), e.piece_word.clear();
+    e.pieces.clear(), e.piece_word.clear(), e.piece_begin.clear(), e.piece_end.clear();
     Words split = split_words(e.context);
     e.words = std::move(split.words);
     const std::vector<int32_t>& char_word = split.char_word;
     std::vector<int32_t> word_first(e.words.size() + 1);
     for (size_t w = 0; w < e.words.size(); ++w) {
       word_first[w] = static_cast<int32_t>(e.pieces.size());
-      for (int32_t id : tok.encode(e.words[w])) {
-        e.pieces.push_back(id);
-        e.piece_word.push_back(static_cast<int32_t>(w));
-      }
+      if (tok.byte_level())
+        encode_with_spans(tok, e.context, w == 0 ? 0 : split.word_end[w - 1], split.word_end[w], e);
+      else
+        for (int32_t id : tok.encode(e.words[w])) e.pieces.push_back(id);
+      e.piece_word.resize(e.pieces.size(), static_cast<int32_t>(w));
     }
     word_first[e.words.size()] = static_cast<int32_t>(e.pieces.size());
 
@@ -255,14 +318,22 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenize
       }
       tok_start = word_first[sw];
       tok_end = word_first[ew + 1] - 1;
-      // Tighten to the tokenised answer (Google's _improve_answer_span): "1895" inside "(1895)".
-      const std::vector<int32_t> want = tok.encode(a.text);
-      bool found = false;
-      for (int32_t s = tok_start; s <= tok_end && !found; ++s)
-        for (int32_t t = tok_end; t >= s && !found; --t)
-          if (static_cast<size_t>(t - s + 1) == want.size() &&
-              std::equal(want.begin(), want.end(), e.pieces.begin() + s))
-            tok_start = s, tok_end = t, found = true;
+      if (tok.byte_level()) {  // the pieces the answer's bytes overlap (Hugging Face's run_qa)
+        if (!answer_pieces(e, code_points(e.context)[static_cast<size_t>(a.start)], a.text.size(),
+                           tok_start, tok_end)) {
+          ++out.unanswerable;
+          continue;
+        }
+      } else {
+        // Tighten to the tokenised answer (Google's _improve_answer_span): "1895" in "(1895)".
+        const std::vector<int32_t> want = tok.encode(a.text);
+        bool found = false;
+        for (int32_t s = tok_start; s <= tok_end && !found; ++s)
+          for (int32_t t = tok_end; t >= s && !found; --t)
+            if (static_cast<size_t>(t - s + 1) == want.size() &&
+                std::equal(want.begin(), want.end(), e.pieces.begin() + s))
+              tok_start = s, tok_end = t, found = true;
+      }
     }
 
     std::vector<int32_t> query = tok.encode(e.question);
@@ -359,6 +430,12 @@ std::vector<std::string> squad_predictions(const std::vector<SquadExample>& exam
     const SquadExample& e = examples[i];
     const int32_t ps = ft.doc_first + best[i].start - ft.doc_offset;
     const int32_t pe = ft.doc_first + best[i].end - ft.doc_offset;
+    if (!e.piece_begin.empty()) {  // the context's own bytes from the first piece to the last
+      const int32_t a = e.piece_begin[static_cast<size_t>(ps)];
+      const int32_t b = e.piece_end[static_cast<size_t>(pe)];
+      if (b > a) out[i] = e.context.substr(static_cast<size_t>(a), static_cast<size_t>(b - a));
+      continue;
+    }
     std::string tok_text;
     for (int32_t p = ps; p <= pe; ++p) {
       const std::string& piece = tok.vocab().token(e.pieces[p]);

@@ -1,14 +1,16 @@
 // SQuAD v1.1 span extraction, as Google's BERT (run_squad.py) does it: contexts split on
-// whitespace into words, words into WordPieces; each question + context becomes one or more
-// windows ("features") of at most max_seq_len tokens, [CLS] question [SEP] context window [SEP],
-// windows overlapping by stepping doc_stride tokens; the answer's token span is tightened to the
-// tokenised answer text; a window not holding the answer points at [CLS]. Predictions take the
-// best valid (start, end) over all windows of an example, counting each token only in the
-// window where it has the most context, and map it back to the original text. Scores follow the
-// official v1.1 evaluation script (normalised exact match and token F1, max over references).
-// SQuAD v2.0 (questions without an answer): those are trained towards the null span at [CLS],
-// predicted "" by the null score (run_qa's rule), and scored by the official v2.0 script's rules
-// with HasAns / NoAns splits.
+// whitespace into words, words into WordPieces (a byte-level BPE, ModernBERT's: each word with
+// the whitespace before it, so the pieces are the whole context's, and answers located and cut
+// by the pieces' byte offsets, as Hugging Face's run_qa does with offset mappings); each question +
+// context becomes one or more windows ("features") of at most max_seq_len tokens, [CLS] question
+// [SEP] context window [SEP], windows overlapping by stepping doc_stride tokens; the answer's token
+// span is tightened to the tokenised answer text; a window not holding the answer points at [CLS].
+// Predictions take the best valid (start, end) over all windows of an example, counting each token
+// only in the window where it has the most context, and map it back to the original text. Scores
+// follow the official v1.1 evaluation script (normalised exact match and token F1, max over
+// references). SQuAD v2.0 (questions without an answer): those are trained towards the null span at
+// [CLS], predicted "" by the null score (run_qa's rule), and scored by the official v2.0 script's
+// rules with HasAns / NoAns splits.
 #pragma once
 
 #include <cstdint>
@@ -31,9 +33,10 @@ struct SquadExample {
   // null span at [CLS], scored correct only when the prediction is "".
   bool impossible = false;
   // Filled by squad_features: the context's whitespace-separated words, its WordPieces and the
-  // word each piece came from.
+  // word each piece came from; for a byte-level BPE (a tokenizer.json), each piece's bytes of the
+  // context [piece_begin, piece_end) (whitespace trimmed), from which answers are cut.
   std::vector<std::string> words;
-  std::vector<int32_t> pieces, piece_word;
+  std::vector<int32_t> pieces, piece_word, piece_begin, piece_end;
 };
 
 // Reads SQuAD v1.1 or v2.0 JSON ({"data": [{"paragraphs": [{"context", "qas": [{"id",

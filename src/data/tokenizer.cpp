@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include "data/tokenizer_json.h"
+
 namespace packbert::data {
 
 namespace {
@@ -233,7 +235,21 @@ void Tokenizer::run(std::string_view text, Emit&& emit) const {
   }
 }
 
+Tokenizer::Tokenizer(const Vocab& vocab, bool lower_case)
+    : vocab_(vocab),
+      lower_case_(vocab.json() && vocab.json()->lower_case() ? *vocab.json()->lower_case()
+                                                             : lower_case) {}
+
+bool Tokenizer::byte_level() const {
+  return vocab_.json() && vocab_.json()->byte_level();
+}
+
+std::string Tokenizer::token_bytes(int32_t id) const {
+  return vocab_.json() ? vocab_.json()->token_bytes(id) : vocab_.token(id);
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  if (vocab_.json()) return vocab_.json()->encode(text, false);
   std::vector<int32_t> ids;
   run(text, [&](int32_t id) { ids.push_back(id); });
   return ids;
@@ -241,6 +257,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 
 std::vector<std::string> Tokenizer::pieces(std::string_view text) const {
   std::vector<std::string> out;
+  if (vocab_.json()) {
+    for (int32_t id : encode(text)) out.push_back(vocab_.token(id));
+    return out;
+  }
   run(text, [&](int32_t id) { out.push_back(vocab_.token(id)); });
   return out;
 }

@@ -172,6 +172,14 @@ struct JsonTokenizer::Impl {
     throw InputError(path + ": " + what + " is not supported (packbert reads BPE and WordPiece " +
                      "tokenizer.json files: docs/FORMATS.md)");
   }
+  // Ids run from 0 with no more gaps than tokens (a hostile id of 2^31 - 1 would ask for
+  // billions of entries): at most the vocab's size plus the added tokens'.
+  size_t max_ids = 0;
+  void check_id(int64_t id, const char* part) const {
+    if (id < 0 || static_cast<size_t>(id) >= max_ids)
+      throw InputError(path + ": " + part + " gives id " + std::to_string(id) + ", outside 0 .. " +
+                       std::to_string(max_ids - 1) + " (its tokens and added tokens)");
+  }
   int32_t id_of(const std::string& token, const char* part) const {
     auto it = ids.find(token);
     if (it == ids.end())
@@ -274,11 +282,14 @@ struct JsonTokenizer::Impl {
     const json& v = m.at("vocab");
     if (!v.is_object()) refuse("a vocab that is not an object of token: id");
     int32_t most = -1;
-    for (const auto& [token, id] : v.items()) most = std::max(most, id.get<int32_t>());
+    for (const auto& [token, id] : v.items()) {
+      if (!id.is_number_integer()) refuse("a vocab id that is not an integer");
+      check_id(id.get<int64_t>(), "the vocab");
+      most = std::max(most, id.get<int32_t>());
+    }
     tokens.assign(static_cast<size_t>(most) + 1, std::string());
     for (const auto& [token, id] : v.items()) {
       const int32_t i = id.get<int32_t>();
-      if (i < 0) throw InputError(path + ": the vocab gives '" + token + "' a negative id");
       tokens[static_cast<size_t>(i)] = token;
       ids.emplace(token, i);
     }
@@ -476,6 +487,8 @@ JsonTokenizer JsonTokenizer::load(const std::string& path) {
   if (!j.is_object() || !j.contains("model"))
     throw InputError(path + ": not a tokenizer.json (a JSON object with a model)");
   try {
+    impl->max_ids = j.at("model").value("vocab", json::object()).size() +
+                    j.value("added_tokens", json::array()).size();
     impl->read_model(j.at("model"));
     impl->read_normalizer(j.value("normalizer", json()));
     impl->read_pre_tokenizer(j.value("pre_tokenizer", json()));
@@ -485,7 +498,7 @@ JsonTokenizer JsonTokenizer::load(const std::string& path) {
       t.id = a.at("id").get<int32_t>();
       t.lstrip = a.value("lstrip", false), t.rstrip = a.value("rstrip", false);
       t.single_word = a.value("single_word", false);
-      if (t.id < 0) throw InputError(path + ": an added token has a negative id");
+      impl->check_id(a.at("id").get<int64_t>(), "an added token");
       if (static_cast<size_t>(t.id) >= impl->tokens.size())
         impl->tokens.resize(static_cast<size_t>(t.id) + 1);
       impl->tokens[static_cast<size_t>(t.id)] = a.at("content").get<std::string>();
@@ -524,6 +537,30 @@ int32_t JsonTokenizer::vocab_size() const {
 }
 const std::string& JsonTokenizer::model_type() const {
   return impl_->type;
+}
+bool JsonTokenizer::byte_level() const {
+  const auto& s = impl_->splits;
+  return std::find(s.begin(), s.end(), Split::byte_level) != s.end();
+}
+std::string JsonTokenizer::token_bytes(int32_t id) const {
+  const std::string& t = token(id);
+  for (const AddedToken& a : impl_->added)
+    if (a.id == id) return t;
+  static const std::unordered_map<Cp, unsigned char> byte_of = [] {
+    std::unordered_map<Cp, unsigned char> m;
+    for (int b = 0; b < 256; ++b) m.emplace(byte_chars()[static_cast<size_t>(b)], b);
+    return m;
+  }();
+  std::string out;
+  for (Cp c : decode(t)) {
+    auto it = byte_of.find(c);
+    if (it == byte_of.end()) return t;  // (not a byte-level token: as written)
+    out.push_back(static_cast<char>(it->second));
+  }
+  return out;
+}
+std::optional<bool> JsonTokenizer::lower_case() const {
+  return impl_->bert_lower;
 }
 
 }  // namespace packbert::data

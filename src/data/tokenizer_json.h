@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -41,6 +42,13 @@ class JsonTokenizer {
   const std::string& token(int32_t id) const;
   int32_t vocab_size() const;
   const std::string& model_type() const;  // "BPE" | "WordPiece"
+  // Whether the pre-tokenizer is GPT-2's ByteLevel: every token stands for bytes of the text
+  // (after normalisation), in order, whitespace included.
+  bool byte_level() const;
+  // The bytes a token of a byte-level tokenizer stands for (an added token: its content).
+  std::string token_bytes(int32_t id) const;
+  // A WordPiece tokenizer's BertNormalizer lowercase (and strips accents); nullopt for BPE.
+  std::optional<bool> lower_case() const;
 
  private:
   struct Impl;

@@ -2,15 +2,28 @@
 
 #include <fstream>
 
+#include "data/tokenizer_json.h"
+#include "data/utf8.h"
 #include "error.h"
 #include "io/checksum.h"
 #include "io/input_file.h"
-#include "data/utf8.h"
 
 namespace packbert::data {
 
+bool is_tokenizer_json(const std::string& path) {
+  return path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+}
+
 Vocab Vocab::load(const std::string& path) {
   io::require_text_input(path);
+  if (is_tokenizer_json(path)) {
+    auto json = std::make_shared<const JsonTokenizer>(JsonTokenizer::load(path));
+    std::vector<std::string> tokens;
+    for (int32_t i = 0; i < json->vocab_size(); ++i) tokens.push_back(json->token(i));
+    Vocab v = from_tokens(std::move(tokens), path);
+    v.json_ = std::move(json);
+    return v;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open vocabulary for reading");
   std::vector<std::string> tokens;
@@ -55,7 +68,10 @@ Vocab Vocab::from_tokens(std::vector<std::string> tokens, const std::string& sou
     *s.id = v.id(s.name);
     if (*s.id < 0)
       throw InputError(source + ": vocabulary has no " + s.name +
-                       " token (is this a BERT vocab.txt?)");
+                       (is_tokenizer_json(source)
+                            ? " token (packbert tokenises with BERT's special tokens, which "
+                              "BERT's and ModernBERT's tokenizers have)"
+                            : " token (is this a BERT vocab.txt?)"));
   }
   return v;
 }

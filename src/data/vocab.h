@@ -2,12 +2,19 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 namespace packbert::data {
+
+class JsonTokenizer;
+
+// Whether `path` names a Hugging Face tokenizer.json (by its ".json" ending) rather than a
+// vocab.txt.
+bool is_tokenizer_json(const std::string& path);
 
 struct StringHash {
   using is_transparent = void;
@@ -16,12 +23,16 @@ struct StringHash {
 
 class Vocab {
  public:
-  // Loads vocab.txt. Throws InputError (path:line) for an unreadable or empty file, a duplicate
-  // token, or a missing special token ([PAD] [UNK] [CLS] [SEP] [MASK]).
+  // Loads vocab.txt, or a tokenizer.json (is_tokenizer_json): its ids and tokens, the tokenizer
+  // itself kept for Tokenizer to run (json()). Throws InputError (path:line) for an unreadable or
+  // empty file, a duplicate token, or a missing special token ([PAD] [UNK] [CLS] [SEP] [MASK]:
+  // BERT's and ModernBERT's tokenizers have them; RoBERTa's <s> </s> are not read).
   static Vocab load(const std::string& path);
   static Vocab from_tokens(std::vector<std::string> tokens, const std::string& source);
 
   int32_t id(std::string_view token) const;  // -1 if absent
+  // The tokenizer.json this vocabulary came from; null for a vocab.txt.
+  const JsonTokenizer* json() const { return json_.get(); }
   const std::string& token(int32_t id) const { return tokens_[id]; }
   int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
   int32_t pad() const { return pad_; }
@@ -42,6 +53,7 @@ class Vocab {
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ids_;
   int32_t pad_ = -1, unk_ = -1, cls_ = -1, sep_ = -1, mask_ = -1;
   uint64_t fingerprint_ = 0, fingerprint_v1_ = 0;
+  std::shared_ptr<const JsonTokenizer> json_;
 };
 
 }  // namespace packbert::data

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "data/vocab.h"
 #include "error.h"
 #include "io/atomic_file.h"
 #include "io/paths.h"
@@ -110,6 +111,15 @@ ModelLabels model_labels(const std::string& path) {
 }
 
 void write_tokenizer_files(const std::string& dir, const ModelFiles& f, int model_max_length) {
+  if (data::is_tokenizer_json(f.vocab)) {  // as it is, with the files beside it that go with it
+    io::write_file_atomic(dir + "/tokenizer.json", io::read_file(f.vocab));
+    if (std::filesystem::path(f.vocab).filename() == "tokenizer.json")
+      for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
+        if (const auto p = std::filesystem::path(f.vocab).parent_path() / name;
+            std::filesystem::exists(p))
+          io::write_file_atomic(dir + "/" + name, io::read_file(p.string()));
+    return;
+  }
   io::write_file_atomic(dir + "/vocab.txt", io::read_file(f.vocab));
   const json special = {{"unk_token", "[UNK]"},
                         {"sep_token", "[SEP]"},

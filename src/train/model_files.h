@@ -75,7 +75,9 @@ struct ModelFiles {
   std::string tokenizer_dir;
 };
 
-// vocab.txt, tokenizer_config.json and special_tokens_map.json (f.vocab, f.lower_case) into dir.
+// vocab.txt, tokenizer_config.json and special_tokens_map.json (f.vocab, f.lower_case) into dir;
+// a tokenizer.json f.vocab is copied as dir/tokenizer.json (with the tokenizer_config.json and
+// special_tokens_map.json beside it, if any).
 void write_tokenizer_files(const std::string& dir, const ModelFiles& f, int model_max_length);
 
 // Writes config.json + model.safetensors (+ the tokenizer files) in the Hugging Face layout into an

@@ -140,9 +140,13 @@ void warn_non_finite(const model::BertModel& m, const std::string& path, const S
 
 void check_model(const model::BertModel& m, const data::Vocab& vocab, const std::string& model_path,
                  const std::string& vocab_path, int max_seq_len) {
-  if (m.config().vocab_size != vocab.size())
-    throw InputError(model_path + ": vocab_size " + std::to_string(m.config().vocab_size) +
-                     " differs from " + vocab_path);
+  // (a tokenizer.json may hold up to 127 ids fewer than the model's rows: models pad their
+  // vocabulary to a multiple of 64 or 128, and the tokenizer never makes the ids past its own;
+  // any other difference is another tokenizer's)
+  const int32_t V = m.config().vocab_size;
+  if (vocab.json() ? vocab.size() > V || V - vocab.size() >= 128 : vocab.size() != V)
+    throw InputError(model_path + ": vocab_size " + std::to_string(V) + " differs from the " +
+                     std::to_string(vocab.size()) + " ids of " + vocab_path);
   if (m.config().max_position_embeddings < max_seq_len)
     throw InputError("`max_seq_len` " + std::to_string(max_seq_len) +
                      " exceeds the model's max_position_embeddings");
