@@ -553,6 +553,19 @@ void check_ops_without_gradients(const Backend& cpu, DType h, bool gemms) {
     cpu.convert(out_cpu, View::vector(in.data(), N * C));
     ref.convert(out_ref, View::vector(in.data(), N * C));
     EXPECT_EQ(c16_cpu, c16_ref);
+    // gather_rows_forward from a 16-bit table into f32 rows (ModernBERT's word table under
+    // 16-bit master weights): the picked rows, each value widened exactly.
+    const View table = out_cpu.shaped(N, C);
+    const std::vector<int32_t> rows = {3, 0, 12, 3, 7};
+    const int R = static_cast<int>(rows.size());
+    std::vector<float> g_cpu(R * C, -1.0f), g_ref = g_cpu;
+    cpu.gather_rows_forward(View(g_cpu.data(), R, C), table, rows.data());
+    ref.gather_rows_forward(View(g_ref.data(), R, C), table, rows.data());
+    EXPECT_EQ(g_cpu, g_ref);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        ASSERT_EQ(g_cpu[r * C + c], static_cast<float>(table.at(int64_t{rows[r]} * C + c)))
+            << r << ", " << c;
   }
 }
 

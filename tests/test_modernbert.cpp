@@ -212,7 +212,8 @@ TEST(ModernBertAttention, LocalLayersKeepBandsAndSeeOnlyTheirWindow) {
   EXPECT_EQ(m.activation_bytes() - local_bytes, locals * (square - band));
 }
 
-// What the family does not run yet is refused in one line, not run wrong.
+// What the family does not run yet is refused in one line, not run wrong: dropout while training,
+// block sparsity.
 TEST(ModernBertModel, WhatIsNotBuiltIsRefusedInOneLine) {
   Loaded g = load(kGoldens[0]);
   BertConfig with_dropout = g.config;
@@ -231,7 +232,46 @@ TEST(ModernBertModel, WhatIsNotBuiltIsRefusedInOneLine) {
   sparse.block = 4;
   sparse.sparsity = 0.5;
   EXPECT_THROW(BertModel(g.config, Heads{}, sparse), InputError);
-  EXPECT_THROW(g.model->keep_masters16(Masters::bf16), InputError);
+}
+
+// bf16 master weights: the model reads every weight from the bf16 masters (the word embeddings,
+// Wqkv, Wo, Wi and the head's dense kept in bf16 only) or from their fp32 widening, so for
+// weights that are bf16 values already the step is bit for bit the one with fp32 masters, on
+// the reference backend and (where bf16 runs) the cpu one; a write to the masters reaches the
+// fp32 tensors after masters_written().
+TEST(ModernBertModel, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
+  std::vector<kernels::BackendKind> backends = {kernels::BackendKind::ref};
+  if (kernels::bf16_unavailable_reason().empty()) backends.push_back(kernels::BackendKind::cpu);
+  for (const kernels::BackendKind be : backends) {
+    SCOPED_TRACE(kernels::backend(be).name);
+    Loaded g = load(kGoldens[1]);  // (every bias on: the norms' biases stay fp32)
+    BertModel& a = *g.model;
+    for (float& w : a.params()) w = kernels::to_float(kernels::to_bf16(w));
+    BertModel b(g.config, Heads{});
+    std::ranges::copy(std::as_const(a).params(), b.params().begin());
+    a.set_backend(be);
+    b.set_backend(be);
+    b.keep_masters16(Masters::bf16);
+    ASSERT_TRUE(b.masters16());
+    EXPECT_EQ(b.params().size(), fp32_kept_arena(b.layout()).total);
+    EXPECT_LT(b.params().size() * 10, a.params().size());  // the matrices: bf16 only
+    auto run = [&](BertModel& m) {
+      m.zero_grads();
+      Outputs out = m.forward(g.batch, {true, 41, 3, Recompute{}, Precision::bf16});
+      m.backward();
+      return std::pair{out.loss(), grads_of(m)};
+    };
+    const auto [loss_a, grads_a] = run(a);
+    const auto [loss_b, grads_b] = run(b);
+    EXPECT_EQ(loss_a, loss_b);
+    EXPECT_EQ(grads_a, grads_b);
+    kernels::bf16* w16 = b.masters().as<kernels::bf16>();
+    for (size_t i = 0; i < b.layout().total(); ++i)
+      w16[i] = kernels::to_bf16(0.5f * kernels::to_float(w16[i]));
+    b.masters_written();
+    for (float& w : a.params()) w *= 0.5f;
+    EXPECT_EQ(run(a).first, run(b).first);
+  }
 }
 
 // The user's path: `pretrain --family modernbert` packed, resumed bit for bit, exported as a
@@ -263,6 +303,26 @@ TEST_F(ModernBertCli, PretrainsPackedResumesExactlyExportsAndEvaluates) {
     ++compared;
   }
   EXPECT_GT(compared, 20u);
+  // bf16 master weights (the big matrices kept in bf16 only, written by stochastic rounding):
+  // resumed bit for bit too.
+  if (kernels::bf16_unavailable_reason().empty()) {
+    const std::string bf16 = common + " --precision bf16 --master-weights bf16";
+    const std::string whole16 = (dir_ / "whole16").string(), parts16 = (dir_ / "parts16").string();
+    Result c16 = run(bf16 + " --steps 6 --out " + whole16);
+    ASSERT_EQ(c16.code, 0) << c16.err;
+    ASSERT_EQ(run(bf16 + " --steps 3 --out " + parts16).code, 0);
+    ASSERT_EQ(run(bf16 + " --steps 6 --out " + parts16 + " --resume").code, 0);
+    const io::SafetensorsFile w16 = io::SafetensorsFile::read(whole16 + "/checkpoint.safetensors"),
+                              p16 = io::SafetensorsFile::read(parts16 + "/checkpoint.safetensors");
+    size_t same = 0;
+    for (const auto& [name, e] : w16.tensors()) {
+      ASSERT_TRUE(p16.has(name)) << name;
+      EXPECT_EQ(w16.raw(name), p16.raw(name)) << name << ": resumed != uninterrupted (bf16)";
+      same += w16.raw(name) == p16.raw(name);
+    }
+    EXPECT_EQ(same, w16.tensors().size());
+    EXPECT_NE(w16.raw("model.layers.0.attn.Wqkv.weight"), w.raw("model.layers.0.attn.Wqkv.weight"));
+  }
   // Exported: transformers' ModernBertForMaskedLM, the data's special tokens; eval equal.
   const std::string hf = (dir_ / "hf").string();
   Result ex = run("export --checkpoint " + whole + "/checkpoint.safetensors --out " + hf);

@@ -160,9 +160,6 @@ View BertModel::copy16_for_optimizer(Precision p) {
 void BertModel::keep_masters16(Masters masters) {
   if (dtype() != DType::f32) throw std::logic_error("16-bit master weights need an f32 model");
   if (masters16_) return;
-  if (config().family == Family::modernbert)
-    throw InputError(
-        "16-bit master weights for a ModernBERT are not built (--master-weights fp32)");
   if (!patterns_.empty())  // the block-sparse kernels read their values in fp32
     throw std::logic_error("block-sparse layers need fp32 master weights");
   hold_copy16(masters_dtype(masters));

@@ -11,7 +11,8 @@ void modernbert_embeddings_forward(const StepContext& s, const ParamView& p, con
   const BertConfig& c = s.config;
   const int Tn = s.T_(), C = c.hidden_size;
   const View sum = s.ws.get(Rec::emb_sum).shaped(Tn, C);
-  s.be.gather_rows_forward(sum, p.word.shaped(c.vocab_size, C), ids);
+  // (under 16-bit master weights the word table is kept in 16 bits only)
+  s.be.gather_rows_forward(sum, (p.word ? p.word : s.p16->word).shaped(c.vocab_size, C), ids);
   ln_forward(s, out.shaped(Tn, C), s.ws.get(Rec::emb_mean), s.ws.get(Rec::emb_rstd), sum,
              p.emb_ln_w, p.emb_ln_b, Tn, C);
 }

@@ -603,6 +603,25 @@ void gather_rows_forward(T* out, const T* inp, const int32_t* rows, int n_rows, 
               out + static_cast<int64_t>(r) * C);
 }
 
+namespace {
+template <typename H>
+void gather_rows_widened(float* out, const H* inp, const int32_t* rows, int n_rows, int C) {
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < n_rows; ++r) {
+    const H* in = inp + static_cast<int64_t>(rows[r]) * C;
+    float* o = out + static_cast<int64_t>(r) * C;
+    for (int c = 0; c < C; ++c) o[c] = widen(in[c]);
+  }
+}
+}  // namespace
+
+void gather_rows_forward(float* out, const bf16* inp, const int32_t* rows, int n_rows, int C) {
+  gather_rows_widened(out, inp, rows, n_rows, C);
+}
+void gather_rows_forward(float* out, const f16* inp, const int32_t* rows, int n_rows, int C) {
+  gather_rows_widened(out, inp, rows, n_rows, C);
+}
+
 PACKBERT_HALF_FORMS(bf16)
 PACKBERT_HALF_FORMS(f16)
 #undef PACKBERT_HALF_FORMS

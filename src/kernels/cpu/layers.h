@@ -193,6 +193,9 @@ template <typename T>
 void gather_rows_backward(T* dinp, const T* dout, const int32_t* rows, int n_rows, int C);
 void gather_rows_forward(bf16* out, const bf16* inp, const int32_t* rows, int n_rows, int C);
 void gather_rows_forward(f16* out, const f16* inp, const int32_t* rows, int n_rows, int C);
+// A 16-bit table's rows widened into fp32 (ModernBERT's word embeddings under 16-bit masters).
+void gather_rows_forward(float* out, const bf16* inp, const int32_t* rows, int n_rows, int C);
+void gather_rows_forward(float* out, const f16* inp, const int32_t* rows, int n_rows, int C);
 
 // out = tanh(inp), [n]. Backward from the output: dinp += dout * (1 - out^2).
 template <typename T>
