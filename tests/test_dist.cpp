@@ -310,7 +310,7 @@ TEST_F(Dist, MismatchedProcessesFailTogetherWithOneMessage) {
   EXPECT_NE(err.find("error: rank 1 and rank 0 were given different options: --batch-rows 5 "
                      "against 4;"),
             std::string::npos)
-      << err;  // (the field that differs, named by its flag, not the whole option set)
+      << err;        // (the field that differs, named by its flag, not the whole option set)
   size_t lines = 0;  // said once (rank 0); the launcher adds its own report of the exit codes
   for (size_t at = err.find("packbert: error:"); at != std::string::npos;
        at = err.find("packbert: error:", at + 1))
@@ -432,6 +432,29 @@ TEST_F(Dist, PipelineStagesEqualOneProcessAndRerunBitForBit) {
 // weight (keyed by its place in the whole model, not in the stage's arena): every weight ends
 // bit for bit, the tied word table's too (its gradient sums on the first stage in one process's
 // order).
+// A ModernBERT in 2 pipeline stages (its 3 layers as 2 + 1: the second stage starts at layer 2,
+// a local one) ends where one process ends, and the first step's loss is one process's bit for
+// bit. (Its kinds across the cut, on sequences longer than a band: ModernBertStage in
+// test_modernbert.)
+TEST_F(Dist, ModernBertPipelineStagesEqualOneProcess) {
+  const std::string args = kSteps + "--accumulation 4 --batch-rows 8 --family modernbert ";
+  ASSERT_EQ(pretrain(1, "m1", args).code, 0) << slurp(dir_ / "err");
+  Result two = pretrain(2, "m2", args + "--pipeline-stages 2");
+  ASSERT_EQ(two.code, 0) << two.err;
+  EXPECT_NE(two.err.find("2 pipeline stages of 2,1 layers"), std::string::npos) << two.err;
+  for (const std::string prefix : {"", "optimizer.m.", "optimizer.v."})
+    EXPECT_LT(worst_difference("m2", "m1", prefix), 1e-5) << prefix;
+  auto first_loss = [&](const std::string& out) {
+    std::istringstream in(slurp(dir_ / out / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("type", "") == "step") return j.at("loss").get<double>();
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(first_loss("m2"), first_loss("m1"));
+}
+
 TEST_F(Dist, PipelineStagesRoundBf16MastersAsOneProcess) {
   if (!kernels::bf16_unavailable_reason().empty())
     GTEST_SKIP() << kernels::bf16_unavailable_reason();

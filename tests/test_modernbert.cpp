@@ -19,6 +19,7 @@
 #include "model/bert.h"
 #include "model/golden.h"
 #include "model/weights.h"
+#include "model_batches.h"
 #include "train/loader.h"
 #include "train/model_files.h"
 #include "train/trainer.h"
@@ -272,6 +273,67 @@ TEST(ModernBertModel, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
     for (float& w : a.params()) w *= 0.5f;
     EXPECT_EQ(run(a).first, run(b).first);
   }
+}
+
+// Pipeline stages: a ModernBERT cut into stages (a stage may begin at a local layer, whose
+// window and band records are its kind's, not its first-of-the-stage place's) chained forward
+// and backward is the whole model bit for bit: every loss and every gradient, the tied word
+// table's decoder share formed on the first stage as a pipeline does, under fp32 and fp16 and
+// policies that cross the cuts; on sequences longer than a tile and its band (a local layer's
+// probabilities are then smaller than a global one's: a stage reading its layers' kinds from
+// their place in the stage overruns them).
+TEST(ModernBertStage, ChainedStagesAreTheWholeModelBitForBit) {
+  const std::string word = "model.embeddings.tok_embeddings.weight";
+  for (const Precision precision : {Precision::fp32, Precision::fp16})
+    for (const std::string policy : {"none", "every:2", "attention"})
+      for (const std::vector<int>& cuts : {std::vector<int>{0, 2, 4}, {0, 1, 3, 4}}) {
+        const std::string what = precision_name(precision) + " " + policy + ", " +
+                                 std::to_string(cuts.size() - 1) + " stages";
+        Loaded g = load(kGoldens[0]);  // 4 layers: global 0 and 3, local (window 8) 1 and 2
+        ASSERT_EQ(g.config.num_hidden_layers, 4);
+        BertModel& whole = *g.model;
+        g.batch = make_batch({{70, 45}, {96}, {12, 50, 20}}, 128, g.config.vocab_size, 9);
+        const StepOptions step{true, 3, 2, parse_recompute(policy), precision};
+        whole.zero_grads();
+        const Outputs expected = whole.forward(g.batch, step);
+        whole.backward();
+        std::vector<std::unique_ptr<BertModel>> stages;
+        for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+          stages.push_back(std::make_unique<BertModel>(
+              g.config, Heads{}, Sparsity{}, kernels::DType::f32, Stage{cuts[k], cuts[k + 1]}));
+          BertModel& m = *stages.back();
+          for (const TensorSpec& t : m.layout().tensors()) {
+            const TensorSpec* w = whole.layout().find(t.name);
+            ASSERT_TRUE(w) << t.name;
+            std::memcpy(m.params().data() + t.offset,
+                        std::as_const(whole).params().data() + w->offset, t.numel * sizeof(float));
+          }
+          m.zero_grads();
+        }
+        Outputs out;
+        for (size_t k = 0; k < stages.size(); ++k)
+          out = stages[k]->forward(g.batch, step,
+                                   k ? stages[k - 1]->stage_output() : kernels::View());
+        EXPECT_EQ(out.mlm_loss, expected.mlm_loss) << what;
+        BertModel &first = *stages.front(), &last = *stages.back();
+        last.hand_decoder_to_first_stage();
+        last.backward();
+        first.add_decoder_grad(last.decoder_input());
+        for (size_t k = stages.size() - 1; k-- > 0;)
+          stages[k]->backward({}, {}, stages[k + 1]->input_grad());
+        size_t compared = 0;
+        for (const auto& m : stages)
+          for (const TensorSpec& t : m->layout().tensors()) {
+            if (t.name == word && m.get() == &last) continue;  // (the first stage's to form)
+            const TensorSpec& w = *whole.layout().find(t.name);
+            EXPECT_EQ(std::memcmp(m->grads().data() + t.offset, whole.grads().data() + w.offset,
+                                  t.numel * sizeof(float)),
+                      0)
+                << what << ": " << t.name;
+            ++compared;
+          }
+        EXPECT_EQ(compared, whole.layout().tensors().size()) << what;
+      }
 }
 
 // The user's path: `pretrain --family modernbert` packed, resumed bit for bit, exported as a

@@ -30,8 +30,6 @@ BertModel::BertModel(const BertConfig& config, Heads heads, Sparsity sparsity, D
     throw InputError("pipeline stages of a block-sparse model are not built");
   if (config.family == Family::modernbert && sparsity.on())
     throw InputError("block-sparse ModernBERT layers are not built (sparsity is BERT's)");
-  if (config.family == Family::modernbert && !layout_.whole())
-    throw InputError("pipeline stages of a ModernBERT are not built");
   patterns_ = random_patterns(layout_, 0);
   if (dtype != DType::f32 && dtype != DType::f64)
     throw std::logic_error(std::string("a model's scalar is f32 or f64, not ") +
@@ -280,7 +278,8 @@ View BertModel::top() const {
 LayerRecord BertModel::record_of(int l) const {
   const int K = cur_->opt.recompute.every;
   LayerRecord r = cur_->ws.layer(K ? l % K : l);
-  const ModernBertFields& m = config().modern;
+  // (the stage's config: its layer l is the model's first + l, of that layer's kind)
+  const ModernBertFields& m = layout_.stage_config().modern;
   if (config().family == Family::modernbert) {  // a global layer's probabilities, or a local one's
     const bool global = m.global_layer(l);
     int same_kind = 0;  // the layers of l's kind below it

@@ -30,7 +30,11 @@ struct ModernBertFields {
   int pad_token_id = 50283, eos_token_id = 50282, bos_token_id = 50281, cls_token_id = 50281,
       sep_token_id = 50282;
 
-  bool global_layer(int l) const { return l % global_attn_every_n_layers == 0; }
+  // A pipeline stage's config (ParamLayout::stage_config) counts its layers from 0: its layer l
+  // is the model's first_layer + l, whose kind it has. 0 in a whole model's config, never read
+  // from or written to config.json.
+  int first_layer = 0;
+  bool global_layer(int l) const { return (first_layer + l) % global_attn_every_n_layers == 0; }
   // The classifier pools each sequence's mean (else its first token).
   bool mean_pooling() const { return classifier_pooling == "mean"; }
   // The attention window of layer l: 0 (global) or local_attention.

@@ -21,6 +21,7 @@ ParamLayout::ParamLayout(const BertConfig& c, Heads heads, Sparsity sparsity, St
                      std::to_string(stage_.end) + ") of a " + std::to_string(L) + "-layer model");
   stage_config_ = c;
   stage_config_.num_hidden_layers = stage_.end - stage_.first;
+  stage_config_.modern.first_layer = stage_.first;
   if (sparsity.on()) {
     if (!kernels::supported_block(sparsity.block))
       throw InputError("`block` " + std::to_string(sparsity.block) + ": expected 1, 4, 8 or 16");
