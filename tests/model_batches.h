@@ -2,12 +2,16 @@
 // content, labels for every head (class labels in [0, 3)).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <random>
 #include <span>
 #include <vector>
 
+#include "kernels/tensor.h"
 #include "model/batch.h"
+#include "model/bert.h"
 
 namespace packbert::model {
 
@@ -40,6 +44,23 @@ inline PackedBatch make_batch(const std::vector<std::vector<int>>& packs, int S,
       b.batch().span_ends.push_back(static_cast<int>(rng() % L));
     }
   return b.take();
+}
+
+// a (fp32 masters) and b (bf16 masters holding a's values, which are bf16 values) take the same
+// step bit for bit, `run(m)` giving its loss and gradients; and again after every master of b is
+// halved, b's fp32 tensors following once told (masters_written), a's halved alike.
+template <typename Run>
+void expect_bf16_masters_step_as_fp32(BertModel& a, BertModel& b, Run run) {
+  const auto [loss_a, grads_a] = run(a);
+  const auto [loss_b, grads_b] = run(b);
+  EXPECT_EQ(loss_a, loss_b);
+  EXPECT_EQ(grads_a, grads_b);
+  kernels::bf16* w16 = b.masters().as<kernels::bf16>();
+  for (size_t i = 0; i < b.layout().total(); ++i)
+    w16[i] = kernels::to_bf16(0.5f * kernels::to_float(w16[i]));
+  b.masters_written();
+  for (float& w : a.params()) w *= 0.5f;
+  EXPECT_EQ(run(a).first, run(b).first);
 }
 
 }  // namespace packbert::model

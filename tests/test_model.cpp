@@ -424,17 +424,7 @@ TEST(ModelBf16, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
     m.backward();
     return std::pair{out.loss(), as_vector(m.grads())};
   };
-  const auto [loss_a, grads_a] = run(a);
-  const auto [loss_b, grads_b] = run(b);
-  EXPECT_EQ(loss_a, loss_b);
-  EXPECT_EQ(grads_a, grads_b);
-  // Halve every master: the fp32 tensors follow once told.
-  kernels::bf16* w16 = b.masters().as<kernels::bf16>();
-  for (size_t i = 0; i < b.layout().total(); ++i)
-    w16[i] = kernels::to_bf16(0.5f * kernels::to_float(w16[i]));
-  b.masters_written();
-  for (float& w : a.params()) w *= 0.5f;
-  EXPECT_EQ(run(a).first, run(b).first);
+  expect_bf16_masters_step_as_fp32(a, b, run);
   // fp32 steps need the fp32 weights, which bf16 masters do not keep.
   EXPECT_THROW(b.forward(batch, {false, 0, 0, Recompute{}, Precision::fp32}), std::logic_error);
 }
@@ -685,7 +675,8 @@ TEST(ModelShare, SharesBySequenceSumToTheWholeBatchWithDropout) {
 
   m.zero_grads();
   double loss = 0;
-  for (const std::vector<int>& seqs : {std::vector<int>{0, 4, 5, 8}, std::vector<int>{1, 2, 3, 6, 7}}) {
+  for (const std::vector<int>& seqs :
+       {std::vector<int>{0, 4, 5, 8}, std::vector<int>{1, 2, 3, 6, 7}}) {
     loss += m.forward(take_sequences(w.whole, share, spans, seqs), w.step).loss();
     m.backward();
   }
@@ -739,7 +730,8 @@ TEST(ModelShare, DeferredWordRowsLeaveTheWordTableFinishedAfterTheHeads) {
       << "backward wrote the word table after reporting it finished";
   EXPECT_EQ(m.word_rows_grads().rows, static_cast<int64_t>(rows.size()));
   m.add_word_rows();
-  EXPECT_EQ(m.grad_ranges().size(), static_cast<size_t>(c.num_hidden_layers) + 2) << "deferral ended";
+  EXPECT_EQ(m.grad_ranges().size(), static_cast<size_t>(c.num_hidden_layers) + 2)
+      << "deferral ended";
   float scale = 0;
   for (float g : plain) scale = std::max(scale, std::abs(g));
   double worst = 0;
@@ -817,8 +809,11 @@ TEST(ModelStage, ChainedStagesAreTheWholeModelBitForBit) {
             << what << ": the decoder's share formed on the first stage and on the last";
         for (size_t k = stages.size() - 1; k-- > 0;) {
           finished.clear();
-          stages[k]->backward([&](size_t a, size_t e) { finished.push_back({a, e}); }, {},
-                              stages[k + 1]->input_grad());
+          stages[k]->backward(
+              [&](size_t a, size_t e) {
+                finished.push_back({a, e});
+              },
+              {}, stages[k + 1]->input_grad());
           EXPECT_EQ(finished, stages[k]->grad_ranges()) << what;
         }
         for (const auto& m : stages) {
@@ -850,9 +845,9 @@ TEST(ModelStage, ChainedStagesAreTheWholeModelBitForBit) {
 TEST(ModelStage, OneFOneBIsPipeDreamFlush) {
   using train::PipelineAction;
   const std::vector<PipelineAction> first = train::one_f_one_b(4, 0, 6);
-  const std::vector<PipelineAction> expected = {
-      {false, 0}, {false, 1}, {false, 2}, {false, 3}, {true, 0}, {false, 4},
-      {true, 1},  {false, 5}, {true, 2},  {true, 3},  {true, 4}, {true, 5}};
+  const std::vector<PipelineAction> expected = {{false, 0}, {false, 1}, {false, 2}, {false, 3},
+                                                {true, 0},  {false, 4}, {true, 1},  {false, 5},
+                                                {true, 2},  {true, 3},  {true, 4},  {true, 5}};
   EXPECT_EQ(first, expected);
   EXPECT_EQ(train::one_f_one_b(4, 3, 2),
             (std::vector<PipelineAction>{{false, 0}, {true, 0}, {false, 1}, {true, 1}}));
@@ -1001,8 +996,8 @@ TEST(ModelStage, PlanCountsWhatEachStageHolds) {
       std::vector<std::unique_ptr<BertModel>> models;
       std::vector<size_t> act(stages.size()), scratch(stages.size());
       for (size_t s = 0; s < stages.size(); ++s) {
-        models.push_back(std::make_unique<BertModel>(c, Heads{}, Sparsity{}, kernels::DType::f32,
-                                                     stages[s]));
+        models.push_back(
+            std::make_unique<BertModel>(c, Heads{}, Sparsity{}, kernels::DType::f32, stages[s]));
         BertModel& m = *models.back();
         const int passes = train::forwards_in_flight(3, static_cast<int>(s), M);
         for (int k = 0; k < passes; ++k) {
@@ -1019,9 +1014,9 @@ TEST(ModelStage, PlanCountsWhatEachStageHolds) {
       for (size_t s = 0; s < stages.size(); ++s) {
         const std::string what =
             precision_name(precision) + " " + policy + ", stage " + std::to_string(s);
-        EXPECT_EQ(plan.plans[s].params_bytes,
-                  models[s]->layout().total() * sizeof(float) *
-                      (precision == Precision::fp32 ? 1 : 3) / (precision == Precision::fp32 ? 1 : 2))
+        EXPECT_EQ(plan.plans[s].params_bytes, models[s]->layout().total() * sizeof(float) *
+                                                  (precision == Precision::fp32 ? 1 : 3) /
+                                                  (precision == Precision::fp32 ? 1 : 2))
             << what;
         EXPECT_EQ(plan.plans[s].grads_bytes, models[s]->grads().size() * sizeof(float)) << what;
         EXPECT_EQ(plan.plans[s].activation_bytes, act[s]) << what;
@@ -1052,8 +1047,8 @@ TEST(ModelStage, BalanceMinimisesTheSlowestStage) {
     const double f = flops(best);
     for (int a = 1; a < 7; ++a)
       for (int b = a + 1; b <= (P == 3 ? 6 : a + 1); ++b) {
-        const std::vector<Stage> other =
-            P == 2 ? std::vector<Stage>{{0, a}, {a, 7}} : std::vector<Stage>{{0, a}, {a, b}, {b, 7}};
+        const std::vector<Stage> other = P == 2 ? std::vector<Stage>{{0, a}, {a, 7}}
+                                                : std::vector<Stage>{{0, a}, {a, b}, {b, 7}};
         EXPECT_LE(f, flops(other)) << P << " stages, cut at " << a << " " << b;
       }
   }

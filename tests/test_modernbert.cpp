@@ -262,16 +262,7 @@ TEST(ModernBertModel, Bf16MastersGiveTheSameStepAsFp32MastersOfTheSameValues) {
       m.backward();
       return std::pair{out.loss(), grads_of(m)};
     };
-    const auto [loss_a, grads_a] = run(a);
-    const auto [loss_b, grads_b] = run(b);
-    EXPECT_EQ(loss_a, loss_b);
-    EXPECT_EQ(grads_a, grads_b);
-    kernels::bf16* w16 = b.masters().as<kernels::bf16>();
-    for (size_t i = 0; i < b.layout().total(); ++i)
-      w16[i] = kernels::to_bf16(0.5f * kernels::to_float(w16[i]));
-    b.masters_written();
-    for (float& w : a.params()) w *= 0.5f;
-    EXPECT_EQ(run(a).first, run(b).first);
+    expect_bf16_masters_step_as_fp32(a, b, run);
   }
 }
 
