@@ -567,31 +567,26 @@ TEST_F(ModernBertCli, ATokenizerJsonModelPretrainsFineTunesAndPredictsWithItsOwn
   const std::string predicted = slurp(dir_ / "cls.tsv");
   EXPECT_EQ(std::count(predicted.begin(), predicted.end(), '\n'), 17) << predicted;
 
-  // SQuAD: every predicted answer is a run of its own context's bytes.
-  std::string squad = R"({"version": "v2.0", "data": [{"title": "t", "paragraphs": [)";
+  // SQuAD: every predicted answer is a run of its own context's bytes. (answer_start counts
+  // characters: the em dashes and ï are one each.)
+  nlohmann::json paragraphs = nlohmann::json::array();
   for (int i = 1; i <= 6; ++i) {
     const std::string year = std::to_string(2010 + i);
     const std::string ctx = "Packbert  version " + std::to_string(i) +
                             " — naïve, fast — was released in (" + year +
                             "), by its engineers in Zürich, after a long winter of work.";
-    squad += std::string(i > 1 ? "," : "") + R"({"context": ")" + ctx + R"(", "qas": [{"id": "a)" +
-             std::to_string(i) +
-             R"(", "question": "When was it released?", "answers": [{"text": ")" + year +
-             R"(", "answer_start": 0}]}]})";
+    const size_t byte = ctx.find("(" + year) + 1;
+    size_t chars = 0;
+    for (size_t b = 0; b < byte; ++b) chars += (static_cast<unsigned char>(ctx[b]) & 0xC0) != 0x80;
+    const nlohmann::json answer = {{"text", year}, {"answer_start", chars}};
+    const nlohmann::json question = {{"id", "a" + std::to_string(i)},
+                                     {"question", "When was it released?"},
+                                     {"answers", nlohmann::json::array({answer})}};
+    paragraphs.push_back({{"context", ctx}, {"qas", nlohmann::json::array({question})}});
   }
-  squad += "]}]}";
-  // (answer_start counts characters: the em dash and ï are one each)
-  {
-    nlohmann::json j = nlohmann::json::parse(squad);
-    for (auto& p : j["data"][0]["paragraphs"]) {
-      const std::string c = p["context"], y = p["qas"][0]["answers"][0]["text"];
-      const size_t byte = c.find("(" + y) + 1;
-      size_t chars = 0;
-      for (size_t b = 0; b < byte; ++b) chars += (static_cast<unsigned char>(c[b]) & 0xC0) != 0x80;
-      p["qas"][0]["answers"][0]["answer_start"] = chars;
-    }
-    squad = j.dump();
-  }
+  const nlohmann::json article = {{"title", "t"}, {"paragraphs", paragraphs}};
+  const nlohmann::json given = {{"version", "v2.0"}, {"data", nlohmann::json::array({article})}};
+  const std::string squad = given.dump();
   const std::string train_squad = write("squad.json", squad).string();
   const std::string qa = (dir_ / "qa").string(), answers = (dir_ / "answers.json").string();
   r = run("finetune --task squad --max-seq-len 24 --model " + hub + " --train " + train_squad +
@@ -600,8 +595,7 @@ TEST_F(ModernBertCli, ATokenizerJsonModelPretrainsFineTunesAndPredictsWithItsOwn
   r = run("predict --task squad --max-seq-len 24 --model " + qa + " --data " + train_squad +
           " --out " + answers);
   ASSERT_EQ(r.code, 0) << r.err;
-  const nlohmann::json given = nlohmann::json::parse(squad),
-                       got = nlohmann::json::parse(slurp(answers));
+  const nlohmann::json got = nlohmann::json::parse(slurp(answers));
   for (const auto& p : given["data"][0]["paragraphs"]) {
     const std::string id = p["qas"][0]["id"], context = p["context"], answer = got.at(id);
     EXPECT_FALSE(answer.empty()) << id;  // (no unanswerable questions: a span every time)

@@ -195,8 +195,8 @@ void modernbert_classifier_forward(const StepContext& s, const ParamView& p, Vie
                                    const ClassTargets& targets, Outputs& out) {
   const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
   const View pooled = s.ws.get(Rec::task_in).shaped(n, C);
-  if (s.config.modern.mean_pooling()) {  // each sequence's tokens summed into its row, then divided
-                                         // by its length
+  // Mean pooling: each sequence's tokens summed into its row, then divided by its length.
+  if (s.config.modern.mean_pooling()) {
     s.be.zero(pooled);
     s.be.gather_rows_backward(pooled, top.shaped(Tn, C), s.token_sequence);
     for (int i = 0; i < n; ++i)

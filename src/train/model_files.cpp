@@ -112,12 +112,11 @@ ModelLabels model_labels(const std::string& path) {
 
 void write_tokenizer_files(const std::string& dir, const ModelFiles& f, int model_max_length) {
   if (data::is_tokenizer_json(f.vocab)) {  // as it is, with the files beside it that go with it
-    io::write_file_atomic(dir + "/tokenizer.json", io::read_file(f.vocab));
-    if (std::filesystem::path(f.vocab).filename() == "tokenizer.json")
-      for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
-        if (const auto p = std::filesystem::path(f.vocab).parent_path() / name;
-            std::filesystem::exists(p))
-          io::write_file_atomic(dir + "/" + name, io::read_file(p.string()));
+    const std::filesystem::path json(f.vocab);
+    if (json.filename() == "tokenizer.json")
+      model::copy_tokenizer_files(json.parent_path().string(), dir);
+    else
+      io::write_file_atomic(dir + "/tokenizer.json", io::read_file(f.vocab));
     return;
   }
   io::write_file_atomic(dir + "/vocab.txt", io::read_file(f.vocab));

@@ -480,13 +480,12 @@ void zero(View out) {
 }
 
 void gather_rows_forward(View out, View in, const int32_t* rows) {
-  if (out.dtype == DType::f32 && (in.dtype == DType::bf16 || in.dtype == DType::f16))
-    return with_type(in.dtype, [&](auto t) {
-      using H = decltype(t);
-      if constexpr (std::is_same_v<H, bf16> || std::is_same_v<H, f16>)
-        kernels::gather_rows_forward(ptr<float>(out), ptr<const H>(in), rows, i32(out.rows),
-                                     i32(out.cols));
-    });
+  if (out.dtype == DType::f32 && in.dtype == DType::bf16)  // a 16-bit table widened
+    return kernels::gather_rows_forward(ptr<float>(out), ptr<const bf16>(in), rows, i32(out.rows),
+                                        i32(out.cols));
+  if (out.dtype == DType::f32 && in.dtype == DType::f16)
+    return kernels::gather_rows_forward(ptr<float>(out), ptr<const f16>(in), rows, i32(out.rows),
+                                        i32(out.cols));
   with_type(in.dtype, [&](auto t) {
     using T = decltype(t);
     kernels::gather_rows_forward(ptr<T>(out), ptr<const T>(in), rows, i32(out.rows), i32(out.cols));
