@@ -13,7 +13,7 @@
 #include "data/corpus.h"
 #include "data/gcide.h"
 #include "data/sequences.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "model/bert.h"
 #include "stopwatch.h"
 #include "train/loader.h"

@@ -16,7 +16,7 @@
 #include "cli/flags.h"
 #include "dist/comm.h"
 #include "error.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "kernels/ops.h"
 #include "model/bert.h"
 #include "stopwatch.h"

@@ -19,7 +19,7 @@
 
 #include "kernel_cases.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "train/optimizer.h"

@@ -10,7 +10,7 @@
 #include "cli/pack_report.h"
 #include "data/embedded.h"
 #include "io/atomic_file.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "pack/histogram.h"
 
 using namespace packbert;

@@ -25,7 +25,7 @@
 #include "cli/flags.h"
 #include "dist/comm.h"
 #include "error.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "model/bert.h"
 #include "stopwatch.h"
 #include "train/memory_plan.h"
@@ -73,8 +73,8 @@ int main(int argc, char** argv) {
                    ? train::balance_stages(req, P)
                    : train::stages_of_layers(stage_layers, c.num_hidden_layers, "--stage-layers");
       if (static_cast<int>(stages.size()) != P)
-        throw InputError("--stage-layers names " + std::to_string(stages.size()) +
-                         " stages for " + std::to_string(P) + " processes");
+        throw InputError("--stage-layers names " + std::to_string(stages.size()) + " stages for " +
+                         std::to_string(P) + " processes");
     });
   } catch (const std::exception& e) {
     if (comm.root()) std::cerr << "pipeline_bench: error: " << e.what() << '\n';

@@ -21,7 +21,7 @@
 #include "bench_batch.h"
 #include "cli/flags.h"
 #include "error.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "model/bert.h"
 #include "stopwatch.h"
 #include "train/memory_plan.h"
@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   const train::StepPlan& mine = plan.plans[static_cast<size_t>(stage)];
 
   const model::PackedBatch b = bench::bench_batch(lengths, max_len, c.vocab_size, false);
-  model::BertModel m(c, model::Heads{}, {}, kernels::DType::f32, stages[static_cast<size_t>(stage)]);
+  model::BertModel m(c, model::Heads{}, {}, kernels::DType::f32,
+                     stages[static_cast<size_t>(stage)]);
   model::init_params(m.layout(), m.params().data(), 1);
   train::Optimizer optimizer(m.layout(), train::OptimizerConfig{});
   const bool first = stage == 0, last = stage == P - 1;
@@ -149,8 +150,8 @@ int main(int argc, char** argv) {
       {"plan_state_bytes", mine.params_bytes + mine.grads_bytes + mine.optimizer_bytes},
       {"plan_weights_and_optimizer_bytes", mine.params_bytes + mine.optimizer_bytes},
       {"plan_total_bytes", mine.total_bytes},
-      {"engine_state_bytes", (m.params().size() + m.grads().size()) * sizeof(float) +
-                                 optimizer.state_bytes()},
+      {"engine_state_bytes",
+       (m.params().size() + m.grads().size()) * sizeof(float) + optimizer.state_bytes()},
       {"peak_rss_bytes", peak_rss_bytes()},
       {"plan_over_rss", static_cast<double>(mine.total_bytes) / peak_rss_bytes()},
       {"step_seconds", seconds}};

@@ -15,7 +15,7 @@
 #include "cli_runner.h"
 #include "data/sequences.h"
 #include "io/safetensors.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "text.h"
 
 namespace fs = std::filesystem;

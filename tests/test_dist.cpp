@@ -10,7 +10,7 @@
 
 #include "cli_runner.h"
 #include "io/safetensors.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "model/params.h"
 #include "train/trainer.h"
 

@@ -13,7 +13,7 @@
 
 #include "data/squad.h"
 #include "error.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "train/finetune.h"
 #include "train/model_files.h"
 #include "train/trainer.h"

@@ -15,7 +15,7 @@
 
 #include "error.h"
 #include "io/safetensors.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "model/bert.h"
 #include "model/golden.h"
 #include "model/weights.h"
@@ -447,8 +447,9 @@ TEST(ModelRecompute, PlanBytesAreTheEnginesBytes) {
       const Recompute r = parse_recompute(policy);
       m.forward(b, {true, 1, 1, r, precision});
       size_t act = 0, scratch = 0;
-      for (const RecordSize& rec :
-           workspace_records(c, heads, r, shape_of(m.tokens(), omp_get_max_threads()), precision))
+      StepShape shape = shape_of(m.tokens(), omp_get_max_threads());
+      size_kernel_scratch(shape, m.layout(), kernels::backend(m.backend()));
+      for (const RecordSize& rec : workspace_records(c, heads, r, shape, precision))
         (rec.storage == Storage::activation ? act : scratch) += rec.bytes();
       EXPECT_EQ(act, m.activation_bytes()) << precision_name(precision) << " " << policy;
       EXPECT_EQ(scratch, m.scratch_bytes()) << precision_name(precision) << " " << policy;

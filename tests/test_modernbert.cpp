@@ -15,7 +15,7 @@
 #include "data/sequences.h"
 #include "error.h"
 #include "io/safetensors.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "model/bert.h"
 #include "model/golden.h"
 #include "model/weights.h"
@@ -158,10 +158,10 @@ TEST(ModernBertRecompute, GradientsAreBitwiseIdenticalUnderEveryPolicyAndThePlan
       const Recompute r = parse_recompute(policy);
       Outputs out = m.forward(g.batch, {true, 7, 2, r, precision});
       size_t act = 0, scratch = 0;
-      for (const RecordSize& rec : workspace_records(
-               g.config, Heads{}, r,
-               shape_of(m.tokens(), omp_get_max_threads(), g.config.modern.local_attention),
-               precision))
+      StepShape shape =
+          shape_of(m.tokens(), omp_get_max_threads(), g.config.modern.local_attention);
+      size_kernel_scratch(shape, m.layout(), kernels::backend(m.backend()));
+      for (const RecordSize& rec : workspace_records(g.config, Heads{}, r, shape, precision))
         (rec.storage == Storage::activation ? act : scratch) += rec.bytes();
       EXPECT_EQ(act, m.activation_bytes()) << p << policy;
       EXPECT_EQ(scratch, m.scratch_bytes()) << p << policy;

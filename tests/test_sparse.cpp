@@ -12,9 +12,9 @@
 #include <stdexcept>
 
 #include "error.h"
-#include "kernels/cpu/features.h"
 #include "kernels/cpu/layers.h"
 #include "kernels/cpu/sparse.h"
+#include "kernels/cpu_features.h"
 #include "kernels/ops.h"
 #include "model/bert.h"
 #include "model_batches.h"

@@ -16,7 +16,7 @@
 #include "data/pretraining.h"
 #include "error.h"
 #include "io/safetensors.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "model/weights.h"
 #include "model_batches.h"
 #include "rng.h"

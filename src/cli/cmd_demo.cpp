@@ -25,7 +25,7 @@
 #include "data/sequences.h"
 #include "error.h"
 #include "io/atomic_file.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "kernels/ops.h"
 #include "pack/histogram.h"
 #include "stopwatch.h"

@@ -9,7 +9,7 @@
 #include "data/casing.h"
 #include "dist/comm.h"
 #include "error.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 #include "train/memory_plan.h"
 
 namespace packbert::cli {

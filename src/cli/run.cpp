@@ -13,7 +13,7 @@
 #include "error.h"
 #include "io/json_error.h"
 #include "io/memory.h"
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 
 namespace packbert::cli {
 

@@ -4,6 +4,9 @@
 
 #include <stdexcept>
 
+#include "kernels/cpu/cpu.h"
+#include "kernels/ref/ref.h"
+
 #ifdef PACKBERT_CPU_AVX2_BUILD
 // The AVX2 build of the cpu backend (CMakeLists.txt compiles it beside a build for AVX-512 or
 // for generic x86-64).
@@ -30,11 +33,14 @@ constexpr Isa kBuildIsa =
 #define PACKBERT_AVX2_OP(op) avx2::cpu::op,
 #define PACKBERT_REF_OP(op) ref::op,
 // The table: every backend and every build of one, and nowhere else is a backend chosen.
-const Backend kCpuOfBuild = {BackendKind::cpu, "cpu", kBuildIsa, &host_device, PACKBERT_OPS(PACKBERT_BUILD_OP)};
+const Backend kCpuOfBuild = {BackendKind::cpu, "cpu", kBuildIsa, &host_device,
+                             PACKBERT_OPS(PACKBERT_BUILD_OP)};
 #ifdef PACKBERT_CPU_AVX2_BUILD
-const Backend kCpuAvx2 = {BackendKind::cpu, "cpu", Isa::avx2, &host_device, PACKBERT_OPS(PACKBERT_AVX2_OP)};
+const Backend kCpuAvx2 = {BackendKind::cpu, "cpu", Isa::avx2, &host_device,
+                          PACKBERT_OPS(PACKBERT_AVX2_OP)};
 #endif
-const Backend kRef = {BackendKind::ref, "ref", Isa::sse2, &host_device, PACKBERT_OPS(PACKBERT_REF_OP)};
+const Backend kRef = {BackendKind::ref, "ref", Isa::sse2, &host_device,
+                      PACKBERT_OPS(PACKBERT_REF_OP)};
 #undef PACKBERT_BUILD_OP
 #undef PACKBERT_AVX2_OP
 #undef PACKBERT_REF_OP

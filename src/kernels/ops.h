@@ -5,7 +5,7 @@
 //
 // The cpu backend has one row per instruction set the build compiled it for (cpu/isa.h):
 // backend(BackendKind::cpu) is the most capable one this CPU runs under PACKBERT_MAX_ISA
-// (cpu/features.h), chosen once.
+// (kernels/cpu_features.h), chosen once.
 //
 // A new backend (a GPU's) is a folder kernels/NAME/ whose NAME.h includes backend_ops.inc into
 // namespace kernels::NAME and whose files define those functions, a Device for its memory
@@ -15,17 +15,27 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/cpu.h"
-#include "kernels/cpu/features.h"
+#include "kernels/attention_layout.h"
+#include "kernels/block_pattern.h"
+#include "kernels/cpu_features.h"
 #include "kernels/device.h"
-#include "kernels/ref/ref.h"
+#include "kernels/grad_write.h"
+#include "kernels/optim.h"
+#include "kernels/tensor.h"
 
 namespace packbert::kernels {
 
 enum class BackendKind { cpu, ref };
 
+// The ops' signatures, declared once from the list every backend defines; a Backend's members
+// point to functions of these types. (Declared only: nothing defines op_signature::*.)
+namespace op_signature {
+#include "kernels/backend_ops.inc"
+}  // namespace op_signature
+
 // Every op of backend_ops.inc, by name.
 #define PACKBERT_OPS(X)          \
+  X(sparse_linear_scratch_elems) \
   X(linear_forward)              \
   X(linear_backward)             \
   X(linear_block_grad_norms)     \
@@ -48,6 +58,7 @@ enum class BackendKind { cpu, ref };
   X(cross_entropy_forward)       \
   X(cross_entropy_backward)      \
   X(count_argmax_hits)           \
+  X(attention_scratch_elems)     \
   X(attention_forward)           \
   X(attention_backward)          \
   X(gather_rows_forward)         \
@@ -66,10 +77,10 @@ enum class BackendKind { cpu, ref };
 
 struct Backend {
   BackendKind kind;
-  const char* name;  // "cpu", "ref": the names parse_backend takes
-  Isa isa;           // what this build of the kernels needs (ref: sse2, plain loops)
+  const char* name;     // "cpu", "ref": the names parse_backend takes
+  Isa isa;              // what this build of the kernels needs (ref: sse2, plain loops)
   Device& (*device)();  // where its tensors live (cpu and ref: the host's memory)
-#define PACKBERT_OP_MEMBER(op) decltype(&cpu::op) op;
+#define PACKBERT_OP_MEMBER(op) decltype(&op_signature::op) op;
   PACKBERT_OPS(PACKBERT_OP_MEMBER)
 #undef PACKBERT_OP_MEMBER
 };

@@ -10,7 +10,6 @@
 
 #include "error.h"
 #include "kernels/attention_layout.h"
-#include "kernels/cpu/layers.h"
 #include "kernels/tensor.h"
 #include "model/heads.h"
 #include "model/modernbert.h"
@@ -444,7 +443,7 @@ void BertModel::prepare_pass(const PackedBatch& batch, const StepOptions& option
   cur_->share = batch.share;
   if (!cur_->share.places.empty()) place_rows(batch);
   StepShape shape = shape_of(cur_->tl, omp_get_max_threads(), c.local_window());
-  shape.sparse_scratch = sparse_scratch_elems(layout_, Tn);
+  size_kernel_scratch(shape, layout_, *backend_);
   cur_->ws.prepare(layout_.stage_config(), layout_.workspace_heads(), cur_->opt.recompute, shape,
                    cur_->opt.precision, dtype(), backend_->device());
 }

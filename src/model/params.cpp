@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "error.h"
-#include "kernels/cpu/sparse.h"
+#include "kernels/block_pattern.h"
 #include "kernels/tensor.h"
 #include "rng.h"
 

@@ -7,7 +7,6 @@
 #include "error.h"
 #include "io/memory.h"
 #include "kernels/attention_layout.h"
-#include "kernels/cpu/attention.h"
 
 namespace packbert::model {
 
@@ -200,10 +199,7 @@ const RecordSpec kRecords[] = {
     // Scratch.
     {Rec::tmp, "scratch.linear_out", Role::scratch, Need::encoder, TC},
     {Rec::attn_work, "scratch.attention_blocks", Role::scratch, Need::encoder,
-     [](S s, B c) {
-       return kernels::attention_scratch_elems(static_cast<int>(s.max_len), s.threads,
-                                               c.hidden_size / c.num_attention_heads);
-     }},
+     [](S s, B) { return s.attention_scratch; }},
     {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC, Dtype::narrowed},
     // A linear layer's output gradient rounded to 16 bits for its two GEMMs (the widest: MLM
     // logits).
@@ -221,7 +217,7 @@ const RecordSpec kRecords[] = {
     // when dense).
     {Rec::sparse_out, "scratch.sparse_output", Role::scratch, Need::encoder,
      [](S s, B c) {
-       return s.sparse_scratch ? s.tokens * std::max(3 * c.hidden_size, c.intermediate_size) : 0;
+       return s.sparse_layers ? s.tokens * std::max(3 * c.hidden_size, c.intermediate_size) : 0;
      },
      Dtype::wide_twin},
     {Rec::dh, "grad.layer_out", Role::scratch, Need::encoder, TC},

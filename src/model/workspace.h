@@ -57,7 +57,10 @@ struct StepShape {
   int64_t attention_local = 0;  // sum over sequences of L x band(L, local window) (ModernBERT)
   int64_t max_len = 0;          // longest sequence
   int threads = 1;              // OpenMP threads (attention scratch is per thread)
-  int64_t sparse_scratch = 0;   // elements the block-sparse linear layers need (model/sparse.h)
+  // The backend's scratch needs (kernels/ops.h; set by model::size_kernel_scratch): attention's,
+  // and the block-sparse linear layers' (0 when dense, or for a backend that needs none).
+  int64_t attention_scratch = 0, sparse_scratch = 0;
+  bool sparse_layers = false;  // the encoder's linear layers are block-sparse
 };
 // local_window: the local layers' attention window (ModernBERT; 0: none).
 StepShape shape_of(const TokenLayout& tl, int threads, int local_window = 0);

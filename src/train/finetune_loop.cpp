@@ -21,6 +21,7 @@ model::Recompute step_policy(const model::BertModel& m, const FinetuneOptions& o
                    1};
   plan.shape = uniform_shape(static_cast<int64_t>(lo.rows_per_batch) * o.max_seq_len,
                              lo.rows_per_batch, omp_get_max_threads());
+  plan.backend = lo.backend;
   return check_step_fits(plan, lo.recompute, lo.memory_limit);
 }
 

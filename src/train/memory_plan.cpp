@@ -109,7 +109,7 @@ StepPlan plan_step(const PlanRequest& r, const model::Recompute& policy) {
     p.params_bytes += (6 * blocks + starts) * sizeof(int32_t);
   }
   model::StepShape shape = r.shape;
-  shape.sparse_scratch = model::sparse_scratch_elems(layout, shape.tokens);
+  model::size_kernel_scratch(shape, layout, kernels::backend(r.backend));
   // A stage's workspace: its own layers, the heads' records on the last stage only; one
   // workspace a forward in flight (BertModel's passes).
   p.records = model::workspace_records(layout.stage_config(), layout.workspace_heads(), policy,

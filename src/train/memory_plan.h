@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "model/workspace.h"
 #include "train/optimizer.h"
 
@@ -40,6 +41,7 @@ struct PlanRequest {
   // `in_flight` forwards held at once, each in a model pass with a workspace of its own.
   model::Stage stage;
   int in_flight = 1;
+  kernels::BackendKind backend = kernels::BackendKind::cpu;  // whose kernels' scratch is counted
 };
 
 StepPlan plan_step(const PlanRequest& request, const model::Recompute& policy);

@@ -377,6 +377,7 @@ OptimizerConfig Trainer::plan_steps() {
     plan.shape.masked = (tokens + 4) / 5;
     plan.stage = model_->layout().stage();
     plan.in_flight = forwards_in_flight(grid_->stages(), grid_->stage(), accumulation_);
+    plan.backend = lo.backend;
     recompute_ = check_step_fits(plan, lo.recompute, lo.memory_limit);
   }
   return oc;

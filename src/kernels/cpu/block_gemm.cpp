@@ -11,8 +11,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/cpu/features.h"
 #include "kernels/cpu/transpose16.h"
+#include "kernels/cpu_features.h"
 
 // The packed layouts: A as [M][Kp] bf16 rows (Kp = K rounded up to even, a zero past K), B as
 // [Kp / 2][Np] pairs (Np = N rounded up to 32): pair (kk, n) holds B[2kk][n] in its low half and

@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 
 namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 

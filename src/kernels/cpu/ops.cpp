@@ -88,6 +88,10 @@ T* sparse_scratch(const View& scratch, const BlockPattern& p, int64_t N) {
 
 }  // namespace
 
+int64_t sparse_linear_scratch_elems(int rows, int cols, int block, int64_t nnz, int tokens) {
+  return sparse_linear_scratch(rows, cols, block, nnz, tokens);
+}
+
 void linear_forward(View out, View in, View weight, View bias, const BlockPattern* pattern,
                     View scratch) {
   require_contiguous("linear_forward", {&out, &in, &weight, &bias});
@@ -423,6 +427,10 @@ void cross_entropy_backward(View dlogits, View dbias, View logits, View lse, con
     kernels::cross_entropy_logits_backward(ptr<T>(dlogits), ptr<const T>(logits), ptr<const T>(lse),
                                            targets, ptr<const T>(dlosses), N, V, mode);
   });
+}
+
+int64_t attention_scratch_elems(int max_len, int threads, int head_size) {
+  return kernels::attention_scratch_elems(max_len, threads, head_size);
 }
 
 void attention_forward(View out, View probs, View qkv, const int32_t* cu_seqlens, int n_seq, int NH,

@@ -1,4 +1,4 @@
-#include "kernels/cpu/features.h"
+#include "kernels/cpu_features.h"
 
 #include <cpuid.h>
 #include <dnnl.h>
