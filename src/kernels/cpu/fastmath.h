@@ -11,8 +11,24 @@
 #include <type_traits>
 
 #include "kernels/cpu/isa.h"
+#include "kernels/tensor.h"
 
 namespace packbert::kernels::inline PACKBERT_CPU_ISA {
+
+// GELU's constants: 1 / sqrt(2) and 1 / sqrt(2 pi).
+constexpr float kInvSqrt2 = 0.70710678118654752440f, kInvSqrt2Pi = 0.39894228040143267794f;
+
+// A stored value as the arithmetic type: itself, or a 16-bit value widened to fp32.
+template <typename T>
+inline T widen(T x) {
+  return x;
+}
+inline float widen(bf16 x) {
+  return to_float(x);
+}
+inline float widen(f16 x) {
+  return to_float(x);
+}
 
 // exp: Cody-Waite reduction by ln 2 and a degree-6 polynomial, ~2 ulp on [-87, 88]; inputs
 // below -87 give ~1e-38 instead of a denormal or 0. n = round(x / ln 2) by the 1.5 * 2^23 trick:

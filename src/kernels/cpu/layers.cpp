@@ -27,18 +27,6 @@ void column_blocks(int C, F body) {
     body(b * kColumnBlock, std::min(kColumnBlock, C - b * kColumnBlock));
 }
 
-// A stored value as the arithmetic type: itself, or a 16-bit value widened to fp32.
-template <typename T>
-inline T widen(T x) {
-  return x;
-}
-inline float widen(bf16 x) {
-  return to_float(x);
-}
-inline float widen(f16 x) {
-  return to_float(x);
-}
-
 // One LayerNorm output row from its statistics: shared by the forward pass and the rebuild, so
 // the two agree bit for bit. x: T, or bf16 (Precision::bf16's residual sums).
 template <typename T, typename I>
@@ -240,8 +228,6 @@ void parallel_blocks(int64_t n, F body) {
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) body(b * kBlock, std::min(n, (b + 1) * kBlock));
 }
-
-constexpr float kInvSqrt2 = 0.70710678118654752440f, kInvSqrt2Pi = 0.39894228040143267794f;
 
 void gelu_forward_block(float* __restrict out, const float* __restrict inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * inp[i] * (1.0f + erf_fast(inp[i] * kInvSqrt2));
@@ -483,113 +469,6 @@ void cross_entropy_logits_backward_half(H* dlogits16, float* dbias, const float*
   }
 
 template <typename T>
-void embedding_forward(T* out, const int32_t* ids, const int32_t* pos, const int32_t* types,
-                       const T* word, const T* position, const T* token_type, int n_tokens, int C) {
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < n_tokens; ++t) {
-    const T* w = word + static_cast<int64_t>(ids[t]) * C;
-    const T* p = position + static_cast<int64_t>(pos[t]) * C;
-    const T* y = token_type + static_cast<int64_t>(types[t]) * C;
-    T* o = out + static_cast<int64_t>(t) * C;
-    for (int c = 0; c < C; ++c) o[c] = w[c] + p[c] + y[c];
-  }
-}
-
-void embedding_forward(float* out, const int32_t* ids, const int32_t* pos, const int32_t* types,
-                       const bf16* word, const float* position, const float* token_type,
-                       int n_tokens, int C) {
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < n_tokens; ++t) {
-    const bf16* w = word + static_cast<int64_t>(ids[t]) * C;
-    const float* p = position + static_cast<int64_t>(pos[t]) * C;
-    const float* y = token_type + static_cast<int64_t>(types[t]) * C;
-    float* o = out + static_cast<int64_t>(t) * C;
-    for (int c = 0; c < C; ++c) o[c] = to_float(w[c]) + p[c] + y[c];
-  }
-}
-
-template <typename T>
-void embedding_backward(T* dword, T* dposition, T* dtoken_type, const T* dout, const int32_t* ids,
-                        const int32_t* pos, const int32_t* types, int n_tokens, int C) {
-  // Rows repeat across tokens (same word, same position), so split work by channel: every
-  // thread owns a slice of columns and scatters all tokens into it without races.
-#pragma omp parallel for schedule(static)
-  for (int c = 0; c < C; ++c)
-    for (int t = 0; t < n_tokens; ++t) {
-      T g = dout[static_cast<int64_t>(t) * C + c];
-      dword[static_cast<int64_t>(ids[t]) * C + c] += g;
-      dposition[static_cast<int64_t>(pos[t]) * C + c] += g;
-      dtoken_type[static_cast<int64_t>(types[t]) * C + c] += g;
-    }
-}
-
-namespace {
-
-// The largest entries of row z [V] before and after column t (max_of: vectorised); the target is
-// the row's first maximum (as std::max_element finds it) when it is above every entry before it and
-// not below any after it.
-template <typename T>
-struct TargetMaxima {
-  T before, after, target;
-  bool target_first() const { return before < target && after <= target; }
-};
-template <typename T>
-TargetMaxima<T> maxima_around(const T* z, int t, int V) {
-  constexpr T kLowest = -std::numeric_limits<T>::infinity();
-  return {max_of(z, t, kLowest), max_of(z + t + 1, V - t - 1, kLowest), z[t]};
-}
-
-}  // namespace
-
-template <typename T>
-int64_t cross_entropy_logits_forward(T* losses, T* lse, const T* logits, const int32_t* targets,
-                                     int N, int V) {
-  int64_t hits = 0;
-#pragma omp parallel for schedule(static) reduction(+ : hits)
-  for (int n = 0; n < N; ++n) {
-    const int t = targets[n];
-    losses[n] = 0, lse[n] = 0;
-    if (t < 0) continue;
-    const T* z = logits + static_cast<int64_t>(n) * V;
-    const T zt = z[t];
-    // The row's maximum and whether the target is its first maximum (count_argmax_hits's rule),
-    // in one pass.
-    const TargetMaxima<T> around = maxima_around(z, t, V);
-    const T mx = std::max({around.before, zt, around.after});
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < V; ++v) sum += exp_of(z[v] - mx);
-    lse[n] = mx + std::log(sum);
-    losses[n] = lse[n] - zt;
-    hits += around.target_first();
-  }
-  return hits;
-}
-
-template <typename T>
-void cross_entropy_logits_backward(T* dlogits, const T* logits, const T* lse,
-                                   const int32_t* targets, const T* dlosses, int N, int V,
-                                   GradWrite mode) {
-  const bool add = mode == GradWrite::accumulate;
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    T* d = dlogits + static_cast<int64_t>(n) * V;
-    if (targets[n] < 0) {
-      if (!add) std::fill(d, d + V, T(0));
-      continue;
-    }
-    const T* z = logits + static_cast<int64_t>(n) * V;
-    const T l = lse[n], g = dlosses[n];
-#pragma omp simd
-    for (int v = 0; v < V; ++v) {
-      const T x = exp_of(z[v] - l) * g;
-      d[v] = add ? d[v] + x : x;
-    }
-    d[targets[n]] -= g;
-  }
-}
-
-template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
@@ -647,264 +526,23 @@ void tanh_backward(T* dinp, const T* out, const T* dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dinp[i] += dout[i] * (T(1) - out[i] * out[i]);
 }
 
-template <typename T>
-int64_t count_argmax_hits(const T* scores, const int32_t* targets, int N, int V) {
-  int64_t hits = 0;
-  // Row n is a hit when its target is the row's first maximum.
-#pragma omp parallel for schedule(static) reduction(+ : hits)
-  for (int n = 0; n < N; ++n) {
-    const int t = targets[n];
-    if (t < 0) continue;
-    hits += maxima_around(scores + static_cast<int64_t>(n) * V, t, V).target_first();
-  }
-  return hits;
-}
-
-template <typename T>
-void span_cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* cu_seqlens,
-                                const int32_t* targets, int n_seq) {
-  for (int s = 0; s < n_seq; ++s) {
-    const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
-    losses[s] = 0;
-    for (int e = 0; e < 2; ++e) {
-      const T* z = logits + 2 * static_cast<int64_t>(a) + e;  // column e, stride 2
-      T* p = probs + 2 * static_cast<int64_t>(a) + e;
-      T mx = -INFINITY;
-      for (int i = 0; i < L; ++i) mx = std::max(mx, z[2 * i]);
-      T sum = 0;
-      for (int i = 0; i < L; ++i) sum += (p[2 * i] = std::exp(z[2 * i] - mx));
-      for (int i = 0; i < L; ++i) p[2 * i] /= sum;
-      const int32_t y = targets[2 * s + e];
-      if (targets[2 * s] >= 0) losses[s] += -std::log(p[2 * y]) / 2;
-    }
-  }
-}
-
-template <typename T>
-void span_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* cu_seqlens,
-                                 const int32_t* targets, const T* dlosses, int n_seq) {
-  for (int s = 0; s < n_seq; ++s) {
-    if (targets[2 * s] < 0) continue;
-    const int a = cu_seqlens[s], L = cu_seqlens[s + 1] - a;
-    const T g = dlosses[s] / 2;
-    for (int e = 0; e < 2; ++e)
-      for (int i = 0; i < L; ++i) {
-        const int64_t k = 2 * static_cast<int64_t>(a + i) + e;
-        dlogits[k] += (probs[k] - (i == targets[2 * s + e] ? T(1) : T(0))) * g;
-      }
-  }
-}
-
-template <typename T>
-void squared_error_forward(T* losses, const T* pred, const T* target, int N) {
-  for (int n = 0; n < N; ++n) losses[n] = (pred[n] - target[n]) * (pred[n] - target[n]);
-}
-
-template <typename T>
-void squared_error_backward(T* dpred, T* dtarget, const T* pred, const T* target, const T* dlosses,
-                            int N) {
-  for (int n = 0; n < N; ++n) {
-    const T g = 2 * (pred[n] - target[n]) * dlosses[n];
-    dpred[n] += g;
-    if (dtarget) dtarget[n] -= g;
-  }
-}
-
-// GeGLU, row by row: the activated half's GELU times the gate half. double runs libm's erf
-// (the finite-difference tests); float and 16-bit run gelu's fp32 arithmetic.
-template <typename T>
-void geglu_forward(T* out, const T* in, int N, int I) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const T* __restrict a = in + static_cast<int64_t>(n) * 2 * I;
-    const T* __restrict g = a + I;
-    T* __restrict o = out + static_cast<int64_t>(n) * I;
-    if constexpr (std::is_same_v<T, double>) {
-      for (int c = 0; c < I; ++c)
-        o[c] = 0.5 * a[c] * (1.0 + std::erf(a[c] * 0.70710678118654752440)) * g[c];
-    } else {
-      for (int c = 0; c < I; ++c) {
-        const float x = widen(a[c]);
-        const float y = 0.5f * x * (1.0f + erf_fast(x * kInvSqrt2)) * widen(g[c]);
-        if constexpr (std::is_same_v<T, float>)
-          o[c] = y;
-        else
-          o[c] = to_half<T>(y);
-      }
-    }
-  }
-}
-
-template <bool kAdd, typename T, typename In>
-void geglu_backward_rows(T* dinp, const In* in, const T* dout, int N, int I) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const In* __restrict a = in + static_cast<int64_t>(n) * 2 * I;
-    const In* __restrict g = a + I;
-    const T* __restrict d = dout + static_cast<int64_t>(n) * I;
-    T* __restrict da = dinp + static_cast<int64_t>(n) * 2 * I;
-    T* __restrict dg = da + I;
-    for (int c = 0; c < I; ++c) {
-      T x, cdf, pdf;
-      if constexpr (std::is_same_v<T, double>) {
-        x = a[c];
-        cdf = 0.5 * (1.0 + std::erf(x * 0.70710678118654752440));
-        pdf = 0.39894228040143267794 * std::exp(-0.5 * x * x);
-      } else {
-        x = widen(a[c]);
-        const float gauss = exp_fast(-0.5f * x * x);
-        cdf = 0.5f * (1.0f + erf_with(x * kInvSqrt2, gauss));
-        pdf = kInvSqrt2Pi * gauss;
-      }
-      const T gate = static_cast<T>(widen(g[c]));
-      const T va = d[c] * gate * (cdf + x * pdf), vg = d[c] * x * cdf;
-      if constexpr (kAdd) {
-        da[c] += va;
-        dg[c] += vg;
-      } else {
-        da[c] = va;
-        dg[c] = vg;
-      }
-    }
-  }
-}
-
-template <typename T, typename In>
-void geglu_backward(T* dinp, const In* in, const T* dout, int N, int I, GradWrite mode) {
-  if (mode == GradWrite::accumulate)
-    geglu_backward_rows<true>(dinp, in, dout, N, I);
-  else
-    geglu_backward_rows<false>(dinp, in, dout, N, I);
-}
-
-// A token's cos (cs[0, D/2)) and sin (cs[D/2, D)) at each of the D/2 frequencies.
-template <typename A>
-void rotary_cos_sin(A* cs, int32_t pos, const std::vector<float>& inv_freq) {
-  const size_t half = inv_freq.size();
-  for (size_t i = 0; i < half; ++i) {
-    const double a = rotary_angle(pos, inv_freq[i]);
-    cs[i] = static_cast<A>(std::cos(a));
-    cs[half + i] = static_cast<A>(std::sin(a));
-  }
-}
-
-// Rotary embedding: each token's cos and sin once (D/2 of each), then every head's pairs.
-template <typename T>
-void rotary_forward(T* out, const T* in, const int32_t* pos, int N, int heads, int D, double theta,
-                    int64_t ld_out, int64_t ld_in) {
-  if (!ld_out) ld_out = static_cast<int64_t>(heads) * D;
-  if (!ld_in) ld_in = static_cast<int64_t>(heads) * D;
-  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  const std::vector<float> inv = rotary_inv_freq(D, theta);
-  const int half = D / 2;
-#pragma omp parallel
-  {
-    std::vector<A> cs(static_cast<size_t>(D));
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; ++n) {
-      rotary_cos_sin(cs.data(), pos[n], inv);
-      for (int h = 0; h < heads; ++h) {
-        const int64_t at = static_cast<int64_t>(h) * D;
-        const T* x = in + n * ld_in + at;
-        T* o = out + n * ld_out + at;
-        for (int i = 0; i < half; ++i) {
-          const A c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
-          const A x1 = static_cast<A>(widen(x[i])), x2 = static_cast<A>(widen(x[half + i]));
-          const A y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-          if constexpr (std::is_same_v<T, A>) {
-            o[i] = y1, o[half + i] = y2;
-          } else {
-            o[i] = to_half<T>(y1), o[half + i] = to_half<T>(y2);
-          }
-        }
-      }
-    }
-  }
-}
-
-template <typename T>
-void rotary_backward(T* dinp, const T* dout, const int32_t* pos, int N, int heads, int D,
-                     double theta, GradWrite mode, int64_t ld_dinp, int64_t ld_dout) {
-  if (!ld_dinp) ld_dinp = static_cast<int64_t>(heads) * D;
-  if (!ld_dout) ld_dout = static_cast<int64_t>(heads) * D;
-  const std::vector<float> inv = rotary_inv_freq(D, theta);
-  const int half = D / 2;
-  const bool add = mode == GradWrite::accumulate;
-#pragma omp parallel
-  {
-    std::vector<T> cs(static_cast<size_t>(D));
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; ++n) {
-      rotary_cos_sin(cs.data(), pos[n], inv);
-      for (int h = 0; h < heads; ++h) {
-        const int64_t at = static_cast<int64_t>(h) * D;
-        const T* g = dout + n * ld_dout + at;
-        T* d = dinp + n * ld_dinp + at;
-        for (int i = 0; i < half; ++i) {
-          const T c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
-          const T d1 = g[i] * c + g[half + i] * s, d2 = g[half + i] * c - g[i] * s;
-          d[i] = (add ? d[i] : T(0)) + d1;
-          d[half + i] = (add ? d[half + i] : T(0)) + d2;
-        }
-      }
-    }
-  }
-}
-
-template void rotary_forward<double>(double*, const double*, const int32_t*, int, int, int, double,
-                                     int64_t, int64_t);
-template void rotary_forward<float>(float*, const float*, const int32_t*, int, int, int, double,
-                                    int64_t, int64_t);
-template void rotary_forward<bf16>(bf16*, const bf16*, const int32_t*, int, int, int, double,
-                                   int64_t, int64_t);
-template void rotary_forward<f16>(f16*, const f16*, const int32_t*, int, int, int, double, int64_t,
-                                  int64_t);
-template void rotary_backward<double>(double*, const double*, const int32_t*, int, int, int, double,
-                                      GradWrite, int64_t, int64_t);
-template void rotary_backward<float>(float*, const float*, const int32_t*, int, int, int, double,
-                                     GradWrite, int64_t, int64_t);
-
-template void geglu_forward<double>(double*, const double*, int, int);
-template void geglu_forward<float>(float*, const float*, int, int);
-template void geglu_forward<bf16>(bf16*, const bf16*, int, int);
-template void geglu_forward<f16>(f16*, const f16*, int, int);
-template void geglu_backward<double, double>(double*, const double*, const double*, int, int,
-                                             GradWrite);
-template void geglu_backward<float, float>(float*, const float*, const float*, int, int, GradWrite);
-template void geglu_backward<float, bf16>(float*, const bf16*, const float*, int, int, GradWrite);
-template void geglu_backward<float, f16>(float*, const f16*, const float*, int, int, GradWrite);
-
-#define PACKBERT_INSTANTIATE(T)                                                                    \
-  template void layernorm_forward<T, bf16>(T*, T*, T*, const T*, const T*, const T*, int, int, T,  \
-                                           bf16*);                                                 \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,          \
-                                      const T*, int, int, GradWrite);                              \
-  template void gelu_forward<T>(T*, const T*, int64_t);                                            \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t, GradWrite);                      \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);                \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int,        \
-                                   GradWrite);                                                     \
-  template void embedding_forward<T>(T*, const int32_t*, const int32_t*, const int32_t*, const T*, \
-                                     const T*, const T*, int, int);                                \
-  template void embedding_backward<T>(T*, T*, T*, const T*, const int32_t*, const int32_t*,        \
-                                      const int32_t*, int, int);                                   \
-  template int64_t cross_entropy_logits_forward<T>(T*, T*, const T*, const int32_t*, int, int);    \
-  template void cross_entropy_logits_backward<T>(T*, const T*, const T*, const int32_t*, const T*, \
-                                                 int, int, GradWrite);                             \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);                              \
-  template void layernorm_apply<T, bf16>(T*, const T*, const T*, const T*, const T*, const T*,     \
-                                         int, int, bf16*);                                         \
-  template void gather_rows_forward<T>(T*, const T*, const int32_t*, int, int);                    \
-  template void gather_rows_backward<T>(T*, const T*, const int32_t*, int, int);                   \
-  template void tanh_forward<T>(T*, const T*, int64_t);                                            \
-  template void tanh_backward<T>(T*, const T*, const T*, int64_t);                                 \
-  template int64_t count_argmax_hits<T>(const T*, const int32_t*, int, int);                       \
-  template void span_cross_entropy_forward<T>(T*, T*, const T*, const int32_t*, const int32_t*,    \
-                                              int);                                                \
-  template void span_cross_entropy_backward<T>(T*, const T*, const int32_t*, const int32_t*,       \
-                                               const T*, int);                                     \
-  template void squared_error_forward<T>(T*, const T*, const T*, int);                             \
-  template void squared_error_backward<T>(T*, T*, const T*, const T*, const T*, int);
+#define PACKBERT_INSTANTIATE(T)                                                                   \
+  template void layernorm_forward<T, bf16>(T*, T*, T*, const T*, const T*, const T*, int, int, T, \
+                                           bf16*);                                                \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
+                                      const T*, int, int, GradWrite);                             \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                           \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t, GradWrite);                     \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);               \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int,       \
+                                   GradWrite);                                                    \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                             \
+  template void layernorm_apply<T, bf16>(T*, const T*, const T*, const T*, const T*, const T*,    \
+                                         int, int, bf16*);                                        \
+  template void gather_rows_forward<T>(T*, const T*, const int32_t*, int, int);                   \
+  template void gather_rows_backward<T>(T*, const T*, const int32_t*, int, int);                  \
+  template void tanh_forward<T>(T*, const T*, int64_t);                                           \
+  template void tanh_backward<T>(T*, const T*, const T*, int64_t);
 PACKBERT_INSTANTIATE(float)
 PACKBERT_INSTANTIATE(double)
 #undef PACKBERT_INSTANTIATE
