@@ -1,16 +1,15 @@
 #include "kernels/cpu/attention.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/block_gemm.h"
 #include "kernels/cpu/fastmath.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/transpose16.h"
 #include "kernels/dropout.h"
 
 namespace packbert::kernels::inline PACKBERT_CPU_ISA {
@@ -25,136 +24,7 @@ namespace packbert::kernels::inline PACKBERT_CPU_ISA {
 // why). The bf16 form takes each block through scores, softmax, dropout, Pv V and dO Vᵀ a strip
 // of 64 rows at a time, so that a strip's values stay in L2 from one pass to the next.
 
-namespace {
-
-// out[j] = keep(first + j) ? x[j] * scale : 0, stored as O (rounded to bf16 where it is a bf16
-// block product's operand, written by its producer instead of packed from fp32).
-template <typename O, typename T>
-void drop_row(O* __restrict out, const T* __restrict x, int L, const DropoutMask& mask,
-              uint64_t first, T scale) {
-#pragma omp simd
-  for (int j = 0; j < L; ++j) out[j] = convert_to<O>(mask.keep(first + j) ? x[j] * scale : T(0));
-}
-
-// Backward through the mask, evaluating it once for both uses: pd = p * mask / keep (the dropped
-// probabilities dV needs) and d <- d * mask / keep.
-template <typename O, typename T>
-void drop_rows_backward(O* __restrict pd, T* __restrict d, const T* __restrict p, int L,
-                        const DropoutMask& mask, uint64_t first, T scale) {
-#pragma omp simd
-  for (int j = 0; j < L; ++j) {
-    const bool keep = mask.keep(first + j);
-    pd[j] = convert_to<O>(keep ? p[j] * scale : T(0));
-    d[j] = keep ? d[j] * scale : T(0);
-  }
-}
-
-// out = x rounded to bf16, [n].
-inline void round_to_bf16(bf16* __restrict out, const float* __restrict x, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
-}
-
-// Softmax backward of one row through the dropout mask: d <- P (d' - rowsum(P d')) * scale with
-// d' = d * mask / keep.
-template <typename T>
-void softmax_backward_row(T* __restrict d, const T* __restrict p, int L, T scale) {
-  T row = 0;
-#pragma omp simd reduction(+ : row)
-  for (int j = 0; j < L; ++j) row += p[j] * d[j];
-#pragma omp simd
-  for (int j = 0; j < L; ++j) d[j] = p[j] * (d[j] - row) * scale;
-}
-
-// dst[i] = to_half<H>(src[i]) for i < n, in non-temporal stores where the CPU has AVX-512: the
-// kept probabilities (25 MB a BERT-base layer at 4 x 512) are read only by the backward pass,
-// long after the caches have turned over, and a store through the caches would first read
-// every line in.
-template <typename H>
-void store_rounded_nt(H* dst, const float* src, int64_t n) {
-  int64_t i = 0;
-#ifdef __AVX512F__
-  constexpr int64_t kLine = 64 / sizeof(H);
-  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 64 != 0; ++i) dst[i] = to_half<H>(src[i]);
-  for (; i + kLine <= n; i += kLine) {
-    alignas(64) H line[kLine];
-#pragma omp simd
-    for (int64_t j = 0; j < kLine; ++j) line[j] = to_half<H>(src[i + j]);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_load_si512(line));
-  }
-  _mm_sfence();
-#endif
-  for (; i < n; ++i) dst[i] = to_half<H>(src[i]);
-}
-
-// dst[j][i] = t[i][j], or += under `add`, for i < rows, j < cols: t is [rows, cols], dst's rows ld
-// apart. By 16 x 16 blocks transposed in registers where the CPU has AVX-512; the edges (and
-// everything without AVX-512) one element at a time.
-void store_transposed(float* dst, int ld, const float* t, int rows, int cols, bool add) {
-  int rows16 = 0, cols16 = 0;
-#ifdef __AVX512F__
-  rows16 = rows / 16 * 16, cols16 = cols / 16 * 16;
-  for (int i0 = 0; i0 < rows16; i0 += 16)
-    for (int j0 = 0; j0 < cols16; j0 += 16) {
-      __m512i v[16];
-      for (int l = 0; l < 16; ++l)
-        v[l] = _mm512_castps_si512(_mm512_loadu_ps(t + static_cast<int64_t>(i0 + l) * cols + j0));
-      transpose16(v);
-      for (int l = 0; l < 16; ++l) {
-        float* d = dst + static_cast<int64_t>(j0 + l) * ld + i0;
-        const __m512 x = _mm512_castsi512_ps(v[l]);
-        _mm512_storeu_ps(d, add ? _mm512_add_ps(_mm512_loadu_ps(d), x) : x);
-      }
-    }
-#endif
-  for (int j = 0; j < cols; ++j) {
-    float* d = dst + static_cast<int64_t>(j) * ld;
-    for (int i = j < cols16 ? rows16 : 0; i < rows; ++i) {
-      const float x = t[static_cast<int64_t>(i) * cols + j];
-      d[i] = add ? d[i] + x : x;
-    }
-  }
-}
-
-// A row of dS rounded to bf16 (the operand of both of its bf16 products); returns the sum of the
-// rounded row.
-inline float round_row_bf16(bf16* __restrict out, const float* __restrict d, int L) {
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < L; ++j) {
-    out[j] = to_bf16(d[j]);
-    sum += to_float(out[j]);
-  }
-  return sum;
-}
-
-}  // namespace
-
-namespace {
-
-// Rows of a block that the bf16 form takes through its scores, softmax, dropout and products at
-// a time: a strip's scores (64 x 512 floats at L = 512) stay in L2 between the passes, where a
-// whole block's (1 MB) would go out to L3 and back at every pass.
-constexpr int kStrip = 64;
-
-// bf16 elements of packing room the bf16 form needs for one block: for its whole-block products
-// (the largest of the three shapes L x L x hs, L x hs x L, hs x L x L), or, earlier in the same
-// block, for the strips: the keys and the values packed once, then a strip's left operand.
-int64_t pack_elems(int L, int hs) {
-  const int64_t whole = std::max({block_gemm_pack_elems(L, L, hs), block_gemm_pack_elems(L, hs, L),
-                                  block_gemm_pack_elems(hs, L, L)});
-  const int64_t strips =
-      block_gemm_packed_b_elems(hs, L) +
-      std::max(block_gemm_packed_b_elems(L, hs), block_gemm_packed_b_elems(hs, L)) +
-      block_gemm_pack_elems(kStrip, 0, std::max(L, hs));
-  return std::max(whole, strips);
-}
-// The same in floats, with room to align.
-int64_t pack_floats(int L, int hs) {
-  return (pack_elems(L, hs) + 1) / 2 + 16;
-}
-
-}  // namespace
+using namespace attention_blocks;
 
 int64_t attention_scratch_elems(int max_len, int threads, int head_size) {
   return static_cast<int64_t>(threads) *
@@ -164,47 +34,6 @@ int64_t attention_scratch_elems(int max_len, int threads, int head_size) {
 }
 
 namespace {
-
-// One (sequence, head) block's q | k | v as T rows: q at `q`, rows `ld` apart, k and v `off` and
-// 2 * `off` further on. A T qkv is read in place (ld = 3C, off = C); a bf16 qkv is widened into
-// the thread's scratch ([L, 3 hs]: ld = 3 hs, off = hs), once per block.
-template <typename T>
-struct Head {
-  const T* q;
-  int ld, off;
-};
-template <typename T, typename S>
-Head<T> head_block(const S* qkv, int a, int L, int h, int hs, int C, T* scratch) {
-  const int C3 = 3 * C;
-  if constexpr (std::is_same_v<S, T>) {
-    return {qkv + static_cast<int64_t>(a) * C3 + h * hs, C3, C};
-  } else {
-    for (int i = 0; i < L; ++i)
-      for (int part = 0; part < 3; ++part) {
-        const S* src = qkv + static_cast<int64_t>(a + i) * C3 + part * C + h * hs;
-        T* dst = scratch + static_cast<int64_t>(i) * 3 * hs + part * hs;
-        for (int j = 0; j < hs; ++j) dst[j] = to_float(src[j]);
-      }
-    return {scratch, 3 * hs, hs};
-  }
-}
-
-// A row of probabilities as backward reads it when they are stored in 16 bits (P_): rounded to
-// P_ (a no-op for values read back from P_), then divided by their sum, so that the row sums to 1
-// as softmax's backward assumes (otherwise dS rows no longer sum to 0, and the key bias, whose
-// true gradient is 0, picks up rounding noise).
-// `round` is false for a row read back from P_, where rounding would change nothing.
-template <typename P_, typename T>
-void decode_probs_row(T* __restrict p, int L, bool round) {
-  if (round)
-    for (int j = 0; j < L; ++j) p[j] = to_float(to_half<P_>(static_cast<float>(p[j])));
-  T sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < L; ++j) sum += p[j];
-  const T inv = T(1) / sum;
-#pragma omp simd
-  for (int j = 0; j < L; ++j) p[j] *= inv;
-}
 
 int max_length(const int32_t* cu_seqlens, int n_seq) {
   int L = 0;
@@ -238,68 +67,6 @@ struct Work {
   }
   T* thread_scratch() const { return scratch + per_thread * omp_get_thread_num(); }
 };
-
-}  // namespace
-
-namespace {
-
-// Per thread: three L x L blocks, then the widened q | k | v ([L, 3 hs]) and the output block
-// ([L, hs]) of the bf16 forms.
-template <typename T>
-T* qkv_scratch(T* mine, int L) {
-  return mine + 3 * static_cast<int64_t>(L) * L;
-}
-template <typename T>
-T* out_scratch(T* mine, int L, int hs) {
-  return qkv_scratch(mine, L) + 3 * static_cast<int64_t>(L) * hs;
-}
-// The bf16 block products' packing room, after the output block; sized for the longest
-// sequence (max_len), so it does not move with L.
-template <typename T>
-bf16* pack_scratch(T* mine, int max_len, int hs) {
-  return reinterpret_cast<bf16*>(out_scratch(mine, max_len, hs) +
-                                 static_cast<int64_t>(max_len) * hs);
-}
-
-// One (sequence, head) block of a bf16 qkv as stored: q at q, rows 3C apart, k and v C and 2C on.
-struct Head16 {
-  const bf16* q;
-  int ld, C;
-  MatView<bf16> Q(bool trans = false) const { return {q, ld, trans}; }
-  MatView<bf16> K(bool trans = false) const { return {q + C, ld, trans}; }
-  MatView<bf16> V(bool trans = false) const { return {q + 2 * C, ld, trans}; }
-};
-
-// One (sequence, head) block's operands: q | k | v as T rows for T products (in place, or
-// widened into scratch), or, with `pack` set, as stored in bf16 for bf16 block products.
-template <typename T>
-struct Operands {
-  Head<T> x{};
-  Head16 x16{};
-  bf16* pack = nullptr;
-  // Scratch for the bf16 form's dS corrections (block_input_grads): the mean key and Σ e_i q_i
-  // (2 hs floats), then dS's row sums (L); fits the [L, 3 hs] the T form widens q | k | v into.
-  T* corrections = nullptr;
-  // [hs, L] for the bf16 form's transposed products (dVᵀ, dKᵀ) before they are written back.
-  T* transposed = nullptr;
-  int L = 0, hs = 0;
-};
-template <typename T, typename S>
-Operands<T> block_operands(const S* qkv, int a, int L, int h, int hs, int C, T* mine, int max_len,
-                           bool products16) {
-  Operands<T> b;
-  b.L = L, b.hs = hs;
-  if constexpr (std::is_same_v<S, bf16>)
-    if (products16) {
-      b.x16 = {qkv + static_cast<int64_t>(a) * 3 * C + h * hs, 3 * C, C};
-      b.pack = pack_scratch(mine, max_len, hs);
-      b.corrections = qkv_scratch(mine, L);
-      b.transposed = out_scratch(mine, L, hs);
-      return b;
-    }
-  b.x = head_block(qkv, a, L, h, hs, C, qkv_scratch(mine, L));
-  return b;
-}
 
 // The T form goes through a block a tile at a time (attention_layout.h): queries i0 .. i0 + rows
 // against the band of B keys from k0; global attention is one tile of the whole block (rows = B
@@ -353,40 +120,6 @@ void tile_dp(T* dP, const T* dO, int ldo, const Operands<T>& b, const Tile& t) {
        T(0), dP, t.B);
 }
 
-// The bf16 form goes through a block kStrip rows at a time, with the keys and the values (or
-// their transpose) packed once per block at the start of its packing room; each strip's left
-// operand is packed after them (`a`), when it is not read in place.
-struct Strips {
-  PackedB keys, values;
-  bf16* a = nullptr;
-};
-// keys: Kᵀ, the scores' right operand (when `keys`); values: V for Pv V, or Vᵀ for dO Vᵀ
-// (`transposed`).
-Strips pack_strips(const Operands<float>& b, bool keys, bool transposed) {
-  Strips st;
-  bf16* room = b.pack;
-  if (keys) st.keys = block_gemm_pack_b(b.hs, b.L, b.x16.K(true), room);
-  room += block_gemm_packed_b_elems(b.hs, b.L);
-  st.values = transposed ? block_gemm_pack_b(b.hs, b.L, b.x16.V(true), room)
-                         : block_gemm_pack_b(b.L, b.hs, b.x16.V(), room);
-  st.a =
-      room + std::max(block_gemm_packed_b_elems(b.L, b.hs), block_gemm_packed_b_elems(b.hs, b.L));
-  return st;
-}
-// P[rows, L] = softmax(scale Q Kᵀ) for the block's rows i0 .. i0 + rows: each element's sum and
-// each row's softmax are those of the whole-block product, so forward and a recomputing backward
-// agree bit for bit.
-void probs_strip(float* P, const Operands<float>& b, const Strips& st, int i0, int rows,
-                 float scale) {
-  const int L = b.L;
-  const MatView<bf16> q{b.x16.q + static_cast<int64_t>(i0) * b.x16.ld, b.x16.ld};
-  block_gemm_bf16(rows, scale, q, st.keys, OutView{P, L}, st.a);
-  for (int i = 0; i < rows; ++i) {
-    const int64_t r = static_cast<int64_t>(i) * L;
-    softmax_row(P + r, P + r, L);
-  }
-}
-
 // dV += Pvᵀ dO, dQ += dS K, dK += dSᵀ Q into dQ's block of dqkv (rows ld apart; = instead of +=
 // under GradWrite::overwrite). The bf16 form of dV computes dVᵀ = dOᵀ Pv (so that both of its
 // operands pack row by row) and writes it back transposed, and dK likewise as (Qᵀ dS)ᵀ.
@@ -414,110 +147,6 @@ void tile_input_grads(T* dQ, int ld, const T* Pv, const T* dS, const T* dO, int 
        ld);  // dQ
   gemm(true, false, t.B, hs, t.rows, T(1), dS, t.B, Q + i0 * xl, xl, beta, dQ + C + k0 * ld,
        ld);  // dK
-}
-// row_sums: e (at b.corrections + 2 hs).
-void block_input_grads16(float* dQ, int ld, const bf16* Pv16, const bf16* dS16, const float* dO,
-                         int ldo, const Operands<float>& b, GradWrite mode) {
-  const int L = b.L, hs = b.hs, C = ld / 3;
-  const bool add = mode == GradWrite::accumulate;
-  // dVᵀ and dKᵀ go to scratch, then into dqkv through register transposes: written transposed
-  // by the product itself, each tile would scatter short pieces of 32 rows of dqkv.
-  block_gemm_bf16(hs, L, L, 1.0f, MatView<float>{dO, ldo, true}, MatView<bf16>{Pv16, L},
-                  OutView{b.transposed, L}, b.pack);
-  store_transposed(dQ + 2 * C, ld, b.transposed, hs, L, add);
-  block_gemm_bf16(L, hs, L, 1.0f, MatView<bf16>{dS16, L}, b.x16.K(), OutView{dQ, ld, false, add},
-                  b.pack);
-  block_gemm_bf16(hs, L, L, 1.0f, b.x16.Q(true), MatView<bf16>{dS16, L}, OutView{b.transposed, L},
-                  b.pack);
-  store_transposed(dQ + C, ld, b.transposed, hs, L, add);
-  // The rank-one corrections: kbar = mean of the keys, c = Σ_i e_i q_i / L.
-  float* kbar = b.corrections;
-  float* c = kbar + hs;
-  const float* row_sums = c + hs;
-  const float inv_L = 1.0f / static_cast<float>(L);
-  std::fill(kbar, kbar + 2 * hs, 0.0f);
-  for (int i = 0; i < L; ++i) {
-    const bf16* q = b.x16.q + static_cast<int64_t>(i) * b.x16.ld;
-    const bf16* k = q + b.x16.C;
-    const float e = row_sums[i];
-#pragma omp simd
-    for (int j = 0; j < hs; ++j) {
-      kbar[j] += to_float(k[j]);
-      c[j] += e * to_float(q[j]);
-    }
-  }
-  for (int j = 0; j < 2 * hs; ++j) kbar[j] *= inv_L;
-  for (int i = 0; i < L; ++i) {
-    float* dq = dQ + static_cast<int64_t>(i) * ld;
-    float* dk = dq + C;
-    const float e = row_sums[i];
-#pragma omp simd
-    for (int j = 0; j < hs; ++j) {
-      dq[j] -= e * kbar[j];
-      dk[j] -= c[j];
-    }
-  }
-}
-
-// The bf16 form's forward of one block into dst [L, hs] (rows ld apart), a strip at a time: the
-// scores and their softmax, the probabilities stored rounded (when `probs`, the block's first),
-// the dropped ones rounded into the strip's Pv, and the strip's rows of Pv V.
-void forward_strips(float* dst, int ld, bf16* probs, const Operands<float>& x, float* mine,
-                    const DropoutMask& mask, int64_t drawn, bool drop, float keep_scale,
-                    float scale) {
-  const int L = x.L;
-  const Strips st = pack_strips(x, true, false);
-  float* P = mine;                                                           // [rows, L]
-  bf16* Pv16 = reinterpret_cast<bf16*>(mine + static_cast<int64_t>(L) * L);  // [rows, L]
-  for (int i0 = 0; i0 < L; i0 += kStrip) {
-    const int rows = std::min(kStrip, L - i0);
-    const int64_t at = static_cast<int64_t>(i0) * L, n = static_cast<int64_t>(rows) * L;
-    probs_strip(P, x, st, i0, rows, scale);
-    if (probs) store_rounded_nt(probs + at, P, n);
-    if (drop)
-      for (int i = 0; i < rows; ++i) {
-        const int64_t r = static_cast<int64_t>(i) * L;
-        drop_row(Pv16 + r, P + r, L, mask, drawn + at + r, keep_scale);
-      }
-    else
-      round_to_bf16(Pv16, P, n);
-    block_gemm_bf16(rows, 1.0f, MatView<bf16>{Pv16, L}, st.values,
-                    OutView{dst + static_cast<int64_t>(i0) * ld, ld}, st.a);
-  }
-}
-
-// The bf16 form's backward of one block up to its products, a strip at a time: the probabilities
-// (the kept ones widened, or rebuilt when `probs` is null), dP = dO Vᵀ, then through the dropout
-// mask and the softmax to dS. The dropped probabilities and dS go, rounded, into whole-block
-// Pv16 and dS16 [L, L] for the dV, dQ and dK products; dS's row sums into the corrections.
-void backward_strips(bf16* Pv16, bf16* dS16, const bf16* probs, const float* dO, int ldo,
-                     const Operands<float>& x, float* mine, const DropoutMask& mask, int64_t drawn,
-                     bool drop, float keep_scale, float scale) {
-  const int L = x.L, hs = x.hs;
-  const int64_t LL = static_cast<int64_t>(L) * L;
-  const Strips st = pack_strips(x, probs == nullptr, true);
-  float *dP = mine, *P = mine + 2 * LL;  // [rows, L] each
-  for (int i0 = 0; i0 < L; i0 += kStrip) {
-    const int rows = std::min(kStrip, L - i0);
-    const int64_t at = static_cast<int64_t>(i0) * L, n = static_cast<int64_t>(rows) * L;
-    if (probs)
-      for (int64_t i = 0; i < n; ++i) P[i] = to_float(probs[at + i]);
-    else
-      probs_strip(P, x, st, i0, rows, scale);
-    for (int i = 0; i < rows; ++i)
-      decode_probs_row<bf16>(P + static_cast<int64_t>(i) * L, L, probs == nullptr);
-    block_gemm_bf16(rows, 1.0f, MatView<float>{dO + static_cast<int64_t>(i0) * ldo, ldo}, st.values,
-                    OutView{dP, L}, st.a);
-    for (int i = 0; i < rows; ++i) {
-      const int64_t r = static_cast<int64_t>(i) * L, R = at + r;
-      if (drop)
-        drop_rows_backward(Pv16 + R, dP + r, P + r, L, mask, drawn + R, keep_scale);
-      else
-        round_to_bf16(Pv16 + R, P + r, L);
-      softmax_backward_row(dP + r, P + r, L, scale);
-      x.corrections[2 * hs + i0 + i] = round_row_bf16(dS16 + R, dP + r, L);
-    }
-  }
 }
 
 // What every (sequence, head) block of a call shares: the head size, the scores' scale
