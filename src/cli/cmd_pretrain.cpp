@@ -22,12 +22,10 @@ namespace packbert::cli {
 
 namespace {
 
-// Returns the exit code: 0, or 128 + the signal that stopped the run (130 SIGINT, 143 SIGTERM).
-int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_steps) {
-  StopOnSignals signals;  // before the trainer starts any thread
-  train::Trainer trainer(opt, resume);
-  const bool tty = ::isatty(2);
-  const bool root = dist::Comm::world().root();  // rank 0 alone reports
+// What the run is (rank 0 alone reports): model, batches, processes, sparsity, --init's gaps.
+void print_run_header(const train::PretrainOptions& opt, const train::Trainer& trainer,
+                      bool resume) {
+  const bool root = dist::Comm::world().root();
   const model::BertConfig& c = trainer.config();
   if (root)
     std::cerr << "pretrain: " << c.num_hidden_layers << " layers, hidden " << c.hidden_size << ", "
@@ -62,6 +60,34 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_ste
               << " tensor(s) of the pre-training heads (" << trainer.initialized().front()
               << (trainer.initialized().size() > 1 ? ", ..." : "")
               << "); they start from --seed's initialisation\n";
+}
+
+// How the run ended (rank 0): why it stopped, where its checkpoint is, what it skipped.
+void print_run_end(const train::PretrainOptions& opt, const train::Trainer& trainer,
+                   train::StopReason reason, int sig) {
+  std::cerr << "pretrain: ";
+  if (reason == train::StopReason::requested)
+    std::cerr << "stopped by " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << " before --steps; ";
+  if (reason == train::StopReason::time_limit) std::cerr << "stopped at --max-minutes; ";
+  if (reason == train::StopReason::target_reached)
+    std::cerr << "stopped at step " << trainer.step() << ": held-out accuracy reached "
+              << "--target-accuracy " << opt.target_accuracy << "; ";
+  std::cerr << "checkpoint at step " << trainer.step() << " in " << trainer.checkpoint_path();
+  if (trainer.outlier_skips())
+    std::cerr << " (" << trainer.outlier_skips() << " updates skipped as outliers)";
+  if (trainer.overflow_skips())
+    std::cerr << " (" << trainer.overflow_skips()
+              << " steps skipped for loss-scale overflow; scale " << trainer.loss_scale() << ")";
+  std::cerr << '\n';
+}
+
+// Returns the exit code: 0, or 128 + the signal that stopped the run (130 SIGINT, 143 SIGTERM).
+int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_steps) {
+  StopOnSignals signals;  // before the trainer starts any thread
+  train::Trainer trainer(opt, resume);
+  const bool tty = ::isatty(2);
+  const bool root = dist::Comm::world().root();  // rank 0 alone reports
+  print_run_header(opt, trainer, resume);
   double tokens = 0, seconds = 0;
   const int64_t first = trainer.step();
   const bool nsp_head = trainer.model().config().family == model::Family::bert;
@@ -95,21 +121,76 @@ int run_pretrain(const train::PretrainOptions& opt, bool resume, int logging_ste
   const int sig = signals.signal() ? signals.signal() : SIGTERM;  // (a stop another rank got)
   if (!root) return reason == train::StopReason::requested ? 128 + sig : 0;
   if (tty) std::cerr << '\n';
-  std::cerr << "pretrain: ";
-  if (reason == train::StopReason::requested)
-    std::cerr << "stopped by " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << " before --steps; ";
-  if (reason == train::StopReason::time_limit) std::cerr << "stopped at --max-minutes; ";
-  if (reason == train::StopReason::target_reached)
-    std::cerr << "stopped at step " << trainer.step() << ": held-out accuracy reached "
-              << "--target-accuracy " << opt.target_accuracy << "; ";
-  std::cerr << "checkpoint at step " << trainer.step() << " in " << trainer.checkpoint_path();
-  if (trainer.outlier_skips())
-    std::cerr << " (" << trainer.outlier_skips() << " updates skipped as outliers)";
-  if (trainer.overflow_skips())
-    std::cerr << " (" << trainer.overflow_skips()
-              << " steps skipped for loss-scale overflow; scale " << trainer.loss_scale() << ")";
-  std::cerr << '\n';
+  print_run_end(opt, trainer, reason, sig);
   return reason == train::StopReason::requested ? 128 + sig : 0;
+}
+
+// Where the run reads and writes, and what it starts from.
+void input_flags(CLI::App* cmd, train::PretrainOptions& o, std::string& carry) {
+  cmd->add_option("--data", o.sequences, "Sequences file (packbert prepare)")->required();
+  cmd->add_option("--packs", o.packs,
+                  "Packs file for it (omit: padded baseline, one sequence per row)");
+  cmd->add_option("--out", o.out_dir, "Run directory: checkpoint.safetensors, metrics.jsonl")
+      ->required();
+  cmd->add_flag("--overwrite", o.overwrite,
+                "Start over in an --out that holds an earlier run (its checkpoint and metrics "
+                "are replaced)");
+  vocab_option(cmd, o.vocab, "vocab.txt the data was made with");
+  cmd->add_option("--init", o.init, "Start from a Hugging Face-layout directory or a checkpoint");
+  cmd->add_option("--init-optimizer", carry,
+                  "With --init a training checkpoint (phase 2 of two-phase pre-training): reset "
+                  "the optimizer moments, or carry them (and its step count) over")
+      ->check(CLI::IsMember({"reset", "carry"}))
+      ->capture_default_str();
+  shape_flags(cmd, o.shape, "Model shape of a new model: tiny|mini|small|medium|base|large");
+}
+
+// Checkpoints, evaluation and the ways a run stops.
+void checkpoint_flags(CLI::App* cmd, train::PretrainOptions& o) {
+  number(cmd, "--checkpoint-every", o.checkpoint_every,
+         "Steps between checkpoints (0 = at the end)", 0, kMaxCount);
+  number(cmd, "--keep-checkpoints", o.keep_checkpoints,
+         "Checkpoints kept in --out: checkpoint.safetensors (the latest) and the ones before it "
+         "as checkpoint-STEP.safetensors; best.safetensors (lowest held-out loss) is kept too; "
+         "trainer_state.json beside them is Hugging Face's for the latest",
+         1, 1000);
+  number(cmd, "--divergence-factor", o.divergence_factor,
+         "Stop with exit 2, writing nothing, when the held-out MLM loss exceeds this multiple of "
+         "its best or the training loss's moving average this multiple of its lowest (0 = off)",
+         0, 1e9);
+  number(cmd, "--eval-every", o.eval_every, "Steps between held-out evaluations (0 = at the end)",
+         0, kMaxCount);
+  number(cmd, "--eval-fraction", o.eval_fraction,
+         "Only for a sequences file without its own held-out split (prepare --eval-fraction, "
+         "which splits by document): the share of its last sequences held out (default 0.02)",
+         0, 0.49);
+  number(cmd, "--max-minutes", o.max_minutes,
+         "Stop (with a checkpoint) after this much training time (0 = no limit)", 0, 1e9);
+  number(cmd, "--target-accuracy", o.target_accuracy,
+         "Stop (with a checkpoint) at the first evaluation (--eval-every) whose held-out MLM "
+         "accuracy reaches this: time to train, as MLPerf measures it (0 = off)",
+         0, 1);
+}
+
+// Pipeline stages and how batches are laid out.
+void layout_flags(CLI::App* cmd, train::PretrainOptions& o) {
+  number(cmd, "--pipeline-stages", o.pipeline_stages,
+         "Under mpirun: split the model's layers into this many pipeline stages (the embeddings "
+         "on the first, the heads on the last), the processes into stages x replicas; a step's "
+         "--accumulation micro-batches run on the 1F1B schedule",
+         1, 1024)
+      ->capture_default_str();
+  cmd->add_option("--stage-layers", o.stage_layers,
+                  "Encoder layers of each pipeline stage, first to last (e.g. 5,7; default: "
+                  "balanced by FLOPs, as `packbert plan --pipeline-stages` proposes)")
+      ->delimiter(',');
+  cmd->add_flag("--compute-padding", o.compute_padding,
+                "Padded baseline only: compute the padding slots as frameworks do (same results, "
+                "framework cost)");
+  cmd->add_flag("--one-per-row", o.one_per_row,
+                "With --packs: put each pack's sequences in rows of their own (padded): the same "
+                "sequences per step, in the same order, as the packed run; --batch-rows still "
+                "counts packs");
 }
 
 }  // namespace
@@ -124,23 +205,8 @@ void register_pretrain(CLI::App& app, int& exit_code) {
       "cannot go on (the "
       "last good checkpoint is kept as it was), 130/143 when stopped by SIGINT/SIGTERM (a "
       "checkpoint of the step reached is written first; continue with --resume).");
-  cmd->add_option("--data", o->sequences, "Sequences file (packbert prepare)")->required();
-  cmd->add_option("--packs", o->packs,
-                  "Packs file for it (omit: padded baseline, one sequence per row)");
-  cmd->add_option("--out", o->out_dir, "Run directory: checkpoint.safetensors, metrics.jsonl")
-      ->required();
-  cmd->add_flag("--overwrite", o->overwrite,
-                "Start over in an --out that holds an earlier run (its checkpoint and metrics "
-                "are replaced)");
-  vocab_option(cmd, o->vocab, "vocab.txt the data was made with");
-  cmd->add_option("--init", o->init, "Start from a Hugging Face-layout directory or a checkpoint");
   auto carry = std::make_shared<std::string>("reset");
-  cmd->add_option("--init-optimizer", *carry,
-                  "With --init a training checkpoint (phase 2 of two-phase pre-training): reset "
-                  "the optimizer moments, or carry them (and its step count) over")
-      ->check(CLI::IsMember({"reset", "carry"}))
-      ->capture_default_str();
-  shape_flags(cmd, o->shape, "Model shape of a new model: tiny|mini|small|medium|base|large");
+  input_flags(cmd, *o, *carry);
   cmd->add_option("--packing-adjust", o->packing_adjust,
                   "none | ga (divide accumulation by the packing factor) | beta (LAMB betas ^ "
                   "packing factor)")
@@ -156,41 +222,10 @@ void register_pretrain(CLI::App& app, int& exit_code) {
       "tensor by about lr x its own norm per step). Measured on bert-mini, ~24 sequences a step: "
       "LAMB 5e-3 beat 1e-3 and 1e-2; for larger batches LAMB's authors scale lr with the square "
       "root of the batch");
-  number(cmd, "--checkpoint-every", o->checkpoint_every,
-         "Steps between checkpoints (0 = at the end)", 0, kMaxCount);
-  number(cmd, "--keep-checkpoints", o->keep_checkpoints,
-         "Checkpoints kept in --out: checkpoint.safetensors (the latest) and the ones before it "
-         "as checkpoint-STEP.safetensors; best.safetensors (lowest held-out loss) is kept too; "
-         "trainer_state.json beside them is Hugging Face's for the latest",
-         1, 1000);
-  number(cmd, "--divergence-factor", o->divergence_factor,
-         "Stop with exit 2, writing nothing, when the held-out MLM loss exceeds this multiple of "
-         "its best or the training loss's moving average this multiple of its lowest (0 = off)",
-         0, 1e9);
-  number(cmd, "--eval-every", o->eval_every, "Steps between held-out evaluations (0 = at the end)",
-         0, kMaxCount);
-  number(cmd, "--eval-fraction", o->eval_fraction,
-         "Only for a sequences file without its own held-out split (prepare --eval-fraction, "
-         "which splits by document): the share of its last sequences held out (default 0.02)",
-         0, 0.49);
+  checkpoint_flags(cmd, *o);
   cmd->add_flag("--dynamic-masking", o->dynamic_masking, "New masks every epoch (RoBERTa style)");
-  number(cmd, "--max-minutes", o->max_minutes,
-         "Stop (with a checkpoint) after this much training time (0 = no limit)", 0, 1e9);
-  number(cmd, "--target-accuracy", o->target_accuracy,
-         "Stop (with a checkpoint) at the first evaluation (--eval-every) whose held-out MLM "
-         "accuracy reaches this: time to train, as MLPerf measures it (0 = off)",
-         0, 1);
   sparse_flags(cmd, o->sparse, true);
-  number(cmd, "--pipeline-stages", o->pipeline_stages,
-         "Under mpirun: split the model's layers into this many pipeline stages (the embeddings "
-         "on the first, the heads on the last), the processes into stages x replicas; a step's "
-         "--accumulation micro-batches run on the 1F1B schedule",
-         1, 1024)
-      ->capture_default_str();
-  cmd->add_option("--stage-layers", o->stage_layers,
-                  "Encoder layers of each pipeline stage, first to last (e.g. 5,7; default: "
-                  "balanced by FLOPs, as `packbert plan --pipeline-stages` proposes)")
-      ->delimiter(',');
+  layout_flags(cmd, *o);
   cmd->add_flag("--resume", *resume, "Continue from --out/checkpoint.safetensors, bit-exactly");
   auto logging = std::make_shared<int>(10);
   number(cmd, "--logging-steps", *logging,
@@ -198,13 +233,6 @@ void register_pretrain(CLI::App& app, int& exit_code) {
          "in place)",
          1, 1e9);
   report_to_flag(cmd, o->report);
-  cmd->add_flag("--compute-padding", o->compute_padding,
-                "Padded baseline only: compute the padding slots as frameworks do (same results, "
-                "framework cost)");
-  cmd->add_flag("--one-per-row", o->one_per_row,
-                "With --packs: put each pack's sequences in rows of their own (padded): the same "
-                "sequences per step, in the same order, as the packed run; --batch-rows still "
-                "counts packs");
   cmd->callback([cmd, o, resume, loop, carry, logging, &exit_code] {
     train::PretrainOptions opt = *o;
     opt.carry_optimizer = *carry == "carry";
