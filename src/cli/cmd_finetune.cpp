@@ -92,6 +92,86 @@ void print_result(const train::FinetuneOptions& opt, const train::FinetuneResult
               << "'s, the best dev " << opt.save_best << "\n";
 }
 
+// What is fine-tuned on what, into where: the data, the model, the head.
+void data_flags(CLI::App* cmd, train::FinetuneOptions& o) {
+  cmd->add_option("--train", o.train,
+                  "classify: TSV, CSV (.csv) or JSONL (.jsonl) with a header or keys naming the "
+                  "columns (label, sentence[, sentence2], or a GLUE task's); squad: JSON")
+      ->required();
+  cmd->add_option("--dev", o.dev, "The same format; squad writes its answers to predictions.json")
+      ->required();
+  cmd->add_option("--init,--model", o.init,
+                  "Pre-trained model: HF directory or packbert checkpoint (--model is the name "
+                  "every command takes)")
+      ->required();
+  cmd->add_option("--out", o.out_dir,
+                  "Directory for the fine-tuned model (HF layout) and metrics; it appears when "
+                  "fine-tuning has finished, whole (written as <out>.partial.PID until then)")
+      ->required();
+  cmd->add_flag("--overwrite", o.overwrite, "Replace an --out that already holds a model");
+  cmd->add_flag("--new-head", o.new_head,
+                "classify: train a new classifier, the data's labels sorted, even when --init has "
+                "one (by default a classifier with named labels keeps them: the data's labels are "
+                "matched to its config.json id2label by name)");
+  auto kind = [&o](bool regression) {
+    if (o.regression && *o.regression != regression)
+      throw CLI::ValidationError("--regression and --classification contradict each other");
+    o.regression = regression;
+  };
+  cmd->add_flag_callback(
+      "--regression", [kind] { kind(true); },
+      "classify: train a regression head (one output, mean squared error; Pearson and Spearman "
+      "on dev) towards the labels' values. Default: --model's head when it has one, else "
+      "regression when the labels are decimal numbers (STS-B's 3.800), as run_glue decides");
+  cmd->add_flag_callback(
+      "--classification", [kind] { kind(false); },
+      "classify: train a classifier even when the labels are decimal numbers");
+  model_vocab_option(cmd, o.vocab, "vocab.txt or tokenizer.json to tokenise the examples with");
+  casing_flags(cmd, o.lower_case);
+  column_flags(cmd, o.columns);
+}
+
+// Evaluation, early stopping, checkpoints and the run's state.
+void evaluation_flags(CLI::App* cmd, train::FinetuneOptions& o) {
+  number(cmd, "--eval-steps", o.eval_steps,
+         "Score dev every this many steps and after the last (default: after each epoch)", 1,
+         kMaxCount);
+  number(cmd, "--early-stopping-patience", o.early_stopping_patience,
+         "Stop after this many dev evaluations in a row that do not beat the best before them "
+         "(on --save-best's metric, by more than --early-stopping-threshold); the best one's "
+         "model is written",
+         1, 1e9);
+  number(cmd, "--early-stopping-threshold", o.early_stopping_threshold,
+         "How much an evaluation must beat the best before it by to count as better (default 0)", 0,
+         1e9);
+  number(cmd, "--keep-checkpoints", o.keep_checkpoints,
+         "Keep checkpoint-STEP/ directories that transformers loads as they are (config.json, "
+         "model.safetensors, vocab and tokenizer files, trainer_state.json): the latest this many "
+         "and the best evaluation's (Hugging Face's save_total_limit). One is written at each "
+         "evaluation, epoch end and --checkpoint-every; they gather in <out>.checkpoints/ and move "
+         "into --out with the model (default 0: none)",
+         0, 1e9);
+  report_to_flag(cmd, o.report);
+  number(cmd, "--checkpoint-every", o.checkpoint_every,
+         "Steps between saves of the run's state to <out>.resume.safetensors (0: only at each "
+         "evaluation, each epoch's end and on SIGINT/SIGTERM); removed when the model is written",
+         0, kMaxCount);
+  cmd->add_option(
+         "--save-best", o.save_best,
+         "Write the model of the evaluation with the best dev METRIC instead of the last one "
+         "(Hugging Face's load_best_model_at_end): accuracy, f1 (two labels) or mcc for "
+         "classify; pearson or spearman for regression; exact_match or f1 for squad. "
+         "Ties keep the earlier evaluation")
+      ->option_text("METRIC");
+  cmd->add_flag("--resume", o.resume,
+                "Continue the run that <out>.resume.safetensors holds, bit-exactly (the same data "
+                "and flags)");
+  number(cmd, "--logging-steps", o.logging_steps,
+         "Without a terminal, a progress line every this many steps (on one, a line rewritten "
+         "in place)",
+         1, 1e9);
+}
+
 }  // namespace
 
 void register_finetune(CLI::App& app, int& exit_code) {
@@ -109,41 +189,7 @@ void register_finetune(CLI::App& app, int& exit_code) {
                   "or v2.0 JSON)")
       ->capture_default_str()
       ->check(CLI::IsMember({"classify", "squad"}));
-  cmd->add_option("--train", o->train,
-                  "classify: TSV, CSV (.csv) or JSONL (.jsonl) with a header or keys naming the "
-                  "columns (label, sentence[, sentence2], or a GLUE task's); squad: JSON")
-      ->required();
-  cmd->add_option("--dev", o->dev, "The same format; squad writes its answers to predictions.json")
-      ->required();
-  cmd->add_option("--init,--model", o->init,
-                  "Pre-trained model: HF directory or packbert checkpoint (--model is the name "
-                  "every command takes)")
-      ->required();
-  cmd->add_option("--out", o->out_dir,
-                  "Directory for the fine-tuned model (HF layout) and metrics; it appears when "
-                  "fine-tuning has finished, whole (written as <out>.partial.PID until then)")
-      ->required();
-  cmd->add_flag("--overwrite", o->overwrite, "Replace an --out that already holds a model");
-  cmd->add_flag("--new-head", o->new_head,
-                "classify: train a new classifier, the data's labels sorted, even when --init has "
-                "one (by default a classifier with named labels keeps them: the data's labels are "
-                "matched to its config.json id2label by name)");
-  auto kind = [o](bool regression) {
-    if (o->regression && *o->regression != regression)
-      throw CLI::ValidationError("--regression and --classification contradict each other");
-    o->regression = regression;
-  };
-  cmd->add_flag_callback(
-      "--regression", [kind] { kind(true); },
-      "classify: train a regression head (one output, mean squared error; Pearson and Spearman "
-      "on dev) towards the labels' values. Default: --model's head when it has one, else "
-      "regression when the labels are decimal numbers (STS-B's 3.800), as run_glue decides");
-  cmd->add_flag_callback(
-      "--classification", [kind] { kind(false); },
-      "classify: train a classifier even when the labels are decimal numbers");
-  model_vocab_option(cmd, o->vocab, "vocab.txt or tokenizer.json to tokenise the examples with");
-  casing_flags(cmd, o->lower_case);
-  column_flags(cmd, o->columns);
+  data_flags(cmd, *o);
   CLI::Option* len =
       number(cmd, "--max-seq-len", o->max_seq_len,
              "Tokens per sequence and per packed row (default 128; squad 384)", 8, 65536);
@@ -157,43 +203,7 @@ void register_finetune(CLI::App& app, int& exit_code) {
                               "Warm-up over this share of the run's steps (ceil(ratio x steps), "
                               "as Hugging Face's warmup_ratio); instead of --warmup",
                               0, 1);
-  number(cmd, "--eval-steps", o->eval_steps,
-         "Score dev every this many steps and after the last (default: after each epoch)", 1,
-         kMaxCount);
-  number(cmd, "--early-stopping-patience", o->early_stopping_patience,
-         "Stop after this many dev evaluations in a row that do not beat the best before them "
-         "(on --save-best's metric, by more than --early-stopping-threshold); the best one's "
-         "model is written",
-         1, 1e9);
-  number(cmd, "--early-stopping-threshold", o->early_stopping_threshold,
-         "How much an evaluation must beat the best before it by to count as better (default 0)", 0,
-         1e9);
-  number(cmd, "--keep-checkpoints", o->keep_checkpoints,
-         "Keep checkpoint-STEP/ directories that transformers loads as they are (config.json, "
-         "model.safetensors, vocab and tokenizer files, trainer_state.json): the latest this many "
-         "and the best evaluation's (Hugging Face's save_total_limit). One is written at each "
-         "evaluation, epoch end and --checkpoint-every; they gather in <out>.checkpoints/ and move "
-         "into --out with the model (default 0: none)",
-         0, 1e9);
-  report_to_flag(cmd, o->report);
-  number(cmd, "--checkpoint-every", o->checkpoint_every,
-         "Steps between saves of the run's state to <out>.resume.safetensors (0: only at each "
-         "evaluation, each epoch's end and on SIGINT/SIGTERM); removed when the model is written",
-         0, kMaxCount);
-  cmd->add_option(
-         "--save-best", o->save_best,
-         "Write the model of the evaluation with the best dev METRIC instead of the last one "
-         "(Hugging Face's load_best_model_at_end): accuracy, f1 (two labels) or mcc for "
-         "classify; pearson or spearman for regression; exact_match or f1 for squad. "
-         "Ties keep the earlier evaluation")
-      ->option_text("METRIC");
-  cmd->add_flag("--resume", o->resume,
-                "Continue the run that <out>.resume.safetensors holds, bit-exactly (the same data "
-                "and flags)");
-  number(cmd, "--logging-steps", o->logging_steps,
-         "Without a terminal, a progress line every this many steps (on one, a line rewritten "
-         "in place)",
-         1, 1e9);
+  evaluation_flags(cmd, *o);
   const LoopFlags loop =
       loop_flags(cmd, o->loop, "adamw", 1e-3, 5e-5,
                  "Peak learning rate (default 5e-5 with AdamW, as BERT's authors fine-tuned; "
