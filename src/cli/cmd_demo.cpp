@@ -217,6 +217,44 @@ void calibrate(DemoArgs& a, const std::string& seqs, const std::string& packs) {
   std::cout << ".\n";
 }
 
+// The comparison's files: summary.json (seconds and steps to the target, the settings, the
+// CPU) and pretrain.svg (both curves).
+void write_comparison(const DemoArgs& a, const Run (&runs)[2], double ratio) {
+  const Run &padded = runs[0], &packed = runs[1];
+  const bool both = padded.steps_to_target > 0 && packed.steps_to_target > 0;
+  nlohmann::json summary = {
+      {"seed", a.seed},
+      {"preset", a.preset},
+      {"target_accuracy", a.target},
+      {"packed_seconds_to_target",
+       packed.steps_to_target > 0 ? nlohmann::json(packed.seconds_to_target) : nlohmann::json()},
+      {"padded_seconds_to_target",
+       padded.steps_to_target > 0 ? nlohmann::json(padded.seconds_to_target) : nlohmann::json()},
+      {"ratio", both ? nlohmann::json(ratio) : nlohmann::json()},
+      {"packed_steps_to_target",
+       packed.steps_to_target > 0 ? nlohmann::json(packed.steps_to_target) : nlohmann::json()},
+      {"padded_steps_to_target",
+       padded.steps_to_target > 0 ? nlohmann::json(padded.steps_to_target) : nlohmann::json()},
+      {"max_steps", a.max_steps},
+      {"packs_per_step", a.packs_per_step},
+      {"lr", a.lr},
+      {"precision", model::precision_name(a.resolved)},
+      {"cpu", kernels::cpu_features().model},
+      {"isa", kernels::cpu_features().isa()},
+      {"kernel_isa", kernels::kernel_isa()}};
+  io::write_file_atomic(a.workdir + "/summary.json", summary.dump(2) + "\n");
+
+  std::vector<Series> series;
+  for (const Run& r : runs) series.push_back({r.name, r.color, r.curve});
+  const std::string svg = a.workdir + "/pretrain.svg";
+  io::write_file_atomic(svg,
+                        svg_plot(series, "bert-" + a.preset + " on GCIDE: held-out MLM accuracy",
+                                 "training time (s)", "masked-LM accuracy"));
+  std::cout << "plot: " << svg << "; summary: " << a.workdir
+            << "/summary.json; metrics: " << a.workdir
+            << "/pretrain_{packed,padded}/metrics.jsonl\n";
+}
+
 void pretrain_comparison(DemoArgs a, const std::string& seqs, const std::string& packs) {
   std::cout << "\n== 3. Pre-training, packed vs padded\n";
   calibrate(a, seqs, packs);
@@ -269,37 +307,7 @@ void pretrain_comparison(DemoArgs a, const std::string& seqs, const std::string&
     std::cout << "Conclusion: none; a run did not reach the target within " << a.max_steps
               << " steps (raise --max-steps)\n";
 
-  nlohmann::json summary = {
-      {"seed", a.seed},
-      {"preset", a.preset},
-      {"target_accuracy", a.target},
-      {"packed_seconds_to_target",
-       packed.steps_to_target > 0 ? nlohmann::json(packed.seconds_to_target) : nlohmann::json()},
-      {"padded_seconds_to_target",
-       padded.steps_to_target > 0 ? nlohmann::json(padded.seconds_to_target) : nlohmann::json()},
-      {"ratio", both ? nlohmann::json(ratio) : nlohmann::json()},
-      {"packed_steps_to_target",
-       packed.steps_to_target > 0 ? nlohmann::json(packed.steps_to_target) : nlohmann::json()},
-      {"padded_steps_to_target",
-       padded.steps_to_target > 0 ? nlohmann::json(padded.steps_to_target) : nlohmann::json()},
-      {"max_steps", a.max_steps},
-      {"packs_per_step", a.packs_per_step},
-      {"lr", a.lr},
-      {"precision", model::precision_name(a.resolved)},
-      {"cpu", kernels::cpu_features().model},
-      {"isa", kernels::cpu_features().isa()},
-      {"kernel_isa", kernels::kernel_isa()}};
-  io::write_file_atomic(a.workdir + "/summary.json", summary.dump(2) + "\n");
-
-  std::vector<Series> series;
-  for (const Run& r : runs) series.push_back({r.name, r.color, r.curve});
-  const std::string svg = a.workdir + "/pretrain.svg";
-  io::write_file_atomic(svg,
-                        svg_plot(series, "bert-" + a.preset + " on GCIDE: held-out MLM accuracy",
-                                 "training time (s)", "masked-LM accuracy"));
-  std::cout << "plot: " << svg << "; summary: " << a.workdir
-            << "/summary.json; metrics: " << a.workdir
-            << "/pretrain_{packed,padded}/metrics.jsonl\n";
+  write_comparison(a, runs, ratio);
 }
 
 void demo_corpus(const DemoArgs& a) {

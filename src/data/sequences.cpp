@@ -176,6 +176,48 @@ void check_declared_size(unsigned __int128 declared, size_t actual, const std::s
                    " unexpected trailing bytes (its header declares " + d + ")");
 }
 
+namespace {
+
+// Every sequence of a read file consistent: its segment start and NSP label, its masked
+// positions inside it and each masked once, every token and masked input inside the vocabulary
+// (each refusal naming the sequence).
+void check_sequences(const SequencesFile& f, uint64_t n, const std::string& path) {
+  std::vector<uint64_t> masked_by(static_cast<size_t>(f.max_seq_len), 0);  // sequence + 1
+  for (size_t i = 0; i < n; ++i) {
+    int32_t L = f.length(i);
+    if (L > f.max_seq_len || f.b_start[i] < 0 || f.b_start[i] > L || f.nsp_label[i] < 0 ||
+        f.nsp_label[i] > 1)
+      throw InputError(path + ": sequence " + std::to_string(i) +
+                       " is inconsistent (corrupt file)");
+    for (uint64_t k = f.mlm_offsets[i]; k < f.mlm_offsets[i + 1]; ++k) {
+      if (f.mlm_positions[k] < 0 || f.mlm_positions[k] >= L)
+        throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
+                         std::to_string(f.mlm_positions[k]) + " outside its " + std::to_string(L) +
+                         " tokens");
+      // A position masked twice would count twice in the loss.
+      uint64_t& seen = masked_by[static_cast<size_t>(f.mlm_positions[k])];
+      if (seen == i + 1)
+        throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
+                         std::to_string(f.mlm_positions[k]) + " twice (corrupt file)");
+      seen = i + 1;
+      // The token a masked position is given ([MASK], random or kept): checked here, naming
+      // where, not first when a batch of it is made.
+      if (f.mlm_inputs[k] < 0 || f.mlm_inputs[k] >= f.vocab_size)
+        throw InputError(path + ": sequence " + std::to_string(i) + " gives masked position " +
+                         std::to_string(f.mlm_positions[k]) + " the id " +
+                         std::to_string(f.mlm_inputs[k]) + ", outside the vocabulary of " +
+                         std::to_string(f.vocab_size));
+    }
+    for (uint64_t k = f.token_offsets[i]; k < f.token_offsets[i + 1]; ++k)
+      if (f.tokens[k] < 0 || f.tokens[k] >= f.vocab_size)
+        throw InputError(path + ": sequence " + std::to_string(i) + " holds token id " +
+                         std::to_string(f.tokens[k]) + ", outside the vocabulary of " +
+                         std::to_string(f.vocab_size));
+  }
+}
+
+}  // namespace
+
 SequencesFile read_sequences(const std::string& path) {
   const io::FileBytes file = io::FileBytes::map(path);
   const std::string_view buf = file.view();
@@ -223,38 +265,7 @@ SequencesFile read_sequences(const std::string& path) {
   if (f.max_seq_len < 1 || f.max_seq_len > (1 << 20))
     throw InputError(path + ": max_seq_len " + std::to_string(f.max_seq_len) +
                      " is outside [1, 2^20] (corrupt header)");
-  std::vector<uint64_t> masked_by(static_cast<size_t>(f.max_seq_len), 0);  // sequence + 1
-  for (size_t i = 0; i < n; ++i) {
-    int32_t L = f.length(i);
-    if (L > f.max_seq_len || f.b_start[i] < 0 || f.b_start[i] > L || f.nsp_label[i] < 0 ||
-        f.nsp_label[i] > 1)
-      throw InputError(path + ": sequence " + std::to_string(i) +
-                       " is inconsistent (corrupt file)");
-    for (uint64_t k = f.mlm_offsets[i]; k < f.mlm_offsets[i + 1]; ++k) {
-      if (f.mlm_positions[k] < 0 || f.mlm_positions[k] >= L)
-        throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
-                         std::to_string(f.mlm_positions[k]) + " outside its " + std::to_string(L) +
-                         " tokens");
-      // A position masked twice would count twice in the loss.
-      uint64_t& seen = masked_by[static_cast<size_t>(f.mlm_positions[k])];
-      if (seen == i + 1)
-        throw InputError(path + ": sequence " + std::to_string(i) + " masks position " +
-                         std::to_string(f.mlm_positions[k]) + " twice (corrupt file)");
-      seen = i + 1;
-      // The token a masked position is given ([MASK], random or kept): checked here, naming
-      // where, not first when a batch of it is made.
-      if (f.mlm_inputs[k] < 0 || f.mlm_inputs[k] >= f.vocab_size)
-        throw InputError(path + ": sequence " + std::to_string(i) + " gives masked position " +
-                         std::to_string(f.mlm_positions[k]) + " the id " +
-                         std::to_string(f.mlm_inputs[k]) + ", outside the vocabulary of " +
-                         std::to_string(f.vocab_size));
-    }
-    for (uint64_t k = f.token_offsets[i]; k < f.token_offsets[i + 1]; ++k)
-      if (f.tokens[k] < 0 || f.tokens[k] >= f.vocab_size)
-        throw InputError(path + ": sequence " + std::to_string(i) + " holds token id " +
-                         std::to_string(f.tokens[k]) + ", outside the vocabulary of " +
-                         std::to_string(f.vocab_size));
-  }
+  check_sequences(f, n, path);
   return f;
 }
 

@@ -282,60 +282,89 @@ std::vector<SquadExample> read_squad(const std::string& path, bool need_answers)
   return out;
 }
 
+namespace {
+
+// The context's words and pieces into e (each piece's word, and under a byte-level BPE its byte
+// span); returns each word's first piece (one more entry: the pieces' count), and each
+// character's word in char_word.
+std::vector<int32_t> tokenize_context(SquadExample& e, const Tokenizer& tok,
+                                      std::vector<int32_t>& char_word) {
+  e.pieces.clear(), e.piece_word.clear(), e.piece_begin.clear(), e.piece_end.clear();
+  Words split = split_words(e.context);
+  e.words = std::move(split.words);
+  char_word = std::move(split.char_word);
+  std::vector<int32_t> word_first(e.words.size() + 1);
+  for (size_t w = 0; w < e.words.size(); ++w) {
+    word_first[w] = static_cast<int32_t>(e.pieces.size());
+    if (tok.byte_level())
+      encode_with_spans(tok, e.context, w == 0 ? 0 : split.word_end[w - 1], split.word_end[w], e);
+    else
+      for (int32_t id : tok.encode(e.words[w])) e.pieces.push_back(id);
+    e.piece_word.resize(e.pieces.size(), static_cast<int32_t>(w));
+  }
+  word_first[e.words.size()] = static_cast<int32_t>(e.pieces.size());
+  return word_first;
+}
+
+// The first answer's pieces [tok_start, tok_end] of the context; false when its text cannot be
+// found there (the example is then skipped, as Google's and Hugging Face's scripts do).
+bool locate_answer(const SquadExample& e, const Tokenizer& tok,
+                   const std::vector<int32_t>& char_word, const std::vector<int32_t>& word_first,
+                   int32_t& tok_start, int32_t& tok_end) {
+  const SquadAnswer& a = e.answers[0];
+  const int64_t len = static_cast<int64_t>(code_points(a.text).size()) - 1;
+  const int32_t sw = std::max(char_word[a.start], 0);
+  const int32_t ew = char_word[a.start + len - 1];
+  std::vector<std::string> answer_words = split_words(a.text).words;
+  if (ew < sw || answer_words.empty() ||
+      join(e.words, sw, ew).find(join(answer_words, 0, answer_words.size() - 1)) ==
+          std::string::npos)
+    return false;
+  tok_start = word_first[sw];
+  tok_end = word_first[ew + 1] - 1;
+  if (tok.byte_level())  // the pieces the answer's bytes overlap (Hugging Face's run_qa)
+    return answer_pieces(e, code_points(e.context)[static_cast<size_t>(a.start)], a.text.size(),
+                         tok_start, tok_end);
+  // Tighten to the tokenised answer (Google's _improve_answer_span): "1895" in "(1895)".
+  const std::vector<int32_t> want = tok.encode(a.text);
+  for (int32_t s = tok_start; s <= tok_end; ++s)
+    for (int32_t t = tok_end; t >= s; --t)
+      if (static_cast<size_t>(t - s + 1) == want.size() &&
+          std::equal(want.begin(), want.end(), e.pieces.begin() + s)) {
+        tok_start = s, tok_end = t;
+        return true;
+      }
+  return true;
+}
+
+// The windows of max_doc pieces over n, doc_stride apart, the last ending at n.
+std::vector<Window> windows_of(int32_t n, int32_t max_doc, int32_t doc_stride) {
+  std::vector<Window> windows;
+  for (int32_t start = 0; start < n;) {
+    const int32_t length = std::min(n - start, max_doc);
+    windows.push_back({start, length});
+    if (start + length == n) break;
+    start += std::min(length, doc_stride);
+  }
+  return windows;
+}
+
+}  // namespace
+
 SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenizer& tok,
                              const SquadOptions& o, bool training) {
   const Vocab& v = tok.vocab();
   SquadFeatures out;
   for (size_t i = 0; i < examples.size(); ++i) {
     SquadExample& e = examples[i];
-    e.pieces.clear(), e.piece_word.clear(), e.piece_begin.clear(), e.piece_end.clear();
-    Words split = split_words(e.context);
-    e.words = std::move(split.words);
-    const std::vector<int32_t>& char_word = split.char_word;
-    std::vector<int32_t> word_first(e.words.size() + 1);
-    for (size_t w = 0; w < e.words.size(); ++w) {
-      word_first[w] = static_cast<int32_t>(e.pieces.size());
-      if (tok.byte_level())
-        encode_with_spans(tok, e.context, w == 0 ? 0 : split.word_end[w - 1], split.word_end[w], e);
-      else
-        for (int32_t id : tok.encode(e.words[w])) e.pieces.push_back(id);
-      e.piece_word.resize(e.pieces.size(), static_cast<int32_t>(w));
-    }
-    word_first[e.words.size()] = static_cast<int32_t>(e.pieces.size());
-
+    std::vector<int32_t> char_word;
+    const std::vector<int32_t> word_first = tokenize_context(e, tok, char_word);
     int32_t tok_start = -1, tok_end = -1;  // (an unanswerable question: every window at [CLS])
-    if (training && !e.impossible) {
-      const SquadAnswer& a = e.answers[0];
-      const int64_t len = static_cast<int64_t>(code_points(a.text).size()) - 1;
-      const int32_t sw = std::max(char_word[a.start], 0);
-      const int32_t ew = char_word[a.start + len - 1];
-      std::vector<std::string> answer_words = split_words(a.text).words;
-      if (ew < sw || answer_words.empty() ||
-          join(e.words, sw, ew).find(join(answer_words, 0, answer_words.size() - 1)) ==
-              std::string::npos) {
-        ++out.unanswerable;
-        continue;
-      }
-      tok_start = word_first[sw];
-      tok_end = word_first[ew + 1] - 1;
-      if (tok.byte_level()) {  // the pieces the answer's bytes overlap (Hugging Face's run_qa)
-        if (!answer_pieces(e, code_points(e.context)[static_cast<size_t>(a.start)], a.text.size(),
-                           tok_start, tok_end)) {
-          ++out.unanswerable;
-          continue;
-        }
-      } else {
-        // Tighten to the tokenised answer (Google's _improve_answer_span): "1895" in "(1895)".
-        const std::vector<int32_t> want = tok.encode(a.text);
-        bool found = false;
-        for (int32_t s = tok_start; s <= tok_end && !found; ++s)
-          for (int32_t t = tok_end; t >= s && !found; --t)
-            if (static_cast<size_t>(t - s + 1) == want.size() &&
-                std::equal(want.begin(), want.end(), e.pieces.begin() + s))
-              tok_start = s, tok_end = t, found = true;
-      }
+    if (training && !e.impossible &&
+        !locate_answer(e, tok, char_word, word_first, tok_start, tok_end)) {
+      ++out.unanswerable;
+      continue;
     }
-
     std::vector<int32_t> query = tok.encode(e.question);
     if (static_cast<int>(query.size()) > o.max_query_length) query.resize(o.max_query_length);
     const int32_t max_doc = o.max_seq_len - static_cast<int32_t>(query.size()) - 3;
@@ -343,14 +372,8 @@ SquadFeatures squad_features(std::vector<SquadExample>& examples, const Tokenize
       throw InputError("`max_seq_len` " + std::to_string(o.max_seq_len) +
                        " leaves no room for the context after a " + std::to_string(query.size()) +
                        "-token question (lower `max_query_length`)");
-    std::vector<Window> windows;
-    const int32_t n = static_cast<int32_t>(e.pieces.size());
-    for (int32_t start = 0; start < n;) {
-      const int32_t length = std::min(n - start, max_doc);
-      windows.push_back({start, length});
-      if (start + length == n) break;
-      start += std::min(length, o.doc_stride);
-    }
+    const std::vector<Window> windows =
+        windows_of(static_cast<int32_t>(e.pieces.size()), max_doc, o.doc_stride);
     for (size_t w = 0; w < windows.size(); ++w) {
       SquadFeature f;
       f.example = static_cast<int64_t>(i);
