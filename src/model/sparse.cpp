@@ -92,23 +92,20 @@ void index_patterns(std::vector<LayerPatterns>& patterns) {
     for (kernels::BlockPattern* p : {&lp.qkv, &lp.attn_out, &lp.inter, &lp.out}) p->index();
 }
 
-void size_kernel_scratch(StepShape& shape, const ParamLayout& layout, const kernels::Backend& be) {
+int64_t sparse_scratch_elems(const ParamLayout& layout, int64_t tokens,
+                             const kernels::Backend& be) {
+  if (!layout.sparsity().on()) return 0;
   const BertConfig& c = layout.config();
-  shape.attention_scratch = be.attention_scratch_elems(
-      static_cast<int>(shape.max_len), shape.threads, c.hidden_size / c.num_attention_heads);
-  shape.sparse_layers = layout.sparsity().on();
-  shape.sparse_scratch = 0;
-  if (!shape.sparse_layers) return;
   const int B = layout.sparsity().block, C = c.hidden_size, I = c.intermediate_size;
   const double s = layout.sparsity().sparsity;
-  const int N = static_cast<int>(shape.tokens);
+  const int N = static_cast<int>(tokens);
   auto need = [&](int rows, int cols, int64_t nnz) {
     return be.sparse_linear_scratch_elems(rows, cols, B, nnz, N);
   };
-  shape.sparse_scratch = std::max({need(3 * C, C, 3 * int64_t{kernels::blocks_kept(C, C, B, s)}),
-                                   need(C, C, kernels::blocks_kept(C, C, B, s)),
-                                   need(I, C, kernels::blocks_kept(I, C, B, s)),
-                                   need(C, I, kernels::blocks_kept(C, I, B, s))});
+  return std::max({need(3 * C, C, 3 * int64_t{kernels::blocks_kept(C, C, B, s)}),
+                   need(C, C, kernels::blocks_kept(C, C, B, s)),
+                   need(I, C, kernels::blocks_kept(I, C, B, s)),
+                   need(C, I, kernels::blocks_kept(C, I, B, s))});
 }
 
 std::vector<float> dense_weight(const SparseTensor& t, const float* values) {

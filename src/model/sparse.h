@@ -12,7 +12,6 @@
 #include "kernels/block_pattern.h"
 #include "kernels/ops.h"
 #include "model/params.h"
-#include "model/workspace.h"
 
 namespace packbert::model {
 
@@ -50,10 +49,9 @@ std::vector<LayerPatterns> random_patterns(const ParamLayout& layout, uint64_t s
 // Rebuilds the indexes of every pattern after slots moved.
 void index_patterns(std::vector<LayerPatterns>& patterns);
 
-// Sets what backend `be`'s kernels need as scratch for a step of `shape` (its tokens, longest
-// sequence and threads) over `layout`: attention's, and the block-sparse linear layers' (the
-// largest of a layer's four; 0 when dense).
-void size_kernel_scratch(StepShape& shape, const ParamLayout& layout, const kernels::Backend& be);
+// Elements of scratch backend `be`'s block-sparse linear layers of one step over `tokens` tokens
+// need (the largest of the layer's four; 0 when dense).
+int64_t sparse_scratch_elems(const ParamLayout& layout, int64_t tokens, const kernels::Backend& be);
 
 // The tensor's dense [rows, cols] weight from its values (zeros outside the pattern).
 std::vector<float> dense_weight(const SparseTensor& t, const float* values);

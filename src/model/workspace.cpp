@@ -7,6 +7,7 @@
 #include "error.h"
 #include "io/memory.h"
 #include "kernels/attention_layout.h"
+#include "model/sparse.h"
 
 namespace packbert::model {
 
@@ -74,6 +75,14 @@ StepShape shape_of(const TokenLayout& tl, int threads, int local_window) {
   }
   s.threads = threads;
   return s;
+}
+
+void size_kernel_scratch(StepShape& shape, const ParamLayout& layout, const kernels::Backend& be) {
+  const BertConfig& c = layout.config();
+  shape.attention_scratch = be.attention_scratch_elems(
+      static_cast<int>(shape.max_len), shape.threads, c.hidden_size / c.num_attention_heads);
+  shape.sparse_layers = layout.sparsity().on();
+  shape.sparse_scratch = sparse_scratch_elems(layout, shape.tokens, be);
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/device.h"
+#include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "model/batch.h"
 #include "model/params.h"
@@ -64,6 +65,9 @@ struct StepShape {
 };
 // local_window: the local layers' attention window (ModernBERT; 0: none).
 StepShape shape_of(const TokenLayout& tl, int threads, int local_window = 0);
+// Sets what backend `be`'s kernels need as scratch for a step of `shape` (its tokens, longest
+// sequence and threads) over `layout`: attention's, and the block-sparse linear layers'.
+void size_kernel_scratch(StepShape& shape, const ParamLayout& layout, const kernels::Backend& be);
 
 // Where a record lives.
 enum class Storage { activation, scratch };
