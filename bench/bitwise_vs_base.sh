@@ -8,18 +8,23 @@
 # (an older tree built with `git worktree add /tmp/base REV && cmake -S /tmp/base -B
 # /tmp/base/build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/base/build`)
 set -u
+usage="usage: bench/bitwise_vs_base.sh BASE_BUILD_DIR [NEW_BUILD_DIR=build] [WORKDIR=/tmp/bitwise]"
 here=$(cd "$(dirname "$0")/.." && pwd)
+if [ $# -lt 1 ] || [ $# -gt 3 ]; then echo "$usage" >&2; exit 2; fi
+for bin in "$1/packbert" "${2:-$here/build}/packbert"; do
+  [ -x "$bin" ] || { echo "bitwise_vs_base.sh: no packbert executable at $bin ($usage)" >&2; exit 2; }
+done
 base=$(cd "$1" && pwd)/packbert
 new=$(cd "${2:-$here/build}" && pwd)/packbert
 work=${3:-/tmp/bitwise}
 mkdir -p "$work" && cd "$work" || exit 2
-# An older build may look for its default vocabulary beside its tree.
-mkdir -p "$(dirname "$base")/../share/packbert"
-cp -n "$here/assets/bert-base-uncased-vocab.txt" "$(dirname "$base")/../share/packbert/"
+# The vocabulary named on every command: an older build looks for its default elsewhere.
+vocab=$here/assets/bert-base-uncased-vocab.txt
 if [ ! -f small.packs ]; then
   zcat /usr/share/dictd/gcide.dict.dz | head -c 3000000 | sed 's/<[^>]*>//g' |
     awk 'NF==0{print ""; next}{print}' > small.txt
-  "$new" prepare small.txt --out small.seqs --pack lpfhp --seed 1 > /dev/null || exit 2
+  "$new" prepare small.txt --out small.seqs --vocab "$vocab" --pack lpfhp --seed 1 > /dev/null ||
+    exit 2
 fi
 status=0
 i=0
@@ -33,7 +38,7 @@ while IFS= read -r X; do
     rm -rf "out_${side}_$i"
     # shellcheck disable=SC2086
     if ! "$bin" pretrain --data small.seqs --packs small.packs --preset tiny --steps 20 --seed 3 \
-      --out "out_${side}_$i" $X > "log_${side}_$i.txt" 2>&1; then
+      --vocab "$vocab" --out "out_${side}_$i" $X > "log_${side}_$i.txt" 2>&1; then
       echo "failed: $side [$X]: $(tail -1 "log_${side}_$i.txt")"
       status=1
     fi
