@@ -97,8 +97,7 @@ View BertModel::word_rows_grads() const {
 
 void BertModel::add_word_rows() {
   if (word_rows_.empty()) return;
-  backend_->gather_rows_backward(g_.word.shaped(config().vocab_size, config().hidden_size),
-                                 word_rows_grads(), word_rows_.data());
+  backend_->gather_rows_backward(g_.word, word_rows_grads(), word_rows_.data());
   word_rows_.clear();
 }
 
@@ -289,19 +288,18 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
   prepare_pass(batch, options);
   const BertConfig& c = config();
   const Heads& heads = layout_.heads();
-  const int Tn = cur_->tl.tokens();
   const int L = layout_.stage_config().num_hidden_layers;
   StepContext s = context();
   if (progress) s.progress = &progress;
 
-  const View in = input_of(0).shaped(Tn, c.hidden_size);
+  const View in = input_of(0);
   if (input) {
     if (input.dtype != in.dtype || input.numel() != in.numel())
       throw std::logic_error("forward: the stage input is not [T, C] as the layers hold it");
-    s.be.convert(in, input.shaped(Tn, c.hidden_size));
+    s.be.convert(in, input);
   } else if (in.is_16bit()) {  // the embeddings in the scalar in scratch (dx is free until
                                // backward)
-    const View staged = cur_->ws.get(Rec::dx).shaped(Tn, c.hidden_size);
+    const View staged = cur_->ws.get(Rec::dx);
     embeddings_of(s, staged);
     s.be.convert(in, staged);
   } else {
@@ -311,7 +309,7 @@ Outputs BertModel::forward(const PackedBatch& batch, const StepOptions& options,
   if (!layout_.has_heads()) return cur_->out;
   if (c.family == Family::modernbert) {
     const View top_held = final_norm_forward(s, p_, input_of(L));
-    const View top = cur_->ws.get(Rec::final_out).shaped(Tn, c.hidden_size);
+    const View top = cur_->ws.get(Rec::final_out);
     if (heads.pretraining) mlm_forward(s, p_, top_held, cur_->out);
     if (heads.classifier)
       modernbert_classifier_forward(s, p_, top, class_targets(batch), cur_->out);
@@ -413,7 +411,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
   if (output_grad) {  // (a stage below the last: its output's gradient instead of the heads)
     if (output_grad.dtype != dh.dtype || output_grad.numel() != TC)
       throw std::logic_error("backward: the output gradient is not [T, C] in the model's scalar");
-    s.be.convert(dh.shaped(Tn, c.hidden_size), output_grad.shaped(Tn, c.hidden_size));
+    s.be.convert(dh, output_grad);
   } else {
     heads_backward(s, dh);
     finished();
@@ -429,8 +427,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
       // LN2 of layer l - 1, bit for bit
       const LayerRecord below = record_of(l - 1);
       const LayerView& w = p_.layers[first + l - 1];
-      ln_apply(s, input_of(l), below.r2, below.ln2_mean, below.ln2_rstd, w.ln2_w, w.ln2_b, Tn,
-               c.hidden_size);
+      ln_apply(s, input_of(l), below.r2, below.ln2_mean, below.ln2_rstd, w.ln2_w, w.ln2_b);
     }
     const LayerView &w = p_.layers[first + l], &g = g_.layers[first + l];
     if (c.family == Family::modernbert)
@@ -452,7 +449,7 @@ void BertModel::backward(const std::function<void(size_t begin, size_t end)>& re
     }
   }
   if (!layout_.has_embeddings()) {
-    cur_->input_grad = dh.shaped(Tn, c.hidden_size);
+    cur_->input_grad = dh;
     return;
   }
   embeddings_backward_of(s, dh);
@@ -468,9 +465,7 @@ void BertModel::hand_decoder_to_first_stage() {
 DecoderInput BertModel::decoder_input() const {
   if (!layout_.has_heads() || !layout_.heads().pretraining)
     throw std::logic_error("decoder_input: no MLM head here");
-  const int M = static_cast<int>(cur_->tl.mlm_token.size());
-  return {cur_->ws.get(Rec::mlm_t3).shaped(M, config().hidden_size),
-          p_.mlm_bias.shaped(1, config().vocab_size)};
+  return {cur_->ws.get(Rec::mlm_t3), p_.mlm_bias};
 }
 
 void BertModel::add_decoder_grad(const DecoderInput& d, const std::function<void()>& progress) {
@@ -486,33 +481,30 @@ void BertModel::add_decoder_grad(const DecoderInput& d, const std::function<void
 void BertModel::heads_backward(const StepContext& s, View dh) {
   const Heads& heads = layout_.heads();
   const int n_seq = cur_->tl.sequences();
-  const int64_t TC = static_cast<int64_t>(cur_->tl.tokens()) * config().hidden_size;
+  // a regression head's targets (class_targets wrote them)
+  const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
   if (config().family == Family::modernbert) {  // the heads read the final norm's output
-    const View dtop = cur_->ws.get(Rec::dx).shaped(1, TC);
+    const View dtop = cur_->ws.get(Rec::dx);
     const View top = cur_->ws.get(Rec::final_out);
     s.be.zero(dtop);
     if (heads.pretraining) mlm_backward(s, p_, g_, cur_->out, dtop);
-    if (heads.classifier) {
-      const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
+    if (heads.classifier)
       modernbert_classifier_backward(s, p_, g_, {cur_->cls_targets.data(), values}, cur_->out,
                                      dtop);
-    }
     if (heads.span)
       modernbert_span_backward(s, p_, g_, top, cur_->span_targets.data(), cur_->out, dtop);
     final_norm_backward(s, p_, g_, input_of(layout_.stage_config().num_hidden_layers), dtop, dh);
     return;
   }
-  s.be.zero(dh.shaped(1, TC));
-  s.be.zero(cur_->ws.get(Rec::dpooled).shaped(n_seq, config().hidden_size));
+  s.be.zero(dh);
+  s.be.zero(cur_->ws.get(Rec::dpooled));
   if (heads.pretraining) {
     mlm_backward(s, p_, g_, cur_->out, dh);
     nsp_backward(s, p_, g_, cur_->tl.nsp_label.data(), cur_->out);
   }
-  if (heads.classifier) {
-    const View values = config().regression() ? cur_->cls_values.view().shaped(1, n_seq) : View();
+  if (heads.classifier)
     classifier_backward(s, p_, g_, {cur_->cls_targets.data(), values}, cur_->out,
                         cur_->ws.get(Rec::dpooled));
-  }
   if (heads.span) span_backward(s, p_, g_, top(), cur_->span_targets.data(), cur_->out, dh);
   pooler_backward(s, p_, g_, dh);
 }

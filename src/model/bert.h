@@ -114,10 +114,7 @@ class BertModel {
   // `progress`, when given, is called between the ops of each layer (as backward's below).
   Outputs forward(const PackedBatch& batch, const StepOptions& options, kernels::View input = {},
                   const std::function<void()>& progress = {});
-  kernels::View stage_output() const {
-    return input_of(layout_.stage_config().num_hidden_layers)
-        .shaped(cur_->tl.tokens(), config().hidden_size);
-  }
+  kernels::View stage_output() const { return input_of(layout_.stage_config().num_hidden_layers); }
   // Gradients of the last forward's total loss, accumulated (+=) into grads(). `ready`, when
   // given, is called with each range [begin, end) of grads() as backward finishes it, heads
   // first, then layers from the top, then the embeddings (param_ranges below): what a

@@ -97,12 +97,13 @@ inline std::pair<kernels::View, kernels::View> wide_and_16(kernels::View out,
 enum Site : uint32_t { kAttnProbs = 0, kAttnOut = 1, kFfnOut = 2, kEmbeddings = 3, kPooled = 4 };
 constexpr uint32_t kNoLayer = 0xffffffffu;
 
-// out = dropout(inp) with the hidden dropout probability at (layer, site), both vectors of n
-// elements; a copy when dropout is off (not training).
-void dropout_site(const StepContext& s, kernels::View out, kernels::View inp, int64_t n,
-                  uint32_t layer, uint32_t site);
+// out = dropout(inp) with the hidden dropout probability at (layer, site), two contiguous Views
+// of the same size ([T, C], or [n_seq, C] for the pooled site); a copy when dropout is off (not
+// training).
+void dropout_site(const StepContext& s, kernels::View out, kernels::View inp, uint32_t layer,
+                  uint32_t site);
 // dinp += the gradient through that site's mask (dropout on).
-void dropout_site_backward(const StepContext& s, kernels::View dinp, kernels::View dout, int64_t n,
+void dropout_site_backward(const StepContext& s, kernels::View dinp, kernels::View dout,
                            uint32_t layer, uint32_t site);
 
 // out = dropout(LayerNorm(word[ids] + position[pos] + type[types])), out: [T, C] in the step's
@@ -117,33 +118,41 @@ void embeddings_backward(const StepContext& s, const ParamView& p, const ParamVi
 // LayerNorm's output [N, C] rebuilt from its input as held (the step's scalar, or 16 bits) and
 // the saved statistics (recompute policy `ln`), into out as held.
 void ln_apply(const StepContext& s, kernels::View out, kernels::View inp, kernels::View mean,
-              kernels::View rstd, kernels::View w, kernels::View b, int N, int C);
+              kernels::View rstd, kernels::View w, kernels::View b);
 
 // The parts every family's layers are made of (model/encoder_layer.cpp).
-// A linear layer out = in . W^T + b, [N, OC] from [N, C], out as held: dense (W16, the weight's
-// 16-bit copy, under a 16-bit precision) or block-sparse when the layer has a pattern. b may be
-// empty (no bias).
-void linear(const StepContext& s, const kernels::BlockPattern* pattern, kernels::View out,
-            kernels::View in, kernels::View W, kernels::View W16, kernels::View b, int N, int C,
-            int OC);
-// Its backward: dinp written as `mode` says, dW and db (either may be empty) accumulated;
-// block_l1 (gradient regrow, a sparse layer) also receives the dense gradient's block norms.
-void linear_grad(const StepContext& s, const kernels::BlockPattern* pattern, kernels::View dinp,
-                 kernels::View dW, kernels::View db, kernels::View dout, kernels::View in,
-                 kernels::View W, kernels::View W16, int N, int C, int OC,
-                 std::vector<float>* block_l1, kernels::GradWrite mode);
+// One of a layer's linear layers as a step multiplies it: its weight W (a block-sparse layer's:
+// the kept blocks' values), the weight's 16-bit copy W16 under a 16-bit precision (empty under
+// fp32), its bias b (empty: none), its block pattern (null: dense), and for backward the weight's
+// and bias's gradients and, under gradient regrow, where the dense gradient's block norms go.
+struct Linear {
+  kernels::View W, W16, b;
+  const kernels::BlockPattern* pattern = nullptr;
+  kernels::View dW, db;
+  std::vector<float>* block_l1 = nullptr;
+};
+// Which of a layer's linear layers: q | k | v, the attention output, the MLP's up- and
+// down-projections.
+enum class LayerLinear { qkv, attn_out, inter, out };
+// Layer `layer`'s linear layer `which` from its weights w and, for backward, its gradients g.
+Linear layer_linear(const StepContext& s, int layer, LayerLinear which, const LayerView& w,
+                    const LayerView* g = nullptr);
+// out = in . W^T + b, [N, OC] from [N, C] (the shapes of out and in), out as held: dense (16-bit
+// operands under a 16-bit precision) or block-sparse.
+void linear(const StepContext& s, const Linear& lin, kernels::View out, kernels::View in);
+// Its backward: dinp written as `mode` says, dW and db (either may be empty) accumulated, and the
+// block norms added where lin asks for them.
+void linear_grad(const StepContext& s, const Linear& lin, kernels::View dinp, kernels::View dout,
+                 kernels::View in, kernels::GradWrite mode);
 // LayerNorm of [N, C] (b may be empty: no bias): out as held, out_wide as ln_apply's; backward
 // writes dinp over.
 void ln_forward(const StepContext& s, kernels::View out, kernels::View mean, kernels::View rstd,
-                kernels::View inp, kernels::View w, kernels::View b, int N, int C,
-                kernels::View out_wide = {});
+                kernels::View inp, kernels::View w, kernels::View b, kernels::View out_wide = {});
 void ln_backward(const StepContext& s, kernels::View dinp, kernels::View dw, kernels::View db,
                  kernels::View dout, kernels::View inp, kernels::View w, kernels::View mean,
-                 kernels::View rstd, int N, int C);
-// Layer l's attention probability dropout, and the 16-bit copy of one of its weights (empty under
-// fp32).
+                 kernels::View rstd);
+// Layer l's attention probability dropout.
 kernels::AttentionDropout attention_dropout(const StepContext& s, int layer);
-kernels::View weight16(const StepContext& s, int layer, kernels::View LayerView::*field);
 
 // One layer: in, out: [T, C] as held (16 bits under a 16-bit precision); fills the record a (all
 // fields; those the policy does not keep point to shared slots). out_wide, when given (the

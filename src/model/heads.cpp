@@ -25,32 +25,35 @@ int64_t count_targets(const int32_t* targets, int n) {
 // d loss_i = 1 / count for each row: the gradient of a mean (times the step's loss scale), as
 // a vector of n.
 View mean_dloss(const StepContext& s, int n, int64_t count) {
-  const View d = s.ws.get(Rec::head_dloss).shaped(1, n);
+  const View d = s.ws.get(Rec::head_dloss).slice(0, n);
   for (int i = 0; i < n; ++i) d.put(i, s.loss_scale / static_cast<double>(count));
   return d;
+}
+
+// The first n of scratch.losses (sized for the longest of the heads' rows), as a vector: a head's
+// per-row losses.
+View head_losses(const StepContext& s, int n) {
+  return s.ws.get(Rec::head_losses).slice(0, n);
 }
 
 }  // namespace
 
 void pooler_forward(const StepContext& s, const ParamView& p, View top) {
-  const int n = s.n_seq(), C = s.config.hidden_size;
-  const View cls = s.ws.get(Rec::cls_in).shaped(n, C), pooled = s.ws.get(Rec::pooled).shaped(n, C);
+  const View cls = s.ws.get(Rec::cls_in), pooled = s.ws.get(Rec::pooled);
   // each sequence's first token
-  s.be.gather_rows_forward(cls, top.shaped(s.T_(), C), s.tokens.cu_seqlens.data());
-  s.be.linear_forward(pooled, cls, p.pool_w.shaped(C, C), p.pool_b.shaped(1, C), nullptr, View());
+  s.be.gather_rows_forward(cls, top, s.tokens.cu_seqlens.data());
+  s.be.linear_forward(pooled, cls, p.pool_w, p.pool_b, nullptr, View());
   s.be.tanh_forward(pooled, pooled);
 }
 
 void pooler_backward(const StepContext& s, const ParamView& p, const ParamView& g, View dtop) {
-  const int n = s.n_seq(), C = s.config.hidden_size;
-  const View dpre = s.ws.get(Rec::dpre).shaped(n, C), dcls = s.ws.get(Rec::dcls).shaped(n, C);
+  const View dpre = s.ws.get(Rec::dpre), dcls = s.ws.get(Rec::dcls);
   s.be.zero(dpre);
-  s.be.tanh_backward(dpre, s.ws.get(Rec::pooled).shaped(n, C), s.ws.get(Rec::dpooled).shaped(n, C));
+  s.be.tanh_backward(dpre, s.ws.get(Rec::pooled), s.ws.get(Rec::dpooled));
   s.be.zero(dcls);
-  s.be.linear_backward(dcls, g.pool_w.shaped(C, C), g.pool_b.shaped(1, C), dpre,
-                       s.ws.get(Rec::cls_in).shaped(n, C), p.pool_w.shaped(C, C), nullptr,
+  s.be.linear_backward(dcls, g.pool_w, g.pool_b, dpre, s.ws.get(Rec::cls_in), p.pool_w, nullptr,
                        GradWrite::accumulate, View());
-  s.be.gather_rows_backward(dtop.shaped(s.T_(), C), dcls, s.tokens.cu_seqlens.data());
+  s.be.gather_rows_backward(dtop, dcls, s.tokens.cu_seqlens.data());
 }
 
 // The transform's input and the decoder's input are read only by GEMMs: held as the layers hold
@@ -59,26 +62,24 @@ void pooler_backward(const StepContext& s, const ParamView& p, const ParamView& 
 void mlm_forward(const StepContext& s, const ParamView& p, View top_held, Outputs& out) {
   const Workspace& ws = s.ws;
   const Backend& be = s.be;
-  const int M = static_cast<int>(s.tokens.mlm_token.size()), C = s.config.hidden_size,
-            V = s.config.vocab_size, Tn = s.T_();
-  const View t1 = ws.get(Rec::mlm_t1).shaped(M, C), t2 = ws.get(Rec::mlm_t2).shaped(M, C),
-             logits = ws.get(Rec::mlm_logits).shaped(M, V),
-             losses = ws.get(Rec::head_losses).shaped(1, M),
-             mean = ws.get(Rec::mlm_mean).shaped(1, M), rstd = ws.get(Rec::mlm_rstd).shaped(1, M);
-  const View in = ws.get(Rec::mlm_in).shaped(M, C), t3 = ws.get(Rec::mlm_t3).shaped(M, C);
+  const int M = static_cast<int>(s.tokens.mlm_token.size());
+  const View t1 = ws.get(Rec::mlm_t1), t2 = ws.get(Rec::mlm_t2), logits = ws.get(Rec::mlm_logits),
+             losses = head_losses(s, M), mean = ws.get(Rec::mlm_mean), rstd = ws.get(Rec::mlm_rstd);
+  const View in = ws.get(Rec::mlm_in), t3 = ws.get(Rec::mlm_t3);
   const ParamView& w = s.p16 ? *s.p16 : p;  // the GEMMs' weights
-  be.gather_rows_forward(in, top_held.shaped(Tn, C), s.tokens.mlm_token.data());
-  be.linear_forward(t1, in, w.mlm_w.shaped(C, C), p.mlm_b.shaped(1, C), nullptr, View());
+  be.gather_rows_forward(in, top_held, s.tokens.mlm_token.data());
+  be.linear_forward(t1, in, w.mlm_w, p.mlm_b, nullptr, View());
   s.tick();
   be.gelu_forward(t2, t1);
-  const auto [wide, t3_16] = wide_and_16(t3, ws.get(Rec::tmp).shaped(M, C));
-  be.layernorm_forward(wide, mean, rstd, t2, p.mlm_ln_w.shaped(1, C), p.mlm_ln_b.shaped(1, C),
-                       s.config.layer_norm_eps, t3_16);
-  be.linear_forward(logits, t3, w.word.shaped(V, C), p.mlm_bias.shaped(1, V), nullptr, View());
+  // (under 16 bits the LayerNorm's scalar output in scratch.linear_out, [T, C] room for [M, C])
+  const auto [wide, t3_16] = wide_and_16(t3, ws.get(Rec::tmp).shaped(t3.rows, t3.cols));
+  be.layernorm_forward(wide, mean, rstd, t2, p.mlm_ln_w, p.mlm_ln_b, s.config.layer_norm_eps,
+                       t3_16);
+  be.linear_forward(logits, t3, w.word, p.mlm_bias, nullptr, View());
   s.tick();
   // The logits stay (no probability matrix): the backward forms the gradient from them.
-  out.mlm_correct = be.cross_entropy_forward(losses, ws.get(Rec::mlm_lse).shaped(1, M), logits,
-                                             s.tokens.mlm_label.data());
+  out.mlm_correct =
+      be.cross_entropy_forward(losses, ws.get(Rec::mlm_lse), logits, s.tokens.mlm_label.data());
   out.mlm_count = M;
   out.mlm_loss = mean_loss(losses, M, s.mlm_total ? s.mlm_total : M);
 }
@@ -87,72 +88,64 @@ void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, 
                   View dtop) {
   const Workspace& ws = s.ws;
   const Backend& be = s.be;
-  const int M = static_cast<int>(out.mlm_count), C = s.config.hidden_size, V = s.config.vocab_size;
+  const int M = static_cast<int>(out.mlm_count);
   if (M == 0) return;
-  const View d3 = ws.get(Rec::mlm_d3).shaped(M, C), d2 = ws.get(Rec::mlm_d2).shaped(M, C),
-             d1 = ws.get(Rec::mlm_d1).shaped(M, C), din = ws.get(Rec::mlm_din).shaped(M, C);
+  const View d3 = ws.get(Rec::mlm_d3), d2 = ws.get(Rec::mlm_d2), d1 = ws.get(Rec::mlm_d1),
+             din = ws.get(Rec::mlm_din);
   const View dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
-  const View logits = ws.get(Rec::mlm_logits).shaped(M, V), lse = ws.get(Rec::mlm_lse).shaped(1, M);
-  const View in = ws.get(Rec::mlm_in).shaped(M, C), t3 = ws.get(Rec::mlm_t3).shaped(M, C);
+  const View logits = ws.get(Rec::mlm_logits), lse = ws.get(Rec::mlm_lse);
+  const View in = ws.get(Rec::mlm_in), t3 = ws.get(Rec::mlm_t3);
   const int32_t* labels = s.tokens.mlm_label.data();
   // (the word table's gradient: on a pipeline's last stage, the first stage's to form)
-  const View decoder_dW = s.decoder_elsewhere ? View() : g.word.shaped(V, C);
+  const View decoder_dW = s.decoder_elsewhere ? View() : g.word;
   constexpr GradWrite over = GradWrite::overwrite;  // dlogits, d3, d2, d1, din written over
   // Under 16 bits the logits' gradient goes straight to its 16-bit form (the decoder's GEMM
   // operand) with the bias gradient in the same pass: no fp32 [M, V] gradient.
   if (s.p16) {
-    const View dlogits16 = ws.get(Rec::dout16).shaped(M, V);
-    be.cross_entropy_backward(dlogits16, g.mlm_bias.shaped(1, V), logits, lse, labels, dloss, over);
-    be.linear_backward(d3, decoder_dW, View(), dlogits16, t3, s.p16->word.shaped(V, C), nullptr,
-                       over, View());
+    const View dlogits16 = ws.get(Rec::dout16).shaped(logits.rows, logits.cols);
+    be.cross_entropy_backward(dlogits16, g.mlm_bias, logits, lse, labels, dloss, over);
+    be.linear_backward(d3, decoder_dW, View(), dlogits16, t3, s.p16->word, nullptr, over, View());
     s.tick();
   } else {
-    const View dlogits = ws.get(Rec::mlm_dlogits).shaped(M, V);
+    const View dlogits = ws.get(Rec::mlm_dlogits);
     be.cross_entropy_backward(dlogits, View(), logits, lse, labels, dloss, over);
-    be.linear_backward(d3, decoder_dW, g.mlm_bias.shaped(1, V), dlogits, t3, p.word.shaped(V, C),
-                       nullptr, over, View());
+    be.linear_backward(d3, decoder_dW, g.mlm_bias, dlogits, t3, p.word, nullptr, over, View());
     s.tick();
   }
-  be.layernorm_backward(d2, g.mlm_ln_w.shaped(1, C), g.mlm_ln_b.shaped(1, C), d3,
-                        ws.get(Rec::mlm_t2).shaped(M, C), p.mlm_ln_w.shaped(1, C),
-                        ws.get(Rec::mlm_mean).shaped(1, M), ws.get(Rec::mlm_rstd).shaped(1, M),
-                        over);
-  be.gelu_backward(d1, View(), ws.get(Rec::mlm_t1).shaped(M, C), d2, over);
-  const View dW = g.mlm_w.shaped(C, C), db = g.mlm_b.shaped(1, C);
+  be.layernorm_backward(d2, g.mlm_ln_w, g.mlm_ln_b, d3, ws.get(Rec::mlm_t2), p.mlm_ln_w,
+                        ws.get(Rec::mlm_mean), ws.get(Rec::mlm_rstd), over);
+  be.gelu_backward(d1, View(), ws.get(Rec::mlm_t1), d2, over);
+  const View dW = g.mlm_w, db = g.mlm_b;
   if (s.p16)
-    be.linear_backward(din, dW, db, d1, in, s.p16->mlm_w.shaped(C, C), nullptr, over,
-                       ws.get(Rec::dout16));
+    be.linear_backward(din, dW, db, d1, in, s.p16->mlm_w, nullptr, over, ws.get(Rec::dout16));
   else
-    be.linear_backward(din, dW, db, d1, in, p.mlm_w.shaped(C, C), nullptr, over, View());
-  be.gather_rows_backward(dtop.shaped(s.T_(), C), din, s.tokens.mlm_token.data());
+    be.linear_backward(din, dW, db, d1, in, p.mlm_w, nullptr, over, View());
+  be.gather_rows_backward(dtop, din, s.tokens.mlm_token.data());
 }
 
 namespace {
 
-// A linear layer on n rows of C inputs with out outputs, then softmax cross-entropy: NSP's and
-// the classifier's head. Returns the rows whose target is their first maximum; losses in
+// A linear layer on the rows of in (one per sequence), then softmax cross-entropy: NSP's and the
+// classifier's head. Returns the rows whose target is their first maximum; losses in
 // scratch.head_losses.
 int64_t linear_cross_entropy_forward(const StepContext& s, View in, View W, View b, Rec logits,
-                                     Rec lse, const int32_t* targets, int n, int out) {
-  const int C = s.config.hidden_size;
-  const View z = s.ws.get(logits).shaped(n, out);
-  s.be.linear_forward(z, in.shaped(n, C), W.shaped(out, C), b.shaped(1, out), nullptr, View());
-  return s.be.cross_entropy_forward(s.ws.get(Rec::head_losses).shaped(1, n),
-                                    s.ws.get(lse).shaped(1, n), z, targets);
+                                     Rec lse, const int32_t* targets) {
+  const View z = s.ws.get(logits);
+  s.be.linear_forward(z, in, W, b, nullptr, View());
+  return s.be.cross_entropy_forward(head_losses(s, static_cast<int>(z.rows)), s.ws.get(lse), z,
+                                    targets);
 }
 
 // Its backward over the mean of the losses of `count` rows: dz in scratch dlogits (written
 // over), din += the input gradient.
 void linear_cross_entropy_backward(const StepContext& s, View in, View W, View dW, View db,
-                                   Rec logits, Rec lse, Rec dlogits, const int32_t* targets, int n,
-                                   int out, int64_t count, View din) {
-  const int C = s.config.hidden_size;
-  const View dz = s.ws.get(dlogits).shaped(n, out);
-  s.be.cross_entropy_backward(dz, View(), s.ws.get(logits).shaped(n, out),
-                              s.ws.get(lse).shaped(1, n), targets, mean_dloss(s, n, count),
+                                   Rec logits, Rec lse, Rec dlogits, const int32_t* targets,
+                                   int64_t count, View din) {
+  const View dz = s.ws.get(dlogits);
+  s.be.cross_entropy_backward(dz, View(), s.ws.get(logits), s.ws.get(lse), targets,
+                              mean_dloss(s, static_cast<int>(dz.rows), count),
                               GradWrite::overwrite);
-  s.be.linear_backward(din.shaped(n, C), dW.shaped(out, C), db.shaped(1, out), dz, in.shaped(n, C),
-                       W.shaped(out, C), nullptr, GradWrite::accumulate, View());
+  s.be.linear_backward(din, dW, db, dz, in, W, nullptr, GradWrite::accumulate, View());
 }
 
 }  // namespace
@@ -161,27 +154,27 @@ void mlm_decoder_weight_backward(const StepContext& s, const ParamView& p, const
                                  const DecoderInput& d) {
   const Workspace& ws = s.ws;
   const Backend& be = s.be;
-  const int M = static_cast<int>(s.tokens.mlm_token.size()), C = s.config.hidden_size,
-            V = s.config.vocab_size;
+  const int M = static_cast<int>(s.tokens.mlm_token.size());
   if (M == 0) return;
-  const View logits = ws.get(Rec::mlm_logits).shaped(M, V), lse = ws.get(Rec::mlm_lse).shaped(1, M);
-  const View t3 = d.input.shaped(M, C);
+  const View logits = ws.get(Rec::mlm_logits), lse = ws.get(Rec::mlm_lse);
+  const View t3 = d.input;
   const int32_t* labels = s.tokens.mlm_label.data();
   const ParamView& w = s.p16 ? *s.p16 : p;
-  be.linear_forward(logits, t3, w.word.shaped(V, C), d.bias.shaped(1, V), nullptr, View());
+  be.linear_forward(logits, t3, w.word, d.bias, nullptr, View());
   s.tick();
-  be.cross_entropy_forward(ws.get(Rec::head_losses).shaped(1, M), lse, logits, labels);
+  be.cross_entropy_forward(head_losses(s, M), lse, logits, labels);
   const View dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
-  const View dlogits = ws.get(s.p16 ? Rec::dout16 : Rec::mlm_dlogits).shaped(M, V);
+  const View dlogits =
+      s.p16 ? ws.get(Rec::dout16).shaped(logits.rows, logits.cols) : ws.get(Rec::mlm_dlogits);
   be.cross_entropy_backward(dlogits, View(), logits, lse, labels, dloss, GradWrite::overwrite);
-  be.linear_backward(View(), g.word.shaped(V, C), View(), dlogits, t3, w.word.shaped(V, C), nullptr,
-                     GradWrite::accumulate, View());
+  be.linear_backward(View(), g.word, View(), dlogits, t3, w.word, nullptr, GradWrite::accumulate,
+                     View());
 }
 
 void nsp_forward(const StepContext& s, const ParamView& p, const int32_t* targets, Outputs& out) {
   const int n = s.n_seq();
   out.nsp_correct = linear_cross_entropy_forward(s, s.ws.get(Rec::pooled), p.nsp_w, p.nsp_b,
-                                                 Rec::nsp_logits, Rec::nsp_lse, targets, n, 2);
+                                                 Rec::nsp_logits, Rec::nsp_lse, targets);
   out.nsp_count = count_targets(targets, n);
   out.nsp_loss =
       mean_loss(s.ws.get(Rec::head_losses), n, s.nsp_total ? s.nsp_total : out.nsp_count);
@@ -191,27 +184,24 @@ void nsp_backward(const StepContext& s, const ParamView& p, const ParamView& g,
                   const int32_t* targets, const Outputs& out) {
   if (out.nsp_count == 0) return;
   linear_cross_entropy_backward(s, s.ws.get(Rec::pooled), p.nsp_w, g.nsp_w, g.nsp_b,
-                                Rec::nsp_logits, Rec::nsp_lse, Rec::nsp_dlogits, targets, s.n_seq(),
-                                2, s.nsp_total ? s.nsp_total : out.nsp_count,
-                                s.ws.get(Rec::dpooled));
+                                Rec::nsp_logits, Rec::nsp_lse, Rec::nsp_dlogits, targets,
+                                s.nsp_total ? s.nsp_total : out.nsp_count, s.ws.get(Rec::dpooled));
 }
 
 void classifier_forward(const StepContext& s, const ParamView& p, View pooled,
                         const ClassTargets& targets, Outputs& out) {
-  const int n = s.n_seq(), C = s.config.hidden_size;
+  const int n = s.n_seq();
   const View in = s.ws.get(Rec::cls_drop);
-  dropout_site(s, in, pooled, static_cast<int64_t>(n) * C, kNoLayer, kPooled);
-  const View losses = s.ws.get(Rec::head_losses);
+  dropout_site(s, in, pooled, kNoLayer, kPooled);
+  const View losses = head_losses(s, n);
   if (s.config.regression()) {  // one output, squared error towards each sequence's value
-    const View z = s.ws.get(Rec::cls_logits).shaped(n, 1);
-    s.be.linear_forward(z, in.shaped(n, C), p.cls_w.shaped(1, C), p.cls_b.shaped(1, 1), nullptr,
-                        View());
-    s.be.squared_error_forward(losses.shaped(1, n), z.shaped(1, n), targets.values.shaped(1, n));
+    const View z = s.ws.get(Rec::cls_logits);  // [n, 1]
+    s.be.linear_forward(z, in, p.cls_w, p.cls_b, nullptr, View());
+    s.be.squared_error_forward(losses, z, targets.values);
     out.cls_count = n;
   } else {
-    out.cls_correct =
-        linear_cross_entropy_forward(s, in, p.cls_w, p.cls_b, Rec::cls_logits, Rec::cls_lse,
-                                     targets.labels, n, s.config.num_labels);
+    out.cls_correct = linear_cross_entropy_forward(s, in, p.cls_w, p.cls_b, Rec::cls_logits,
+                                                   Rec::cls_lse, targets.labels);
     out.cls_count = count_targets(targets.labels, n);
   }
   out.cls_loss = mean_loss(losses, n, s.cls_total ? s.cls_total : out.cls_count);
@@ -219,40 +209,37 @@ void classifier_forward(const StepContext& s, const ParamView& p, View pooled,
 
 void classifier_backward(const StepContext& s, const ParamView& p, const ParamView& g,
                          const ClassTargets& targets, const Outputs& out, View dpooled) {
-  const int n = s.n_seq(), C = s.config.hidden_size;
+  const int n = s.n_seq();
   if (out.cls_count == 0) return;
-  const int64_t nC = static_cast<int64_t>(n) * C;
   const int64_t count = s.cls_total ? s.cls_total : out.cls_count;
-  const View din = s.ws.get(Rec::cls_ddrop).shaped(n, C);
+  const View din = s.ws.get(Rec::cls_ddrop);
   const View in = s.ws.get(Rec::cls_drop);
   s.be.zero(din);
   if (s.config.regression()) {
-    const View dz = s.ws.get(Rec::cls_dlogits).shaped(n, 1);
+    const View dz = s.ws.get(Rec::cls_dlogits);
     s.be.zero(dz);
-    s.be.squared_error_backward(dz.shaped(1, n), View(), s.ws.get(Rec::cls_logits).shaped(1, n),
-                                targets.values.shaped(1, n), mean_dloss(s, n, count));
-    s.be.linear_backward(din, g.cls_w.shaped(1, C), g.cls_b.shaped(1, 1), dz, in.shaped(n, C),
-                         p.cls_w.shaped(1, C), nullptr, GradWrite::accumulate, View());
+    s.be.squared_error_backward(dz, View(), s.ws.get(Rec::cls_logits), targets.values,
+                                mean_dloss(s, n, count));
+    s.be.linear_backward(din, g.cls_w, g.cls_b, dz, in, p.cls_w, nullptr, GradWrite::accumulate,
+                         View());
   } else {
     linear_cross_entropy_backward(s, in, p.cls_w, g.cls_w, g.cls_b, Rec::cls_logits, Rec::cls_lse,
-                                  Rec::cls_dlogits, targets.labels, n, s.config.num_labels, count,
-                                  din);
+                                  Rec::cls_dlogits, targets.labels, count, din);
   }
   if (s.p_hidden > 0)
-    dropout_site_backward(s, dpooled, din, nC, kNoLayer, kPooled);
+    dropout_site_backward(s, dpooled, din, kNoLayer, kPooled);
   else  // dpooled += din
-    s.be.residual_forward(dpooled.shaped(1, nC), dpooled.shaped(1, nC), din.shaped(1, nC));
+    s.be.residual_forward(dpooled, dpooled, din);
 }
 
 void span_forward(const StepContext& s, const ParamView& p, View top, const int32_t* targets,
                   Outputs& out) {
-  const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
-  const View logits = s.ws.get(Rec::span_logits).shaped(Tn, 2);
-  const View losses = s.ws.get(Rec::head_losses);
-  s.be.linear_forward(logits, top.shaped(Tn, C), p.span_w.shaped(2, C), p.span_b.shaped(1, 2),
-                      nullptr, View());
-  s.be.span_cross_entropy_forward(losses.shaped(1, n), s.ws.get(Rec::span_probs).shaped(Tn, 2),
-                                  logits, s.tokens.cu_seqlens.data(), targets, n);
+  const int n = s.n_seq();
+  const View logits = s.ws.get(Rec::span_logits);
+  const View losses = head_losses(s, n);
+  s.be.linear_forward(logits, top, p.span_w, p.span_b, nullptr, View());
+  s.be.span_cross_entropy_forward(losses, s.ws.get(Rec::span_probs), logits,
+                                  s.tokens.cu_seqlens.data(), targets, n);
   out.span_count = 0;
   for (int i = 0; i < n; ++i) out.span_count += targets[2 * i] >= 0;
   out.span_loss = mean_loss(losses, n, s.span_total ? s.span_total : out.span_count);
@@ -260,16 +247,15 @@ void span_forward(const StepContext& s, const ParamView& p, View top, const int3
 
 void span_backward(const StepContext& s, const ParamView& p, const ParamView& g, View top,
                    const int32_t* targets, const Outputs& out, View dtop) {
-  const int n = s.n_seq(), Tn = s.T_(), C = s.config.hidden_size;
+  const int n = s.n_seq();
   if (out.span_count == 0) return;
-  const View dlogits = s.ws.get(Rec::span_dlogits).shaped(Tn, 2);
+  const View dlogits = s.ws.get(Rec::span_dlogits);
   s.be.zero(dlogits);
   s.be.span_cross_entropy_backward(
-      dlogits, s.ws.get(Rec::span_probs).shaped(Tn, 2), s.tokens.cu_seqlens.data(), targets,
+      dlogits, s.ws.get(Rec::span_probs), s.tokens.cu_seqlens.data(), targets,
       mean_dloss(s, n, s.span_total ? s.span_total : out.span_count), n);
-  s.be.linear_backward(dtop.shaped(Tn, C), g.span_w.shaped(2, C), g.span_b.shaped(1, 2), dlogits,
-                       top.shaped(Tn, C), p.span_w.shaped(2, C), nullptr, GradWrite::accumulate,
-                       View());
+  s.be.linear_backward(dtop, g.span_w, g.span_b, dlogits, top, p.span_w, nullptr,
+                       GradWrite::accumulate, View());
 }
 
 }  // namespace packbert::model

@@ -294,9 +294,14 @@ ParamView::ParamView(const ParamLayout& layout,
                      const std::function<kernels::View(const TensorSpec&)>& place) {
   const Family family = layout.config().family;
   const bool modern = family == Family::modernbert;
+  // Each tensor as the ops read it: a dense matrix as its PyTorch shape [out, in], a bias or norm
+  // as [1, n], a block-sparse weight's kept values as a vector.
   auto at = [&](const char* name) -> View {
     const TensorSpec* t = name ? layout.find(name) : nullptr;
-    return t ? place(*t) : View();
+    if (!t) return View();
+    const View v = place(*t);
+    if (!v || t->block) return v;
+    return t->shape.size() == 2 ? v.shaped(t->shape[0], t->shape[1]) : v.shaped(1, v.numel());
   };
   for (const ModelTensor& m : kModelTensors) {
     // ModernBERT names both task heads' output layer `classifier`: it is the head the model has.
@@ -310,10 +315,16 @@ ParamView::ParamView(const ParamLayout& layout,
     LayerView& v = layers.emplace_back();
     for (const LayerTensor& t : kLayerTensors)
       v.*t.field = at((prefix + (modern ? t.modernbert : t.bert)).c_str());
-    // BERT's query | key | value, adjacent in every arena (ParamLayout's fused groups).
-    if (!modern)
-      for (View LayerView::*fused : {&LayerView::qkv_w, &LayerView::qkv_b})
-        (v.*fused).cols = (v.*fused).ld = 3 * (v.*fused).cols;
+    // BERT's query | key | value, adjacent in every arena (ParamLayout's fused groups): [3C, C]
+    // and [1, 3C] (a block-sparse weight: the three tensors' kept values, one vector).
+    if (!modern) {
+      View& w = v.qkv_w;
+      if (w && w.rows > 1)
+        w.rows *= 3;
+      else
+        w.cols = w.ld = 3 * w.cols;
+      v.qkv_b.cols = v.qkv_b.ld = 3 * v.qkv_b.cols;
+    }
   }
 }
 

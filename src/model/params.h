@@ -113,10 +113,11 @@ class ParamLayout {
 };
 
 // Named views into an arena laid out by ParamLayout (weights, gradients, or the 16-bit copy of
-// the weights: the arena's DType is theirs). Each is a vector View of the elements the arena
-// holds for the tensor, which an op shapes as it reads it; empty where the arena lacks it.
-// qkv_w is the [3C, C] concatenation of query, key and value weights (adjacent in the arena),
-// qkv_b the matching [3C] biases, so one GEMM produces q | k | v per token.
+// the weights: the arena's DType is theirs). Each View is the tensor as the ops read it: a
+// dense weight as its PyTorch shape [out, in], a bias or norm as [1, n], a block-sparse weight's
+// kept values as a vector; empty where the arena lacks it. qkv_w is the [3C, C] concatenation of
+// query, key and value weights (adjacent in the arena), qkv_b the matching [1, 3C] biases, so one
+// GEMM produces q | k | v per token.
 struct LayerView {
   kernels::View qkv_w, qkv_b, attn_out_w, attn_out_b, ln1_w, ln1_b;
   kernels::View inter_w, inter_b, out_w, out_b, ln2_w, ln2_b;

@@ -103,7 +103,17 @@ enum class Role {
 };
 
 // Which heads a record belongs to (encoder records: all), or which family's layers hold it.
-enum class Need { encoder, pooler, pretraining, classifier, span, bert, modernbert, modern_task };
+enum class Need {
+  encoder,
+  pooler,
+  pooled,  // BERT's pooler, or ModernBERT's classifier
+  pretraining,
+  classifier,
+  span,
+  bert,
+  modernbert,
+  modern_task
+};
 
 // A record's number format, which Workspace::get's View carries: the step's scalar (f32, or f64
 // in the finite-difference tests); the scalar under fp32 and 16 bits under a 16-bit precision
@@ -114,36 +124,74 @@ enum class Need { encoder, pooler, pretraining, classifier, span, bert, modernbe
 // writes the 16-bit form straight into scratch.grad16). Every 16-bit type holds the same records.
 enum class Dtype { scalar, narrowed, twin, wide_twin, fp32_only };
 
+// One copy of a record as the ops read it: [rows, cols] (a vector: one row).
+struct Dims {
+  int64_t rows, cols;
+  constexpr int64_t elements() const { return rows * cols; }
+};
+
 struct RecordSpec {
   Rec id;
   const char* name;
   Role role;
   Need need;
-  int64_t (*elements)(const StepShape&, const BertConfig&);
+  Dims (*dims)(const StepShape&, const BertConfig&, const Heads&);  // one copy's [rows, cols]
   Dtype dtype = Dtype::scalar;
 };
 
 using S = const StepShape&;
 using B = const BertConfig&;
-// Elements of one [rows, cols] copy.
-constexpr int64_t TC(S s, B c) {
-  return s.tokens * c.hidden_size;
+using H = const Heads&;
+// One copy's [rows, cols]: a row per token, sequence or MLM position, or a vector.
+constexpr Dims TC(S s, B c, H) {
+  return {s.tokens, c.hidden_size};
 }
-constexpr int64_t TI(S s, B c) {
-  return s.tokens * c.intermediate_size;
+constexpr Dims TI(S s, B c, H) {
+  return {s.tokens, c.intermediate_size};
 }
 // The up-projection's output: [T, I], or ModernBERT's GeGLU input [T, 2I].
-constexpr int64_t TU(S s, B c) {
-  return (c.family == Family::modernbert ? 2 : 1) * TI(s, c);
+constexpr Dims TU(S s, B c, H) {
+  return {s.tokens, (c.family == Family::modernbert ? 2 : 1) * int64_t{c.intermediate_size}};
 }
-constexpr int64_t T1(S s, B) {
-  return s.tokens;
+constexpr Dims T3C(S s, B c, H) {
+  return {s.tokens, 3 * int64_t{c.hidden_size}};
 }
-constexpr int64_t NC(S s, B c) {
-  return s.sequences * c.hidden_size;
+constexpr Dims T1(S s, B, H) {
+  return {1, s.tokens};
 }
-constexpr int64_t MC(S s, B c) {
-  return s.masked * c.hidden_size;
+constexpr Dims NC(S s, B c, H) {
+  return {s.sequences, c.hidden_size};
+}
+constexpr Dims N1(S s, B, H) {
+  return {1, s.sequences};
+}
+constexpr Dims MC(S s, B c, H) {
+  return {s.masked, c.hidden_size};
+}
+constexpr Dims M1(S s, B, H) {
+  return {1, s.masked};
+}
+constexpr Dims MV(S s, B c, H) {
+  return {s.masked, c.vocab_size};
+}
+// The classifier's logits: [n_seq, labels] (regression: one output).
+constexpr Dims NL(S s, B c, H) {
+  return {s.sequences, c.num_labels};
+}
+// The span head's start and end logits per token.
+constexpr Dims T2(S s, B, H) {
+  return {s.tokens, 2};
+}
+// ModernBERT's task head transform runs on the pooled sequences (classifier) or on every token
+// (QA): [rows, C], and its LayerNorm statistics [1, rows].
+constexpr int64_t task_rows(S s, H h) {
+  return h.span ? s.tokens : s.sequences;
+}
+constexpr Dims TaskC(S s, B c, H h) {
+  return {task_rows(s, h), c.hidden_size};
+}
+constexpr Dims Task1(S s, B, H h) {
+  return {1, task_rows(s, h)};
 }
 
 // The table. Arena order is table order; the names are what `plan` prints.
@@ -155,12 +203,17 @@ const RecordSpec kRecords[] = {
     {Rec::hidden_rebuilt, "layer.input_rebuilt", Role::rebuilt_input, Need::encoder, TC,
      Dtype::narrowed},
     {Rec::top, "encoder.output", Role::model, Need::bert, TC, Dtype::wide_twin},
-    {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, [](S s, B c) { return 3 * TC(s, c); },
-     Dtype::narrowed},
+    {Rec::qkv, "layer.qkv", Role::layer, Need::encoder, T3C, Dtype::narrowed},
     {Rec::probs, "layer.attention_probs", Role::probs, Need::encoder,
-     [](S s, B c) { return c.num_attention_heads * s.attention; }, Dtype::narrowed},
+     [](S s, B c, H) {
+       return Dims{1, c.num_attention_heads * s.attention};
+     },
+     Dtype::narrowed},
     {Rec::probs_local, "layer.attention_probs_local", Role::probs, Need::modernbert,
-     [](S s, B c) { return c.num_attention_heads * s.attention_local; }, Dtype::narrowed},
+     [](S s, B c, H) {
+       return Dims{1, c.num_attention_heads * s.attention_local};
+     },
+     Dtype::narrowed},
     {Rec::att, "layer.attention_out", Role::layer, Need::encoder, TC, Dtype::narrowed},
     {Rec::r1, "layer.residual1", Role::residual, Need::encoder, TC, Dtype::narrowed},
     {Rec::ln1_mean, "layer.ln1_mean", Role::layer, Need::encoder, T1},
@@ -177,56 +230,59 @@ const RecordSpec kRecords[] = {
     {Rec::final_out, "encoder.final_norm_out", Role::model, Need::modernbert, TC},
     {Rec::final16, "encoder.final_norm_out16", Role::model, Need::modernbert, TC, Dtype::twin},
     {Rec::task_in, "task_head.pooled", Role::model, Need::modern_task, NC},
-    {Rec::task_t1, "task_head.gelu_in", Role::model, Need::modern_task, TC},
-    {Rec::task_t2, "task_head.ln_in", Role::model, Need::modern_task, TC},
-    {Rec::task_mean, "task_head.ln_mean", Role::model, Need::modern_task, T1},
-    {Rec::task_rstd, "task_head.ln_rstd", Role::model, Need::modern_task, T1},
-    {Rec::task_t3, "task_head.ln_out", Role::model, Need::modern_task, TC},
+    {Rec::task_t1, "task_head.gelu_in", Role::model, Need::modern_task, TaskC},
+    {Rec::task_t2, "task_head.ln_in", Role::model, Need::modern_task, TaskC},
+    {Rec::task_mean, "task_head.ln_mean", Role::model, Need::modern_task, Task1},
+    {Rec::task_rstd, "task_head.ln_rstd", Role::model, Need::modern_task, Task1},
+    {Rec::task_t3, "task_head.ln_out", Role::model, Need::modern_task, TaskC},
     {Rec::cls_in, "pooler.cls", Role::model, Need::pooler, NC},
     {Rec::pooled, "pooler.out", Role::model, Need::pooler, NC},
     {Rec::mlm_in, "mlm.in", Role::model, Need::pretraining, MC, Dtype::narrowed},
     {Rec::mlm_t1, "mlm.gelu_in", Role::model, Need::pretraining, MC},
     {Rec::mlm_t2, "mlm.ln_in", Role::model, Need::pretraining, MC},
-    {Rec::mlm_mean, "mlm.ln_mean", Role::model, Need::pretraining, [](S s, B) { return s.masked; }},
-    {Rec::mlm_rstd, "mlm.ln_rstd", Role::model, Need::pretraining, [](S s, B) { return s.masked; }},
+    {Rec::mlm_mean, "mlm.ln_mean", Role::model, Need::pretraining, M1},
+    {Rec::mlm_rstd, "mlm.ln_rstd", Role::model, Need::pretraining, M1},
     {Rec::mlm_t3, "mlm.ln_out", Role::model, Need::pretraining, MC, Dtype::narrowed},
-    {Rec::mlm_logits, "mlm.logits", Role::model, Need::pretraining,
-     [](S s, B c) { return s.masked * c.vocab_size; }},
-    {Rec::mlm_lse, "mlm.logsumexp", Role::model, Need::pretraining,
-     [](S s, B) { return s.masked; }},
+    {Rec::mlm_logits, "mlm.logits", Role::model, Need::pretraining, MV},
+    {Rec::mlm_lse, "mlm.logsumexp", Role::model, Need::pretraining, M1},
     {Rec::nsp_logits, "nsp.logits", Role::model, Need::pretraining,
-     [](S s, B) { return 2 * s.sequences; }},
-    {Rec::nsp_lse, "nsp.logsumexp", Role::model, Need::pretraining,
-     [](S s, B) { return s.sequences; }},
+     [](S s, B, H) {
+       return Dims{s.sequences, 2};
+     }},
+    {Rec::nsp_lse, "nsp.logsumexp", Role::model, Need::pretraining, N1},
     {Rec::cls_drop, "classifier.in", Role::model, Need::classifier, NC},
-    {Rec::cls_logits, "classifier.logits", Role::model, Need::classifier,
-     [](S s, B c) { return s.sequences * c.num_labels; }},
-    {Rec::cls_lse, "classifier.logsumexp", Role::model, Need::classifier,
-     [](S s, B) { return s.sequences; }},
-    {Rec::span_logits, "span.logits", Role::model, Need::span, [](S s, B) { return 2 * s.tokens; }},
-    {Rec::span_probs, "span.probs", Role::model, Need::span, [](S s, B) { return 2 * s.tokens; }},
+    {Rec::cls_logits, "classifier.logits", Role::model, Need::classifier, NL},
+    {Rec::cls_lse, "classifier.logsumexp", Role::model, Need::classifier, N1},
+    {Rec::span_logits, "span.logits", Role::model, Need::span, T2},
+    {Rec::span_probs, "span.probs", Role::model, Need::span, T2},
     // Scratch.
     {Rec::tmp, "scratch.linear_out", Role::scratch, Need::encoder, TC},
     {Rec::attn_work, "scratch.attention_blocks", Role::scratch, Need::encoder,
-     [](S s, B) { return s.attention_scratch; }},
+     [](S s, B, H) {
+       return Dims{1, s.attention_scratch};
+     }},
     {Rec::seg_hidden, "scratch.segment_outputs", Role::segment, Need::encoder, TC, Dtype::narrowed},
     // A linear layer's output gradient rounded to 16 bits for its two GEMMs (the widest: MLM
     // logits).
     {Rec::dout16, "scratch.grad16", Role::scratch, Need::encoder,
-     [](S s, B c) {
-       return std::max({3 * TC(s, c), TU(s, c), s.masked * static_cast<int64_t>(c.vocab_size)});
+     [](S s, B c, H h) {
+       return Dims{
+           1, std::max({T3C(s, c, h).elements(), TU(s, c, h).elements(), MV(s, c, h).elements()})};
      },
      Dtype::twin},
     // The block-sparse linear layers' packed activations (0 when dense).
     {Rec::sparse, "scratch.sparse_linear", Role::scratch, Need::encoder,
-     [](S s, B) { return s.sparse_scratch; }},
+     [](S s, B, H) {
+       return Dims{1, s.sparse_scratch};
+     }},
     // Under a 16-bit precision, for the block-sparse layers (fp32 kernels that read the 16-bit
     // input): the fp32 output of one whose output the step keeps in 16 bits (q | k | v, GELU's
     // input), rounded from here, and GELU's fp32 input gradient for a sparse up-projection (0
     // when dense).
     {Rec::sparse_out, "scratch.sparse_output", Role::scratch, Need::encoder,
-     [](S s, B c) {
-       return s.sparse_layers ? s.tokens * std::max(3 * c.hidden_size, c.intermediate_size) : 0;
+     [](S s, B c, H) {
+       return Dims{
+           1, s.sparse_layers ? s.tokens * std::max(3 * c.hidden_size, c.intermediate_size) : 0};
      },
      Dtype::wide_twin},
     {Rec::dh, "grad.layer_out", Role::scratch, Need::encoder, TC},
@@ -235,7 +291,7 @@ const RecordSpec kRecords[] = {
     {Rec::dh1, "grad.ln1_out", Role::scratch, Need::encoder, TC},
     {Rec::dtmp, "grad.linear_out", Role::scratch, Need::encoder, TC},
     {Rec::datt, "grad.attention_out", Role::scratch, Need::encoder, TC},
-    {Rec::dqkv, "grad.qkv", Role::scratch, Need::encoder, [](S s, B c) { return 3 * TC(s, c); }},
+    {Rec::dqkv, "grad.qkv", Role::scratch, Need::encoder, T3C},
     // Under 16 bits GELU's backward writes the FFN up-projection's 16-bit operand straight into
     // scratch.grad16 (ffn_up_backward_16; a sparse up-projection takes it in fp32 from
     // scratch.sparse_output).
@@ -244,25 +300,32 @@ const RecordSpec kRecords[] = {
     // ModernBERT's GeGLU input gradient [T, 2I], in the scalar under every precision.
     {Rec::dglu, "grad.geglu_in", Role::scratch, Need::modernbert, TU},
     {Rec::head_dloss, "grad.losses", Role::scratch, Need::encoder,
-     [](S s, B) { return std::max(s.masked, s.sequences); }},
+     [](S s, B, H) {
+       return Dims{1, std::max(s.masked, s.sequences)};
+     }},
     {Rec::head_losses, "scratch.losses", Role::scratch, Need::encoder,
-     [](S s, B) { return std::max(s.masked, s.sequences); }},
-    {Rec::dpooled, "grad.pooler_out", Role::scratch, Need::pooler, NC},
-    {Rec::dpre, "grad.pooler_pre", Role::scratch, Need::pooler, NC},
+     [](S s, B, H) {
+       return Dims{1, std::max(s.masked, s.sequences)};
+     }},
+    // (BERT's pooler; ModernBERT's classifier: the task head's output and input gradients)
+    {Rec::dpooled, "grad.pooler_out", Role::scratch, Need::pooled, NC},
+    {Rec::dpre, "grad.pooler_pre", Role::scratch, Need::pooled, NC},
     {Rec::dcls, "grad.pooler_cls", Role::scratch, Need::pooler, NC},
     {Rec::mlm_d3, "grad.mlm_ln_out", Role::scratch, Need::pretraining, MC},
     {Rec::mlm_d2, "grad.mlm_ln_in", Role::scratch, Need::pretraining, MC},
     {Rec::mlm_d1, "grad.mlm_gelu_in", Role::scratch, Need::pretraining, MC},
     {Rec::mlm_din, "grad.mlm_in", Role::scratch, Need::pretraining, MC},
-    {Rec::mlm_dlogits, "grad.mlm_logits", Role::scratch, Need::pretraining,
-     [](S s, B c) { return s.masked * c.vocab_size; }, Dtype::fp32_only},
+    // ModernBERT's task head transform: its norm's and GELU's input gradients
+    {Rec::task_d2, "grad.task_head_ln_in", Role::scratch, Need::modern_task, TaskC},
+    {Rec::task_d1, "grad.task_head_gelu_in", Role::scratch, Need::modern_task, TaskC},
+    {Rec::mlm_dlogits, "grad.mlm_logits", Role::scratch, Need::pretraining, MV, Dtype::fp32_only},
     {Rec::nsp_dlogits, "grad.nsp_logits", Role::scratch, Need::pretraining,
-     [](S s, B) { return 2 * s.sequences; }},
-    {Rec::cls_dlogits, "grad.classifier_logits", Role::scratch, Need::classifier,
-     [](S s, B c) { return s.sequences * c.num_labels; }},
+     [](S s, B, H) {
+       return Dims{s.sequences, 2};
+     }},
+    {Rec::cls_dlogits, "grad.classifier_logits", Role::scratch, Need::classifier, NL},
     {Rec::cls_ddrop, "grad.classifier_in", Role::scratch, Need::classifier, NC},
-    {Rec::span_dlogits, "grad.span_logits", Role::scratch, Need::span,
-     [](S s, B) { return 2 * s.tokens; }},
+    {Rec::span_dlogits, "grad.span_logits", Role::scratch, Need::span, T2},
 };
 
 bool needed(Need n, const Heads& h, Family family) {
@@ -274,6 +337,8 @@ bool needed(Need n, const Heads& h, Family family) {
       return family == Family::modernbert;
     case Need::modern_task:
       return family == Family::modernbert && (h.classifier || h.span);
+    case Need::pooled:
+      return family == Family::bert || h.classifier;
     case Need::pretraining:
       return h.pretraining;
     case Need::classifier:
@@ -334,7 +399,7 @@ std::pair<int64_t, Storage> placement(const RecordSpec& r, const BertConfig& c,
 }
 
 // Visits every record with its placement for this model, policy and step: visit(spec, copies,
-// storage, elements per copy), copies 0 for a record not held (a head the model lacks, the
+// storage, one copy's dims), copies 0 for a record not held (a head the model lacks, the
 // probabilities under `attention`). The arena's layout and `plan`'s records both walk this.
 template <typename F>
 void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& policy,
@@ -347,7 +412,7 @@ void for_each_record(const BertConfig& c, const Heads& heads, const Recompute& p
         (r.dtype == Dtype::fp32_only && b16))
       copies = 0;
     const bool in16 = b16 && (r.dtype == Dtype::narrowed || r.dtype == Dtype::twin);
-    visit(r, copies, storage, copies ? r.elements(shape, c) : 0, in16);
+    visit(r, copies, storage, copies ? r.dims(shape, c, heads) : Dims{0, 0}, in16);
   }
 }
 
@@ -365,10 +430,10 @@ std::vector<RecordSize> workspace_records(const BertConfig& c, const Heads& head
   std::vector<RecordSize> out;
   for_each_record(
       c, heads, policy, shape, precision,
-      [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool in16) {
+      [&](const RecordSpec& r, int64_t copies, Storage storage, Dims d, bool in16) {
         if (copies > 0)
           out.push_back(
-              {r.name, storage, copies, n,
+              {r.name, storage, copies, d.elements(),
                kernels::traits(in16 ? storage_dtype(precision) : kernels::DType::f32).bytes});
       });
   return out;
@@ -381,12 +446,14 @@ void Workspace::prepare(const BertConfig& c, const Heads& heads, const Recompute
   size_t total = 0;
   activation_bytes_ = scratch_bytes_ = 0;
   for_each_record(c, heads, policy, shape, precision,
-                  [&](const RecordSpec& r, int64_t copies, Storage storage, int64_t n, bool is16) {
+                  [&](const RecordSpec& r, int64_t copies, Storage storage, Dims d, bool is16) {
                     const int i = static_cast<int>(r.id);
+                    const int64_t n = d.elements();
                     dtype_[i] = is16 ? narrow : scalar;
                     const size_t bytes = kernels::traits(dtype_[i]).bytes;
                     copies_[i] = copies;
-                    elements_[i] = n;
+                    rows_[i] = d.rows;
+                    cols_[i] = d.cols;
                     stride_[i] = aligned(static_cast<size_t>(n), bytes) * bytes;
                     offset_[i] = total;
                     total += stride_[i] * static_cast<size_t>(copies);
@@ -411,7 +478,8 @@ kernels::View Workspace::get(Rec r, int64_t copy) const {
   if (copies_[i] == 0) return v;
   v.data = static_cast<std::byte*>(arena_.get()) + offset_[i] +
            stride_[i] * static_cast<size_t>(std::min(copy, copies_[i] - 1));
-  v.cols = v.ld = elements_[i];
+  v.rows = rows_[i];
+  v.cols = v.ld = cols_[i];
   return v;
 }
 

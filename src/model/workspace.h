@@ -169,6 +169,8 @@ enum class Rec : uint8_t {
   mlm_d2,
   mlm_d1,
   mlm_din,
+  task_d2,
+  task_d1,
   mlm_dlogits,
   nsp_dlogits,
   cls_dlogits,
@@ -203,8 +205,9 @@ class Workspace {
                const StepShape& shape, Precision precision = Precision::fp32,
                kernels::DType scalar = kernels::DType::f32,
                kernels::Device& device = kernels::host_device());
-  // Record id, copy (a layer index, a segment slot, or 0), as a vector of one copy's elements in
-  // the DType it is held in; empty when the record is not held.
+  // Record id, copy (a layer index, a segment slot, or 0), as one copy's matrix in the DType it is
+  // held in, shaped as the table declares it ([T, C], [T, 3C], [1, T], ...; a vector for the
+  // probabilities and scratch sized for several uses); empty when the record is not held.
   kernels::View get(Rec r, int64_t copy = 0) const;
   int64_t copies(Rec r) const { return copies_[static_cast<int>(r)]; }
   LayerRecord layer(int64_t copy) const {
@@ -228,7 +231,8 @@ class Workspace {
   size_t offset_[static_cast<int>(Rec::count)] = {};  // bytes
   size_t stride_[static_cast<int>(Rec::count)] = {};  // bytes between copies
   int64_t copies_[static_cast<int>(Rec::count)] = {};
-  int64_t elements_[static_cast<int>(Rec::count)] = {};  // per copy
+  int64_t rows_[static_cast<int>(Rec::count)] = {};  // one copy's shape
+  int64_t cols_[static_cast<int>(Rec::count)] = {};
   kernels::DType dtype_[static_cast<int>(Rec::count)] = {};
   size_t activation_bytes_ = 0, scratch_bytes_ = 0;
 };
