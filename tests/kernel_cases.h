@@ -2,7 +2,7 @@
 // its tensors and how to run forward and backward on them, for any scalar type, directly and
 // through the op seam (kernels/ops.h) on any backend and dtype. tests/test_kernels.cpp checks
 // every row (finite differences, the += contract, the PyTorch golden, the 16-bit forms, the
-// backends against each other) at the goldens' small shapes; bench/kernel_bench.cpp times the
+// backends against each other) at the goldens' small shapes; bench/micro/kernel_bench.cpp times the
 // same rows at BERT-base's. A new kernel is a new row; a new dtype or backend is a new column.
 #pragma once
 

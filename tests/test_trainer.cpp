@@ -519,7 +519,7 @@ TEST(Trainer, LearnsTheSyntheticCorpusInFp16) {
 }
 
 // bf16 master weights written with stochastic rounding learn it too (the long comparison with
-// fp32 masters and round-to-nearest is bench/precision_parity.py).
+// fp32 masters and round-to-nearest is bench/experiments/precision_parity.py).
 TEST(Trainer, LearnsTheSyntheticCorpusWithBf16Masters) {
   if (!kernels::bf16_unavailable_reason().empty())
     GTEST_SKIP() << kernels::bf16_unavailable_reason();

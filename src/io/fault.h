@@ -1,4 +1,4 @@
-// Fault injection for the crash tests (tests/test_reliability.cpp, bench/crash_trials.sh): with
+// Fault injection for the crash tests (tests/test_reliability.cpp, tests/crash_trials.sh): with
 // PACKBERT_CRASH_AT=<site>:<n> in the environment the process kills itself with SIGKILL the
 // n-th time it passes crash_point(<site>), exactly as `kill -9` would at that point. Sites:
 // "step" (after a training step's metrics record, before its checkpoint), "forward" (after each

@@ -4,7 +4,7 @@ seeds each, every run trained until its held-out MLM accuracy reaches a target; 
 target, the median and spread per layout, the ratio of medians, and a plot of accuracy against
 training time for every run.
 
-    /usr/bin/python3 bench/time_to_train.py [--seeds 3] [--target 0.30] [--adjust ga,beta]
+    /usr/bin/python3 bench/experiments/time_to_train.py [--seeds 3] [--target 0.30] [--adjust ga,beta]
         [--precision fp32|bf16|fp16] [--master-weights fp32|bf16]
 
 Layouts: `packed` trains on the demo's optimal packs, --packs-per-step packs a step; `padded` trains
@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import ROOT, cpu, demo_data, write_atomic  # noqa: E402
 
 COLORS = {"packed": "#1f77b4", "padded": "#d62728", "ga": "#2ca02c", "beta": "#9467bd"}

@@ -7,14 +7,14 @@ model's steps are the dense run's scaled by the ratio of FLOPs per token. Held-o
 mean over the seeds, and when each sparse run first reached its seed's dense final loss (the
 end-to-end measure); the SVG the loss against FLOPs and against training seconds.
 
-    /usr/bin/python3 bench/sparse_learning.py [--dense-steps 600] [--blocks 1,16] [--seeds 1]
+    /usr/bin/python3 bench/experiments/sparse_learning.py [--dense-steps 600] [--blocks 1,16] [--seeds 1]
                                               [--precision fp32|bf16] [--sparse-lr-scale auto]
                                               [--sparse-init dense|fan-in] [--prune-ratio P]
                                               [--sparse-updates N] [--reuse] [--workdir DIR]
 
 Issue #12's comparison (two seeds, 20-32 minutes a sparse run on 2 vCPUs; Graphcore's auto
 learning-rate scale stalled there, see docs/BENCHMARKS.md):
-    /usr/bin/python3 bench/sparse_learning.py --dense-steps 1200 --blocks 1,16 --seeds 2 \
+    /usr/bin/python3 bench/experiments/sparse_learning.py --dense-steps 1200 --blocks 1,16 --seeds 2 \
         --precision bf16 --sparse-lr-scale 1
 
 --sparse-init fan-in starts the sparse weights with the dense layer's output variance; on 16 x 16
@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import ROOT, cpu, demo_data, write_atomic  # noqa: E402
 
 PRESETS = {"mini": (4, 256), "medium": (8, 512)}  # layers, hidden (intermediate = 4 x hidden)

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """The demo's step cost, packed and padded, from two builds of packbert, interleaved.
 
-    /usr/bin/python3 bench/demo_step_ab.py --a build --b /tmp/old/build [--rounds 3] [--steps 60]
-    /usr/bin/python3 bench/demo_step_ab.py --a build --b build --b-args "--master-weights bf16"
-    /usr/bin/python3 bench/demo_step_ab.py --a build --preset small
+    /usr/bin/python3 bench/ab/demo_step_ab.py --a build --b /tmp/old/build [--rounds 3] [--steps 60]
+    /usr/bin/python3 bench/ab/demo_step_ab.py --a build --b build --b-args "--master-weights bf16"
+    /usr/bin/python3 bench/ab/demo_step_ab.py --a build --preset small
 
 `packbert demo`'s ratio is the ratio of its packed and padded step costs (both runs take the
 same steps), so a change to what both steps share (the optimizer, the MLM head) shows here in a
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import cpu, demo_data  # noqa: E402
 
 

@@ -4,7 +4,7 @@
 # best.safetensors), kill -9 during an evaluation, SIGINT or SIGTERM, then resumed with --resume;
 # every tensor of the final checkpoint (weights and Adam moments) must equal the uninterrupted
 # run's, bit for bit.
-# Usage: bench/crash_trials.sh [TRIALS=40] [BUILD=build]
+# Usage: tests/crash_trials.sh [TRIALS=40] [BUILD=build]
 set -euo pipefail
 trials=${1:-40}
 build=${2:-build}

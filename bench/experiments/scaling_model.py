@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The alpha-beta model of packbert's data parallelism (docs/SCALING.md), from measured inputs.
 
-    /usr/bin/python3 bench/scaling_model.py --alpha-us A --tokens-per-s-per-core R \
+    /usr/bin/python3 bench/experiments/scaling_model.py --alpha-us A --tokens-per-s-per-core R \
         [--cores-per-node 32] [--overlap 0.5]
 
 A step of N nodes: each node computes its share of the step (T_c = tokens per node / node rate)
@@ -9,7 +9,7 @@ and the gradients (4 bytes a parameter) are summed by a ring all-reduce,
     T_ar = 2 (N - 1) alpha + 2 (N - 1) / N * G * beta,   beta = 8 / link bits per second,
 of which a fraction `overlap` of backward (2/3 of T_c) hides part; the rest is exposed:
     efficiency = T_c / (T_c + max(0, T_ar - overlap * 2/3 * T_c)).
-alpha: per-message latency, measured over loopback TCP by bench/dist_bench.py (a real network
+alpha: per-message latency, measured over loopback TCP by bench/ab/dist_bench.py (a real network
 adds its own; the larger of the measurement and 25 us is used). The node rate: the measured
 BERT-base fp32 tokens/s per core times the cores of a node (linear in cores: optimistic);
 BERT-large's rate is BERT-base's times the ratio of their parameter counts (the step's FLOPs

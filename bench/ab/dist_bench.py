@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """Data parallelism on one machine: processes against threads, ZeRO-1, and the all-reduce's cost.
 
-    /usr/bin/python3 bench/dist_bench.py [--rounds 3] [--parts dp,memory,allreduce]
+    /usr/bin/python3 bench/ab/dist_bench.py [--rounds 3] [--parts dp,memory,allreduce]
 
 dp: BERT-base training steps of packbert's one loop (forward, backward, gradient reduction,
 clipping, LAMB) on --sequences (16) lengths drawn from data/wikipedia_512.hist, packed into rows of
 512, as 1 process x 2 threads, 2 processes x 1 thread (mpirun, all-reduce overlapped with
 backward) and 2 processes x 1 thread with --zero 1; interleaved rounds, medians. "exposed comm"
-is the time a step waits on collectives after backward (bench/dist_step_bench.cpp).
+is the time a step waits on collectives after backward (bench/step/dist_step_bench.cpp).
 memory: the optimizer state (LAMB's two moments) each process holds, with and without --zero 1,
 at 2 and 4 processes (BERT-base).
 allreduce: the gradient all-reduce of 4 B to 256 MiB between 2 processes over shared memory
@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import ROOT, cpu, wiki_lengths  # noqa: E402
 
 MPI = ["mpirun", "--oversubscribe", "--bind-to", "none"]

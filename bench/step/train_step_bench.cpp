@@ -1,7 +1,7 @@
 // One packbert training step (forward + backward, no optimizer) on given sequence lengths,
 // packed into rows of --max-seq-len (or one per row with --padded). Prints one JSON line:
 // real tokens/s, step seconds (median), GEMM share, model FLOP/s and the sgemm rate measured in
-// the same process at the same threads. bench/train_step_bench.py runs it side by side with the
+// the same process at the same threads. bench/ab/train_step_bench.py runs it side by side with the
 // PyTorch peer.
 #include <omp.h>
 

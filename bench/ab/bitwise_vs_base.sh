@@ -2,14 +2,14 @@
 # fp32 (and every other precision's) training unchanged bit for bit against an older build
 # (#44, #60, #61): 20-step bert-tiny pretrain runs (packed, dropout on, seed 3, on the first 3 MB
 # of the GCIDE text that `make setup` installs) with each build, every checkpoint tensor (weights
-# and optimizer moments) compared byte for byte by bench/compare_checkpoints.py. Prints one
+# and optimizer moments) compared byte for byte by bench/ab/compare_checkpoints.py. Prints one
 # table row per configuration; exit 1 if any configuration differs or fails.
-# usage: bench/bitwise_vs_base.sh BASE_BUILD_DIR [NEW_BUILD_DIR=build] [WORKDIR=/tmp/bitwise]
+# usage: bench/ab/bitwise_vs_base.sh BASE_BUILD_DIR [NEW_BUILD_DIR=build] [WORKDIR=/tmp/bitwise]
 # (an older tree built with `git worktree add /tmp/base REV && cmake -S /tmp/base -B
 # /tmp/base/build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/base/build`)
 set -u
-usage="usage: bench/bitwise_vs_base.sh BASE_BUILD_DIR [NEW_BUILD_DIR=build] [WORKDIR=/tmp/bitwise]"
-here=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: bench/ab/bitwise_vs_base.sh BASE_BUILD_DIR [NEW_BUILD_DIR=build] [WORKDIR=/tmp/bitwise]"
+here=$(cd "$(dirname "$0")/../.." && pwd)
 if [ $# -lt 1 ] || [ $# -gt 3 ]; then echo "$usage" >&2; exit 2; fi
 for bin in "$1/packbert" "${2:-$here/build}/packbert"; do
   [ -x "$bin" ] || { echo "bitwise_vs_base.sh: no packbert executable at $bin ($usage)" >&2; exit 2; }
@@ -43,7 +43,7 @@ while IFS= read -r X; do
       status=1
     fi
   done
-  r=$(python3 "$here/bench/compare_checkpoints.py" "out_base_$i/checkpoint.safetensors" \
+  r=$(python3 "$here/bench/ab/compare_checkpoints.py" "out_base_$i/checkpoint.safetensors" \
     "out_new_$i/checkpoint.safetensors" 2>&1 | tail -1) || status=1
   echo "| \`${X:-(fp32)}\` | $r |"
 done <<'LIST'

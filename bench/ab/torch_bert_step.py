@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The PyTorch peer for bench/train_step_bench.py: one BERT training step (forward + backward,
+"""The PyTorch peer for bench/ab/train_step_bench.py: one BERT training step (forward + backward,
 no optimizer), written the standard way (nn.Linear, F.layer_norm, F.gelu, matmul attention with
 an additive padding mask, F.cross_entropy), every sequence padded to --max-seq-len, dropout 0.1.
 MLM logits are computed on the masked positions only and NSP on [CLS], as packbert does, so the

@@ -4,7 +4,7 @@ with the same seed, data order and dropout draws, differing only in precision an
 weights; held-out MLM accuracy every --eval-every steps, the largest gap, and the curves in one
 SVG.
 
-    /usr/bin/python3 bench/precision_parity.py [--steps 1000] [--packs-per-step 32]
+    /usr/bin/python3 bench/experiments/precision_parity.py [--steps 1000] [--packs-per-step 32]
         [--runs fp32,bf16,bf16/bf16,bf16/bf16-rn] [--parallel 2] [--seeds 1,2,3]
 
 A run is PRECISION or PRECISION/MASTERS (--precision, --master-weights). --parallel N trains N
@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import ROOT, cpu, demo_data  # noqa: E402
 from time_to_train import COLORS, evals_of, svg  # noqa: E402
 

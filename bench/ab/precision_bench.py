@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """bf16 vs fp32, one BERT-base training step (forward + backward), and PyTorch's bf16 autocast.
 
-    /usr/bin/python3 bench/precision_bench.py [--rounds 3] [--cases wiki,full] [--torch] [--fp16]
+    /usr/bin/python3 bench/ab/precision_bench.py [--rounds 3] [--cases wiki,full] [--torch] [--fp16]
 
-Cases as bench/train_step_bench.py: `wiki` draws 8 sequence lengths from
+Cases as bench/ab/train_step_bench.py: `wiki` draws 8 sequence lengths from
 data/wikipedia_512.hist (packbert packs them into rows of 512; PyTorch pads each to 512), `full`
 is 4 x 512 tokens. Each round runs packbert fp32, packbert bf16 and (with --torch) PyTorch
 under torch.autocast('cpu', bfloat16), each a fresh process with a warm-up step, interleaved;
@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import ROOT, cpu, wiki_lengths  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def main():
         lengths = wiki_lengths(8, 11) if case == "wiki" else [512] * 4
         arg = ["--lengths", ",".join(map(str, lengths))]
         ours = os.path.join(a.build, "train_step_bench")
-        torch_cmd = (["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_bert_step.py")] + arg +
+        torch_cmd = (["/usr/bin/python3", os.path.join(ROOT, "bench", "ab", "torch_bert_step.py")] + arg +
                      common + ["--threads", str(a.threads), "--autocast", "bf16"])
         runs = {"fp32": [], "bf16": [], "fp16": [], "torch": []}
         for r in range(a.rounds):

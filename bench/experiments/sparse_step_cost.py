@@ -3,13 +3,13 @@
 row in seconds per step. One demo-like step (sequences of the demo corpus's lengths packed into 32 rows
 of 128, forward + backward + LAMB) timed by build/train_step_bench for each model, interleaved
 round by round (fresh processes), medians reported. The last column scales each step time by the
-steps that model takes for dense bert-mini's non-embedding FLOPs (bench/sparse_learning.py's
+steps that model takes for dense bert-mini's non-embedding FLOPs (bench/experiments/sparse_learning.py's
 accounting): the wall-clock of an equal-FLOPs run relative to dense bert-mini's, with learning
 set aside. The floor row keeps one block per weight (s = 0.999): the encoder's linear layers
 nearly free, what the rest of bert-medium's step costs on its own, counted at s = 0.9's steps
 (the equal-FLOPs wall-clock no s = 0.9 kernel can go under).
 
-    /usr/bin/python3 bench/sparse_step_cost.py [--rounds 5] [--precision bf16]
+    /usr/bin/python3 bench/experiments/sparse_step_cost.py [--rounds 5] [--precision bf16]
 """
 import argparse
 import json
@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import ROOT, cpu, histogram  # noqa: E402
 from sparse_learning import flops_per_token  # noqa: E402
 

@@ -3,7 +3,7 @@
 // packed into rows of --max-seq-len, run as one process or under mpirun (each rank computes its
 // share of the rows). Rank 0 prints one JSON line: real tokens/s of the whole step, the step's
 // median seconds, the exposed communication (waiting on collectives after backward) and the
-// optimizer state each rank holds. bench/dist_bench.py runs the configurations side by side.
+// optimizer state each rank holds. bench/ab/dist_bench.py runs the configurations side by side.
 #include <omp.h>
 
 #include <CLI/CLI.hpp>

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # prepare on one line of N words (#48): the time should grow linearly with N. Prints the CPU,
 # then words, seconds (prepare's own "done in") and seconds per million words for each size.
-# Usage: bench/prepare_long_line.sh [BUILD=build] [SIZES="100000 200000 400000 1000000 3000000"]
+# Usage: bench/micro/prepare_long_line.sh [BUILD=build] [SIZES="100000 200000 400000 1000000 3000000"]
 set -euo pipefail
 build=${1:-build}
 sizes=${2:-"100000 200000 400000 1000000 3000000"}
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 bin="$root/$build/packbert"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Block-sparse kernels from two builds of sparse_bench, interleaved (or one build alone).
 
-    /usr/bin/python3 bench/sparse_ab.py --a build [--b /tmp/old/build] [--rounds 6]
+    /usr/bin/python3 bench/ab/sparse_ab.py --a build [--b /tmp/old/build] [--rounds 6]
         [--blocks 16,8,4,1] [--runs 7]
 
 For checking what a change did to the sparse kernels on a shared, noisy host: fresh processes
@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import cpu  # noqa: E402
 
 TARGETS = {16: 6.0, 8: 5.0, 4: 4.0, 1: 2.5}  # issue #12's must-reach speedups

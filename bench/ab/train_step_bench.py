@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """packbert vs PyTorch, one BERT training step (forward + backward), side by side.
 
-    /usr/bin/python3 bench/train_step_bench.py [--sequences 8] [--rounds 3] [--layers 0]
+    /usr/bin/python3 bench/ab/train_step_bench.py [--sequences 8] [--rounds 3] [--layers 0]
         [--cases wiki,full,173,251,512,181] [--cap avx2]
 
 Cases: `wiki` draws the step's sequence lengths from data/wikipedia_512.hist (seeded; the same
@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import ROOT, cpu, wiki_lengths  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def main():
                    if case == "full" else [int(x) for x in case.split(",")])
         arg = ["--lengths", ",".join(map(str, lengths))]
         ours_cmd = [os.path.join(a.build, "train_step_bench")] + arg + common
-        torch_cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_bert_step.py")] + arg + common
+        torch_cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench", "ab", "torch_bert_step.py")] + arg + common
         # Probe PyTorch's thread settings once; keep the faster.
         # (OpenBLAS's AVX-512 kernels forced on a CPU without AVX-512 die of SIGILL: tried only
         # where the CPU has it.)

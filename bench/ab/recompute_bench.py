@@ -2,7 +2,7 @@
 """Recompute policies on one BERT training step (forward + backward): kept activation bytes and
 step time against `none`, same binary, same batch, runs interleaved, medians.
 
-    /usr/bin/python3 bench/recompute_bench.py [--rounds 3] [--policies none,gelu,ln,...]
+    /usr/bin/python3 bench/ab/recompute_bench.py [--rounds 3] [--policies none,gelu,ln,...]
 
 Cases: `wiki` draws sequence lengths from data/wikipedia_512.hist (seeded) and packs them into
 rows of 512; `full` is 4 sequences of exactly 512 tokens. Each run is a fresh
@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import ROOT, cpu, wiki_lengths  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """One training step (forward + backward) from two builds of train_step_bench, interleaved.
 
-    /usr/bin/python3 bench/step_ab.py --a build --b /tmp/old/build [--rounds 5] [--case full|wiki]
+    /usr/bin/python3 bench/ab/step_ab.py --a build --b /tmp/old/build [--rounds 5] [--case full|wiki]
         [--precision fp32|bf16|fp16] [--layers N] [--optimizer-step]
 
 For checking what a change did to the step: the same batch, fresh processes, runs alternating
@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import cpu, wiki_lengths  # noqa: E402
 
 
