@@ -31,15 +31,20 @@ void for_each_dropout_run(const StepContext& s, int64_t n, uint32_t site, F f) {
     f(local[i] * width, local[i + 1] * width, static_cast<uint64_t>(global[i] * width));
 }
 
-// scratch.sparse_output: under a 16-bit precision, the fp32 output of a block-sparse layer that
-// the step keeps in 16 bits, or GELU's fp32 input gradient for a sparse up-projection.
-View sparse_output(const StepContext& s) {
-  const View out = s.ws.get(Rec::sparse_out);
-  if (!out) throw std::logic_error("scratch.sparse_output is not held for this step");
-  return out;
+// scratch.sparse_output at `like`'s shape: under a 16-bit precision, the fp32 output of a
+// block-sparse layer that the step keeps in 16 bits, or GELU's fp32 input gradient for a sparse
+// up-projection.
+View sparse_output(const StepContext& s, View like) {
+  if (!s.ws.get(Rec::sparse_out))
+    throw std::logic_error("scratch.sparse_output is not held for this step");
+  return scratch_as(s, Rec::sparse_out, like);
 }
 
 }  // namespace
+
+View scratch_as(const StepContext& s, Rec r, View like) {
+  return s.ws.get(r).shaped(like.rows, like.cols);
+}
 
 namespace {
 
@@ -87,7 +92,7 @@ void linear(const StepContext& s, const Linear& lin, View out, View in) {
     return be.linear_forward(out, in, lin.W16 ? lin.W16 : lin.W, lin.b, nullptr, View());
   const View sparse = s.ws.get(Rec::sparse);
   if (out.is_16bit()) {
-    const View y = sparse_output(s).shaped(out.rows, out.cols);
+    const View y = sparse_output(s, out);
     be.linear_forward(y, in, lin.W, lin.b, lin.pattern, sparse);
     return be.convert(out, y);
   }
@@ -164,7 +169,7 @@ void gelu_grad(const StepContext& s, const LayerRecord& a, View dinter, View dge
 bool ffn_up_backward_16(const StepContext& s, const LayerRecord& a, const Linear& up, View dh1,
                         View dgelu) {
   if (!a.inter.is_16bit() || !up.W16 || up.pattern || up.block_l1) return false;
-  const View d16 = s.ws.get(Rec::dout16).shaped(a.inter.rows, a.inter.cols);
+  const View d16 = scratch_as(s, Rec::dout16, a.inter);
   s.be.gelu_backward(d16, up.db, a.inter, dgelu, GradWrite::overwrite);
   s.be.linear_backward(dh1, up.dW, View(), d16, a.h1, up.W16, nullptr, GradWrite::accumulate,
                        View());
@@ -312,7 +317,7 @@ void encoder_layer_backward(const StepContext& s, int layer, const LayerView& w,
   if (!ffn_up_backward_16(s, a, up, dh1, dgelu)) {
     // Under 16 bits grad.gelu_in is not held: a sparse up-projection takes GELU's input
     // gradient in fp32 from scratch.sparse_output.
-    if (!dinter) dinter = sparse_output(s).shaped(dgelu.rows, dgelu.cols);
+    if (!dinter) dinter = sparse_output(s, dgelu);
     gelu_grad(s, a, dinter, dgelu);
     linear_grad(s, up, dh1, dinter, a.h1, add);
   }

@@ -151,6 +151,9 @@ void ln_forward(const StepContext& s, kernels::View out, kernels::View mean, ker
 void ln_backward(const StepContext& s, kernels::View dinp, kernels::View dw, kernels::View db,
                  kernels::View dout, kernels::View inp, kernels::View w, kernels::View mean,
                  kernels::View rstd);
+// A scratch record sized for several uses (scratch.grad16, scratch.sparse_output,
+// scratch.linear_out) as a matrix of `like`'s shape, from its first elements.
+kernels::View scratch_as(const StepContext& s, Rec r, kernels::View like);
 // Layer l's attention probability dropout.
 kernels::AttentionDropout attention_dropout(const StepContext& s, int layer);
 

@@ -72,7 +72,7 @@ void mlm_forward(const StepContext& s, const ParamView& p, View top_held, Output
   s.tick();
   be.gelu_forward(t2, t1);
   // (under 16 bits the LayerNorm's scalar output in scratch.linear_out, [T, C] room for [M, C])
-  const auto [wide, t3_16] = wide_and_16(t3, ws.get(Rec::tmp).shaped(t3.rows, t3.cols));
+  const auto [wide, t3_16] = wide_and_16(t3, scratch_as(s, Rec::tmp, t3));
   be.layernorm_forward(wide, mean, rstd, t2, p.mlm_ln_w, p.mlm_ln_b, s.config.layer_norm_eps,
                        t3_16);
   be.linear_forward(logits, t3, w.word, p.mlm_bias, nullptr, View());
@@ -102,7 +102,7 @@ void mlm_backward(const StepContext& s, const ParamView& p, const ParamView& g, 
   // Under 16 bits the logits' gradient goes straight to its 16-bit form (the decoder's GEMM
   // operand) with the bias gradient in the same pass: no fp32 [M, V] gradient.
   if (s.p16) {
-    const View dlogits16 = ws.get(Rec::dout16).shaped(logits.rows, logits.cols);
+    const View dlogits16 = scratch_as(s, Rec::dout16, logits);
     be.cross_entropy_backward(dlogits16, g.mlm_bias, logits, lse, labels, dloss, over);
     be.linear_backward(d3, decoder_dW, View(), dlogits16, t3, s.p16->word, nullptr, over, View());
     s.tick();
@@ -164,8 +164,7 @@ void mlm_decoder_weight_backward(const StepContext& s, const ParamView& p, const
   s.tick();
   be.cross_entropy_forward(head_losses(s, M), lse, logits, labels);
   const View dloss = mean_dloss(s, M, s.mlm_total ? s.mlm_total : M);
-  const View dlogits =
-      s.p16 ? ws.get(Rec::dout16).shaped(logits.rows, logits.cols) : ws.get(Rec::mlm_dlogits);
+  const View dlogits = s.p16 ? scratch_as(s, Rec::dout16, logits) : ws.get(Rec::mlm_dlogits);
   be.cross_entropy_backward(dlogits, View(), logits, lse, labels, dloss, GradWrite::overwrite);
   be.linear_backward(View(), g.word, View(), dlogits, t3, w.word, nullptr, GradWrite::accumulate,
                      View());
